@@ -1,0 +1,5 @@
+import sys
+
+from hiercls.cli import main
+
+sys.exit(main())

@@ -1,0 +1,740 @@
+"""The immutable, validated :class:`Taxonomy` every other part of hiercls stands on.
+
+Node ids are integers ``0 .. N-1`` in a topological order (every parent has a smaller id than its
+children, the root is ``0``). For a tree the order is the depth-first pre-order, so the descendants of
+node ``n`` are exactly the id range ``[n, n + subtree_size[n])``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from typing import Any, Literal
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+
+logger = logging.getLogger(__name__)
+
+DistanceKind = Literal["shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath"]
+TreeStrategy = Literal["first", "shortest", "longest"]
+
+__all__ = ["DistanceKind", "Taxonomy", "TaxonomyError", "TreeStrategy"]
+
+
+class TaxonomyError(ValueError):
+    """A taxonomy (or a label given against one) is invalid.
+
+    The message names where the problem is (``source``, ``line``) and what (``label``) when known.
+
+    Example:
+        >>> err = TaxonomyError("cycle through 'b'", source="tree.tsv", line=3)
+        >>> str(err)
+        "tree.tsv:3: cycle through 'b'"
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 label: str | None = None) -> None:
+        self.source, self.line, self.label, self.reason = source, line, label, message
+        where = source or ""
+        if line is not None:
+            where = f"{where}:{line}" if where else f"line {line}"
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def _csr(ptr_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(ptr_lists) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(x) for x in ptr_lists])
+    idx = np.fromiter((i for x in ptr_lists for i in x), dtype=np.int64, count=int(ptr[-1]))
+    return _readonly(ptr), _readonly(idx)
+
+
+class Taxonomy:
+    """An immutable rooted hierarchy (a tree or a multi-parent DAG) with integer node ids.
+
+    Args:
+        edges: ``(parent, child)`` pairs of node names.
+        nodes: all node names, in the order that breaks ties between siblings (default: order of first
+            appearance in ``edges``). Needed for a taxonomy that is a single node.
+        display_names: optional human-readable name per node (default: the name itself).
+        classes: names of the nodes a sample can be labelled with (default: every node but the root).
+            Used by the semantic levels of ImageNet-21K pretraining.
+        virtual_root: when the edges have several roots, join them under a new root of this name
+            (without it, several roots are an error).
+        name: a short name for the taxonomy (shown by ``repr`` and the CLI).
+        metadata: free JSON-serialisable facts (source, version...). Not part of the fingerprint.
+        locations: optional ``"file:line"`` string per edge, so that errors can say where an edge came from.
+
+    Raises:
+        TaxonomyError: empty input, self-loops, duplicate edges, cycles, several roots without
+            ``virtual_root``, edges naming nodes missing from ``nodes``, unknown classes.
+
+    Example:
+        >>> tax = Taxonomy([("animal", "cat"), ("animal", "dog"), ("root", "animal"), ("root", "car")])
+        >>> tax.names
+        ('root', 'animal', 'cat', 'dog', 'car')
+        >>> tax.depth.tolist(), tax.leaves.tolist()
+        ([0, 1, 2, 2, 1], [2, 3, 4])
+        >>> tax.name_of(tax.lca(tax.index("cat"), tax.index("dog")))
+        'animal'
+    """
+
+    def __init__(self, edges: Iterable[tuple[str, str]], *, nodes: Iterable[str] | None = None,
+                 display_names: Mapping[str, str] | None = None, classes: Iterable[str] | None = None,
+                 virtual_root: str | None = None, name: str | None = None,
+                 metadata: Mapping[str, Any] | None = None, locations: Sequence[str | None] | None = None) -> None:
+        edges = [(str(p), str(c)) for p, c in edges]
+        locs = list(locations) if locations is not None else [None] * len(edges)
+        if len(locs) != len(edges):
+            raise ValueError(f"locations has {len(locs)} entries but edges has {len(edges)}")
+
+        def fail(msg: str, i: int | None = None, label: str | None = None) -> TaxonomyError:
+            loc = locs[i] if i is not None else None
+            source, line = (loc.rsplit(":", 1) if loc and ":" in loc else (loc, None))
+            return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
+
+        order: dict[str, int] = {}
+        if nodes is not None:
+            for n in nodes:
+                n = str(n)
+                if n in order:
+                    raise TaxonomyError(f"duplicate node {n!r}", label=n)
+                order[n] = len(order)
+        declared = nodes is not None
+        seen_edges: dict[tuple[str, str], int] = {}
+        for i, (p, c) in enumerate(edges):
+            if p == c:
+                raise fail(f"self-loop on {p!r} (a node cannot be its own parent)", i, p)
+            if (p, c) in seen_edges:
+                first = locs[seen_edges[(p, c)]]
+                raise fail(f"duplicate edge {p!r} -> {c!r}" + (f" (first at {first})" if first else ""), i, c)
+            seen_edges[(p, c)] = i
+            for n in (p, c):
+                if n not in order:
+                    if declared:
+                        raise fail(f"edge {p!r} -> {c!r} names unknown node {n!r}", i, n)
+                    order[n] = len(order)
+        if not order:
+            raise TaxonomyError("empty taxonomy: no nodes and no edges")
+
+        graph = nx.DiGraph()
+        graph.add_nodes_from(order)
+        graph.add_edges_from(edges)
+        if not nx.is_directed_acyclic_graph(graph):
+            cycle = nx.find_cycle(graph)
+            where = seen_edges.get((cycle[0][0], cycle[0][1]))
+            text = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+            raise fail(f"cycle in taxonomy: {text}", where, cycle[0][0])
+
+        roots = [n for n in order if graph.in_degree(n) == 0]
+        if len(roots) > 1:
+            if virtual_root is None:
+                shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
+                raise TaxonomyError(f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join "
+                                    "them under a new root")
+            if virtual_root in order:
+                raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
+            order = {virtual_root: -1, **order}
+            graph.add_node(virtual_root)
+            graph.add_edges_from((virtual_root, r) for r in roots)
+        self._virtual_root = virtual_root if len(roots) > 1 else None
+
+        # Kahn's algorithm with a priority on input order, taking the most recently freed node first:
+        # for a tree this is exactly the depth-first pre-order (contiguous subtrees).
+        indeg = {n: graph.in_degree(n) for n in graph}
+        rank = order
+        succ = {n: sorted(graph.successors(n), key=rank.__getitem__) for n in graph}
+        stack = [n for n in graph if indeg[n] == 0]
+        names: list[str] = []
+        while stack:
+            n = stack.pop()
+            names.append(n)
+            for c in reversed(succ[n]):
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    stack.append(c)
+        self._names = tuple(names)
+        self._index = {n: i for i, n in enumerate(names)}
+        idx = self._index
+        self._parent_lists = [sorted((idx[p] for p in graph.predecessors(n)), key=lambda j: rank[names[j]])
+                              for n in names]
+        self._child_lists = [[idx[c] for c in succ[n]] for n in names]
+        self._edge_order = [(idx[p], idx[c]) for p, c in edges]
+        if self._virtual_root is not None:
+            self._edge_order = [(0, idx[r]) for r in roots] + self._edge_order
+        disp = dict(display_names or {})
+        unknown = [k for k in disp if k not in idx]
+        if unknown:
+            raise TaxonomyError(f"display_names names unknown node {unknown[0]!r}", label=unknown[0])
+        self._display = tuple(disp.get(n, n) for n in names)
+        if classes is None:
+            # The root is on every label's path, so it carries no information as a class.
+            mask = np.ones(len(names), dtype=bool)
+            mask[0] = len(names) == 1
+        else:
+            mask = np.zeros(len(names), dtype=bool)
+            for c in classes:
+                if c not in idx:
+                    raise TaxonomyError(f"class {c!r} is not a node of the taxonomy", label=str(c))
+                mask[idx[c]] = True
+        self._class_mask = _readonly(mask)
+        self.name = name or "taxonomy"
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.dropped_edges: tuple[tuple[str, str], ...] = ()
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_parents(cls, parents: Mapping[str, str | Sequence[str] | None], **kwargs: Any) -> Taxonomy:
+        """Build from a ``child -> parent`` (or ``child -> [parents]``) mapping; ``None`` marks a root.
+
+        Example:
+            >>> Taxonomy.from_parents({"root": None, "a": "root", "b": "root"}).num_nodes
+            3
+        """
+        edges, nodes = [], []
+        for child, ps in parents.items():
+            nodes.append(child)
+            if ps is None:
+                continue
+            for p in [ps] if isinstance(ps, str) else ps:
+                edges.append((p, child))
+        extra = [p for p, _ in edges if p not in parents]
+        nodes = list(dict.fromkeys(extra + nodes))
+        return cls(edges, nodes=nodes, **kwargs)
+
+    @classmethod
+    def from_networkx(cls, graph: nx.DiGraph, *, display_attr: str = "display_name", **kwargs: Any) -> Taxonomy:
+        """Build from a ``networkx.DiGraph`` whose edges point parent -> child (node keys become names).
+
+        Example:
+            >>> g = nx.DiGraph([("r", "a"), ("r", "b")])
+            >>> Taxonomy.from_networkx(g).leaves.tolist()
+            [1, 2]
+        """
+        display = {str(n): str(d[display_attr]) for n, d in graph.nodes(data=True) if display_attr in d}
+        kwargs.setdefault("display_names", display or None)
+        return cls(graph.edges(), nodes=[str(n) for n in graph.nodes], **kwargs)
+
+    def to_networkx(self) -> nx.DiGraph:
+        """A fresh ``DiGraph`` (parent -> child) keyed by node name, with ``id`` and ``display_name`` attributes."""
+        g = nx.DiGraph()
+        for i, n in enumerate(self._names):
+            g.add_node(n, id=i, display_name=self._display[i], is_class=bool(self._class_mask[i]))
+        g.add_edges_from(self.edge_list(names=True))
+        return g
+
+    # ------------------------------------------------------------------ names and ids
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Node names in id order."""
+        return self._names
+
+    @property
+    def display_names(self) -> tuple[str, ...]:
+        """Human-readable node names in id order."""
+        return self._display
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    @property
+    def root(self) -> int:
+        """Id of the root (always ``0``)."""
+        return 0
+
+    @property
+    def virtual_root(self) -> str | None:
+        """Name of the root added to join several roots, or ``None``."""
+        return self._virtual_root
+
+    def index(self, name: str) -> int:
+        """Id of the node called ``name``.
+
+        Raises:
+            TaxonomyError: the name is not a node (the message suggests close names).
+        """
+        try:
+            return self._index[name]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), self._names, n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise TaxonomyError(f"unknown label {name!r} for taxonomy {self.name!r}{hint}", label=str(name)) from None
+
+    def ids(self, names: Iterable[str]) -> np.ndarray:
+        """Ids of several names, as an ``int64`` array."""
+        return np.array([self.index(n) for n in names], dtype=np.int64)
+
+    def name_of(self, node: int) -> str:
+        """Name of node id ``node``."""
+        return self._names[int(node)]
+
+    def edge_list(self, names: bool = False) -> list[tuple[Any, Any]]:
+        """``(parent, child)`` pairs in the order the taxonomy was given (ids, or names with ``names=True``)."""
+        if names:
+            return [(self._names[p], self._names[c]) for p, c in self._edge_order]
+        return list(self._edge_order)
+
+    # ------------------------------------------------------------------ structure
+    @cached_property
+    def is_tree(self) -> bool:
+        """Every node but the root has exactly one parent."""
+        return all(len(p) == 1 for p in self._parent_lists[1:])
+
+    @cached_property
+    def _parents_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return _csr(self._parent_lists)
+
+    @cached_property
+    def _children_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return _csr(self._child_lists)
+
+    @property
+    def parent_ptr(self) -> np.ndarray:
+        """CSR pointer: the parents of ``n`` are ``parent_idx[parent_ptr[n]:parent_ptr[n+1]]``."""
+        return self._parents_csr[0]
+
+    @property
+    def parent_idx(self) -> np.ndarray:
+        return self._parents_csr[1]
+
+    @property
+    def child_ptr(self) -> np.ndarray:
+        """CSR pointer into :attr:`child_idx`, as :attr:`parent_ptr`."""
+        return self._children_csr[0]
+
+    @property
+    def child_idx(self) -> np.ndarray:
+        return self._children_csr[1]
+
+    def parents(self, node: int) -> tuple[int, ...]:
+        return tuple(self._parent_lists[int(node)])
+
+    def children(self, node: int) -> tuple[int, ...]:
+        return tuple(self._child_lists[int(node)])
+
+    @cached_property
+    def primary_parent(self) -> np.ndarray:
+        """The first parent of every node in input order (``-1`` for the root); the tree parent for trees."""
+        return _readonly(np.array([p[0] if p else -1 for p in self._parent_lists], dtype=np.int64))
+
+    @property
+    def parent(self) -> np.ndarray:
+        """Parent of every node (``-1`` for the root).
+
+        Raises:
+            TaxonomyError: the taxonomy is a DAG; use :meth:`to_tree` first or :attr:`primary_parent`.
+        """
+        if not self.is_tree:
+            raise TaxonomyError(f"taxonomy {self.name!r} has multi-parent nodes; call to_tree() first")
+        return self.primary_parent
+
+    @cached_property
+    def num_children(self) -> np.ndarray:
+        return _readonly(np.diff(self.child_ptr))
+
+    @cached_property
+    def depth(self) -> np.ndarray:
+        """Length of the shortest path from the root (root = 0)."""
+        d = np.zeros(self.num_nodes, dtype=np.int64)
+        for n in range(1, self.num_nodes):
+            d[n] = min(d[p] for p in self._parent_lists[n]) + 1
+        return _readonly(d)
+
+    @cached_property
+    def max_depth(self) -> np.ndarray:
+        """Length of the longest path from the root (equals :attr:`depth` on a tree)."""
+        if self.is_tree:
+            return self.depth
+        d = np.zeros(self.num_nodes, dtype=np.int64)
+        for n in range(1, self.num_nodes):
+            d[n] = max(d[p] for p in self._parent_lists[n]) + 1
+        return _readonly(d)
+
+    @property
+    def height(self) -> int:
+        """Depth of the deepest node (a single-node taxonomy has height 0)."""
+        return int(self.max_depth.max())
+
+    @cached_property
+    def levels(self) -> tuple[np.ndarray, ...]:
+        """Node ids at each depth: ``levels[d]`` holds the nodes with ``depth == d``."""
+        order = np.argsort(self.depth, kind="stable")
+        cuts = np.searchsorted(self.depth[order], np.arange(1, self.depth.max() + 1))
+        return tuple(_readonly(a) for a in np.split(order, cuts))
+
+    @cached_property
+    def is_leaf(self) -> np.ndarray:
+        return _readonly(self.num_children == 0)
+
+    @cached_property
+    def leaves(self) -> np.ndarray:
+        """Ids of nodes without children, ascending."""
+        return _readonly(np.flatnonzero(self.is_leaf))
+
+    @property
+    def num_leaves(self) -> int:
+        return len(self.leaves)
+
+    @cached_property
+    def leaf_index(self) -> np.ndarray:
+        """Position of each node in :attr:`leaves` (``-1`` for internal nodes)."""
+        li = np.full(self.num_nodes, -1, dtype=np.int64)
+        li[self.leaves] = np.arange(self.num_leaves)
+        return _readonly(li)
+
+    @property
+    def class_mask(self) -> np.ndarray:
+        """``True`` for the nodes a sample can be labelled with."""
+        return self._class_mask
+
+    @cached_property
+    def classes(self) -> np.ndarray:
+        return _readonly(np.flatnonzero(self._class_mask))
+
+    @cached_property
+    def subtree_size(self) -> np.ndarray:
+        """Number of descendants of each node, itself included."""
+        return _readonly(np.asarray(self.ancestors_sparse.sum(axis=0)).ravel().astype(np.int64))
+
+    @cached_property
+    def num_leaves_under(self) -> np.ndarray:
+        """Number of leaves among each node's descendants (a leaf counts itself)."""
+        a = self.ancestors_sparse[self.leaves]
+        return _readonly(np.asarray(a.sum(axis=0)).ravel().astype(np.int64))
+
+    # ------------------------------------------------------------------ ancestors and paths
+    @cached_property
+    def ancestors_sparse(self) -> sp.csr_matrix:
+        """``A[i, j] = 1`` iff ``j`` is an ancestor of ``i`` or ``i`` itself (scipy CSR, ``int8``)."""
+        n = self.num_nodes
+        if self.is_tree:
+            p = self.paths
+            rows = np.repeat(np.arange(n), (p >= 0).sum(1))
+            cols = p[p >= 0]
+        else:
+            sets: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
+            sets[0] = np.array([0], dtype=np.int64)
+            for i in range(1, n):
+                ps = self._parent_lists[i]
+                merged = sets[ps[0]] if len(ps) == 1 else np.unique(np.concatenate([sets[q] for q in ps]))
+                sets[i] = np.append(merged, i)
+            rows = np.repeat(np.arange(n), [len(s) for s in sets])
+            cols = np.concatenate(sets)
+        m = sp.csr_matrix((np.ones(len(rows), dtype=np.int8), (rows, cols)), shape=(n, n))
+        m.sort_indices()
+        return m
+
+    def ancestor_matrix(self, nodes: np.ndarray | None = None, *, include_self: bool = True) -> np.ndarray:
+        """Dense boolean ancestor matrix ``[len(nodes), N]`` (rows: ``nodes``, default all nodes).
+
+        ``M[i, j]`` is ``True`` iff node ``j`` is an ancestor of ``nodes[i]`` (or the node itself when
+        ``include_self``). Dense means ``N * len(nodes)`` bytes: pass ``nodes`` (e.g. :attr:`leaves`) on big trees.
+        """
+        rows = np.arange(self.num_nodes) if nodes is None else np.asarray(nodes, dtype=np.int64)
+        m = self.ancestors_sparse[rows].toarray().astype(bool)
+        if not include_self:
+            m[np.arange(len(rows)), rows] = False
+        return m
+
+    def ancestors(self, node: int, *, include_self: bool = False) -> np.ndarray:
+        """Ids of the ancestors of ``node`` (ascending, i.e. root first on a tree)."""
+        a = self.ancestors_sparse
+        row = a.indices[a.indptr[node]:a.indptr[node + 1]]
+        return row if include_self else row[row != node]
+
+    def descendants(self, node: int, *, include_self: bool = False) -> np.ndarray:
+        """Ids of the descendants of ``node`` (ascending)."""
+        col = self.descendants_sparse
+        d = col.indices[col.indptr[node]:col.indptr[node + 1]]
+        return d if include_self else d[d != node]
+
+    @cached_property
+    def descendants_sparse(self) -> sp.csr_matrix:
+        """``D[i, j] = 1`` iff ``j`` is a descendant of ``i`` or ``i`` itself (transpose of the ancestors)."""
+        m = self.ancestors_sparse.T.tocsr()
+        m.sort_indices()
+        return m
+
+    @cached_property
+    def paths(self) -> np.ndarray:
+        """Root-to-node path of every node: ``paths[n, d]`` is the ancestor at depth ``d`` (``-1`` past the node).
+
+        Shape ``[N, height + 1]``. Trees only.
+        """
+        par = self.parent
+        depth = self.depth
+        p = np.full((self.num_nodes, self.height + 1), -1, dtype=np.int64)
+        p[0, 0] = 0
+        for lvl in self.levels[1:]:
+            p[lvl] = p[par[lvl]]
+            p[lvl, depth[lvl]] = lvl
+        return _readonly(p)
+
+    @cached_property
+    def leaf_paths(self) -> np.ndarray:
+        """:attr:`paths` of the leaves, ``[num_leaves, height + 1]``. Trees only."""
+        return _readonly(self.paths[self.leaves])
+
+    def path(self, node: int) -> list[int]:
+        """Ids from the root down to ``node`` (trees: the unique path; DAGs: a shortest path)."""
+        out = [int(node)]
+        while out[-1] != 0:
+            ps = self._parent_lists[out[-1]]
+            out.append(min(ps, key=lambda q: (self.depth[q], q)))
+        return out[::-1]
+
+    @cached_property
+    def semantic_level(self) -> np.ndarray:
+        """Semantic-softmax level (ImageNet-21K pretraining): number of a class's ancestors that are classes.
+
+        ``-1`` for nodes that are not classes.
+        """
+        anc = self.ancestors_sparse
+        counts = np.asarray(anc @ self._class_mask.astype(np.int64)).ravel() - self._class_mask
+        return _readonly(np.where(self._class_mask, counts, -1).astype(np.int64))
+
+    # ------------------------------------------------------------------ LCA and distances
+    def lca(self, a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray | int:
+        """Lowest common ancestor, vectorised over broadcastable id arrays.
+
+        On a DAG this is the deepest common ancestor (by :attr:`depth`, ties to the smaller id).
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> tax.lca(np.array([2, 2]), np.array([3, 4])).tolist()
+            [1, 0]
+        """
+        scalar = np.isscalar(a) and np.isscalar(b)
+        a_arr, b_arr = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        if self.is_tree:
+            out = self._tree_lca(a_arr.ravel(), b_arr.ravel())
+        else:
+            anc = self.ancestors_sparse
+            out = np.empty(a_arr.size, dtype=np.int64)
+            for k, (x, y) in enumerate(zip(a_arr.ravel(), b_arr.ravel(), strict=True)):
+                common = np.intersect1d(anc.indices[anc.indptr[x]:anc.indptr[x + 1]],
+                                        anc.indices[anc.indptr[y]:anc.indptr[y + 1]], assume_unique=True)
+                out[k] = common[np.lexsort((common, -self.depth[common]))[0]]
+        out = out.reshape(a_arr.shape)
+        return int(out) if scalar else out
+
+    def _tree_lca(self, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+        p = self.paths
+        out = np.empty(len(a), dtype=np.int64)
+        for s in range(0, len(a), chunk):
+            pa, pb = p[a[s:s + chunk]], p[b[s:s + chunk]]
+            # Equal entries at depth d mean the same ancestor at d and so at every shallower depth: the
+            # matches form a prefix whose length is the LCA's depth + 1 (the -1 padding never matches).
+            k = ((pa == pb) & (pa >= 0)).sum(1) - 1
+            out[s:s + chunk] = pa[np.arange(len(pa)), k]
+        return out
+
+    @cached_property
+    def information_content(self) -> np.ndarray:
+        """Intrinsic information content ``-log(leaves under n / all leaves)`` (Seco et al.); 0 at the root."""
+        return _readonly(-np.log(self.num_leaves_under / self.num_leaves))
+
+    def distance(self, a: np.ndarray | int, b: np.ndarray | int, kind: DistanceKind = "shortest_path") -> np.ndarray:
+        """Distance between nodes, vectorised over broadcastable id arrays; zero when ``a == b``.
+
+        Kinds (``lca = lca(a, b)``, ``d`` = depth, ``H`` = :attr:`height`, ``IC`` = :attr:`information_content`):
+
+        * ``"shortest_path"``: edges between ``a`` and ``b`` through their LCA, ``d(a) + d(b) - 2 d(lca)``.
+        * ``"lca_height"``: ``H - d(lca)``, the mistake severity of Bertinetto et al. "Making better mistakes"
+          (2020) (height of the LCA in a tree whose leaves all sit at depth ``H``).
+        * ``"wu_palmer"``: ``1 - 2 (d(lca) + 1) / (d(a) + d(b) + 2)``, one minus the Wu-Palmer similarity with
+          WordNet's convention that the root has depth 1.
+        * ``"zhao"``: ``IC(a) + IC(b) - 2 IC(lca)`` with intrinsic IC, the information-content (Jiang-Conrath
+          form) cost used by Zhao et al. for hierarchical mistakes; ``"jiang_conrath"`` is the same.
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> tax.distance(2, np.array([2, 3, 4])).tolist()
+            [0.0, 2.0, 3.0]
+        """
+        a_arr, b_arr = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        lca = np.asarray(self.lca(a_arr, b_arr))
+        if kind == "shortest_path":
+            d = self.depth
+            out = (d[a_arr] + d[b_arr] - 2 * d[lca]).astype(np.float64)
+        elif kind == "lca_height":
+            out = (self.height - self.depth[lca]).astype(np.float64)
+        elif kind == "wu_palmer":
+            d = self.depth + 1.0
+            out = 1.0 - 2.0 * d[lca] / (d[a_arr] + d[b_arr])
+        elif kind in ("zhao", "jiang_conrath"):
+            ic = self.information_content
+            out = ic[a_arr] + ic[b_arr] - 2.0 * ic[lca]
+        else:
+            raise ValueError(f"kind must be one of shortest_path, lca_height, wu_palmer, zhao, jiang_conrath; "
+                             f"got {kind!r}")
+        return np.where(a_arr == b_arr, 0.0, out)
+
+    def distance_matrix(self, kind: DistanceKind = "shortest_path", nodes: np.ndarray | None = None,
+                        targets: np.ndarray | None = None) -> np.ndarray:
+        """Pairwise :meth:`distance` ``[len(nodes), len(targets)]`` (defaults: all nodes x leaves)."""
+        rows = np.arange(self.num_nodes) if nodes is None else np.asarray(nodes, dtype=np.int64)
+        cols = self.leaves if targets is None else np.asarray(targets, dtype=np.int64)
+        return self.distance(rows[:, None], cols[None, :], kind)
+
+    # ------------------------------------------------------------------ probabilities
+    def marginals(self, leaf_probs: Any) -> Any:
+        """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (numpy or torch).
+
+        A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes).
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> tax.marginals(np.array([0.5, 0.2, 0.3])).round(3).tolist()
+            [1.0, 0.7, 0.5, 0.2, 0.3]
+        """
+        m = self.ancestors_sparse[self.leaves].astype(np.float32)  # [L, N]
+        if isinstance(leaf_probs, np.ndarray):
+            flat = leaf_probs.reshape(-1, self.num_leaves)
+            return np.asarray(m.T.dot(flat.T).T, dtype=np.result_type(leaf_probs, np.float32)).reshape(
+                *leaf_probs.shape[:-1], self.num_nodes)
+        import torch
+
+        coo = m.tocoo()
+        idx = torch.from_numpy(np.vstack([coo.row, coo.col]))
+        mat = torch.sparse_coo_tensor(idx, torch.ones(coo.nnz), (self.num_leaves, self.num_nodes))
+        mat = mat.to(device=leaf_probs.device, dtype=torch.float32 if leaf_probs.dtype in (torch.float16,
+                                                                                          torch.bfloat16)
+                     else leaf_probs.dtype)
+        flat = leaf_probs.reshape(-1, self.num_leaves).to(mat.dtype)
+        out = torch.sparse.mm(mat.t(), flat.t()).t()
+        return out.reshape(*leaf_probs.shape[:-1], self.num_nodes).to(leaf_probs.dtype)
+
+    # ------------------------------------------------------------------ derived taxonomies
+    def to_tree(self, strategy: TreeStrategy = "first") -> Taxonomy:
+        """A tree keeping one parent per node; the edges dropped are on the result's :attr:`dropped_edges`.
+
+        Args:
+            strategy: ``"first"`` keeps the first parent in input order (WordNet's first hypernym);
+                ``"shortest"`` keeps a parent on a shortest root path (min depth, ties by input order);
+                ``"longest"`` keeps a parent on a longest root path.
+
+        Example:
+            >>> dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")])
+            >>> tree = dag.to_tree("first")
+            >>> tree.is_tree, tree.dropped_edges
+            (True, (('b', 'x'),))
+        """
+        if strategy not in ("first", "shortest", "longest"):
+            raise ValueError(f"strategy must be 'first', 'shortest' or 'longest'; got {strategy!r}")
+        if self.is_tree:
+            return self
+        keep: list[tuple[str, str]] = []
+        dropped: list[tuple[str, str]] = []
+        pos = {e: i for i, e in enumerate(self._edge_order)}
+        for n in range(1, self.num_nodes):
+            ps = self._parent_lists[n]
+            if strategy == "first":
+                chosen = ps[0]
+            elif strategy == "shortest":
+                chosen = min(ps, key=lambda q: self.depth[q])
+            else:
+                chosen = max(ps, key=lambda q: self.max_depth[q])
+            for q in ps:
+                (keep if q == chosen else dropped).append((q, n))
+        keep.sort(key=pos.__getitem__)
+        out = self._derive([(self._names[p], self._names[c]) for p, c in keep], self._names)
+        out.dropped_edges = tuple((self._names[p], self._names[c]) for p, c in sorted(dropped, key=pos.__getitem__))
+        logger.info("to_tree(%r) on %r dropped %d of %d edges", strategy, self.name, len(dropped), len(pos))
+        return out
+
+    def restrict(self, nodes: Iterable[str | int], *, classes: Iterable[str] | None = None) -> Taxonomy:
+        """The sub-taxonomy of ``nodes`` and all their ancestors (e.g. WordNet restricted to 1,000 classes).
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> tax.restrict(["x"]).names
+            ('r', 'a', 'x')
+        """
+        ids = [self.index(n) if isinstance(n, str) else int(n) for n in nodes]
+        keep = np.zeros(self.num_nodes, dtype=bool)
+        keep[np.unique(self.ancestors_sparse[ids].indices)] = True
+        edges = [(self._names[p], self._names[c]) for p, c in self._edge_order if keep[p] and keep[c]]
+        kept_names = [self._names[i] for i in np.flatnonzero(keep)]
+        if classes is None:
+            classes = [self._names[i] for i in np.flatnonzero(keep & self._class_mask)]
+        return self._derive(edges, kept_names, classes=classes)
+
+    def _derive(self, edges: list[tuple[str, str]], nodes: Sequence[str], **overrides: Any) -> Taxonomy:
+        vr = self._virtual_root
+        kwargs: dict[str, Any] = dict(
+            nodes=nodes, display_names={n: self._display[self._index[n]] for n in nodes},
+            classes=[n for n in nodes if self._class_mask[self._index[n]]], name=self.name,
+            metadata=self.metadata)
+        kwargs.update(overrides)
+        return Taxonomy(edges, **kwargs) if vr is None or vr not in nodes else Taxonomy(
+            [e for e in edges if e[0] != vr], virtual_root=vr,
+            **{**kwargs, "nodes": [n for n in kwargs["nodes"] if n != vr],
+               "classes": [c for c in kwargs["classes"] if c != vr],
+               "display_names": {k: v for k, v in kwargs["display_names"].items() if k != vr}})
+
+    # ------------------------------------------------------------------ identity
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of the node names in id order, the edges and the classes: equal iff the same taxonomy.
+
+        Display names and metadata are not part of it; node ids, and so every head's output layout, are.
+        """
+        payload = json.dumps({"names": self._names, "edges": sorted((p, c) for p, c in self._edge_order),
+                              "classes": self.classes.tolist(), "virtual_root": self._virtual_root},
+                             separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Taxonomy) and self.fingerprint == other.fingerprint
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __repr__(self) -> str:
+        kind = "tree" if self.is_tree else "DAG"
+        return (f"Taxonomy({self.name!r}, {kind}, nodes={self.num_nodes}, leaves={self.num_leaves}, "
+                f"height={self.height}, fingerprint={self.fingerprint[:12]})")
+
+    def stats(self) -> dict[str, Any]:
+        """Counts that describe the taxonomy (used by ``hiercls taxonomy stats``)."""
+        nc = self.num_children[~self.is_leaf]
+        sl = self.semantic_level[self._class_mask]
+        return {
+            "name": self.name, "kind": "tree" if self.is_tree else "dag", "nodes": self.num_nodes,
+            "edges": len(self._edge_order), "leaves": self.num_leaves, "classes": int(self._class_mask.sum()),
+            "height": self.height, "nodes_per_depth": [len(lv) for lv in self.levels],
+            "semantic_levels": int(sl.max()) + 1 if len(sl) else 0,
+            "classes_per_semantic_level": np.bincount(sl).tolist() if len(sl) else [],
+            "max_children": int(nc.max()) if len(nc) else 0,
+            "mean_children": float(nc.mean()) if len(nc) else 0.0,
+            "multi_parent_nodes": int((np.diff(self.parent_ptr) > 1).sum()),
+            "virtual_root": self._virtual_root, "fingerprint": self.fingerprint,
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        # cached_property values are rebuilt on demand; keep pickles small.
+        keep = ("_names", "_index", "_parent_lists", "_child_lists", "_edge_order", "_display", "_class_mask",
+                "_virtual_root", "name", "metadata", "dropped_edges")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
