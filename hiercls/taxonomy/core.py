@@ -126,16 +126,14 @@ class Taxonomy:
         if not order:
             raise TaxonomyError("empty taxonomy: no nodes and no edges")
 
-        graph = nx.DiGraph()
-        graph.add_nodes_from(order)
-        graph.add_edges_from(edges)
-        if not nx.is_directed_acyclic_graph(graph):
-            cycle = nx.find_cycle(graph)
-            where = seen_edges.get((cycle[0][0], cycle[0][1]))
-            text = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
-            raise fail(f"cycle in taxonomy: {text}", where, cycle[0][0])
-
-        roots = [n for n in order if graph.in_degree(n) == 0]
+        # Plain integer adjacency (positions in input order): networkx is only needed to explain a cycle.
+        by_pos = list(order)
+        kids: list[list[int]] = [[] for _ in by_pos]
+        pars: list[list[int]] = [[] for _ in by_pos]
+        for p, c in edges:
+            kids[order[p]].append(order[c])
+            pars[order[c]].append(order[p])
+        roots = [by_pos[i] for i, ps in enumerate(pars) if not ps]
         if len(roots) > 1:
             if virtual_root is None:
                 shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
@@ -143,31 +141,45 @@ class Taxonomy:
                                     "them under a new root")
             if virtual_root in order:
                 raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
-            order = {virtual_root: -1, **order}
-            graph.add_node(virtual_root)
-            graph.add_edges_from((virtual_root, r) for r in roots)
+            vpos = len(by_pos)
+            by_pos.append(virtual_root)
+            kids.append([order[r] for r in roots])
+            pars.append([])
+            for r in roots:
+                pars[order[r]].append(vpos)
         self._virtual_root = virtual_root if len(roots) > 1 else None
 
-        # Kahn's algorithm with a priority on input order, taking the most recently freed node first:
-        # for a tree this is exactly the depth-first pre-order (contiguous subtrees).
-        indeg = {n: graph.in_degree(n) for n in graph}
-        rank = order
-        succ = {n: sorted(graph.successors(n), key=rank.__getitem__) for n in graph}
-        stack = [n for n in graph if indeg[n] == 0]
-        names: list[str] = []
+        # Kahn's algorithm taking the most recently freed node first, siblings in input order: for a tree
+        # this is exactly the depth-first pre-order (contiguous subtrees).
+        for k in kids:
+            k.sort()
+        indeg = [len(ps) for ps in pars]
+        stack = [i for i, d in enumerate(indeg) if d == 0]
+        topo: list[int] = []
         while stack:
-            n = stack.pop()
-            names.append(n)
-            for c in reversed(succ[n]):
+            i = stack.pop()
+            topo.append(i)
+            for c in reversed(kids[i]):
                 indeg[c] -= 1
                 if indeg[c] == 0:
                     stack.append(c)
+        if not roots or len(topo) < len(by_pos):
+            graph = nx.DiGraph(edges)
+            cycle = nx.find_cycle(graph)
+            where = seen_edges.get((cycle[0][0], cycle[0][1]))
+            text = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+            raise fail(f"cycle in taxonomy: {text}", where, cycle[0][0])
+        new_id = np.empty(len(by_pos), dtype=np.int64)
+        new_id[topo] = np.arange(len(topo))
+        names = [by_pos[i] for i in topo]
         self._names = tuple(names)
         self._index = {n: i for i, n in enumerate(names)}
         idx = self._index
-        self._parent_lists = [sorted((idx[p] for p in graph.predecessors(n)), key=lambda j: rank[names[j]])
-                              for n in names]
-        self._child_lists = [[idx[c] for c in succ[n]] for n in names]
+        # Parents keep the order their edges were given in (WordNet: nltk's hypernym order), so that
+        # to_tree("first") follows the first listed parent.
+        nid = new_id.tolist()
+        self._parent_lists = [[nid[p] for p in pars[i]] for i in topo]
+        self._child_lists = [[nid[c] for c in kids[i]] for i in topo]
         self._edge_order = [(idx[p], idx[c]) for p, c in edges]
         if self._virtual_root is not None:
             self._edge_order = [(0, idx[r]) for r in roots] + self._edge_order
@@ -606,7 +618,7 @@ class Taxonomy:
             >>> tax.marginals(np.array([0.5, 0.2, 0.3])).round(3).tolist()
             [1.0, 0.7, 0.5, 0.2, 0.3]
         """
-        m = self.ancestors_sparse[self.leaves].astype(np.float32)  # [L, N]
+        m = self._leaf_ancestors
         if isinstance(leaf_probs, np.ndarray):
             flat = leaf_probs.reshape(-1, self.num_leaves)
             return np.asarray(m.T.dot(flat.T).T, dtype=np.result_type(leaf_probs, np.float32)).reshape(
@@ -614,7 +626,7 @@ class Taxonomy:
         import torch
 
         coo = m.tocoo()
-        idx = torch.from_numpy(np.vstack([coo.row, coo.col]))
+        idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
         mat = torch.sparse_coo_tensor(idx, torch.ones(coo.nnz), (self.num_leaves, self.num_nodes))
         mat = mat.to(device=leaf_probs.device, dtype=torch.float32 if leaf_probs.dtype in (torch.float16,
                                                                                           torch.bfloat16)
@@ -622,6 +634,10 @@ class Taxonomy:
         flat = leaf_probs.reshape(-1, self.num_leaves).to(mat.dtype)
         out = torch.sparse.mm(mat.t(), flat.t()).t()
         return out.reshape(*leaf_probs.shape[:-1], self.num_nodes).to(leaf_probs.dtype)
+
+    @cached_property
+    def _leaf_ancestors(self) -> sp.csr_matrix:
+        return self.ancestors_sparse[self.leaves].astype(np.float32)  # [L, N]
 
     # ------------------------------------------------------------------ derived taxonomies
     def to_tree(self, strategy: TreeStrategy = "first") -> Taxonomy:

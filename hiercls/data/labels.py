@@ -1,0 +1,131 @@
+"""Labels -> node ids: names, label paths (``animal/cat``) or ids, and ancestor-closed multi-hot targets."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+LabelFormat = Literal["name", "path", "id"]
+
+__all__ = ["LabelEncoder", "LabelFormat"]
+
+
+class LabelEncoder:
+    """Turn labels given against ``taxonomy`` into node ids and multi-hot targets.
+
+    Args:
+        taxonomy: the taxonomy labels refer to.
+        separator: separator of label paths (``"animal/cat"``).
+
+    A label *path* lists node names from the top down; the root may be included or left out, and a path may
+    also be a tail of the full path (``cat``, ``animal/cat`` and ``root/animal/cat`` are the same node, since
+    names are unique). Every step must be a child of the previous one. Errors are :class:`TaxonomyError`
+    naming the label and, when given, where it came from (``source``/``line``).
+
+    Example:
+        >>> tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "car")])
+        >>> enc = LabelEncoder(tax)
+        >>> enc.encode("animal/cat", "path"), enc.encode("car"), enc.encode(3, "id")
+        (2, 4, 3)
+        >>> enc.multi_hot([[2], [1, 4]]).int().tolist()
+        [[1, 1, 1, 0, 0], [1, 1, 0, 0, 1]]
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, separator: str = "/") -> None:
+        if not isinstance(taxonomy, Taxonomy):
+            raise TypeError(f"taxonomy must be a hiercls Taxonomy; got {type(taxonomy).__name__}")
+        if not separator:
+            raise ValueError("separator must be a non-empty string")
+        self.taxonomy = taxonomy
+        self.separator = separator
+
+    def encode(self, label: str | int, label_format: LabelFormat = "name", *, source: str | None = None,
+               line: int | None = None) -> int:
+        """Node id of one label.
+
+        Raises:
+            TaxonomyError: unknown name, a path that does not follow the taxonomy's edges, an id out of range
+                or a node that is not a class (``taxonomy.class_mask``).
+        """
+        tax = self.taxonomy
+        if label_format == "id":
+            node = self._parse_id(label, source, line)
+        elif label_format == "name":
+            node = self._lookup(str(label).strip(), source, line)
+        elif label_format == "path":
+            node = self._parse_path(str(label), source, line)
+        else:
+            raise ValueError(f"label_format must be 'name', 'path' or 'id'; got {label_format!r}")
+        if not tax.class_mask[node]:
+            raise TaxonomyError(f"label {label!r} is node {tax.name_of(node)!r}, which is not a class of taxonomy "
+                                f"{tax.name!r}", source=source, line=line, label=str(label))
+        return node
+
+    def encode_many(self, labels: Iterable[str | int], label_format: LabelFormat = "name", *,
+                    source: str | None = None) -> np.ndarray:
+        """Node ids of several labels (``int64``); errors give the 1-based position as the line."""
+        return np.array([self.encode(lab, label_format, source=source, line=i)
+                         for i, lab in enumerate(labels, start=1)], dtype=np.int64)
+
+    def multi_hot(self, label_sets: Sequence[Iterable[int]]) -> torch.Tensor:
+        """Ancestor-closed ``[B, N]`` float 0/1 targets from node-id sets (a sample with several labels).
+
+        Raises:
+            TaxonomyError: an id out of range.
+        """
+        n = self.taxonomy.num_nodes
+        rows, cols = [], []
+        for b, nodes in enumerate(label_sets):
+            for node in nodes:
+                if not 0 <= int(node) < n:
+                    raise TaxonomyError(f"node id {node} of sample {b} is out of range [0, {n})", label=str(node))
+                rows.append(b)
+                cols.append(int(node))
+        out = np.zeros((len(label_sets), n), dtype=np.float32)
+        if rows:
+            anc = self.taxonomy.ancestors_sparse[cols]  # closes each label under its ancestors
+            r = np.repeat(np.asarray(rows), np.diff(anc.indptr))
+            out[r, anc.indices] = 1.0
+        return torch.from_numpy(out)
+
+    def path_of(self, node: int) -> str:
+        """The label path (root left out) of ``node``, the inverse of ``encode(..., "path")`` on trees."""
+        ids = self.taxonomy.path(int(node))
+        return self.separator.join(self.taxonomy.name_of(i) for i in ids[1:]) or self.taxonomy.name_of(0)
+
+    # ------------------------------------------------------------------ parsing
+    def _lookup(self, name: str, source: str | None, line: int | None) -> int:
+        try:
+            return self.taxonomy.index(name)
+        except TaxonomyError as err:  # re-raised with the location of the label
+            raise TaxonomyError(err.reason, source=source, line=line, label=name) from None
+
+    def _parse_id(self, label: str | int, source: str | None, line: int | None) -> int:
+        try:
+            node = int(str(label).strip()) if not isinstance(label, (int, np.integer)) else int(label)
+        except ValueError:
+            raise TaxonomyError(f"label {label!r} is not an integer node id", source=source, line=line,
+                                label=str(label)) from None
+        if not 0 <= node < self.taxonomy.num_nodes:
+            raise TaxonomyError(f"node id {node} is out of range [0, {self.taxonomy.num_nodes}) for taxonomy "
+                                f"{self.taxonomy.name!r}", source=source, line=line, label=str(label))
+        return node
+
+    def _parse_path(self, label: str, source: str | None, line: int | None) -> int:
+        tax = self.taxonomy
+        parts = [p.strip() for p in label.strip().strip(self.separator).split(self.separator)]
+        if not parts or any(not p for p in parts):
+            raise TaxonomyError(f"label path {label!r} has an empty component", source=source, line=line,
+                                label=label)
+        ids = [self._lookup(p, source, line) for p in parts]
+        for a, b in itertools.pairwise(ids):
+            if a not in tax.parents(b):
+                raise TaxonomyError(f"label path {label!r}: {tax.name_of(b)!r} is not a child of {tax.name_of(a)!r}",
+                                    source=source, line=line, label=label)
+        return ids[-1]

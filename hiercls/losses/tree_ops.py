@@ -1,0 +1,175 @@
+"""Vectorised tree recursions on ``[B, N, *rest]`` tensors (node axis 1), built once per taxonomy.
+
+Every recursion loops over depths (about a dozen on WordNet) and never over samples or nodes. Nodes of one
+depth are stored leaves-first so that the internal nodes of a depth are a contiguous block: sums over the
+children of a node are segment reductions into that block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+__all__ = ["TreeOps", "segment_logsumexp", "require_tree"]
+
+
+def require_tree(taxonomy: Taxonomy, what: str) -> None:
+    """Raise a :class:`TaxonomyError` naming ``what`` when ``taxonomy`` has multi-parent nodes."""
+    if not taxonomy.is_tree:
+        raise TaxonomyError(f"{what} needs a tree but taxonomy {taxonomy.name!r} has multi-parent nodes; "
+                            "convert it with taxonomy.to_tree('first' | 'shortest' | 'longest')")
+
+
+def _expand_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    shape = [1] * like.dim()
+    shape[1] = -1
+    return index.view(shape).expand(*like.shape[:1], index.numel(), *like.shape[2:])
+
+
+def segment_logsumexp(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``out[:, g] = logsumexp(values[:, group == g])`` along axis 1 (every group must be non-empty).
+
+    Example:
+        >>> v = torch.tensor([[0.0, 0.0, 1.0]])
+        >>> segment_logsumexp(v, torch.tensor([0, 0, 1]), 2).tolist()  # [log 2, 1]
+        [[0.6931471824645996, 1.0]]
+    """
+    idx = _expand_index(group, values)
+    shape = list(values.shape)
+    shape[1] = num_groups
+    # The shift only keeps exp() in range; it is constant for the gradient, so it is detached.
+    finite = values.detach().masked_fill(~torch.isfinite(values.detach()), torch.finfo(values.dtype).min)
+    shift = torch.full(shape, torch.finfo(values.dtype).min, dtype=values.dtype, device=values.device)
+    shift = shift.scatter_reduce(1, idx, finite, reduce="amax", include_self=True)
+    summed = torch.zeros(shape, dtype=values.dtype, device=values.device)
+    summed = summed.scatter_add(1, idx, torch.exp(values - shift.gather(1, idx)))
+    return shift + torch.log(summed)
+
+
+class TreeOps(nn.Module):
+    """Index tables and depth-wise recursions over a taxonomy (buffers move with ``.to(device)``).
+
+    Tree recursions (``top_down_sum``, ``bottom_up``) need a tree; :meth:`descendant_max` works on DAGs too.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> ops = TreeOps(tax)
+        >>> ops.bottom_up(torch.tensor([[0.5, 0.2, 0.3]]), "sum").tolist()  # leaves x, y, b
+        [[1.0, 0.7000000476837158, 0.5, 0.20000000298023224, 0.30000001192092896]]
+    """
+
+    def __init__(self, taxonomy: Taxonomy) -> None:
+        super().__init__()
+        self.num_nodes = taxonomy.num_nodes
+        self.num_leaves = taxonomy.num_leaves
+        self.is_tree = taxonomy.is_tree
+        reg = self._reg
+        if self.is_tree:
+            is_leaf, parent = taxonomy.is_leaf, taxonomy.parent
+            level_lists, self.level_num_leaves = [], []
+            for nodes in taxonomy.levels:
+                lv = np.concatenate([nodes[is_leaf[nodes]], nodes[~is_leaf[nodes]]])
+                level_lists.append(lv)
+                self.level_num_leaves.append(int(is_leaf[nodes].sum()))
+            pos = np.empty(self.num_nodes, dtype=np.int64)
+            for lv in level_lists:
+                pos[lv] = np.arange(len(lv))
+            self.height = len(level_lists) - 1
+            self.level_sizes = [len(lv) for lv in level_lists]
+            for d, lv in enumerate(level_lists):
+                reg(f"nodes_{d}", lv)
+                reg(f"leafpos_{d}", taxonomy.leaf_index[lv[: self.level_num_leaves[d]]])
+                if d > 0:
+                    ppos = pos[parent[lv]]
+                    reg(f"ppos_{d}", ppos)
+                    reg(f"pgroup_{d}", ppos - self.level_num_leaves[d - 1])
+            reg("assemble_index", np.argsort(np.concatenate(level_lists), kind="stable"))
+        # Edges grouped by the child's longest-path depth: pushing values up level by level from the deepest
+        # makes every node final before it is pushed (its children are all strictly deeper).
+        md = taxonomy.max_depth
+        children = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr))
+        parents = taxonomy.parent_idx
+        self.edge_levels = []
+        for d in range(int(md.max()) if taxonomy.num_nodes > 1 else 0, 0, -1):
+            sel = md[children] == d
+            if sel.any():
+                reg(f"edge_child_{d}", children[sel])
+                reg(f"edge_parent_{d}", parents[sel])
+                self.edge_levels.append(d)
+
+    def _reg(self, name: str, array: np.ndarray) -> None:
+        self.register_buffer(name, torch.as_tensor(np.ascontiguousarray(array), dtype=torch.long), persistent=False)
+
+    def _buf(self, name: str) -> torch.Tensor:
+        return self._buffers[name]  # type: ignore[return-value]
+
+    def _need_tree(self) -> None:
+        if not self.is_tree:
+            raise TaxonomyError("this tree recursion needs a tree taxonomy; convert the DAG with to_tree()")
+
+    def assemble(self, per_level: list[torch.Tensor]) -> torch.Tensor:
+        """Concatenate per-depth tensors (in this object's level order) into node-id order ``[B, N, ...]``."""
+        return torch.cat(per_level, dim=1).index_select(1, self._buf("assemble_index"))
+
+    def level_nodes(self, depth: int) -> torch.Tensor:
+        """Node ids at ``depth`` in this object's order (leaves first)."""
+        return self._buf(f"nodes_{depth}")
+
+    def parent_positions(self, depth: int) -> torch.Tensor:
+        """Position of each depth-``depth`` node's parent within ``level_nodes(depth - 1)``."""
+        return self._buf(f"ppos_{depth}")
+
+    def top_down_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``out[n] = sum of values over the root-to-n path`` (e.g. log-probabilities of conditional softmaxes).
+
+        Args:
+            values: ``[B, N, *rest]`` per-node terms (the root's entry is included as is).
+        """
+        self._need_tree()
+        cur = values.index_select(1, self._buf("nodes_0"))
+        out = [cur]
+        for d in range(1, self.height + 1):
+            cur = cur.index_select(1, self._buf(f"ppos_{d}")) + values.index_select(1, self._buf(f"nodes_{d}"))
+            out.append(cur)
+        return self.assemble(out)
+
+    def bottom_up(self, leaf_values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+        """Node values from leaf values ``[B, num_leaves, *rest]`` (leaf order = ``taxonomy.leaves``).
+
+        ``reduce="sum"`` gives marginal probabilities from leaf probabilities; ``"logsumexp"`` gives log-marginals
+        from leaf log-probabilities (stable in the tails).
+        """
+        self._need_tree()
+        if reduce not in ("sum", "logsumexp"):
+            raise ValueError(f"reduce must be 'sum' or 'logsumexp'; got {reduce!r}")
+        out: list[torch.Tensor] = [leaf_values.new_empty(0)] * (self.height + 1)
+        below = None
+        for d in range(self.height, -1, -1):
+            parts = [leaf_values.index_select(1, self._buf(f"leafpos_{d}"))]
+            n_internal = self.level_sizes[d] - self.level_num_leaves[d]
+            if n_internal:
+                group = self._buf(f"pgroup_{d + 1}")
+                if reduce == "sum":
+                    shape = list(below.shape)
+                    shape[1] = n_internal
+                    parts.append(below.new_zeros(shape).scatter_add(1, _expand_index(group, below), below))
+                else:
+                    parts.append(segment_logsumexp(below, group, n_internal))
+            below = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+            out[d] = below
+        return self.assemble(out)
+
+    def descendant_max(self, values: torch.Tensor) -> torch.Tensor:
+        """``out[n] = max(values[d] for d descendant-or-self of n)`` along axis 1 (trees and DAGs).
+
+        This is the MCM of C-HMCNN and the ancestor closure of multi-hot labels.
+        """
+        out = values
+        for d in self.edge_levels:
+            child, parent = self._buf(f"edge_child_{d}"), self._buf(f"edge_parent_{d}")
+            src = out.index_select(1, child)
+            out = out.scatter_reduce(1, _expand_index(parent, src), src, reduce="amax", include_self=True)
+        return out

@@ -1,0 +1,297 @@
+"""Input conversion and checks shared by every metric.
+
+Labels arrive as node ids ``[B]``, node names, ragged collections of ids/names (multi-label), or 0/1 node
+sets ``[B, N]`` (numpy, torch or scipy sparse). They become a :class:`Labels`: either one node id per sample
+or an ancestor-closed boolean CSR matrix ``[B, N]``. The CSR form is what lets a million samples on a
+21k-node taxonomy fit in memory (each row holds only the nodes of the sample's label paths).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+__all__ = ["Labels", "UndefinedMetricWarning", "check_taxonomy", "to_labels"]
+
+
+class UndefinedMetricWarning(UserWarning):
+    """A ratio was 0/0 and ``zero_division="warn"`` replaced it by 0 (as scikit-learn does)."""
+
+
+_CACHE: weakref.WeakKeyDictionary[Taxonomy, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def taxonomy_cache(taxonomy: Taxonomy) -> dict[str, Any]:
+    """Per-taxonomy scratch space for derived arrays (taxonomies are immutable, so entries never go stale)."""
+    try:
+        return _CACHE[taxonomy]
+    except KeyError:
+        _CACHE[taxonomy] = d = {}
+        return d
+
+
+def ancestors_int32(taxonomy: Taxonomy) -> sp.csr_matrix:
+    """``ancestors_sparse`` as int32: products of int8 matrices overflow once 128 descendants are summed."""
+    cache = taxonomy_cache(taxonomy)
+    if "anc32" not in cache:
+        cache["anc32"] = taxonomy.ancestors_sparse.astype(np.int32)
+    return cache["anc32"]
+
+
+def check_taxonomy(taxonomy: Any) -> Taxonomy:
+    if not isinstance(taxonomy, Taxonomy):
+        raise TypeError(f"taxonomy must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
+    return taxonomy
+
+
+@dataclass(frozen=True)
+class Labels:
+    """One batch of labels: ``ids`` (one node per sample) or ``sets`` (closed CSR ``[B, N]``), never both."""
+
+    ids: np.ndarray | None
+    sets: sp.csr_matrix | None
+    num_nodes: int
+
+    def __len__(self) -> int:
+        return len(self.ids) if self.ids is not None else self.sets.shape[0]
+
+    @property
+    def is_ids(self) -> bool:
+        return self.ids is not None
+
+    def as_sets(self, taxonomy: Taxonomy) -> sp.csr_matrix:
+        """Ancestor-closed node sets (the rows of the ancestor matrix for id labels)."""
+        if self.sets is not None:
+            return self.sets
+        return taxonomy.ancestors_sparse[self.ids].astype(bool)
+
+    def select(self, mask: np.ndarray) -> Labels:
+        if self.ids is not None:
+            return Labels(self.ids[mask], None, self.num_nodes)
+        return Labels(None, self.sets[np.flatnonzero(mask)], self.num_nodes)
+
+
+def to_numpy(x: Any) -> Any:
+    """numpy view of torch tensors (detached, on CPU); other inputs unchanged."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return x
+
+
+def close_sets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
+    """Add every ancestor (through all parents on a DAG) of every node in each row."""
+    closed = sets.astype(np.int32) @ ancestors_int32(taxonomy)
+    closed = closed.astype(bool).tocsr()
+    closed.sort_indices()
+    return closed
+
+
+def _names_to_ids(values: Iterable[Any], taxonomy: Taxonomy, name: str) -> np.ndarray:
+    out = []
+    for i, v in enumerate(values):
+        try:
+            out.append(taxonomy.index(str(v)))
+        except TaxonomyError as err:
+            raise TaxonomyError(f"{name}[{i}]: {err.reason}", label=str(v)) from None
+    return np.asarray(out, dtype=np.int64)
+
+
+def _ragged_to_sets(rows: list[Any], taxonomy: Taxonomy, name: str) -> sp.csr_matrix:
+    n = taxonomy.num_nodes
+    indptr = [0]
+    indices: list[int] = []
+    for i, row in enumerate(rows):
+        row = to_numpy(row)
+        items = list(np.asarray(row).ravel()) if isinstance(row, np.ndarray) else list(row)
+        for v in items:
+            if isinstance(v, str | np.str_):
+                try:
+                    indices.append(taxonomy.index(str(v)))
+                except TaxonomyError as err:
+                    raise TaxonomyError(f"{name}[{i}]: {err.reason}", label=str(v)) from None
+            elif isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_):
+                if not 0 <= int(v) < n:
+                    raise ValueError(f"{name}[{i}] contains node id {int(v)}; expected ids in [0, {n}) for "
+                                     f"taxonomy {taxonomy.name!r}")
+                indices.append(int(v))
+            else:
+                raise TypeError(f"{name}[{i}] contains {v!r} ({type(v).__name__}); expected node names or ids")
+        indptr.append(len(indices))
+    m = sp.csr_matrix((np.ones(len(indices), dtype=bool), np.asarray(indices, dtype=np.int64),
+                       np.asarray(indptr, dtype=np.int64)), shape=(len(rows), n))
+    m.sum_duplicates()
+    return m
+
+
+def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allow_ignore: bool = False) -> Labels:
+    """Convert ``y`` to :class:`Labels`, validating shape, dtype, ids and names.
+
+    Args:
+        y: node ids ``[B]`` (int), node names ``[B]`` (str), a list of per-sample collections of ids or
+            names (multi-label), or 0/1 node sets ``[B, N]`` (bool/int/float numpy or torch, or scipy sparse).
+        taxonomy: the taxonomy the labels refer to.
+        name: parameter name for error messages (``"y_true"``, ``"y_pred"``).
+        close: add all ancestors to node sets (id labels are closed by construction).
+        allow_ignore: accept ``-1`` ids (samples to ignore); the caller drops them.
+
+    Raises:
+        TaxonomyError: unknown label names.
+        ValueError: wrong shape, out-of-range ids, values other than 0/1 in a node set.
+        TypeError: unsupported input type or dtype.
+    """
+    n = taxonomy.num_nodes
+    y = to_numpy(y)
+    if sp.issparse(y):
+        m = sp.csr_matrix(y)
+        if m.ndim != 2 or m.shape[1] != n:
+            raise ValueError(f"{name} is a sparse matrix of shape {m.shape}; expected [B, {n}] node sets for "
+                             f"taxonomy {taxonomy.name!r} ({n} nodes)")
+        data = m.data
+        if data.size and not np.isin(data, (0, 1)).all():
+            raise ValueError(f"{name} node sets must hold only 0/1 values; found {data[~np.isin(data, (0, 1))][0]!r}")
+        m = m.astype(bool)
+        m.eliminate_zeros()
+        return Labels(None, close_sets(m, taxonomy) if close else _sorted(m), n)
+    if isinstance(y, list | tuple):
+        if len(y) and all(isinstance(r, list | tuple | set | frozenset | np.ndarray) or _is_tensor(r) for r in y):
+            ragged = [to_numpy(r) for r in y]
+            lengths = {np.shape(r) for r in ragged}
+            dense_2d = len(lengths) == 1 and len(next(iter(lengths))) == 1 and next(iter(lengths))[0] == n and all(
+                not isinstance(r, set | frozenset) for r in ragged) and all(
+                np.asarray(r).dtype.kind in "biuf" for r in ragged)
+            if not dense_2d:
+                m = _ragged_to_sets(ragged, taxonomy, name)
+                return Labels(None, close_sets(m, taxonomy) if close else m, n)
+        y = np.asarray(y)
+    if not isinstance(y, np.ndarray):
+        raise TypeError(f"{name} must be node ids, node names or node sets (numpy, torch, list or scipy sparse); "
+                        f"got {type(y).__name__}")
+    if y.ndim == 0:
+        raise ValueError(f"{name} must have a batch dimension: [B] node ids or [B, {n}] node sets; got a scalar")
+    if y.dtype.kind in "USO":
+        if y.ndim != 1:
+            raise ValueError(f"{name} holds names with shape {y.shape}; expected one name per sample, shape [B]")
+        return Labels(_names_to_ids(y, taxonomy, name), None, n)
+    if y.ndim == 1:
+        if y.dtype.kind not in "iu":
+            if y.dtype.kind == "f" and y.size and np.array_equal(y, np.round(y)):
+                raise TypeError(f"{name} has dtype {y.dtype}; node ids must be integers (cast with .long() / "
+                                ".astype(int)), node sets must be 2-D [B, N]")
+            raise TypeError(f"{name} has dtype {y.dtype} and shape {y.shape}; expected integer node ids [B] or "
+                            f"[B, {n}] node sets")
+        ids = y.astype(np.int64, copy=False)
+        low = -1 if allow_ignore else 0
+        bad = (ids < low) | (ids >= n)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            hint = " (-1 marks ignored samples only in y_true)" if ids[i] == -1 else ""
+            raise ValueError(f"{name}[{i}] = {int(ids[i])} is not a node id of taxonomy {taxonomy.name!r}; expected "
+                             f"ids in [{low}, {n}){hint}")
+        return Labels(ids, None, n)
+    if y.ndim == 2:
+        if y.shape[1] != n:
+            raise ValueError(f"{name} has shape {tuple(y.shape)}; expected [B] node ids or [B, {n}] node sets for "
+                             f"taxonomy {taxonomy.name!r} ({n} nodes): is it the right taxonomy?")
+        if y.dtype.kind not in "biuf":
+            raise TypeError(f"{name} node sets have dtype {y.dtype}; expected bool or 0/1 numbers")
+        if y.dtype.kind != "b":
+            ok = (y == 0) | (y == 1)
+            if not ok.all():
+                r, c = np.argwhere(~ok)[0]
+                raise ValueError(f"{name}[{r}, {c}] = {y[r, c]!r}; node sets must hold only 0/1 (threshold "
+                                 "probabilities with a decoder first)")
+        m = sp.csr_matrix(y.astype(bool, copy=False))
+        return Labels(None, close_sets(m, taxonomy) if close else _sorted(m), n)
+    raise ValueError(f"{name} has shape {tuple(y.shape)}; expected [B] node ids or [B, {n}] node sets")
+
+
+def _sorted(m: sp.csr_matrix) -> sp.csr_matrix:
+    m = m.tocsr()
+    m.sort_indices()
+    return m
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def check_weights(sample_weight: Any, n: int) -> np.ndarray | None:
+    """``None`` or a float64 ``[n]`` array of finite non-negative weights."""
+    if sample_weight is None:
+        return None
+    w = np.asarray(to_numpy(sample_weight), dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"sample_weight has shape {w.shape}; expected ({n},), one weight per sample")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("sample_weight must be finite and non-negative")
+    return w
+
+
+def prepare_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any = None, *,
+                 close: bool = True, close_pred: bool | None = None) -> tuple[Labels, Labels, np.ndarray | None]:
+    """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned."""
+    check_taxonomy(taxonomy)
+    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True)
+    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred)
+    if len(t) != len(p):
+        raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
+    w = check_weights(sample_weight, len(t))
+    if t.is_ids and (t.ids < 0).any():
+        keep = t.ids >= 0
+        t, p = t.select(keep), p.select(keep)
+        w = None if w is None else w[keep]
+    return t, p, w
+
+
+def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
+
+
+def check_zero_division(zero_division: Any) -> Any:
+    if isinstance(zero_division, str):
+        return check_choice(zero_division, "zero_division", ("warn",))
+    if isinstance(zero_division, numbers.Real) and (math.isnan(zero_division) or zero_division in (0, 1)):
+        return float(zero_division)
+    raise ValueError(f"zero_division must be 'warn', 0.0, 1.0 or nan; got {zero_division!r}")
+
+
+def safe_divide(num: Any, den: Any, zero_division: Any, what: str) -> Any:
+    """``num / den`` elementwise with ``zero_division`` where ``den == 0`` (``"warn"``: 0 and a warning)."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    zero = den == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / np.where(zero, 1.0, den)
+    if zero.any():
+        if zero_division == "warn":
+            warnings.warn(f"{what} is ill-defined (0/0) and set to 0.0; pass zero_division to choose the value",
+                          UndefinedMetricWarning, stacklevel=3)
+            fill = 0.0
+        else:
+            fill = zero_division
+        out = np.where(zero, fill, out)
+    return out if out.ndim else float(out)
+
+
+def check_beta(beta: Any) -> float:
+    if not isinstance(beta, numbers.Real) or not beta > 0 or math.isinf(beta):
+        raise ValueError(f"beta must be a positive finite number; got {beta!r}")
+    return float(beta)
+
+
+def weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.sum() if w is None else values @ w)

@@ -1,0 +1,345 @@
+"""Set-based hierarchical precision, recall and F-beta (Kiritchenko et al. 2005; Kosmopoulos et al. 2015).
+
+Every label is replaced by the set of its ancestors and itself (for a DAG: ancestors through *all*
+parents, by node identity). With ``Y_b`` the true set and ``Ŷ_b`` the predicted set of sample ``b``:
+
+* ``average="micro"`` (Kosmopoulos et al. 2015, Eq. 1-2; hiclass ``average="micro"``): sums over the dataset,
+  ``hP = Σ_b |Ŷ_b ∩ Y_b| / Σ_b |Ŷ_b|``, ``hR = Σ_b |Ŷ_b ∩ Y_b| / Σ_b |Y_b|``.
+* ``average="samples"`` (the per-sample average of Silla & Freitas 2011, called ``"macro"`` by hiclass):
+  the mean over samples of the per-sample ``hP_b``, ``hR_b``, ``hF_b``.
+* ``average="macro"`` (scikit-learn's meaning): every node is a binary label; the mean over nodes of the
+  per-node precision / recall / F of the closed sets (the node Macro-F1 of hierarchical text classification).
+  Its micro counterpart over nodes is exactly ``average="micro"``.
+
+``hF_beta = (1 + β²) |Ŷ ∩ Y| / (β² |Y| + |Ŷ|)`` from the counts (equal to the harmonic form whenever hP and hR
+are defined). ``include_root=False`` (default) leaves the root out of every set (the dataset-aggregated
+convention); ``include_root=True`` counts it in every set, true and predicted (the per-sample convention of
+e.g. Kiritchenko et al.), so an empty prediction still scores the root.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from hiercls.metrics._validation import (
+    Labels,
+    ancestors_int32,
+    check_beta,
+    check_choice,
+    check_zero_division,
+    prepare_pair,
+    safe_divide,
+    to_numpy,
+    weighted_sum,
+)
+from hiercls.taxonomy import Taxonomy
+
+__all__ = [
+    "hiclass_precision_recall_fscore",
+    "hierarchical_counts",
+    "hierarchical_f1_score",
+    "hierarchical_fbeta_score",
+    "hierarchical_precision_recall_fscore",
+    "hierarchical_precision_score",
+    "hierarchical_recall_score",
+    "node_confusion",
+]
+
+Average = Literal["micro", "macro", "samples"]
+
+
+def _root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if t.is_ids and p.is_ids:
+        if taxonomy.is_tree:
+            # On a tree anc(a) ∩ anc(b) = anc(lca(a, b)), and |anc(n)| without the root is depth(n).
+            d = taxonomy.depth
+            lca = np.asarray(taxonomy.lca(t.ids, p.ids))
+            return d[lca].astype(np.float64), d[p.ids].astype(np.float64), d[t.ids].astype(np.float64)
+        anc = taxonomy.ancestors_sparse
+        sizes = np.diff(anc.indptr) - 1
+        inter = np.asarray(anc[t.ids].multiply(anc[p.ids]).sum(axis=1)).ravel() - 1
+        return inter.astype(np.float64), sizes[p.ids].astype(np.float64), sizes[t.ids].astype(np.float64)
+    ts, ps = t.as_sets(taxonomy), p.as_sets(taxonomy)
+    troot = ts[:, 0].toarray().ravel()
+    proot = ps[:, 0].toarray().ravel()
+    inter = ts.multiply(ps).getnnz(axis=1) - (troot & proot)
+    return (inter.astype(np.float64), (ps.getnnz(axis=1) - proot).astype(np.float64),
+            (ts.getnnz(axis=1) - troot).astype(np.float64))
+
+
+def hierarchical_counts(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, include_root: bool = False,
+                        close: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sample ``(|Ŷ ∩ Y|, |Ŷ|, |Y|)`` of the ancestor-closed sets, float64 arrays ``[B]``.
+
+    Samples whose ``y_true`` is ``-1`` are dropped.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> [c.tolist() for c in hierarchical_counts(["x", "x"], ["y", "b"], taxonomy=tax)]
+        [[1.0, 0.0], [2.0, 1.0], [2.0, 2.0]]
+    """
+    t, p, _ = prepare_pair(y_true, y_pred, taxonomy, close=close)
+    inter, npred, ntrue = _root_free_counts(t, p, taxonomy)
+    extra = 1.0 if include_root else 0.0
+    return inter + extra, npred + extra, ntrue + extra
+
+
+def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """Weighted per-node ``(tp, fp, fn)`` float64 vectors ``[N]`` of closed sets (internal helper, public for reuse)."""
+    n = taxonomy.num_nodes
+    if t.is_ids and p.is_ids and taxonomy.is_tree:
+        # Node j is a true positive of sample b iff j is an ancestor of lca(t_b, p_b): count samples per
+        # lca / target / prediction once, then push the counts up to every ancestor with one product.
+        anc = ancestors_int32(taxonomy).astype(np.float64)
+        lca = np.asarray(taxonomy.lca(t.ids, p.ids))
+        per_true = np.bincount(t.ids, weights=w, minlength=n)
+        per_pred = np.bincount(p.ids, weights=w, minlength=n)
+        per_lca = np.bincount(lca, weights=w, minlength=n)
+        tp = anc.T @ per_lca
+        return tp, anc.T @ per_pred - tp, anc.T @ per_true - tp
+    ts, ps = t.as_sets(taxonomy), p.as_sets(taxonomy)
+    both = ts.multiply(ps).tocsr()
+    if w is None:
+        tp = np.asarray(both.sum(axis=0), dtype=np.float64).ravel()
+        pos_t = np.asarray(ts.sum(axis=0), dtype=np.float64).ravel()
+        pos_p = np.asarray(ps.sum(axis=0), dtype=np.float64).ravel()
+    else:
+        tp = np.asarray(both.T.astype(np.float64) @ w).ravel()
+        pos_t = np.asarray(ts.T.astype(np.float64) @ w).ravel()
+        pos_p = np.asarray(ps.T.astype(np.float64) @ w).ravel()
+    return tp, pos_p - tp, pos_t - tp
+
+
+def _fbeta_from_counts(inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str) -> Any:
+    return safe_divide((1.0 + beta2) * np.asarray(inter, dtype=np.float64),
+                       beta2 * np.asarray(ntrue, dtype=np.float64) + np.asarray(npred, dtype=np.float64),
+                       zero_division, what)
+
+
+def _macro_mean(values: np.ndarray) -> float:
+    # zero_division=nan marks undefined labels to leave out of the mean (scikit-learn >= 1.4 semantics).
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if finite.size else float("nan")
+
+
+def _labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
+    if labels is None:
+        mask = np.ones(taxonomy.num_nodes, dtype=bool)
+        mask[0] = include_root
+        return mask
+    ids = np.asarray(to_numpy(labels))
+    if ids.dtype.kind in "USO":
+        ids = taxonomy.ids([str(x) for x in ids])
+    ids = ids.astype(np.int64).ravel()
+    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
+        raise ValueError(f"labels must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
+    mask = np.zeros(taxonomy.num_nodes, dtype=bool)
+    mask[ids] = True
+    return mask
+
+
+def hierarchical_precision_recall_fscore(
+        y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, beta: float = 1.0, average: Average = "micro",
+        include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn", labels: Any = None,
+        close: bool = True) -> tuple[float, float, float]:
+    """Hierarchical precision, recall and F-beta in one pass (see the module docstring for the averages).
+
+    Args:
+        y_true: node ids ``[B]`` (``-1`` = ignore the sample), names, collections of ids/names per sample
+            (multi-label), or 0/1 node sets ``[B, N]`` (numpy, torch or scipy sparse).
+        y_pred: the same forms (no ``-1``).
+        taxonomy: the taxonomy both refer to.
+        beta: weight of recall in the F score.
+        average: ``"micro"``, ``"samples"`` or ``"macro"``.
+        include_root: count the root as a member of every set.
+        sample_weight: optional non-negative weight per sample.
+        zero_division: value of a 0/0 ratio: ``"warn"`` (0 with a warning), ``0.0``, ``1.0`` or ``nan`` (for
+            ``"macro"``: leave the node out of the mean).
+        labels: for ``"macro"``, the nodes to average over (ids or names; default every node, minus the root
+            unless ``include_root``).
+        close: add missing ancestors to node sets (the default; ``False`` scores raw sets as given).
+
+    Returns:
+        ``(hP, hR, hF_beta)`` as floats.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> # x vs y share {a} of {a, x} / {a, y}; x vs b share nothing: hP = hR = (1 + 0) / (2 + 2)
+        >>> hierarchical_precision_recall_fscore(["x", "x"], ["y", "a"], taxonomy=tax)
+        (0.6666666666666666, 0.5, 0.5714285714285714)
+    """
+    check_choice(average, "average", ("micro", "macro", "samples"))
+    beta2 = check_beta(beta) ** 2
+    zero_division = check_zero_division(zero_division)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    if average == "macro":
+        tp, fp, fn = node_confusion(t, p, taxonomy, w)
+        mask = _labels_mask(labels, taxonomy, include_root)
+        if include_root:
+            # The root belongs to every set, true and predicted.
+            total = float(len(t) if w is None else w.sum())
+            tp, fp, fn = tp.copy(), fp.copy(), fn.copy()
+            tp[0], fp[0], fn[0] = total, 0.0, 0.0
+        tp, fp, fn = tp[mask], fp[mask], fn[mask]
+        prec = safe_divide(tp, tp + fp, zero_division, "macro hierarchical precision of a node without predictions")
+        rec = safe_divide(tp, tp + fn, zero_division, "macro hierarchical recall of a node without true samples")
+        f = _fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
+                               "macro hierarchical F of a node absent from both")
+        return _macro_mean(np.atleast_1d(prec)), _macro_mean(np.atleast_1d(rec)), _macro_mean(np.atleast_1d(f))
+    if labels is not None:
+        raise ValueError("labels is only used with average='macro'")
+    inter, npred, ntrue = _root_free_counts(t, p, taxonomy)
+    if include_root:
+        inter, npred, ntrue = inter + 1.0, npred + 1.0, ntrue + 1.0
+    if len(t) == 0:
+        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    if average == "micro":
+        si, sp_, st = weighted_sum(inter, w), weighted_sum(npred, w), weighted_sum(ntrue, w)
+        return (safe_divide(si, sp_, zero_division, "hierarchical precision with no predicted node"),
+                safe_divide(si, st, zero_division, "hierarchical recall with no true node"),
+                _fbeta_from_counts(si, st, sp_, beta2, zero_division, "hierarchical F with no node at all"))
+    prec = safe_divide(inter, npred, zero_division, "per-sample hierarchical precision")
+    rec = safe_divide(inter, ntrue, zero_division, "per-sample hierarchical recall")
+    f = _fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "per-sample hierarchical F")
+    total = float(len(t) if w is None else w.sum())
+    if total == 0:
+        raise ValueError("sample_weight sums to 0")
+    return (weighted_sum(np.atleast_1d(prec), w) / total, weighted_sum(np.atleast_1d(rec), w) / total,
+            weighted_sum(np.atleast_1d(f), w) / total)
+
+
+def hierarchical_fbeta_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, beta: float = 1.0,
+                             average: Average = "micro", include_root: bool = False, sample_weight: Any = None,
+                             zero_division: Any = "warn", labels: Any = None, close: bool = True) -> float:
+    """Hierarchical F-beta; arguments as :func:`hierarchical_precision_recall_fscore`.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> hierarchical_fbeta_score(["x"], ["y"], taxonomy=tax)
+        0.5
+        >>> hierarchical_fbeta_score(["x"], ["y"], taxonomy=tax, include_root=True)  # {r, a} of 3 each
+        0.6666666666666666
+    """
+    return hierarchical_precision_recall_fscore(
+        y_true, y_pred, taxonomy=taxonomy, beta=beta, average=average, include_root=include_root,
+        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[2]
+
+
+def hierarchical_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Average = "micro",
+                          include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
+                          labels: Any = None, close: bool = True) -> float:
+    """Hierarchical F1 (:func:`hierarchical_fbeta_score` with ``beta=1``).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> hierarchical_f1_score(["x", "b"], ["x", "b"], taxonomy=tax)
+        1.0
+    """
+    return hierarchical_precision_recall_fscore(
+        y_true, y_pred, taxonomy=taxonomy, average=average, include_root=include_root,
+        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[2]
+
+
+def hierarchical_precision_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Average = "micro",
+                                 include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
+                                 labels: Any = None, close: bool = True) -> float:
+    """Hierarchical precision; arguments as :func:`hierarchical_precision_recall_fscore`.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> hierarchical_precision_score(["x"], ["a"], taxonomy=tax)  # predicting the parent is never wrong
+        1.0
+    """
+    return hierarchical_precision_recall_fscore(
+        y_true, y_pred, taxonomy=taxonomy, average=average, include_root=include_root,
+        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[0]
+
+
+def hierarchical_recall_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Average = "micro",
+                              include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
+                              labels: Any = None, close: bool = True) -> float:
+    """Hierarchical recall; arguments as :func:`hierarchical_precision_recall_fscore`.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> hierarchical_recall_score(["x"], ["a"], taxonomy=tax)
+        0.5
+    """
+    return hierarchical_precision_recall_fscore(
+        y_true, y_pred, taxonomy=taxonomy, average=average, include_root=include_root,
+        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[1]
+
+
+def _path_name_sets(y: Any, name: str) -> list[set[str]]:
+    arr = to_numpy(y)
+    rows = arr.tolist() if isinstance(arr, np.ndarray) else list(arr)
+    out = []
+    for i, row in enumerate(rows):
+        if isinstance(row, str):
+            row = [row]
+        if not isinstance(row, list | tuple):
+            raise TypeError(f"{name}[{i}] must be a label path (a sequence of level names); got {row!r}")
+        labels = set()
+        for v in row:
+            # A label path may itself be a list of paths (hiclass multi-label, 3-D input).
+            if isinstance(v, list | tuple):
+                labels.update(str(x) for x in v if x not in ("", None))
+            elif v not in ("", None):
+                labels.add(str(v))
+        out.append(labels)
+    return out
+
+
+def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1.0,
+                                    average: Literal["micro", "macro"] = "micro",
+                                    zero_division: Any = "warn") -> tuple[float, float, float]:
+    """hiclass-compatible scores: compare the *name sets* of label paths, with no taxonomy.
+
+    hiclass (Miranda et al. 2023) represents a label as its path of level names (``["animal", "cat"]``,
+    ``""`` padding) and scores the sets of those names; ``average="macro"`` there is the per-sample mean
+    (this library's ``average="samples"``). Two different nodes with the same name (``"other"`` under two
+    parents) count as the same label here, unlike :func:`hierarchical_precision_recall_fscore`, which compares
+    nodes by identity.
+
+    Args:
+        y_true: ``[B, L]`` label paths (or ``[B, k, L]`` for several paths per sample).
+        y_pred: the same.
+        beta: weight of recall.
+        average: ``"micro"`` (dataset sums) or ``"macro"`` (hiclass's per-sample mean).
+        zero_division: value of a 0/0 ratio (see :func:`hierarchical_precision_recall_fscore`).
+
+    Example:
+        >>> hiclass_precision_recall_fscore([["animal", "cat"]], [["animal", "dog"]])
+        (0.5, 0.5, 0.5)
+    """
+    check_choice(average, "average", ("micro", "macro"))
+    beta2 = check_beta(beta) ** 2
+    zero_division = check_zero_division(zero_division)
+    ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")
+    if len(ts) != len(ps):
+        raise ValueError(f"y_true has {len(ts)} samples but y_pred has {len(ps)}")
+    if not ts:
+        raise ValueError("no samples to score")
+    inter = np.array([len(a & b) for a, b in zip(ts, ps, strict=True)], dtype=np.float64)
+    ntrue = np.array([len(a) for a in ts], dtype=np.float64)
+    npred = np.array([len(b) for b in ps], dtype=np.float64)
+    if average == "micro":
+        inter, ntrue, npred = inter.sum(), ntrue.sum(), npred.sum()
+    prec = np.mean(safe_divide(inter, npred, zero_division, "hiclass precision"))
+    rec = np.mean(safe_divide(inter, ntrue, zero_division, "hiclass recall"))
+    if average == "micro":
+        f = _fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "hiclass F")
+    else:
+        # hiclass averages the per-sample F computed from per-sample precision and recall.
+        pr, rc = (safe_divide(inter, npred, zero_division, "hiclass precision"),
+                  safe_divide(inter, ntrue, zero_division, "hiclass recall"))
+        f = np.mean(safe_divide((1 + beta2) * pr * rc, beta2 * pr + rc, zero_division, "hiclass F"))
+    return float(prec), float(rec), float(f)

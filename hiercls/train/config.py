@@ -1,0 +1,600 @@
+"""Training configuration: nested dataclasses, YAML recipes and ``--set key=value`` overrides.
+
+The keys of a YAML recipe are exactly the fields of :class:`TrainConfig` and its sections. Precedence is
+code defaults < YAML < command-line overrides. Unknown keys and values of the wrong type are errors that
+name the key, the file (and line) and the valid keys, with a close-name suggestion.
+
+Example:
+    >>> cfg = config_from_dict({"model": {"backbone": "timm:test_vit"}, "data": {"dataset": "synthetic"}})
+    >>> cfg = apply_overrides(cfg, ["optim.lr=3e-4", "schedule.epochs=2"])
+    >>> cfg.optim.lr, cfg.schedule.epochs
+    (0.0003, 2)
+    >>> apply_overrides(cfg, ["optim.lrr=1"])
+    Traceback (most recent call last):
+    ...
+    hiercls.train.config.ConfigError: --set optim.lrr: unknown key 'lrr' in section 'optim' (did you mean 'lr'?); valid keys: lr, weight_decay, betas, eps, warmup_steps, warmup_ratio, min_lr_ratio, grad_accum, clip_grad_norm
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "save_config",
+    "validate_config",
+]
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+class ConfigError(ValueError):
+    """A recipe or an override is invalid; the message names the key, the file/line and what was expected."""
+
+
+@dataclass
+class ModelConfig:
+    """The network: a backbone spec, a head from ``hiercls.heads`` and where the weights come from.
+
+    Attributes:
+        backbone: ``"timm:<model name>"``, ``"hf:<path or package>"`` (see ``hiercls.models.create_model``)
+            or ``"conv3d:<width>"`` for the small 3-D segmentation network of :mod:`hiercls.train.synthetic`.
+        head: registry name of the head (``flat``, ``semantic_softmax``, ``conditional_softmax``, ...,
+            ``transhp``).
+        head_options: keyword options of the head (for example ``{"alpha": 0.1}`` for ``hxe``).
+        weights: ``None`` (random init), ``"package"`` (the offline weight package of the backbone) or a path.
+        backbone_options: extra keyword arguments of the backbone (``max_length``, ``img_size``, ...).
+    """
+
+    backbone: str = ""
+    head: str = "semantic_softmax"
+    head_options: dict[str, Any] = field(default_factory=dict)
+    weights: str | None = None
+    backbone_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """The data set and how it is batched.
+
+    Attributes:
+        dataset: name of a data set kind, see :func:`hiercls.train.data.list_datasets` (``wordnet_gloss``,
+            ``fashion_mnist``, ``image_folder``, ``text_csv``, ``text_jsonl``, ``nested_blobs_3d``,
+            ``synthetic``).
+        options: keyword options of that data set (paths, columns, sizes...).
+        train_split: split used for training.
+        eval_split: split evaluated every epoch (``None``: no evaluation).
+        batch_size: the *global* batch size of one forward pass (split over DDP ranks); an optimizer
+            step sees ``batch_size * optim.grad_accum`` samples.
+        eval_batch_size: global batch size for evaluation (default: ``batch_size``).
+        num_workers: DataLoader worker processes per rank.
+        max_train_samples: keep only the first ``n`` training samples (a fixed subset, for quick runs).
+        max_eval_samples: keep only the first ``n`` evaluation samples.
+        shuffle: reshuffle the training set every epoch (seeded by ``run.seed`` and the epoch).
+        drop_last: drop the last incomplete global batch of every epoch.
+    """
+
+    dataset: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    train_split: str = "train"
+    eval_split: str | None = "val"
+    batch_size: int = 32
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    shuffle: bool = True
+    drop_last: bool = False
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay.
+
+    Attributes:
+        lr: peak learning rate.
+        weight_decay: decoupled weight decay, not applied to biases and normalisation weights (1-D tensors).
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        warmup_steps: optimizer steps of linear warmup (takes precedence over ``warmup_ratio``).
+        warmup_ratio: warmup as a fraction of the total optimizer steps.
+        min_lr_ratio: the cosine decays to ``lr * min_lr_ratio``.
+        grad_accum: micro-batches accumulated per optimizer step.
+        clip_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
+    """
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    grad_accum: int = 1
+    clip_grad_norm: float | None = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    """How long to train.
+
+    Attributes:
+        epochs: passes over the training set.
+        max_steps: total optimizer steps (overrides ``epochs`` when set).
+        max_steps_this_run: stop this process after that many optimizer steps, leaving a resumable
+            checkpoint (simulates a preemption; used by the resume tests and for time-sliced clusters).
+    """
+
+    epochs: int = 1
+    max_steps: int | None = None
+    max_steps_this_run: int | None = None
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation after epochs with hierarchical metrics, once per decoder.
+
+    Attributes:
+        decoders: decoding rules applied to the node probabilities (``hiercls.decode`` rule names, e.g.
+            ``argmax_leaf``, ``optimal_hfbeta``; ``optimal_hf1`` is an alias of ``optimal_hfbeta`` with beta 1).
+        every: evaluate every ``every`` epochs (``0``: only after the last epoch).
+        best_metric: ``"<decoder>/<metric key>"`` used to keep the ``best`` checkpoint (default: the first
+            decoder's hierarchical F1).
+        best_mode: ``max`` or ``min``.
+        save_probs: write the evaluation node probabilities and labels (``eval_probs.npy``,
+            ``eval_labels.npy``) so ``hiercls evaluate --probs`` can re-score them.
+    """
+
+    decoders: list[str] = field(default_factory=lambda: ["argmax_leaf"])
+    every: int = 1
+    best_metric: str | None = None
+    best_mode: Literal["max", "min"] = "max"
+    save_probs: bool = False
+
+
+@dataclass
+class RunConfig:
+    """Where and how the run happens.
+
+    Attributes:
+        out_dir: run folder (``{name}`` is replaced by the config's name).
+        seed: base seed; each DDP rank uses ``seed + rank`` for its own random streams.
+        precision: ``auto`` (bf16 autocast on CUDA with bf16 support, else fp32), ``fp32``, ``bf16``, ``fp16``
+            (CUDA only, with gradient scaling).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>`` (under torchrun the local rank picks the GPU).
+        log_every: optimizer steps between training-log lines in ``metrics.jsonl``.
+        resume: ``auto`` (continue from ``<out_dir>/checkpoints/last`` if present), ``True`` (must
+            resume) or ``False`` (start over).
+        save_every_steps: also write the ``last`` checkpoint every that many optimizer steps.
+        progress: tqdm progress bars on rank 0.
+        plot: write ``curves.png`` (loss and per-level accuracy) at the end.
+        threads: torch intra-op threads (``None``: leave torch's default).
+        deterministic: ask torch for deterministic algorithms.
+    """
+
+    out_dir: str = "runs/{name}"
+    seed: int = 0
+    precision: Precision = "auto"
+    device: str = "auto"
+    log_every: int = 10
+    resume: bool | Literal["auto"] = "auto"
+    save_every_steps: int | None = None
+    progress: bool = True
+    plot: bool = True
+    threads: int | None = None
+    deterministic: bool = False
+
+
+@dataclass
+class TrainConfig:
+    """A complete training recipe (the keys of a recipe YAML file).
+
+    Attributes:
+        name: short run name (used in ``run.out_dir``).
+        description: free text.
+        taxonomy: shipped taxonomy name or a taxonomy file (``None``: the data set's own taxonomy).
+        taxonomy_options: keyword arguments of ``load_taxonomy``.
+        model: see :class:`ModelConfig`.
+        data: see :class:`DataConfig`.
+        optim: see :class:`OptimConfig`.
+        schedule: see :class:`ScheduleConfig`.
+        eval: see :class:`EvalConfig`.
+        run: see :class:`RunConfig`.
+        compare_heads: after the main run, train the same recipe with each of these heads (into
+            ``<out_dir>/compare/<head>``) and report a comparison table.
+    """
+
+    name: str = "run"
+    description: str = ""
+    taxonomy: str | None = None
+    taxonomy_options: dict[str, Any] = field(default_factory=dict)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    compare_heads: list[str] = field(default_factory=list)
+
+    @property
+    def out_dir(self) -> Path:
+        """``run.out_dir`` with ``{name}`` filled in."""
+        return Path(self.run.out_dir.replace("{name}", self.name))
+
+
+# ---------------------------------------------------------------------------------------------- coercion
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_NULL = {"null", "none", "~", ""}
+
+
+def _coerce(value: Any, tp: Any, where: str, from_string: bool) -> Any:
+    """Convert ``value`` to the annotated type ``tp`` or raise :class:`ConfigError` naming ``where``.
+
+    ``from_string`` marks a ``--set`` value: it is first parsed as YAML (so ``[1, 2]`` and ``1e-4`` work),
+    falling back to the raw string for ``str`` fields.
+    """
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+
+    def fail() -> ConfigError:
+        return ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+    if from_string and isinstance(value, str):
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            parsed = value
+        # Strings stay strings for str fields (so "--set name=007" is not an int) unless the YAML value
+        # is needed to satisfy the type.
+        try:
+            return _coerce(parsed, tp, where, False)
+        except ConfigError:
+            if value != parsed:
+                try:
+                    return _coerce(value, tp, where, False)
+                except ConfigError:
+                    pass
+            raise fail() from None
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        # Exact type matches first, so that ``bool | Literal["auto"]`` keeps True as a bool.
+        for a in args:
+            if a is not type(None) and _matches_exactly(value, a):
+                return _coerce(value, a, where, False)
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where, False)
+            except ConfigError:
+                continue
+        raise fail()
+    if origin is Literal:
+        if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
+            return value
+        raise ConfigError(f"{where}: expected one of {', '.join(repr(a) for a in args)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise fail()
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail()
+    if tp is int:
+        if isinstance(value, bool):
+            raise fail()
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise fail()
+    if tp is float:
+        if isinstance(value, bool):
+            raise fail()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            # PyYAML reads "1e-4" (no dot) as a string; accept it.
+            try:
+                return float(value)
+            except ValueError:
+                raise fail() from None
+        raise fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise fail()
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise fail()
+        if origin is list:
+            (item,) = args or (Any,)
+            return [_coerce(v, item, f"{where}[{i}]", False) for i, v in enumerate(value)]
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]", False) for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where}: expected {len(args)} values ({_type_name(tp)}), got {list(value)!r}")
+        return tuple(_coerce(v, a, f"{where}[{i}]", False) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise fail()
+        key_t, val_t = args or (Any, Any)
+        return {_coerce(k, key_t, f"{where} key", False): _coerce(v, val_t, f"{where}.{k}", False)
+                for k, v in value.items()}
+    raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")  # pragma: no cover
+
+
+def _matches_exactly(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return value in typing.get_args(tp) and not isinstance(value, bool)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp in (int, float, str):
+        return type(value) is tp
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    return False
+
+
+def _unknown_key(key: str, section: str, valid: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    sec = f"in section {section!r}" if section else "at the top level"
+    return ConfigError(f"{where}: unknown key {key!r} {sec}{hint}; valid keys: {', '.join(valid)}")
+
+
+def _fill(obj: Any, data: dict[str, Any], prefix: str, locate: typing.Callable[[str], str]) -> None:
+    """Set the fields of dataclass instance ``obj`` from the nested dict ``data`` (validated)."""
+    hints = _hints(type(obj))
+    valid = [f.name for f in dataclasses.fields(obj)]
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if not isinstance(key, str) or key not in hints:
+            raise _unknown_key(str(key), prefix.rstrip("."), valid, locate(dotted))
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{locate(dotted)}: {dotted!r} is a section; expected a mapping of its keys "
+                                  f"({', '.join(f.name for f in dataclasses.fields(current))}), got {value!r}")
+            _fill(current, value, f"{dotted}.", locate)
+        else:
+            setattr(obj, key, _coerce(value, hints[key], locate(dotted), False))
+
+
+def _yaml_lines(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line number in a YAML document (for error messages)."""
+    lines: dict[str, int] = {}
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    dotted = f"{prefix}{k.value}"
+                    lines[dotted] = k.start_mark.line + 1
+                    walk(v, f"{dotted}.")
+
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+def config_from_dict(data: dict[str, Any] | None, *, source: str = "config", lines: dict[str, int] | None = None,
+                     base: TrainConfig | None = None) -> TrainConfig:
+    """Build a validated :class:`TrainConfig` from a nested dict (the parsed YAML).
+
+    Args:
+        data: nested mapping of section -> key -> value.
+        source: name of where the data came from, used in error messages (a file path).
+        lines: dotted key -> line number in ``source`` (for error messages).
+        base: start from this config instead of the code defaults (it is copied, not modified).
+
+    Raises:
+        ConfigError: unknown keys, values of the wrong type or semantically invalid settings.
+
+    Example:
+        >>> config_from_dict({"optim": {"lr": "fast"}}, source="x.yaml")
+        Traceback (most recent call last):
+        ...
+        hiercls.train.config.ConfigError: x.yaml: optim.lr: expected float, got 'fast' (str)
+    """
+    import copy
+
+    cfg = copy.deepcopy(base) if base is not None else TrainConfig()
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a recipe must be a mapping of sections (model, data, optim, ...), "
+                          f"got {type(data).__name__}")
+    lines = lines or {}
+
+    def locate(dotted: str) -> str:
+        line = lines.get(dotted)
+        return f"{source}:{line}: {dotted}" if line else f"{source}: {dotted}"
+
+    _fill(cfg, data, "", locate)
+    validate_config(cfg, source=source)
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML recipe, apply ``key=value`` overrides and validate.
+
+    Raises:
+        FileNotFoundError: the recipe does not exist.
+        ConfigError: invalid YAML, unknown keys, wrong types (the message names the file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe {str(path)!r} not found" + (" (it is a folder)" if path.is_dir() else ""))
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(err, 'problem', None) or err}") from None
+    cfg = config_from_dict(data, source=str(path), lines=_yaml_lines(text))
+    return apply_overrides(cfg, overrides or [])
+
+
+def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """Return a copy of ``cfg`` with ``section.key=value`` overrides applied (values parsed as YAML).
+
+    ``model.head_options.alpha=0.5`` sets one key inside a dict field.
+
+    Raises:
+        ConfigError: malformed override, unknown key, or a value of the wrong type.
+    """
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=1e-4")
+        dotted, raw = item.split("=", 1)
+        dotted = dotted.strip()
+        parts = dotted.split(".")
+        where = f"--set {dotted}"
+        obj: Any = cfg
+        section = ""
+        for i, part in enumerate(parts):
+            if dataclasses.is_dataclass(obj):
+                hints = _hints(type(obj))
+                valid = [f.name for f in dataclasses.fields(obj)]
+                if part not in hints:
+                    raise _unknown_key(part, section, valid, where)
+                current = getattr(obj, part)
+                last = i == len(parts) - 1
+                if last:
+                    if dataclasses.is_dataclass(current):
+                        raise ConfigError(f"{where}: {dotted!r} is a section; set one of its keys "
+                                          f"({', '.join(f.name for f in dataclasses.fields(current))})")
+                    setattr(obj, part, _coerce(raw, hints[part], where, True))
+                elif dataclasses.is_dataclass(current):
+                    obj, section = current, ".".join(parts[: i + 1])
+                elif isinstance(current, dict):
+                    # Keys inside a free-form dict: the rest of the path, value parsed as YAML.
+                    target = current
+                    for sub in parts[i + 1: -1]:
+                        target = target.setdefault(sub, {})
+                        if not isinstance(target, dict):
+                            raise ConfigError(f"{where}: {sub!r} is not a mapping")
+                    try:
+                        target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+                    except yaml.YAMLError:
+                        target[parts[-1]] = raw
+                    break
+                else:
+                    raise ConfigError(f"{where}: {'.'.join(parts[: i + 1])!r} is a value, not a section")
+    validate_config(cfg, source="--set")
+    return cfg
+
+
+def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
+    """Check the settings that types alone cannot (ranges, required keys).
+
+    Raises:
+        ConfigError: naming the key and the constraint.
+    """
+
+    def need(ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            raise ConfigError(f"{source}: {key}: {msg}")
+
+    need(cfg.data.batch_size >= 1, "data.batch_size", f"must be >= 1, got {cfg.data.batch_size}")
+    need(cfg.data.eval_batch_size is None or cfg.data.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1")
+    need(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
+    for key in ("max_train_samples", "max_eval_samples"):
+        v = getattr(cfg.data, key)
+        need(v is None or v >= 1, f"data.{key}", f"must be >= 1 or null, got {v}")
+    need(cfg.optim.lr > 0, "optim.lr", f"must be > 0, got {cfg.optim.lr}")
+    need(cfg.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    need(all(0 <= b < 1 for b in cfg.optim.betas), "optim.betas", f"must be in [0, 1), got {cfg.optim.betas}")
+    need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    need(0 <= cfg.optim.warmup_ratio < 1, "optim.warmup_ratio", f"must be in [0, 1), got {cfg.optim.warmup_ratio}")
+    need(0 <= cfg.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
+    need(cfg.optim.grad_accum >= 1, "optim.grad_accum", f"must be >= 1, got {cfg.optim.grad_accum}")
+    need(cfg.optim.clip_grad_norm is None or cfg.optim.clip_grad_norm > 0, "optim.clip_grad_norm",
+         "must be > 0 or null")
+    need(cfg.schedule.epochs >= 1, "schedule.epochs", f"must be >= 1, got {cfg.schedule.epochs}")
+    need(cfg.schedule.max_steps is None or cfg.schedule.max_steps >= 1, "schedule.max_steps", "must be >= 1 or null")
+    need(cfg.schedule.max_steps_this_run is None or cfg.schedule.max_steps_this_run >= 1,
+         "schedule.max_steps_this_run", "must be >= 1 or null")
+    need(len(cfg.eval.decoders) >= 1, "eval.decoders", "needs at least one decoder (e.g. [argmax_leaf])")
+    need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
+    need(cfg.run.log_every >= 1, "run.log_every", "must be >= 1")
+    need(cfg.run.save_every_steps is None or cfg.run.save_every_steps >= 1, "run.save_every_steps", "must be >= 1")
+    need(cfg.run.threads is None or cfg.run.threads >= 1, "run.threads", "must be >= 1")
+    dev = cfg.run.device
+    need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()), "run.device",
+         f"expected auto, cpu, cuda or cuda:<index>, got {dev!r}")
+    need(bool(cfg.name.strip()) and "/" not in cfg.name, "name", f"must be a non-empty name without '/', got "
+         f"{cfg.name!r}")
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as plain nested dicts/lists (tuples become lists), ready for YAML or JSON."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def save_config(cfg: TrainConfig, path: str | os.PathLike[str]) -> None:
+    """Write the resolved config as YAML (re-loadable with :func:`load_config`)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

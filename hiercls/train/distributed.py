@@ -1,0 +1,167 @@
+"""Process-group setup for single-process and ``torchrun`` (DDP) training.
+
+``torchrun --nproc_per_node 2 -m hiercls train recipe.yaml`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT``; :func:`init_distributed` reads them, picks gloo on CPU and nccl on CUDA,
+and binds each process to its local GPU. Without those variables everything runs in one process.
+
+Example:
+    >>> info = init_distributed(device="cpu")
+    >>> info.world_size, info.rank, info.is_main
+    (1, 0, True)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DistInfo",
+    "all_gather_object",
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_object",
+    "cleanup_distributed",
+    "init_distributed",
+    "is_main_process",
+    "resolve_device",
+]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: rank, world size, local rank and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    initialized_here: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0 (the process that logs, shows progress and writes files)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be an integer (set by torchrun)") from None
+
+
+def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto`` -> the local rank's GPU when CUDA is available, else CPU; ``cuda`` -> ``cuda:<local_rank>``.
+
+    Raises:
+        ValueError: CUDA requested but not available, or a GPU index out of range.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not device.startswith("cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:<index>, got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} requested but CUDA is not available on this machine")
+    index = int(device.split(":", 1)[1]) if ":" in device else local_rank
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device cuda:{index} requested but only {torch.cuda.device_count()} GPU(s) are visible")
+    return torch.device("cuda", index)
+
+
+def init_distributed(device: str = "auto", backend: str | None = None) -> DistInfo:
+    """Join the process group described by the torchrun environment (or run alone without one).
+
+    Args:
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:<i>``; under torchrun ``cuda``/``auto`` use the local rank.
+        backend: ``gloo`` / ``nccl``; default nccl on CUDA, gloo on CPU.
+
+    Returns:
+        A :class:`DistInfo`. When the process group was already initialised (by a caller), it is reused.
+
+    Raises:
+        ValueError: inconsistent environment (rank outside the world size) or an unavailable device.
+    """
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = _env_int("LOCAL_RANK", rank)
+        dev = resolve_device(device, local_rank)
+        return DistInfo(rank, world, local_rank, dev, initialized_here=False)
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"invalid torchrun environment: RANK={rank} WORLD_SIZE={world} (need 0 <= RANK < WORLD_SIZE)")
+    dev = resolve_device(device, local_rank)
+    if world == 1:
+        return DistInfo(0, 1, 0, dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
+    dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                            device_id=dev if dev.type == "cuda" else None)
+    logger.info("joined process group: rank %d of %d (%s, %s)", rank, world, backend, dev)
+    return DistInfo(rank, world, local_rank, dev, initialized_here=True)
+
+
+def cleanup_distributed(info: DistInfo) -> None:
+    """Leave the process group if :func:`init_distributed` created it."""
+    if info.initialized_here and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    """True unless this is a non-zero rank of an initialised process group."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a single process)."""
+    if _active():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over ranks in place and return it (no-op in a single process)."""
+    if _active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
