@@ -52,8 +52,9 @@ class HierImageFolder(Dataset):
       sub-folder a node named by its path relative to ``root`` (``animal/cat``; display name ``cat``), and an
       image at any depth is labelled with its folder (an image in ``animal/`` is labelled ``animal``).
       The built taxonomy is :attr:`taxonomy`.
-    * ``taxonomy`` given (flat or nested folders): every folder holding images must be named after a class of
-      the taxonomy (its folder name, the last path component); images are labelled with that node.
+    * ``taxonomy`` given (flat or nested folders): every folder holding images must be a class of the taxonomy,
+      matched by its path relative to ``root`` (so ``HierImageFolder(val_dir, train_set.taxonomy)`` reuses a
+      nested train split's taxonomy) or else by its folder name; images are labelled with that node.
 
     Args:
         root: the top folder.
@@ -105,7 +106,9 @@ class HierImageFolder(Dataset):
             for rel, files in folders.items():
                 if not files:
                     continue
-                folder = Path(rel).name if rel != "." else self.root.name
+                # A folder matches by its relative path (the names of a nested-folder taxonomy, so a val split can
+                # reuse the train split's taxonomy) or else by its own name (flat folders).
+                folder = rel if rel in taxonomy else (Path(rel).name if rel != "." else self.root.name)
                 if folder not in taxonomy:
                     raise TaxonomyError(f"folder {rel!r} holds {len(files)} images but {folder!r} is not a node of "
                                         f"taxonomy {taxonomy.name!r}", source=str(self.root / rel), label=folder)
@@ -224,7 +227,7 @@ def fashion_mnist_taxonomy() -> Taxonomy:
 
 def _default_fashion_taxonomy() -> Taxonomy:
     try:
-        from hiercls.taxonomy import load_taxonomy  # type: ignore[attr-defined]
+        from hiercls.taxonomy.registry import load_taxonomy
     except ImportError:
         load_taxonomy = None
     if load_taxonomy is not None:

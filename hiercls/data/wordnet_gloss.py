@@ -79,7 +79,7 @@ def _resolve_taxonomy(taxonomy: Taxonomy | str) -> Taxonomy:
     if not isinstance(taxonomy, str):
         raise TypeError(f"taxonomy must be a Taxonomy or the name of a shipped taxonomy; got {type(taxonomy).__name__}")
     try:
-        from hiercls.taxonomy import load_taxonomy  # type: ignore[attr-defined]
+        from hiercls.taxonomy.registry import load_taxonomy
     except ImportError as err:
         raise TaxonomyError(f"cannot load taxonomy {taxonomy!r} by name: hiercls.taxonomy.load_taxonomy is not "
                             "available; pass a Taxonomy object") from err

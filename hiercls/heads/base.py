@@ -15,61 +15,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.losses.validation import check_features, check_node_targets
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["HeadOutput", "HierarchicalHead", "check_features", "check_node_targets"]
 
 HeadOutput = torch.Tensor | dict[str, torch.Tensor]
-
-
-def check_features(features: Any, in_features: int, *, dense: bool = False, name: str = "features") -> torch.Tensor:
-    """Validate backbone features: a float tensor ``[B, in_features]`` (``dense``: ``[B, in_features, *spatial]``).
-
-    Raises:
-        TypeError: ``features`` is not a floating-point tensor.
-        ValueError: wrong number of dimensions or channels.
-
-    Example:
-        >>> check_features(torch.zeros(2, 3), 3).shape
-        torch.Size([2, 3])
-    """
-    if not isinstance(features, torch.Tensor) or not features.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point torch.Tensor; got "
-                        f"{type(features).__name__ if not isinstance(features, torch.Tensor) else features.dtype}")
-    ok_dims = features.dim() >= 2 if dense else features.dim() == 2
-    if not ok_dims or features.shape[1] != in_features:
-        want = f"[B, {in_features}" + (", *spatial]" if dense else "]")
-        raise ValueError(f"{name} must have shape {want}; got {list(features.shape)}")
-    return features
-
-
-def check_node_targets(targets: Any, num_nodes: int, *, batch: int | None = None,
-                       name: str = "targets") -> torch.Tensor:
-    """Validate single-label targets: integer node ids ``[B]`` in ``[0, num_nodes)``, ``-1`` = ignore.
-
-    Raises:
-        TypeError: not an integer tensor.
-        ValueError: wrong shape or an id out of range (the message shows the first offender).
-
-    Example:
-        >>> check_node_targets(torch.tensor([0, 2, -1]), 3).tolist()
-        [0, 2, -1]
-    """
-    if not isinstance(targets, torch.Tensor):
-        targets = torch.as_tensor(targets)
-    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
-        raise TypeError(f"{name} must be an integer tensor of node ids; got dtype {targets.dtype}")
-    if targets.dim() != 1 or (batch is not None and targets.shape[0] != batch):
-        want = f"[{batch}]" if batch is not None else "[B]"
-        raise ValueError(f"{name} must be node ids of shape {want}; got shape {list(targets.shape)}")
-    targets = targets.long()
-    if targets.numel():
-        bad = (targets < -1) | (targets >= num_nodes)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{name}[{i}] = {int(targets[i])} is not a node id: expected -1 (ignore) or an id in "
-                             f"[0, {num_nodes})")
-    return targets
 
 
 class HierarchicalHead(nn.Module, abc.ABC):
@@ -111,7 +62,8 @@ class HierarchicalHead(nn.Module, abc.ABC):
     # ------------------------------------------------------------------ helpers for subclasses
     def register_index(self, name: str, array: np.ndarray | torch.Tensor, dtype: torch.dtype = torch.long) -> None:
         """Register a taxonomy-derived array as a non-persistent buffer (moves with ``.to(device)``)."""
-        self.register_buffer(name, torch.as_tensor(np.asarray(array)).to(dtype), persistent=False)
+        tensor = array.detach().clone() if isinstance(array, torch.Tensor) else torch.from_numpy(np.array(array))
+        self.register_buffer(name, tensor.to(dtype), persistent=False)
 
     def _build_linear(self, bias: bool = True) -> None:
         """Create ``self.fc``: one linear map ``in_features -> num_outputs`` (used per pixel for dense heads)."""

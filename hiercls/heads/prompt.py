@@ -6,7 +6,8 @@ at a chosen intermediate *prompting block*:
 
 1. the prompting block ``B_k`` runs on ``[feature tokens, p_1 .. p_M]`` (``M`` coarse classes at that level);
 2. the coarse class is predicted from the block's prompt outputs ``p'_m``: ``s_m = <w_m, p'_m>`` with one
-   learnable prototype ``w_m`` per prompt (a coarse cross-entropy on ``s`` supervises it);
+   learnable prototype ``w_m`` per prompt (a coarse cross-entropy on ``s`` supervises it; this scoring is the
+   one of the authors' public implementation);
 3. inside the block the feature tokens attend to the prompts, so they *absorb* them softly: the attention the
    tokens pay to ``p_m`` grows with how well the image matches coarse class ``m`` (the paper's analysis), and
    that absorbed prompt conditions every later block. The prompt tokens are then discarded (``absorb="attention"``,
@@ -21,6 +22,7 @@ ignored at that level, and ``-1`` targets are ignored everywhere.
 
 :meth:`node_probs` returns the fine softmax over leaves summed up the tree (the architecture contract: float32,
 root 1, a parent equal to the sum of its children). The coarse predictions are auxiliary, as in the paper.
+``docs/prompting.md`` lists where this differs from the reference implementation.
 
 Example:
     >>> import timm, torch
@@ -117,6 +119,7 @@ def _resolve_positions(positions: Mapping[int, int] | Sequence[int] | None, taxo
     out: dict[int, int] = {}
     seen_levels: dict[int, int] = {}
     for block, level in pairs:
+        block, level = _int_key(block), _int_key(level)
         if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
             raise TypeError(f"{param}: block index must be an int, got {block!r}")
         if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
@@ -138,9 +141,17 @@ def _resolve_positions(positions: Mapping[int, int] | Sequence[int] | None, taxo
     return dict(sorted(out.items()))
 
 
+def _int_key(value: Any) -> Any:
+    """``"3"`` -> ``3``: dict keys come back as strings from a JSON-saved config."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
 def _resolve_weights(weight: float | Mapping[int, float] | Sequence[float], levels: Sequence[int]) -> dict[int, float]:
     """Coarse loss weight per level from a scalar, a ``{level: weight}`` dict or a list aligned with ``levels``."""
     if isinstance(weight, Mapping):
+        weight = {_int_key(k): w for k, w in weight.items()}
         missing = [lvl for lvl in levels if lvl not in weight]
         extra = [k for k in weight if k not in levels]
         if missing or extra:
@@ -160,6 +171,11 @@ def _resolve_weights(weight: float | Mapping[int, float] | Sequence[float], leve
     if bad:
         raise ValueError(f"coarse_loss_weight must be finite and >= 0; got {bad}")
     return out
+
+
+def _at_least_f32(x: torch.Tensor) -> torch.Tensor:
+    """Half / bfloat16 / float32 become float32 (stable softmax and loss); float64 stays (gradcheck)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 # ---------------------------------------------------------------------------------------------- prompt pool
@@ -257,8 +273,8 @@ class HierarchicalPromptPool(nn.Module):
 
     def soft_prompt(self, level: int, coarse_logits: torch.Tensor) -> torch.Tensor:
         """The probability-weighted prompt ``sum_m softmax(s)_m p_m`` as one token, ``[B, 1, D]``."""
-        q = torch.softmax(coarse_logits.float(), dim=-1)
-        return (q @ self.prompts[str(level)].float()).unsqueeze(1)
+        q = torch.softmax(_at_least_f32(coarse_logits), dim=-1)
+        return (q @ _at_least_f32(self.prompts[str(level)]).to(q.dtype)).unsqueeze(1)
 
     # ------------------------------------------------------------------ targets, loss, probabilities
     def check_targets(self, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -282,7 +298,7 @@ class HierarchicalPromptPool(nn.Module):
 
     def fine_loss(self, fine_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean over non-ignored samples of ``-log sum_{leaves under target} softmax(fine_logits)``."""
-        logits = fine_logits.float()
+        logits = _at_least_f32(fine_logits)
         valid = targets >= 0
         t = targets.clamp(min=0)
         lo, hi = self.leaf_lo[t], self.leaf_hi[t]
@@ -298,7 +314,7 @@ class HierarchicalPromptPool(nn.Module):
         ct = getattr(self, f"coarse_target_{level}")[targets.clamp(min=0)]
         ct = torch.where(targets >= 0, ct, torch.full_like(ct, -1))
         valid = ct >= 0
-        logp = torch.log_softmax(coarse_logits.float(), dim=1)
+        logp = torch.log_softmax(_at_least_f32(coarse_logits), dim=1)
         nll = -logp.gather(1, ct.clamp(min=0)[:, None]).squeeze(1).masked_fill(~valid, 0.0)
         return nll.sum() / valid.sum().clamp(min=1)
 
@@ -320,10 +336,12 @@ class HierarchicalPromptPool(nn.Module):
     def node_probs(self, fine_logits: torch.Tensor) -> torch.Tensor:
         """Leaf softmax summed bottom-up into ``[B, N]`` float32 node probabilities (root exactly 1).
 
+        Float64 logits give float64 probabilities (for gradient checks); every other dtype gives float32.
+
         Each parent is the float sum of its children's non-negative values, so ``parent >= child`` holds
         exactly in floating point (unlike a leaves-to-nodes matrix product with a different summation order).
         """
-        leaf_p = torch.softmax(fine_logits.float(), dim=-1)
+        leaf_p = torch.softmax(_at_least_f32(fine_logits), dim=-1)
         b, n = leaf_p.shape[0], self.taxonomy.num_nodes
         probs = leaf_p.new_zeros(b, n)
         probs[:, self.leaves] = leaf_p
@@ -334,7 +352,7 @@ class HierarchicalPromptPool(nn.Module):
         probs = probs.clamp(max=1.0)
         root = torch.zeros(n, dtype=torch.bool, device=dev)
         root[0] = True
-        return torch.where(root, torch.ones((), device=dev), probs)
+        return torch.where(root, torch.ones((), dtype=probs.dtype, device=dev), probs)
 
 
 # ---------------------------------------------------------------------------------------------- shared model base
@@ -346,13 +364,17 @@ class _PromptedModel(nn.Module):
 
     def _build_pool(self, taxonomy: Taxonomy, positions: Any, num_blocks: int, weight: Any, init_std: float,
                     param: str) -> None:
-        self.positions = _resolve_positions(positions, taxonomy, num_blocks, param)
-        self._weight_spec = weight
-        self.pool = HierarchicalPromptPool(taxonomy, self.in_features, list(self.positions.values()),
-                                           coarse_loss_weight=weight, init_std=init_std)
+        # Everything is built before anything is assigned, so a bad option leaves the model as it was.
+        resolved = _resolve_positions(positions, taxonomy, num_blocks, param)
+        pool = HierarchicalPromptPool(taxonomy, self.in_features, list(resolved.values()),
+                                      coarse_loss_weight=weight, init_std=init_std)
         ref = next(self._backbone_parameters(), None)
-        if ref is not None:
-            self.pool.to(device=ref.device)
+        if ref is not None:  # follow the backbone's device and (floating) dtype, e.g. a bf16 checkpoint
+            pool.to(device=ref.device, dtype=ref.dtype if ref.dtype.is_floating_point else None)
+        self.positions = resolved
+        self._positions_spec = None if positions is None else resolved
+        self._weight_spec = weight
+        self.pool = pool
 
     def _backbone_parameters(self) -> Any:  # pragma: no cover - overridden
         return iter(())
@@ -389,29 +411,60 @@ class _PromptedModel(nn.Module):
         logits = output["fine_logits"] if isinstance(output, Mapping) else output
         return self.pool.node_probs(logits)
 
-    def reset_head(self, taxonomy: Taxonomy | None = None, prompt_positions: Any = "keep",
-                   coarse_loss_weight: float | Mapping[int, float] | Sequence[float] | None = None) -> None:
-        """Re-initialise the taxonomy-dependent parameters (prompts, prototypes, fine head).
+    #: Constructor name of the prompt-position option (``prompt_blocks`` / ``prompt_layers``).
+    _positions_param = "prompt_positions"
+
+    def reset_head(self, taxonomy: Taxonomy | None = None, **options: Any) -> None:
+        """Re-initialise the taxonomy-dependent parameters (prompts, prototypes, fine head), or rebuild them.
+
+        With no arguments the parameters are re-initialised in place. With a new ``taxonomy`` and/or
+        constructor options they are rebuilt; options not given keep their current setting, except prompt
+        positions that were defaulted at construction, which are re-defaulted for the new taxonomy.
 
         Args:
-            taxonomy: a new taxonomy to rebuild them for (default: re-initialise for the current one).
-            prompt_positions: ``{block: level}`` for the new taxonomy; ``"keep"`` keeps the current mapping,
-                ``None`` picks :func:`default_prompt_positions`.
-            coarse_loss_weight: new ``lambda`` (default: the current setting, which must fit the new levels).
+            taxonomy: a new taxonomy (default: the current one).
+            **options: ``prompt_positions`` (or ``prompt_blocks`` / ``prompt_layers``), ``coarse_loss_weight``,
+                ``absorb``, ``condition``, ``init_std`` (and ``pooling`` for text encoders).
+
+        Raises:
+            TypeError: an unknown option.
         """
-        if taxonomy is None:
+        if taxonomy is None and not options:
             self.pool.reset_parameters()
             return
-        keep = isinstance(prompt_positions, str) and prompt_positions == "keep"
-        positions = self.positions if keep else prompt_positions
-        weight = self._weight_spec if coarse_loss_weight is None else coarse_loss_weight
-        self._build_pool(taxonomy, positions, self.num_blocks, weight, self.pool.init_std, "prompt_positions")
+        taxonomy = self.taxonomy if taxonomy is None else taxonomy
+        names = {"prompt_positions", self._positions_param}
+        given = [k for k in options if k in names]
+        if len(given) > 1:
+            raise TypeError(f"reset_head: pass only one of {sorted(names)}")
+        positions = options.pop(given[0]) if given else self._positions_spec
+        weight = options.pop("coarse_loss_weight", self._weight_spec)
+        init_std = options.pop("init_std", self.pool.init_std)
+        absorb = options.pop("absorb", self.absorb)
+        condition = options.pop("condition", self.condition)
+        pooling = options.pop("pooling", getattr(self, "pooling", None))
+        if options:
+            raise TypeError(f"reset_head got unknown options {sorted(options)}")
+        _check_absorb(absorb, condition)
+        old_pooling = getattr(self, "pooling", None)
+        if pooling is not None and old_pooling is not None:
+            self._set_pooling(pooling)  # validates
+        try:
+            self._build_pool(taxonomy, positions, self.num_blocks, weight, init_std, self._positions_param)
+        except Exception:
+            if old_pooling is not None:
+                self.pooling = old_pooling
+            raise
+        self.absorb, self.condition = absorb, bool(condition)
 
 
-def _check_absorb(absorb: str) -> str:
+def _check_absorb(absorb: str, condition: bool) -> str:
     if absorb not in ("attention", "soft_token"):
         raise ValueError(f"absorb must be 'attention' (the paper: prompts discarded after the prompting block) or "
                          f"'soft_token' (keep the probability-weighted prompt); got {absorb!r}")
+    if absorb == "soft_token" and not condition:
+        raise ValueError("absorb='soft_token' keeps a prompt token to condition later blocks, which condition=False "
+                         "forbids; use absorb='attention' for the unconditioned ablation")
     return absorb
 
 
@@ -447,6 +500,8 @@ class TransHPViT(_PromptedModel):
         (['coarse_logits', 'features', 'fine_logits'], (2, 6))
     """
 
+    _positions_param = "prompt_blocks"
+
     def __init__(self, vit: nn.Module, taxonomy: Taxonomy,
                  prompt_blocks: Mapping[int, int] | Sequence[int] | None = None,
                  coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
@@ -458,7 +513,7 @@ class TransHPViT(_PromptedModel):
             raise TypeError(f"vit must be a timm VisionTransformer, got {type(vit).__name__}")
         if getattr(vit, "attn_pool", None) is not None:
             raise ValueError("vit: attention-pool ViTs (global_pool='map') are not supported; use 'token' or 'avg'")
-        self.absorb = _check_absorb(absorb)
+        self.absorb = _check_absorb(absorb, condition)
         self.condition = bool(condition)
         vit.reset_classifier(0)
         self.vit = vit
@@ -565,6 +620,8 @@ class PromptedTextEncoder(_PromptedModel):
         (torch.Size([2, 3]), torch.Size([2, 2]))
     """
 
+    _positions_param = "prompt_layers"
+
     def __init__(self, encoder: nn.Module, taxonomy: Taxonomy,
                  prompt_layers: Mapping[int, int] | Sequence[int] | None = None,
                  coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
@@ -578,20 +635,24 @@ class PromptedTextEncoder(_PromptedModel):
         config = encoder.config
         if getattr(config, "is_decoder", False):
             raise ValueError("encoder: decoder (causal) configurations are not supported; use a bidirectional encoder")
-        if pooling not in ("mean", "cls", "pooler"):
-            raise ValueError(f"pooling must be 'mean', 'cls' or 'pooler', got {pooling!r}")
-        if pooling == "pooler" and getattr(encoder, "pooler", None) is None:
-            raise ValueError("pooling='pooler' but the encoder has no pooler (built with add_pooling_layer=False)")
-        self.absorb = _check_absorb(absorb)
-        self.condition = bool(condition)
-        self.pooling = pooling
         self.encoder = encoder
+        self.pooling: str = "mean"
+        self._set_pooling(pooling)
+        self.absorb = _check_absorb(absorb, condition)
+        self.condition = bool(condition)
         self.in_features = int(config.hidden_size)
         self.num_blocks = len(layers)
         self._build_pool(taxonomy, prompt_layers, self.num_blocks, coarse_loss_weight, init_std, "prompt_layers")
 
     def _backbone_parameters(self) -> Any:
         return self.encoder.parameters()
+
+    def _set_pooling(self, pooling: str) -> None:
+        if pooling not in ("mean", "cls", "pooler"):
+            raise ValueError(f"pooling must be 'mean', 'cls' or 'pooler', got {pooling!r}")
+        if pooling == "pooler" and getattr(self.encoder, "pooler", None) is None:
+            raise ValueError("pooling='pooler' but the encoder has no pooler (built with add_pooling_layer=False)")
+        self.pooling = pooling
 
     def _mask(self, hidden: torch.Tensor, mask2d: torch.Tensor, n_text: int | None) -> torch.Tensor | None:
         """The layer's attention mask for a 2D key mask; ``n_text`` set = text rows may not see columns >= n_text."""

@@ -50,7 +50,7 @@ def list_heads() -> list[str]:
     """Registered head names, sorted.
 
     Example:
-        >>> {"flat", "semantic_softmax", "conditional_softmax"} <= set(list_heads())
+        >>> {"flat", "hxe", "soft_labels"} <= set(list_heads())
         True
     """
     import hiercls.heads  # noqa: F401  (importing the package registers the built-in heads)

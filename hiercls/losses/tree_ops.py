@@ -13,7 +13,12 @@ from torch import nn
 
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
-__all__ = ["TreeOps", "segment_logsumexp", "require_tree"]
+__all__ = ["TreeOps", "as_tensor", "require_tree", "segment_logsumexp"]
+
+
+def as_tensor(array: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A fresh tensor copy of a (possibly read-only) numpy array."""
+    return torch.from_numpy(np.array(array, copy=True)).to(dtype)
 
 
 def require_tree(taxonomy: Taxonomy, what: str) -> None:
@@ -57,8 +62,8 @@ class TreeOps(nn.Module):
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> ops = TreeOps(tax)
-        >>> ops.bottom_up(torch.tensor([[0.5, 0.2, 0.3]]), "sum").tolist()  # leaves x, y, b
-        [[1.0, 0.7000000476837158, 0.5, 0.20000000298023224, 0.30000001192092896]]
+        >>> ops.bottom_up(torch.tensor([[0.5, 0.25, 0.25]]), "sum").tolist()  # leaves x, y, b
+        [[1.0, 0.75, 0.5, 0.25, 0.25]]
     """
 
     def __init__(self, taxonomy: Taxonomy) -> None:
@@ -87,6 +92,18 @@ class TreeOps(nn.Module):
                     reg(f"ppos_{d}", ppos)
                     reg(f"pgroup_{d}", ppos - self.level_num_leaves[d - 1])
             reg("assemble_index", np.argsort(np.concatenate(level_lists), kind="stable"))
+            # Range-max tables: on a tree the subtree of n is the id range [n, n + size); a sparse table answers
+            # the max over it with two overlapping power-of-two windows.
+            size = taxonomy.subtree_size
+            span_log = np.floor(np.log2(size)).astype(np.int64)
+            self.table_levels = int(span_log.max())
+            self.query_levels = []
+            for j in range(self.table_levels + 1):
+                nodes = np.flatnonzero(span_log == j)
+                if len(nodes):
+                    reg(f"query_a_{j}", nodes)
+                    reg(f"query_b_{j}", nodes + size[nodes] - (1 << j))
+                    self.query_levels.append(j)
         # Edges grouped by the child's longest-path depth: pushing values up level by level from the deepest
         # makes every node final before it is pushed (its children are all strictly deeper).
         md = taxonomy.max_depth
@@ -101,7 +118,7 @@ class TreeOps(nn.Module):
                 self.edge_levels.append(d)
 
     def _reg(self, name: str, array: np.ndarray) -> None:
-        self.register_buffer(name, torch.as_tensor(np.ascontiguousarray(array), dtype=torch.long), persistent=False)
+        self.register_buffer(name, as_tensor(array), persistent=False)
 
     def _buf(self, name: str) -> torch.Tensor:
         return self._buffers[name]  # type: ignore[return-value]
@@ -167,9 +184,41 @@ class TreeOps(nn.Module):
 
         This is the MCM of C-HMCNN and the ancestor closure of multi-hot labels.
         """
+        if self.is_tree:
+            return self._tree_descendant_max(values)
         out = values
         for d in self.edge_levels:
             child, parent = self._buf(f"edge_child_{d}"), self._buf(f"edge_parent_{d}")
             src = out.index_select(1, child)
             out = out.scatter_reduce(1, _expand_index(parent, src), src, reduce="amax", include_self=True)
         return out
+
+    @torch.no_grad()
+    def descendant_argmax(self, values: torch.Tensor) -> torch.Tensor:
+        """Id of a descendant-or-self attaining :meth:`descendant_max`, ``[B, N, *rest]`` (trees only)."""
+        self._need_tree()
+        n = self.num_nodes
+        val = values
+        shape = [1] * values.dim()
+        shape[1] = n
+        idx = torch.arange(n, device=values.device).view(shape).expand_as(values)
+        out = torch.empty(values.shape, dtype=torch.long, device=values.device)
+        span = 1
+        for j in range(self.table_levels + 1):
+            if j in self.query_levels:
+                a, b = self._buf(f"query_a_{j}"), self._buf(f"query_b_{j}")
+                va, vb = val.index_select(1, a), val.index_select(1, b)
+                pick = torch.where(va >= vb, idx.index_select(1, a), idx.index_select(1, b))
+                out.index_copy_(1, a, pick)
+            if j < self.table_levels:
+                width = val.shape[1] - span
+                left, right = val.narrow(1, 0, width), val.narrow(1, span, width)
+                take_right = right > left
+                val = torch.where(take_right, right, left)
+                idx = torch.where(take_right, idx.narrow(1, span, width), idx.narrow(1, 0, width))
+                span *= 2
+        return out
+
+    def _tree_descendant_max(self, values: torch.Tensor) -> torch.Tensor:
+        # The argmax is found without autograd; gathering it keeps the (sub)gradient of the max, cheaply.
+        return values.gather(1, self.descendant_argmax(values))

@@ -14,6 +14,7 @@ import warnings
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -108,27 +109,35 @@ def _names_to_ids(values: Iterable[Any], taxonomy: Taxonomy, name: str) -> np.nd
 
 def _ragged_to_sets(rows: list[Any], taxonomy: Taxonomy, name: str) -> sp.csr_matrix:
     n = taxonomy.num_nodes
-    indptr = [0]
-    indices: list[int] = []
-    for i, row in enumerate(rows):
-        row = to_numpy(row)
-        items = list(np.asarray(row).ravel()) if isinstance(row, np.ndarray) else list(row)
-        for v in items:
-            if isinstance(v, str | np.str_):
-                try:
-                    indices.append(taxonomy.index(str(v)))
-                except TaxonomyError as err:
-                    raise TaxonomyError(f"{name}[{i}]: {err.reason}", label=str(v)) from None
-            elif isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_):
-                if not 0 <= int(v) < n:
-                    raise ValueError(f"{name}[{i}] contains node id {int(v)}; expected ids in [0, {n}) for "
-                                     f"taxonomy {taxonomy.name!r}")
-                indices.append(int(v))
-            else:
-                raise TypeError(f"{name}[{i}] contains {v!r} ({type(v).__name__}); expected node names or ids")
-        indptr.append(len(indices))
-    m = sp.csr_matrix((np.ones(len(indices), dtype=bool), np.asarray(indices, dtype=np.int64),
-                       np.asarray(indptr, dtype=np.int64)), shape=(len(rows), n))
+    rows = [np.asarray(r).ravel().tolist() if isinstance(r, np.ndarray) else list(r) for r in rows]
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    flat = list(chain.from_iterable(rows))
+    owner = np.repeat(np.arange(len(rows)), lengths)
+    values = np.asarray(flat) if flat else np.zeros(0, dtype=np.int64)
+    if values.dtype.kind in "US":
+        uniq, inverse = np.unique(values, return_inverse=True)
+        ids_u = np.empty(len(uniq), dtype=np.int64)
+        for k, v in enumerate(uniq.tolist()):
+            try:
+                ids_u[k] = taxonomy.index(v)
+            except TaxonomyError as err:
+                i = int(owner[np.flatnonzero(inverse == k)[0]])
+                raise TaxonomyError(f"{name}[{i}]: {err.reason}", label=v) from None
+        ids = ids_u[inverse.ravel()]
+    elif values.dtype.kind in "iu":
+        ids = values.astype(np.int64)
+        bad = (ids < 0) | (ids >= n)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name}[{int(owner[j])}] contains node id {int(ids[j])}; expected ids in [0, {n}) for "
+                             f"taxonomy {taxonomy.name!r}")
+    else:
+        j = next((j for j, v in enumerate(flat)
+                  if isinstance(v, bool | float) or not isinstance(v, numbers.Integral | str)), 0)
+        raise TypeError(f"{name}[{int(owner[j])}] contains {flat[j]!r} ({type(flat[j]).__name__}); expected node "
+                        "names or ids (not a mix)")
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    m = sp.csr_matrix((np.ones(len(ids), dtype=bool), ids, indptr), shape=(len(rows), n))
     m.sum_duplicates()
     return m
 
@@ -158,7 +167,8 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
                              f"taxonomy {taxonomy.name!r} ({n} nodes)")
         data = m.data
         if data.size and not np.isin(data, (0, 1)).all():
-            raise ValueError(f"{name} node sets must hold only 0/1 values; found {data[~np.isin(data, (0, 1))][0]!r}")
+            bad = data[~np.isin(data, (0, 1))][0].item()
+            raise ValueError(f"{name} node sets must hold only 0/1 values; found {bad!r}")
         m = m.astype(bool)
         m.eliminate_zeros()
         return Labels(None, close_sets(m, taxonomy) if close else _sorted(m), n)
@@ -208,7 +218,7 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
             ok = (y == 0) | (y == 1)
             if not ok.all():
                 r, c = np.argwhere(~ok)[0]
-                raise ValueError(f"{name}[{r}, {c}] = {y[r, c]!r}; node sets must hold only 0/1 (threshold "
+                raise ValueError(f"{name}[{r}, {c}] = {y[r, c].item()!r}; node sets must hold only 0/1 (threshold "
                                  "probabilities with a decoder first)")
         m = sp.csr_matrix(y.astype(bool, copy=False))
         return Labels(None, close_sets(m, taxonomy) if close else _sorted(m), n)
@@ -238,19 +248,23 @@ def check_weights(sample_weight: Any, n: int) -> np.ndarray | None:
 
 
 def prepare_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any = None, *,
-                 close: bool = True, close_pred: bool | None = None) -> tuple[Labels, Labels, np.ndarray | None]:
-    """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned."""
+                 close: bool = True, close_pred: bool | None = None, return_keep: bool = False) -> Any:
+    """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
+
+    With ``return_keep`` also returns the boolean mask of the samples kept (to align other per-sample inputs).
+    """
     check_taxonomy(taxonomy)
     t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True)
     p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred)
     if len(t) != len(p):
         raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
     w = check_weights(sample_weight, len(t))
+    keep = np.ones(len(t), dtype=bool)
     if t.is_ids and (t.ids < 0).any():
         keep = t.ids >= 0
         t, p = t.select(keep), p.select(keep)
         w = None if w is None else w[keep]
-    return t, p, w
+    return (t, p, w, keep) if return_keep else (t, p, w)
 
 
 def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:

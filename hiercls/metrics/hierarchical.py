@@ -168,7 +168,7 @@ def hierarchical_precision_recall_fscore(
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-        >>> # x vs y share {a} of {a, x} / {a, y}; x vs b share nothing: hP = hR = (1 + 0) / (2 + 2)
+        >>> # x vs y share {a} of {a, x} / {a, y}; x vs its parent a share {a}: hP = 2 / 3, hR = 2 / 4
         >>> hierarchical_precision_recall_fscore(["x", "x"], ["y", "a"], taxonomy=tax)
         (0.6666666666666666, 0.5, 0.5714285714285714)
     """

@@ -1,5 +1,82 @@
-"""Taxonomies: the validated hierarchy every head, decoder and metric is built on."""
+"""Taxonomies: the validated hierarchy every head, decoder and metric is built on.
+
+Example:
+    >>> from hiercls.taxonomy import Taxonomy, taxonomy_from_label_paths
+    >>> tax = taxonomy_from_label_paths(["animal/cat", "animal/dog", "vehicle"])
+    >>> tax.names
+    ('root', 'animal', 'animal/cat', 'animal/dog', 'vehicle')
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from hiercls.taxonomy.core import DistanceKind, Taxonomy, TaxonomyError, TreeStrategy
+from hiercls.taxonomy.io import (
+    FORMATS,
+    detect_format,
+    label_paths,
+    read_edge_list,
+    read_folders,
+    read_json,
+    read_label_paths,
+    read_nested_json,
+    read_node_link,
+    read_taxonomy,
+    read_tsv,
+    taxonomy_from_dict,
+    taxonomy_from_label_paths,
+    taxonomy_from_nested,
+    taxonomy_to_dict,
+    taxonomy_to_nested,
+    taxonomy_to_node_link,
+    write_edge_list,
+    write_folders,
+    write_json,
+    write_label_paths,
+    write_nested_json,
+    write_node_link,
+    write_taxonomy,
+    write_tsv,
+)
+from hiercls.taxonomy.regions import NestedRegions, brats_regions, nested_regions
+from hiercls.taxonomy.registry import list_taxonomies, load_taxonomy, taxonomy_path
 
-__all__ = ["DistanceKind", "Taxonomy", "TaxonomyError", "TreeStrategy"]
+# WordNet / ImageNet builders are imported on first use: they pull in nltk (and timm's class tables).
+_LAZY_MODULES = ("hiercls.taxonomy.wordnet", "hiercls.taxonomy.imagenet")
+_WORDNET_NAMES = (
+    "DEBIAN_WORDNET_DIR", "LEXNAMES", "WORDNET_ROOT_WNID", "WordNetUnavailableError", "is_wnid", "synset_to_wnid",
+    "wnid_to_synset", "wordnet", "wordnet_available", "wordnet_data_dir", "wordnet_taxonomy",
+)
+
+__all__ = [
+    "FORMATS", "DistanceKind", "NestedRegions", "Taxonomy", "TaxonomyError", "TreeStrategy", "brats_regions",
+    "detect_format", "label_paths", "list_taxonomies", "load_taxonomy", "nested_regions", "read_edge_list",
+    "read_folders", "read_json", "read_label_paths", "read_nested_json", "read_node_link", "read_taxonomy",
+    "read_tsv", "taxonomy_from_dict", "taxonomy_from_label_paths", "taxonomy_from_nested", "taxonomy_path",
+    "taxonomy_to_dict", "taxonomy_to_nested", "taxonomy_to_node_link", "write_edge_list", "write_folders",
+    "write_json", "write_label_paths", "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
+    *_WORDNET_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("_"):
+        raise AttributeError(name)
+    for module_name in _LAZY_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:  # that module is not there (yet); a missing dependency is a real error
+                continue
+            raise
+        if name in getattr(module, "__all__", ()):
+            value = getattr(module, name)
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'hiercls.taxonomy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

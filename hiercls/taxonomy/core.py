@@ -625,15 +625,43 @@ class Taxonomy:
                 *leaf_probs.shape[:-1], self.num_nodes)
         import torch
 
-        coo = m.tocoo()
-        idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
-        mat = torch.sparse_coo_tensor(idx, torch.ones(coo.nnz), (self.num_leaves, self.num_nodes))
-        mat = mat.to(device=leaf_probs.device, dtype=torch.float32 if leaf_probs.dtype in (torch.float16,
-                                                                                          torch.bfloat16)
-                     else leaf_probs.dtype)
-        flat = leaf_probs.reshape(-1, self.num_leaves).to(mat.dtype)
-        out = torch.sparse.mm(mat.t(), flat.t()).t()
-        return out.reshape(*leaf_probs.shape[:-1], self.num_nodes).to(leaf_probs.dtype)
+        # float32 at least: the node-probability contract is float32 even under fp16/bf16 autocast.
+        dtype = torch.float64 if leaf_probs.dtype == torch.float64 else torch.float32
+        flat = leaf_probs.reshape(-1, self.num_leaves).to(dtype)
+        out = torch.sparse.mm(self._torch_marginal_matrix(leaf_probs.device, dtype), flat.t()).t()
+        return out.reshape(*leaf_probs.shape[:-1], self.num_nodes)
+
+    def _torch_marginal_matrix(self, device: Any, dtype: Any) -> Any:
+        """The ``[N, L]`` node-from-leaf summation matrix as a torch sparse tensor, cached per device and dtype."""
+        import torch
+
+        cache = self.__dict__.setdefault("_torch_cache", {})
+        key = ("marginals", str(device), dtype)
+        if key not in cache:
+            coo = self._leaf_ancestors.T.tocoo()
+            idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+            mat = torch.sparse_coo_tensor(idx, torch.ones(coo.nnz, dtype=dtype), (self.num_nodes, self.num_leaves),
+                                          check_invariants=False).coalesce()
+            cache[key] = mat.to(device)
+        return cache[key]
+
+    def as_tensor(self, attribute: str, device: Any = None) -> Any:
+        """A torch copy of one of the index arrays (``"depth"``, ``"leaves"``, ``"paths"``, ...) on ``device``.
+
+        The arrays themselves are read-only (the taxonomy is immutable); this gives a writable tensor without
+        torch's warning about non-writable numpy arrays.
+
+        Example:
+            >>> Taxonomy([("r", "a"), ("r", "b")]).as_tensor("leaves").tolist()
+            [1, 2]
+        """
+        import torch
+
+        value = getattr(self, attribute)
+        if not isinstance(value, np.ndarray):
+            raise ValueError(f"attribute must name an index array of Taxonomy; {attribute!r} is "
+                             f"{type(value).__name__}")
+        return torch.tensor(np.array(value), device=device)
 
     @cached_property
     def _leaf_ancestors(self) -> sp.csr_matrix:

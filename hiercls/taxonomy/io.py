@@ -128,12 +128,12 @@ def _data_lines(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _check_roots(edges: Sequence[tuple[str, str]], locations: Sequence[str], nodes: Iterable[str],
-                 virtual_root: str | None, source: str) -> None:
+                 virtual_root: str | None, source: str, declared: Mapping[str, str] | None = None) -> None:
     """A clearer error than the core's for the usual cause of several roots: a parent that is never a child."""
     if virtual_root is not None:
         return
     children = {c for _, c in edges}
-    first_loc: dict[str, str] = {}
+    first_loc: dict[str, str] = dict(declared or {})
     for (p, _), loc in zip(edges, locations, strict=True):
         first_loc.setdefault(p, loc)
     roots = [n for n in dict.fromkeys([*nodes, *first_loc]) if n not in children]
@@ -144,10 +144,12 @@ def _check_roots(edges: Sequence[tuple[str, str]], locations: Sequence[str], nod
     close = difflib.get_close_matches(stray, sorted(children | set(first_loc)), n=2)
     close = [c for c in close if c != stray]
     hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    if declared and stray in declared and any(ch.isspace() or ch == "," for ch in stray.strip()):
+        hint += " (a single-name line containing spaces: is the delimiter of this line wrong?)"
     shown = ", ".join(f"{r!r}" + (f" at {first_loc[r]}" if r in first_loc else "") for r in roots[:5])
     loc = first_loc.get(stray, f"{source}:")
     src, _, line = loc.rpartition(":")
-    raise TaxonomyError(f"parent {stray!r}{hint} is never connected to the rest of the taxonomy: it has no parent "
+    raise TaxonomyError(f"{stray!r}{hint} is never connected to the rest of the taxonomy: it has no parent "
                         f"itself, so the taxonomy has {len(roots)} roots ({shown}{' ...' if len(roots) > 5 else ''}); "
                         "fix the name or pass virtual_root='<name>' to join the roots under a new root",
                         source=src or source, line=int(line) if line.isdigit() else None, label=stray)
@@ -383,6 +385,7 @@ def read_edge_list(path: PathLike, *, delimiter: str | None = "auto", virtual_ro
     edges: list[tuple[str, str]] = []
     locations: list[str] = []
     nodes: list[str] = []
+    declared: dict[str, str] = {}  # single-name lines
     for k, (lineno, line) in enumerate(lines):
         fields = _split_fields(line, delimiter)
         if k == 0 and [f.lower() for f in fields] == ["parent", "child"]:
@@ -395,15 +398,16 @@ def read_edge_list(path: PathLike, *, delimiter: str | None = "auto", virtual_ro
         if any(not f for f in fields):
             raise TaxonomyError(f"empty field in {line!r}: expected 'parent{delimiter or ' '}child'", source=source,
                                 line=lineno)
+        nodes.extend(fields)  # first appearance, declarations and edges alike, orders the siblings
         if len(fields) == 1:
-            nodes.append(fields[0])
+            declared.setdefault(fields[0], f"{source}:{lineno}")
             continue
         edges.append((fields[0], fields[1]))
         locations.append(f"{source}:{lineno}")
     if not edges and not nodes:
         raise TaxonomyError("empty edge list: no 'parent child' lines", source=source)
-    nodes = list(dict.fromkeys(nodes + [n for e in edges for n in e]))
-    _check_roots(edges, locations, nodes, virtual_root, source)
+    nodes = list(dict.fromkeys(nodes))
+    _check_roots(edges, locations, nodes, virtual_root, source, declared)
     return Taxonomy(edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
                     locations=locations, **kwargs)
 
@@ -417,21 +421,27 @@ def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
 
 
 def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> None:
-    """Write one ``parent<delimiter>child`` line per edge (in the taxonomy's edge order).
+    """Write one ``parent<delimiter>child`` line per edge, ordered so that reading it back gives the same ids.
 
-    A virtual root's edges are left out (reading back with the same ``virtual_root=`` restores it); a
-    taxonomy that is a single node is written as that name. Display names and classes are not kept.
+    Lines come in child-id order, each child's parents in their order (so ``to_tree("first")`` is kept); the
+    roots joined by a virtual root are written as single-name lines instead of edges from the virtual root
+    (read back with the same ``virtual_root=``). Display names and classes are not kept.
     """
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
-    _check_writable_names(tax, "\t\n\r" + delimiter, "an edge list")
+    _check_writable_names(tax, "\t\n\r#" + delimiter, "an edge list")
+    names = tax.names
     vr = tax.virtual_root
-    edges = [(p, c) for p, c in tax.edge_list(names=True) if p != vr]
     with _open_write(path) as f:
-        if not edges:
-            f.write("\n".join(tax.names[1:] if vr else tax.names[:1]) + "\n")
-        for p, c in edges:
-            f.write(f"{p}{delimiter}{c}\n")
+        if tax.num_nodes == 1:
+            f.write(names[0] + "\n")
+        for n in range(1, tax.num_nodes):
+            ps = tax.parents(n)
+            if vr is not None and ps == (0,):
+                f.write(names[n] + "\n")
+                continue
+            for p in ps:
+                f.write(f"{names[p]}{delimiter}{names[n]}\n")
 
 
 # ---------------------------------------------------------------------------------------------- HiAGM TSV
@@ -479,19 +489,34 @@ def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | Non
 
 
 def write_tsv(tax: Taxonomy, path: PathLike) -> None:
-    """Write one ``parent<TAB>children...`` line per internal node, in id order (HiAGM's layout).
+    """Write ``parent<TAB>children...`` lines: for a tree one line per internal node in id order (HiAGM's layout).
 
-    A virtual root is written as a real root line. Display names and classes are not kept.
+    A DAG is written in child-id order (a parent may then have several lines) so that the ids and each
+    child's parent order come back. A virtual root is written as a real root. Display names and classes are
+    not kept.
     """
     _check_writable_names(tax, "\t\n\r", "TSV")
     if tax.num_nodes == 1:
         raise TaxonomyError(f"taxonomy {tax.name!r} is a single node; TSV cannot hold it (use format='edges' or "
                             "'json')")
     with _open_write(path) as f:
-        for n in range(tax.num_nodes):
-            kids = tax.children(n)
-            if kids:
-                f.write("\t".join([tax.names[n], *(tax.names[c] for c in kids)]) + "\n")
+        if tax.is_tree:
+            for n in range(tax.num_nodes):
+                kids = tax.children(n)
+                if kids:
+                    f.write("\t".join([tax.names[n], *(tax.names[c] for c in kids)]) + "\n")
+            return
+        # A DAG: lines in child-id order (runs of children of one parent share a line), so that reading
+        # back sees the nodes in id order and every child's parents in their order.
+        run: list[str] = []
+        for n in range(1, tax.num_nodes):
+            for p in tax.parents(n):
+                if run and run[0] != tax.names[p]:
+                    f.write("\t".join(run) + "\n")
+                    run = []
+                run = run or [tax.names[p]]
+                run.append(tax.names[n])
+        f.write("\t".join(run) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- nested JSON
@@ -509,6 +534,7 @@ def taxonomy_from_nested(tree: Mapping[str, Any], *, source: str = "<nested>", v
     edges: list[tuple[str, str]] = []
     locations: list[str] = []
     nodes: list[str] = []
+    seen: dict[tuple[str, str], Any] = {}
 
     def where(obj: Any, trail: Sequence[str]) -> str:
         line = _line_of(obj)
@@ -539,6 +565,11 @@ def taxonomy_from_nested(tree: Mapping[str, Any], *, source: str = "<nested>", v
             key = str(key)
             nodes.append(key)
             if parent is not None:
+                first_holder = seen.get((parent, key))
+                if first_holder is not None and first_holder is not holder:
+                    # A DAG repeats a shared subtree under each parent: the same edges again, not new ones.
+                    continue
+                seen[(parent, key)] = holder
                 edges.append((parent, key))
                 locations.append(where(holder, [*trail, key]))
             if len(trail) > 10000:
@@ -748,6 +779,7 @@ def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator
     """
     if not separator:
         raise ValueError("separator must be a non-empty string")
+    root = kwargs.pop("virtual_root", None) or root  # the only root these readers can add
     edges: dict[tuple[str, str], str] = {}
     nodes: dict[str, str] = {}
     ends: dict[str, None] = {}
@@ -768,7 +800,7 @@ def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator
             raise TaxonomyError(f"empty component in label path {p!r} (separator {separator!r})", source=source,
                                 line=line)
         for j, part in enumerate(parts):
-            if isinstance(p, str) is False and separator in part:
+            if not isinstance(p, str) and separator in part:
                 raise TaxonomyError(f"component {part!r} of {p!r} contains the separator {separator!r}; choose another "
                                     "separator=", source=source, line=line, label=part)
             full = separator.join(parts[: j + 1])
@@ -778,7 +810,8 @@ def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator
         ends[separator.join(parts)] = None
     if not nodes:
         raise TaxonomyError("no label paths", source=source)
-    top = [n for n in nodes if separator not in n or n not in {c for _, c in edges}]
+    children = {c for _, c in edges}
+    top = [n for n in nodes if n not in children]
     vr = root if len(top) > 1 else None
     if vr is not None and vr in nodes:
         raise TaxonomyError(f"root name {root!r} is also a label; pass root='<another name>'", source=source,
@@ -1009,6 +1042,19 @@ _WRITERS = {"json": write_json, "edges": write_edge_list, "tsv": write_tsv, "nes
             "nodelink": write_node_link, "paths": write_label_paths, "folders": write_folders}
 
 
+_TAXONOMY_OPTIONS = ("classes", "display_names", "metadata", "name", "virtual_root")
+
+
+def _check_reader_options(fmt: str, kwargs: Mapping[str, Any]) -> None:
+    import inspect
+
+    own = [p for p in inspect.signature(_READERS[fmt]).parameters if p not in ("path", "kwargs")]
+    allowed = dict.fromkeys([*own, *_TAXONOMY_OPTIONS])
+    unknown = [k for k in kwargs if k not in allowed]
+    if unknown:
+        raise TypeError(f"format {fmt!r} takes no option {unknown[0]!r}; its options are {', '.join(allowed)}")
+
+
 def _check_format(fmt: str) -> str:
     fmt = {"edgelist": "edges", "edge_list": "edges", "hiagm": "tsv", "node_link": "nodelink", "label_paths": "paths",
            "folder": "folders", "hiercls": "json"}.get(fmt, fmt)
@@ -1034,11 +1080,14 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
     """
     fmt = _check_format(format) if format is not None else detect_format(path)
     logger.debug("reading %s as %s", path, fmt)
+    if fmt != "json":
+        _check_reader_options(fmt, kwargs)
     if fmt == "json" and format is None:
         # ".json" files may be nested or node-link too: decide on the content.
         obj, text = _parse_json_file(path)
         kind = _json_kind(obj)
         if kind != "json":
+            _check_reader_options(kind, kwargs)
             return _READERS[kind](path, **kwargs)
         if kwargs:
             raise TypeError(f"read_json takes no options; got {', '.join(kwargs)}")

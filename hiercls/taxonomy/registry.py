@@ -138,7 +138,8 @@ def _header(path: Path) -> dict[str, Any]:
 
 
 def list_taxonomies() -> list[dict[str, Any]]:
-    """The shipped taxonomies: ``name``, one-line ``description``, ``nodes``, ``leaves``, ``classes``, ``kind``, ``path``.
+    """The shipped taxonomies: ``name``, one-line ``description``, ``nodes``, ``leaves``, ``classes``, ``kind``,
+    ``path``.
 
     Counts come from the files' ``metadata`` when stored there, otherwise from the file itself.
     """

@@ -9,10 +9,11 @@ Example:
     >>> cfg = apply_overrides(cfg, ["optim.lr=3e-4", "schedule.epochs=2"])
     >>> cfg.optim.lr, cfg.schedule.epochs
     (0.0003, 2)
-    >>> apply_overrides(cfg, ["optim.lrr=1"])
-    Traceback (most recent call last):
-    ...
-    hiercls.train.config.ConfigError: --set optim.lrr: unknown key 'lrr' in section 'optim' (did you mean 'lr'?); valid keys: lr, weight_decay, betas, eps, warmup_steps, warmup_ratio, min_lr_ratio, grad_accum, clip_grad_norm
+    >>> try:
+    ...     apply_overrides(cfg, ["optim.lrr=1"])
+    ... except ConfigError as err:
+    ...     print(str(err).split(";")[0])
+    --set optim.lrr: unknown key 'lrr' in section 'optim' (did you mean 'lr'?)
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class DataConfig:
         max_eval_samples: keep only the first ``n`` evaluation samples.
         shuffle: reshuffle the training set every epoch (seeded by ``run.seed`` and the epoch).
         drop_last: drop the last incomplete global batch of every epoch.
+        image_size: resize images to this size (default: the backbone's input size).
+        augment: use the backbone's augmenting train transform (timm's) instead of the eval transform.
     """
 
     dataset: str = ""
@@ -105,6 +108,8 @@ class DataConfig:
     max_eval_samples: int | None = None
     shuffle: bool = True
     drop_last: bool = False
+    image_size: int | None = None
+    augment: bool = False
 
 
 @dataclass
@@ -113,6 +118,8 @@ class OptimConfig:
 
     Attributes:
         lr: peak learning rate.
+        head_lr: peak learning rate of the parameters under ``head.`` (a freshly initialised head next to a
+            pretrained backbone learns faster with a larger one); default ``lr``.
         weight_decay: decoupled weight decay, not applied to biases and normalisation weights (1-D tensors).
         betas: AdamW betas.
         eps: AdamW epsilon.
@@ -124,6 +131,7 @@ class OptimConfig:
     """
 
     lr: float = 1e-3
+    head_lr: float | None = None
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -190,6 +198,8 @@ class RunConfig:
         plot: write ``curves.png`` (loss and per-level accuracy) at the end.
         threads: torch intra-op threads (``None``: leave torch's default).
         deterministic: ask torch for deterministic algorithms.
+        find_unused_parameters: DDP option; needed when some parameters get no gradient (e.g. an unused
+            pooler); costs a graph traversal per step.
     """
 
     out_dir: str = "runs/{name}"
@@ -203,6 +213,7 @@ class RunConfig:
     plot: bool = True
     threads: int | None = None
     deterministic: bool = False
+    find_unused_parameters: bool = True
 
 
 @dataclass
@@ -287,13 +298,13 @@ def _coerce(value: Any, tp: Any, where: str, from_string: bool) -> Any:
         # is needed to satisfy the type.
         try:
             return _coerce(parsed, tp, where, False)
-        except ConfigError:
+        except ConfigError as first:
             if value != parsed:
                 try:
                     return _coerce(value, tp, where, False)
                 except ConfigError:
                     pass
-            raise fail() from None
+            raise first from None
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
@@ -357,7 +368,7 @@ def _coerce(value: Any, tp: Any, where: str, from_string: bool) -> Any:
             return tuple(_coerce(v, args[0], f"{where}[{i}]", False) for i, v in enumerate(value))
         if len(value) != len(args):
             raise ConfigError(f"{where}: expected {len(args)} values ({_type_name(tp)}), got {list(value)!r}")
-        return tuple(_coerce(v, a, f"{where}[{i}]", False) for i, (v, a) in enumerate(zip(value, args)))
+        return tuple(_coerce(v, a, f"{where}[{i}]", False) for i, (v, a) in enumerate(zip(value, args, strict=True)))
     if origin is dict:
         if not isinstance(value, dict):
             raise fail()
@@ -558,6 +569,7 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         v = getattr(cfg.data, key)
         need(v is None or v >= 1, f"data.{key}", f"must be >= 1 or null, got {v}")
     need(cfg.optim.lr > 0, "optim.lr", f"must be > 0, got {cfg.optim.lr}")
+    need(cfg.optim.head_lr is None or cfg.optim.head_lr > 0, "optim.head_lr", "must be > 0 or null")
     need(cfg.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
     need(all(0 <= b < 1 for b in cfg.optim.betas), "optim.betas", f"must be in [0, 1), got {cfg.optim.betas}")
     need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")

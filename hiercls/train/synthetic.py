@@ -14,7 +14,7 @@ Example:
     >>> tax = Taxonomy([("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2")])
     >>> ds = SyntheticHierarchy(tax, 8, kind="features", dim=4)
     >>> x, y = ds[0]
-    >>> x.shape, tax.is_leaf[y]
+    >>> x.shape, bool(tax.is_leaf[y])
     (torch.Size([4]), True)
     >>> vol, labels = NestedBlobs3D(2, size=12)[0]
     >>> vol.shape, labels.shape, sorted(set(labels.unique().tolist())) <= [0, 1, 2, 3]
@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -31,7 +33,7 @@ from torch import nn
 
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["NestedBlobs3D", "SyntheticHierarchy", "TinySegNet3D", "nested_blobs_taxonomy"]
+__all__ = ["DenseConvClassifier", "NestedBlobs3D", "SyntheticHierarchy", "TinySegNet3D", "nested_blobs_taxonomy"]
 
 
 class SyntheticHierarchy(torch.utils.data.Dataset):
@@ -179,3 +181,100 @@ class TinySegNet3D(nn.Module):
         # Odd sizes: the transposed conv can come out one voxel short or long; match the skip.
         deep = nn.functional.interpolate(deep, size=skip.shape[2:]) if deep.shape[2:] != skip.shape[2:] else deep
         return self.fuse(torch.cat([skip, deep], dim=1))
+
+
+class DenseConvClassifier(nn.Module):
+    """:class:`TinySegNet3D` + a dense hierarchical head: per-voxel node probabilities ``[B, N, D, H, W]``.
+
+    It follows the model contract of the training loop (``forward``, ``loss``, ``node_probs``, ``collate``,
+    ``save_pretrained`` / ``from_pretrained``); targets are per-voxel node ids ``[B, D, H, W]`` (the innermost
+    region of each voxel, ``0`` = the root = background).
+
+    Args:
+        taxonomy: the region hierarchy (for nested regions a chain).
+        head: a head name whose class supports dense features (``nested_sigmoid``...).
+        head_options: options of the head.
+        width: feature channels of the backbone.
+        in_channels: input channels of the volumes.
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, head: str = "nested_sigmoid", head_options: dict | None = None,
+                 width: int = 16, in_channels: int = 1) -> None:
+        super().__init__()
+        from hiercls.heads import create_head, get_head_class
+
+        if not getattr(get_head_class(head), "supports_dense", False):
+            raise ValueError(f"model.head: head {head!r} does not support dense (per-voxel) features; the conv3d "
+                             "backbone needs a dense head such as 'nested_sigmoid'")
+        self.taxonomy, self.head_name = taxonomy, head
+        self.head_options = dict(head_options or {})
+        self.width, self.in_channels = int(width), int(in_channels)
+        self.backbone = TinySegNet3D(in_channels, width)
+        self.head = create_head(head, taxonomy, width, **self.head_options)
+
+    @classmethod
+    def from_spec(cls, spec: str, taxonomy: Taxonomy, *, head: str, head_options: dict | None = None,
+                  **options: int) -> DenseConvClassifier:
+        """Build from ``"conv3d"`` or ``"conv3d:<width>"`` (``in_channels`` via options)."""
+        _, _, width = spec.partition(":")
+        if width and not width.isdigit():
+            raise ValueError(f"model.backbone: expected 'conv3d' or 'conv3d:<width>', got {spec!r}")
+        unknown = set(options) - {"in_channels"}
+        if unknown:
+            raise ValueError(f"model.backbone_options: unknown option(s) {sorted(unknown)} for conv3d; valid: "
+                             "in_channels")
+        return cls(taxonomy, head=head, head_options=head_options, width=int(width or 16), **options)
+
+    def forward(self, volumes: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        return self.head(self.backbone(volumes))
+
+    def loss(self, output: torch.Tensor | dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        return self.head.loss(output, targets)
+
+    def node_probs(self, output: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.head.node_probs(output)
+
+    @staticmethod
+    def collate(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stack volumes ``[B, C, D, H, W]`` and label maps ``[B, D, H, W]``."""
+        return torch.stack([v for v, _ in batch]), torch.stack([torch.as_tensor(t) for _, t in batch])
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Write ``model.safetensors``, ``config.json`` and ``taxonomy.json.gz`` into ``directory``."""
+        import json
+
+        from safetensors.torch import save_model
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(d / "model.safetensors"))
+        config = {"format": "hiercls.model", "model_class": "hiercls.train.synthetic.DenseConvClassifier",
+                  "backbone": f"conv3d:{self.width}", "in_channels": self.in_channels, "head": self.head_name,
+                  "head_options": self.head_options, "taxonomy_name": self.taxonomy.name,
+                  "taxonomy_fingerprint": self.taxonomy.fingerprint}
+        (d / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        from hiercls.taxonomy.io import write_json
+
+        write_json(self.taxonomy, d / "taxonomy.json.gz")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str], taxonomy: Taxonomy | None = None
+                        ) -> DenseConvClassifier:
+        """Load a model written by :meth:`save_pretrained` (refusing a taxonomy with another fingerprint)."""
+        import json
+
+        from safetensors.torch import load_model
+
+        from hiercls.taxonomy import TaxonomyError
+        from hiercls.taxonomy.io import read_json
+
+        d = Path(directory)
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        saved = read_json(d / "taxonomy.json.gz")
+        if taxonomy is not None and taxonomy.fingerprint != config["taxonomy_fingerprint"]:
+            raise TaxonomyError(f"model in {str(d)!r} was trained on taxonomy {config['taxonomy_name']!r} "
+                                f"({config['taxonomy_fingerprint']}), not {taxonomy.name!r} ({taxonomy.fingerprint})")
+        model = cls.from_spec(config["backbone"], taxonomy or saved, head=config["head"],
+                              head_options=config["head_options"], in_channels=config["in_channels"])
+        load_model(model, str(d / "model.safetensors"))
+        return model

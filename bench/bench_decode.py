@@ -1,0 +1,263 @@
+"""Throughput of every decoder on the ImageNet-1K and ImageNet-21K trees against per-sample Python baselines.
+
+For each tree, a batch of realistic posteriors (softmax of hierarchically correlated logits with a random
+temperature, so the mass concentrates on a few branches to a varying degree) is decoded by the vectorised
+decoders; a straightforward per-sample implementation of the same rule runs on a subset in the same process
+and its throughput is extrapolated. Output: one JSON document on stdout (ratios = vectorised / baseline).
+The baselines' answers are checked against the vectorised ones on that subset (``agree``).
+
+Trees: ``hiercls.taxonomy.registry.load_taxonomy("imagenet1k_tree")`` / ``("imagenet21k_winter21")`` when
+shipped, else the WordNet 3.0 trees built from timm's synset lists, else random trees with the same node
+count and height.
+
+Usage::
+
+    python bench/bench_decode.py            # 10k samples per tree
+    python bench/bench_decode.py --quick    # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hiercls.decode import RULES, SET_RULES, decode
+from hiercls.taxonomy import Taxonomy
+
+logger = logging.getLogger("bench_decode")
+
+TREES = {"imagenet1k": ("imagenet1k_tree", "imagenet_synsets.txt", 1860, 18),
+         "imagenet21k": ("imagenet21k_winter21", "imagenet21k_miil_w21_synsets.txt", 21000, 20)}
+
+
+# ---------------------------------------------------------------------------------------------- trees
+def random_tree(num_nodes: int, height: int, rng: np.random.Generator) -> Taxonomy:
+    """A random tree with ``num_nodes`` nodes and height ``height`` (a spine guarantees the height)."""
+    parents: dict[str, str | None] = {"n0": None}
+    depth = [0]
+    for i in range(1, num_nodes):
+        if i <= height:
+            p = i - 1
+        else:
+            # Prefer recent nodes so the tree is deep and bushy like WordNet, never past the height.
+            while True:
+                p = int(rng.integers(max(0, i - 200), i)) if rng.random() < 0.8 else int(rng.integers(0, i))
+                if depth[p] < height:
+                    break
+        parents[f"n{i}"] = f"n{p}"
+        depth.append(depth[p] + 1)
+    return Taxonomy.from_parents(parents, name=f"random_{num_nodes}")
+
+
+def load_tree(key: str, rng: np.random.Generator, quick: bool) -> tuple[Taxonomy, str]:
+    registry_name, synsets, n, h = TREES[key]
+    try:
+        from hiercls.taxonomy.registry import load_taxonomy
+
+        tax = load_taxonomy(registry_name)
+        return (tax if tax.is_tree else tax.to_tree("first")), f"registry:{registry_name}"
+    except Exception as err:  # noqa: BLE001 - any failure falls back to the next source
+        logger.info("registry %s unavailable (%s)", registry_name, err)
+    if not quick:
+        try:
+            import timm
+
+            from hiercls.taxonomy.wordnet import wordnet_taxonomy
+
+            path = Path(timm.__file__).parent / "data" / "_info" / synsets
+            wnids = [w.strip() for w in path.read_text().splitlines() if w.strip()]
+            tax = wordnet_taxonomy(wnids, include_instances=True, name=key).to_tree("first")
+            return tax, f"wordnet:{synsets}"
+        except Exception as err:  # noqa: BLE001
+            logger.info("WordNet tree for %s unavailable (%s)", key, err)
+    if quick:
+        n = min(n, 3000)
+    return random_tree(n, h, rng), f"random(n={n}, height={h})"
+
+
+def posteriors(tax: Taxonomy, batch: int, rng: np.random.Generator) -> np.ndarray:
+    """Leaf probabilities ``[batch, L]`` float32: softmax(hierarchical logits / temperature)."""
+    leaves = tax.leaves
+    paths = tax.paths[leaves]  # [L, H+1], -1 padded
+    valid = paths >= 0
+    out = np.empty((batch, len(leaves)), dtype=np.float32)
+    for s in range(0, batch, 256):
+        b = min(256, batch - s)
+        field = rng.normal(size=(b, tax.num_nodes)).astype(np.float32)  # one shock per node, shared below it
+        true = rng.integers(0, len(leaves), size=b)
+        logits = np.where(valid[None], field[:, np.maximum(paths, 0)], 0).sum(2) * 0.5
+        logits[np.arange(b), true] += rng.uniform(2, 12, size=b)
+        temp = rng.choice([0.5, 1.0, 2.0], size=(b, 1))
+        z = logits / temp
+        z -= z.max(1, keepdims=True)
+        e = np.exp(z)
+        out[s:s + b] = e / e.sum(1, keepdims=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- baselines
+class Baselines:
+    """Straightforward per-sample implementations: Python loops over nodes, NumPy only for per-sample algebra."""
+
+    def __init__(self, tax: Taxonomy) -> None:
+        self.tax = tax
+        self.children = [list(tax.children(n)) for n in range(tax.num_nodes)]
+        self.leaves = tax.leaves.tolist()
+        self.depth = tax.depth.tolist()
+        self.ic = tax.information_content.tolist()
+        self.parent = tax.parent.tolist()
+        self.paths = [tax.path(n) for n in range(tax.num_nodes)]
+        self._cost: dict[str, np.ndarray] = {}
+
+    def cost(self, kind: str) -> np.ndarray | None:
+        if kind not in self._cost:
+            if self.tax.num_nodes * self.tax.num_leaves > 3e7:
+                return None
+            self._cost[kind] = self.tax.distance_matrix(kind)  # [N, L]
+        return self._cost[kind]
+
+    def argmax_leaf(self, row: list[float]) -> int:
+        return max(self.leaves, key=lambda n: (row[n], -n))
+
+    def top_down(self, row: list[float]) -> int:
+        cur = 0
+        while self.children[cur]:
+            c = max(self.children[cur], key=lambda k: (row[k], -k))
+            if row[c] <= 0:
+                break
+            cur = c
+        return cur
+
+    def majority(self, row: list[float]) -> int:
+        best = 0
+        for n in range(len(row)):
+            if row[n] > 0.5 and (self.depth[n], row[n]) > (self.depth[best], row[best]):
+                best = n
+        return best
+
+    def info_gain(self, row: list[float]) -> int:
+        return max(range(len(row)), key=lambda n: (self.ic[n] * row[n], -n))
+
+    def hie(self, row: list[float]) -> int:
+        return max(self.leaves, key=lambda n: (row[n] * row[self.parent[n]], -n))
+
+    def _bayes(self, row: list[float], kind: str, leaves_only: bool) -> int | None:
+        c = self.cost(kind)
+        if c is None:
+            return None
+        leaf_p = np.asarray(row)[self.tax.leaves]
+        exp = c @ leaf_p
+        if leaves_only:
+            return int(self.tax.leaves[np.argmin(exp[self.tax.leaves])])
+        return int(np.argmin(exp))
+
+    def crm(self, row: list[float]) -> int | None:
+        return self._bayes(row, "lca_height", True)
+
+    def bayes_node(self, row: list[float]) -> int | None:
+        return self._bayes(row, "shortest_path", False)
+
+    def optimal_hfbeta(self, row: list[float], beta: float = 1.0) -> float:
+        """Per sample, no candidate pruning: q_m(n) for every node, then every k up to the safe bound."""
+        tax = self.tax
+        p = np.asarray(row, dtype=np.float64)
+        stop = p.copy()
+        for n in range(1, tax.num_nodes):
+            stop[self.parent[n]] -= p[n]
+        stop = np.clip(stop, 0, None)
+        h = tax.height
+        q = np.zeros((tax.num_nodes, h + 1))
+        for y in np.flatnonzero(stop > 0):
+            q[self.paths[y], self.depth[y]] += stop[y]
+        q[0] = 0
+        b2 = beta * beta
+        m = np.arange(h + 1, dtype=np.float64)
+        r = q[0] if False else np.bincount(tax.depth, weights=stop, minlength=h + 1)
+        best = r[0]
+        for k in range(1, tax.num_nodes):
+            w = (q * ((1 + b2) / (b2 * m + k))[None, :]).sum(1)
+            w[0] = -1
+            best = max(best, float(np.sort(w)[::-1][:k].sum()))
+            ub = (1 + b2) * float((r[1:] * m[1:] / (b2 * m[1:] + np.maximum(k + 1, m[1:]))).sum())
+            if ub <= best:
+                break
+        return best
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def bench_tree(key: str, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    tax, source = load_tree(key, rng, args.quick)
+    build_s = time.perf_counter() - t0
+    leaf = posteriors(tax, args.batch, rng)
+    node = np.asarray(tax.marginals(leaf), dtype=np.float32)
+    base = Baselines(tax)
+    out: dict[str, Any] = {"source": source, "nodes": tax.num_nodes, "leaves": tax.num_leaves, "height": tax.height,
+                           "batch": args.batch, "tree_build_s": round(build_s, 2), "rules": {}}
+    n_base = args.baseline_samples
+    rows = node[:n_base].astype(np.float64).tolist()
+    for rule in RULES:
+        if rule in ("threshold", "max_info", "plurality"):
+            continue  # same cost profile as majority / top_down
+        decode(node[:8], tax, rule)  # warm caches (per-taxonomy tables)
+        t = time.perf_counter()
+        if rule in SET_RULES:
+            pred, value = decode(node, tax, rule, return_value=True)
+        else:
+            pred = decode(node, tax, rule)
+        dt = time.perf_counter() - t
+        entry: dict[str, Any] = {"samples_per_s": round(args.batch / dt, 1), "seconds": round(dt, 3)}
+        fn = getattr(base, rule, None)
+        if fn is not None:
+            m = n_base if rule not in ("optimal_hfbeta", "bayes_node", "crm") else max(2, n_base // 10)
+            t = time.perf_counter()
+            answers = [fn(r) for r in rows[:m]]
+            bdt = time.perf_counter() - t
+            if any(a is None for a in answers):
+                entry["baseline"] = "skipped: needs an N x L cost matrix too large for this tree"
+            else:
+                entry["baseline_samples_per_s"] = round(m / bdt, 2)
+                entry["speedup"] = round(entry["samples_per_s"] / (m / bdt), 1)
+                if rule in SET_RULES:
+                    entry["agree"] = bool(np.allclose(np.asarray(answers), value[:m], atol=1e-6))
+                    entry["mean_set_size"] = round(float(np.asarray(pred).sum(1).mean() - 1), 2)
+                else:
+                    entry["agree"] = bool(np.array_equal(np.asarray(answers), np.asarray(pred)[:m]))
+        out["rules"][rule] = entry
+        print(f"{key} {rule}: {entry}", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small batch, small trees: runs in seconds")
+    ap.add_argument("--batch", type=int, default=None, help="samples per tree (default 10000; --quick 500)")
+    ap.add_argument("--baseline-samples", type=int, default=None, help="samples for the per-sample baselines")
+    ap.add_argument("--trees", default="imagenet1k,imagenet21k", help="comma-separated: imagenet1k, imagenet21k")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.batch = args.batch or (500 if args.quick else 10000)
+    args.baseline_samples = args.baseline_samples or (20 if args.quick else 100)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rng = np.random.default_rng(args.seed)
+    result = {"bench": "decode", "quick": args.quick, "trees": {}}
+    for key in [k.strip() for k in args.trees.split(",") if k.strip()]:
+        if key not in TREES:
+            ap.error(f"unknown tree {key!r}; choose from {', '.join(TREES)}")
+        result["trees"][key] = bench_tree(key, args, rng)
+    json.dump(result, sys.stdout, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Benchmark hiercls.metrics against a straightforward per-sample Python implementation, printing JSON.
+
+For the ImageNet-1K and ImageNet-21K trees (the shipped taxonomies when present, else WordNet built from
+timm's synset lists and cut to a tree with ``to_tree("first")``, else a random tree of the same size) it
+times each vectorised metric on a batch of samples against a per-sample Python version of the same metric
+(ancestor sets built by walking parents, Python set arithmetic), in the same run, and reports the speed-up
+and the largest difference between the two results. A second part scores a million samples.
+
+Usage:
+    python bench/bench_metrics.py            # 10k samples per batch, 1M-sample run (a few minutes, mostly
+                                             # building WordNet and the Python baselines)
+    python bench/bench_metrics.py --quick    # random trees, small batches: seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import hiercls.metrics as M
+from hiercls.taxonomy import Taxonomy
+
+
+def random_tree(rng: np.random.Generator, n_nodes: int, height: int, name: str) -> Taxonomy:
+    """A random tree of about ``height`` levels: each node picks a parent among the previous level's nodes."""
+    sizes = np.maximum(1, np.round(np.geomspace(5, n_nodes / 3, height))).astype(int)
+    levels: list[list[int]] = [[0]]
+    edges, nxt = [], 1
+    for s in sizes:
+        if nxt >= n_nodes:
+            break
+        cur = list(range(nxt, min(n_nodes, nxt + int(s))))
+        edges += [(f"n{int(rng.choice(levels[-1]))}", f"n{c}") for c in cur]
+        levels.append(cur)
+        nxt = cur[-1] + 1
+    # the rest become children of random earlier nodes, making an unbalanced tree like WordNet's
+    edges += [(f"n{int(rng.integers(0, c))}", f"n{c}") for c in range(nxt, n_nodes)]
+    return Taxonomy(edges, nodes=[f"n{i}" for i in range(n_nodes)], name=name)
+
+
+def load_tree(which: str, quick: bool, rng: np.random.Generator) -> tuple[Taxonomy, str]:
+    sizes = {"imagenet1k": (1860, 17), "imagenet21k": (23547, 19)}
+    if quick:
+        n, h = sizes[which]
+        return random_tree(rng, n // (1 if which == "imagenet1k" else 4), h, f"random-{which}"), "random (--quick)"
+    try:
+        from hiercls.taxonomy.registry import load_taxonomy
+
+        tax = load_taxonomy(which)
+        return (tax if tax.is_tree else tax.to_tree("first")), "shipped"
+    except Exception:
+        pass
+    try:
+        import timm.data
+
+        from hiercls.taxonomy.wordnet import wordnet_taxonomy
+
+        info = os.path.join(os.path.dirname(timm.data.__file__), "_info")
+        fname = "imagenet_synsets.txt" if which == "imagenet1k" else "imagenet21k_goog_synsets.txt"
+        with open(os.path.join(info, fname)) as f:
+            wnids = f.read().split()
+        dag = wordnet_taxonomy(wnids, include_instances=which != "imagenet1k", name=which)
+        return dag.to_tree("first"), "wordnet + to_tree('first')"
+    except Exception as err:
+        print(f"WordNet unavailable ({err}); using a random tree", file=sys.stderr)
+    n, h = sizes[which]
+    return random_tree(rng, n, h, f"random-{which}"), "random"
+
+
+# ----------------------------------------------------------------------------- per-sample Python baselines
+class PyTaxonomy:
+    """What a straightforward implementation has: parent lists and depths as Python lists."""
+
+    def __init__(self, tax: Taxonomy) -> None:
+        self.parents = [list(tax.parents(n)) for n in range(tax.num_nodes)]
+        self.depth = [int(d) for d in tax.depth]
+        self.height = tax.height
+        self.n = tax.num_nodes
+
+    def ancestors(self, n: int) -> set[int]:
+        out, stack = {n}, [n]
+        while stack:
+            for q in self.parents[stack.pop()]:
+                if q not in out:
+                    out.add(q)
+                    stack.append(q)
+        return out
+
+    def path(self, n: int) -> list[int]:
+        out = [n]
+        while self.parents[out[-1]]:
+            out.append(self.parents[out[-1]][0])
+        return out[::-1]
+
+    def lca_depth(self, a: int, b: int) -> int:
+        return max(self.depth[x] for x in self.ancestors(a) & self.ancestors(b))
+
+
+def py_hf(py: PyTaxonomy, t: list[int], p: list[int], average: str) -> float:
+    si = sp_ = st = 0
+    fs = []
+    for a, b in zip(t, p, strict=True):
+        ta, pb = py.ancestors(a) - {0}, py.ancestors(b) - {0}
+        i = len(ta & pb)
+        si, sp_, st = si + i, sp_ + len(pb), st + len(ta)
+        fs.append(2 * i / (len(ta) + len(pb)) if ta or pb else 0.0)
+    return 2 * si / (st + sp_) if average == "micro" else sum(fs) / len(fs)
+
+
+def py_hf_sets(py: PyTaxonomy, t: list[list[int]], p: list[list[int]]) -> float:
+    si = tot = 0
+    for a, b in zip(t, p, strict=True):
+        ta = set().union(*[py.ancestors(x) for x in a]) - {0}
+        pb = set().union(*[py.ancestors(x) for x in b]) - {0}
+        si += len(ta & pb)
+        tot += len(ta) + len(pb)
+    return 2 * si / tot
+
+
+def py_node_macro_f1(py: PyTaxonomy, t: list[int], p: list[int]) -> float:
+    tp, fp, fn = [0] * py.n, [0] * py.n, [0] * py.n
+    for a, b in zip(t, p, strict=True):
+        ta, pb = py.ancestors(a), py.ancestors(b)
+        for x in ta & pb:
+            tp[x] += 1
+        for x in pb - ta:
+            fp[x] += 1
+        for x in ta - pb:
+            fn[x] += 1
+    fs = [2 * tp[j] / (2 * tp[j] + fp[j] + fn[j]) if tp[j] + fp[j] + fn[j] else 0.0 for j in range(1, py.n)]
+    return sum(fs) / len(fs)
+
+
+def py_severity(py: PyTaxonomy, t: list[int], p: list[int]) -> float:
+    d = [py.height - py.lca_depth(a, b) for a, b in zip(t, p, strict=True) if a != b]
+    return sum(d) / len(d)
+
+
+def py_per_level(py: PyTaxonomy, t: list[int], p: list[int]) -> list[float]:
+    ok, n = [0] * py.height, [0] * py.height
+    for a, b in zip(t, p, strict=True):
+        pa, pb = py.path(a), py.path(b)
+        for d in range(1, min(len(pa), len(pb))):
+            n[d - 1] += 1
+            ok[d - 1] += pa[d] == pb[d]
+    return [o / c if c else math.nan for o, c in zip(ok, n, strict=True)]
+
+
+def py_hdist_at_k(py: PyTaxonomy, t: list[int], scores: np.ndarray, leaves: list[int], k: int) -> float:
+    total = 0.0
+    for a, row in zip(t, scores.tolist(), strict=True):
+        top = sorted(range(len(row)), key=row.__getitem__, reverse=True)[:k]
+        total += sum(0 if leaves[j] == a else py.height - py.lca_depth(a, leaves[j]) for j in top) / k
+    return total / len(t)
+
+
+# ----------------------------------------------------------------------------- harness
+def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[Any, float]:
+    best, out = math.inf, None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return out, best
+
+
+def diff(a: Any, b: Any) -> float:
+    a, b = np.atleast_1d(np.asarray(a, dtype=float)), np.atleast_1d(np.asarray(b, dtype=float))
+    both = ~(np.isnan(a) & np.isnan(b))
+    return float(np.max(np.abs(a[both] - b[both]))) if both.any() else 0.0
+
+
+def make_labels(rng: np.random.Generator, tax: Taxonomy, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Leaf targets; predictions right 60% of the time, else a random node (leaf or internal)."""
+    t = rng.choice(tax.leaves, n)
+    p = np.where(rng.random(n) < 0.6, t, rng.integers(1, tax.num_nodes, n))
+    return t, p
+
+
+def bench_tree(tax: Taxonomy, source: str, n: int, n_scores: int, rng: np.random.Generator) -> dict[str, Any]:
+    t, p = make_labels(rng, tax, n)
+    py = PyTaxonomy(tax)
+    tl, pl = t.tolist(), p.tolist()
+    kw = {"taxonomy": tax}
+    # multi-label: 1-3 leaves per sample as ragged lists
+    mt = [rng.choice(tax.leaves, int(rng.integers(1, 4))).tolist() for _ in range(n)]
+    mp = [rng.choice(tax.leaves, int(rng.integers(1, 4))).tolist() for _ in range(n)]
+    ts = rng.choice(tax.leaves, n_scores)
+    scores = rng.random((n_scores, tax.num_leaves)).astype(np.float32)
+    leaves = tax.leaves.tolist()
+    cases = {
+        "hF1_micro": (lambda: M.hierarchical_f1_score(t, p, **kw), lambda: py_hf(py, tl, pl, "micro")),
+        "hF1_samples": (lambda: M.hierarchical_f1_score(t, p, average="samples", zero_division=0.0, **kw),
+                        lambda: py_hf(py, tl, pl, "samples")),
+        "hF1_micro_multilabel_sets": (lambda: M.hierarchical_f1_score(mt, mp, **kw),
+                                      lambda: py_hf_sets(py, mt, mp)),
+        "node_macro_f1": (lambda: M.node_f1_score(t, p, average="macro", zero_division=0.0, **kw),
+                          lambda: py_node_macro_f1(py, tl, pl)),
+        "mistake_severity": (lambda: M.mistake_severity(t, p, **kw), lambda: py_severity(py, tl, pl)),
+        "per_level_accuracy": (lambda: M.per_level_accuracy_score(t, p, **kw).tolist(),
+                               lambda: py_per_level(py, tl, pl)),
+        f"hdist@5 ({n_scores} samples)": (
+            lambda: M.average_hierarchical_distance_at_k(ts, scores, k=5, **kw),
+            lambda: py_hdist_at_k(py, ts.tolist(), scores, leaves, 5)),
+    }
+    out: dict[str, Any] = {"taxonomy": tax.name, "source": source, "nodes": tax.num_nodes,
+                           "leaves": tax.num_leaves, "height": tax.height, "samples": n, "metrics": {}}
+    for name, (vec, ref) in cases.items():
+        vec()  # warm the per-taxonomy caches (paths, ancestor matrix), as a training loop would
+        v, tv = timed(vec, repeat=3)
+        r, tr = timed(ref)
+        out["metrics"][name] = {"vectorised_s": round(tv, 5), "python_s": round(tr, 4),
+                                "speedup": round(tr / tv, 1), "max_abs_diff": diff(v, r)}
+    return out
+
+
+def bench_million(tax: Taxonomy, n: int, rng: np.random.Generator) -> dict[str, Any]:
+    t, p = make_labels(rng, tax, n)
+    kw = {"taxonomy": tax}
+    runs = {
+        "hF1_micro": lambda: M.hierarchical_f1_score(t, p, **kw),
+        "hP_hR_hF1_samples": lambda: M.hierarchical_precision_recall_fscore(t, p, average="samples",
+                                                                            zero_division=0.0, **kw),
+        "hF1_macro_nodes": lambda: M.hierarchical_f1_score(t, p, average="macro", zero_division=0.0, **kw),
+        "mistake_severity": lambda: M.mistake_severity(t, p, **kw),
+        "per_level_accuracy": lambda: M.per_level_accuracy_score(t, p, **kw),
+        "HierarchicalMetrics.update+compute": lambda: _collection(tax, t, p),
+    }
+    out: dict[str, Any] = {"taxonomy": tax.name, "samples": n, "seconds": {}}
+    for name, fn in runs.items():
+        _, s = timed(fn)
+        out["seconds"][name] = round(s, 3)
+    return out
+
+
+def _collection(tax: Taxonomy, t: np.ndarray, p: np.ndarray) -> dict[str, Any]:
+    m = M.HierarchicalMetrics(tax, k=())
+    for s in range(0, len(t), 1 << 17):
+        m.update(t[s:s + (1 << 17)], p[s:s + (1 << 17)])
+    return m.compute()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small random trees and batches (seconds)")
+    ap.add_argument("--samples", type=int, default=None, help="batch size of the comparison (default 10000)")
+    ap.add_argument("--million", type=int, default=None, help="size of the large run (default 1000000)")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    n = args.samples or (1000 if args.quick else 10_000)
+    big = args.million or (50_000 if args.quick else 1_000_000)
+    result: dict[str, Any] = {"benchmark": "hiercls.metrics vs per-sample Python", "quick": args.quick,
+                              "trees": [], "large": []}
+    for which in ("imagenet1k", "imagenet21k"):
+        tax, source = load_tree(which, args.quick, rng)
+        n_scores = n if which == "imagenet1k" else max(100, n // 10)  # [n, 17k] float32 scores are large
+        result["trees"].append(bench_tree(tax, source, n, n_scores, rng))
+        result["large"].append(bench_million(tax, big, rng))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""Decoders: from node probabilities ``[B, N]`` to predicted nodes ``[B]`` or node sets ``[B, N]``.
+
+One front door, :func:`decode`, and one function per rule. See ``docs/decoding.md`` for the rules, their
+optimality and their tie-breaking.
+"""
+
+from hiercls.decode.api import RULES, SET_RULES, decode
+from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost
+from hiercls.decode.hfbeta import expected_hfbeta, optimal_hfbeta
+from hiercls.decode.rules import (
+    argmax_leaf,
+    calibrate_info_gain,
+    hie,
+    info_gain,
+    majority,
+    max_info,
+    plurality,
+    threshold,
+    top_down,
+)
+
+__all__ = [
+    "COST_KINDS", "RULES", "SET_RULES", "argmax_leaf", "bayes_node", "calibrate_info_gain", "crm", "decode",
+    "expected_cost", "expected_hfbeta", "hie", "info_gain", "majority", "max_info", "optimal_hfbeta",
+    "plurality", "threshold", "top_down",
+]

@@ -1,0 +1,214 @@
+"""Input handling shared by every decoder: array conversion, validation and per-taxonomy caches.
+
+Every decoder computes in NumPy float64 on the CPU (the rules are cheap next to the model; float64 keeps the
+optimal decoders' comparisons exact enough to be deterministic) and hands its result back in the input's
+framework: NumPy in, NumPy out; torch in, torch out on the input's device.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import scipy.sparse.linalg as spla
+
+from hiercls.taxonomy import Taxonomy
+
+__all__ = ["Batch", "chunked", "label_distribution", "prepare", "restore_ids", "restore_sets", "restore_values",
+           "taxonomy_cache"]
+
+ROW_CHUNK = 2048
+"""Rows decoded at a time: bounds the float64 working copies (a 21k-node taxonomy costs ~170 KB a row)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _concat(parts: list[Any]) -> Any:
+    if isinstance(parts[0], tuple):
+        return tuple(_concat([p[i] for p in parts]) for i in range(len(parts[0])))
+    if hasattr(parts[0], "detach"):
+        import torch
+
+        return torch.cat(parts)
+    return np.concatenate(parts)
+
+
+def chunked(fn: F) -> F:
+    """Run ``fn(probs, taxonomy, ...)`` on row blocks of ``ROW_CHUNK`` and concatenate the results.
+
+    Decoders are row-wise, so this changes nothing but the peak memory.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(probs: Any, *args: Any, **kwargs: Any) -> Any:
+        rows = probs.shape[0] if hasattr(probs, "shape") and len(probs.shape) == 2 else 0
+        if rows <= ROW_CHUNK:
+            return fn(probs, *args, **kwargs)
+        return _concat([fn(probs[s:s + ROW_CHUNK], *args, **kwargs) for s in range(0, rows, ROW_CHUNK)])
+
+    return wrapper  # type: ignore[return-value]
+
+_CACHE: weakref.WeakKeyDictionary[Taxonomy, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def taxonomy_cache(taxonomy: Taxonomy) -> dict[str, Any]:
+    """Scratch space for arrays derived from an (immutable) taxonomy."""
+    try:
+        return _CACHE[taxonomy]
+    except KeyError:
+        _CACHE[taxonomy] = d = {}
+        return d
+
+
+@dataclass
+class Batch:
+    """Decoder input as float64 NumPy plus what is needed to hand results back.
+
+    ``node`` is ``[B, N]`` node probabilities; ``label`` (lazy, see :func:`label_distribution`) the probability
+    that the label is exactly each node.
+    """
+
+    node: np.ndarray
+    taxonomy: Taxonomy
+    torch_device: Any = None  # a torch.device when the input was a tensor
+    torch_dtype: Any = None
+    leaf: np.ndarray | None = None  # the leaf probabilities, when given as such
+    _label: np.ndarray | None = None
+
+    @property
+    def is_torch(self) -> bool:
+        return self.torch_device is not None
+
+    @property
+    def label(self) -> np.ndarray:
+        if self._label is None:
+            self._label = label_distribution(self.node, self.taxonomy, leaf=self.leaf)
+        return self._label
+
+
+def _check_taxonomy(taxonomy: Any) -> Taxonomy:
+    if not isinstance(taxonomy, Taxonomy):
+        raise TypeError(f"taxonomy must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
+    return taxonomy
+
+
+def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs") -> Batch:
+    """Validate ``probs`` against ``taxonomy`` and convert it to a float64 NumPy :class:`Batch`.
+
+    Args:
+        probs: node probabilities ``[B, N]`` (or ``[N]`` for one sample), or leaf probabilities ``[B, L]``
+            with ``leaf_probs=True`` (in the order of ``taxonomy.leaves``). NumPy array, torch tensor or
+            nested lists.
+        taxonomy: the taxonomy the probabilities are indexed by.
+        leaf_probs: ``probs`` holds leaf probabilities, to be marginalised up the taxonomy.
+        name: parameter name used in error messages.
+
+    Raises:
+        TypeError: ``taxonomy`` is not a Taxonomy, or ``probs`` is not numeric.
+        ValueError: wrong shape, NaN/inf or negative probabilities.
+    """
+    taxonomy = _check_taxonomy(taxonomy)
+    device = dtype = None
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported; never pay its import otherwise
+    if torch is not None and isinstance(probs, torch.Tensor):
+        device, dtype = probs.device, probs.dtype
+        if not dtype.is_floating_point:
+            dtype = torch.float32
+        probs = probs.detach().to("cpu", torch.float64).numpy()
+    arr = np.asarray(probs)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+                                   or arr.dtype == bool):
+        raise TypeError(f"{name} must be a numeric array or tensor; got dtype {arr.dtype}")
+    arr = arr.astype(np.float64, copy=False)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    width = taxonomy.num_leaves if leaf_probs else taxonomy.num_nodes
+    what = "leaf probabilities [B, num_leaves]" if leaf_probs else "node probabilities [B, num_nodes]"
+    if arr.ndim != 2 or arr.shape[1] != width:
+        hint = ""
+        if not leaf_probs and arr.ndim == 2 and arr.shape[1] == taxonomy.num_leaves:
+            hint = "; it matches the number of leaves: pass leaf_probs=True"
+        raise ValueError(f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape "
+                         f"{list(np.shape(probs))}{hint}")
+    if arr.size and not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if arr.size and arr.min() < -1e-6:
+        raise ValueError(f"{name} contains negative probabilities (min {arr.min():.3g})")
+    leaf = None
+    if leaf_probs:
+        leaf = np.clip(arr, 0.0, None)
+        node = np.asarray(taxonomy.marginals(leaf), dtype=np.float64)
+    else:
+        node = arr
+    return Batch(node=node, taxonomy=taxonomy, torch_device=device, torch_dtype=dtype, leaf=leaf)
+
+
+def _children_groups(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Non-root nodes grouped by parent: ``(order, starts, parents)`` for one gather + ``np.add.reduceat``."""
+    cache = taxonomy_cache(taxonomy)
+    if "child_groups" not in cache:
+        par = taxonomy.primary_parent
+        order = np.argsort(par[1:], kind="stable") + 1
+        sorted_par = par[order]
+        starts = np.flatnonzero(np.r_[True, sorted_par[1:] != sorted_par[:-1]]) if len(order) else np.zeros(0, int)
+        cache["child_groups"] = (order, starts, sorted_par[starts] if len(order) else np.zeros(0, int))
+    return cache["child_groups"]
+
+
+def label_distribution(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.ndarray | None = None) -> np.ndarray:
+    """Probability that the label is exactly each node, ``[B, N]``, from node probabilities.
+
+    On a tree ``p(n) = P(n) - sum of P(children)``; on a DAG the unit-triangular system ``P = p @ A`` (``A`` the
+    ancestor matrix) is solved. Round-off negatives are clipped to 0. Given leaf probabilities, they are the
+    label distribution directly.
+    """
+    if leaf is not None:
+        out = np.zeros((leaf.shape[0], taxonomy.num_nodes))
+        out[:, taxonomy.leaves] = leaf
+        return out
+    if node_probs.shape[0] == 0:
+        return node_probs.copy()
+    if taxonomy.is_tree:
+        out = node_probs.copy()
+        order, starts, parents = _children_groups(taxonomy)
+        if len(order):
+            out[:, parents] -= np.add.reduceat(node_probs[:, order], starts, axis=1)
+    else:
+        a_t = taxonomy.ancestors_sparse.T.tocsr().astype(np.float64)
+        out = spla.spsolve_triangular(a_t, node_probs.T, lower=False).T
+        out = np.asarray(out)
+    return np.maximum(out, 0.0, out=out)
+
+
+def restore_ids(ids: np.ndarray, batch: Batch) -> Any:
+    """Node ids ``[B]`` as int64 in the input's framework/device."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if batch.is_torch:
+        import torch
+
+        return torch.from_numpy(ids).to(batch.torch_device)
+    return ids
+
+
+def restore_sets(sets: np.ndarray, batch: Batch) -> Any:
+    """Boolean node sets ``[B, N]`` in the input's framework/device."""
+    sets = np.asarray(sets, dtype=bool)
+    if batch.is_torch:
+        import torch
+
+        return torch.from_numpy(sets).to(batch.torch_device)
+    return sets
+
+
+def restore_values(values: np.ndarray, batch: Batch) -> Any:
+    """Float values ``[B, ...]`` in the input's framework (torch: the input's float dtype and device)."""
+    if batch.is_torch:
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(values)).to(batch.torch_device, batch.torch_dtype)
+    return values

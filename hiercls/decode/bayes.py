@@ -1,0 +1,209 @@
+"""Bayes-optimal single-node decoders for a cost between a predicted node and the true label.
+
+``bayes_node`` returns ``argmin_n E_y[cost(n, y)]`` under the label distribution implied by the node
+probabilities: the optimal decision for mistake severity (``"lca_height"``), hierarchical distance
+(``"shortest_path"``), Wu-Palmer (``"wu_palmer"``) and Zhao's information-content cost (``"zhao"``), or any cost
+matrix. ``crm`` is the same restricted to leaves (Karthik et al. 2021).
+
+For trees and the kinds ``shortest_path``, ``lca_height``, ``zhao`` the expectation is computed without any
+``N x L`` matrix, from ``d(n, y) = f(n) + f(y) - 2 f(lca(n, y))``: ``E[f(lca(n, y))]`` is the sum over the
+ancestors ``a`` of ``n`` of ``(f(a) - f(parent a)) * P(a)`` (``a`` is above the LCA exactly when it is above
+both), a running sum down the tree, O(N) per sample. ``wu_palmer`` also splits the labels by depth,
+O(N * height) per sample. Other costs (and DAGs) use the dense matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hiercls.decode._common import Batch, chunked, prepare, restore_ids, restore_values, taxonomy_cache
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+__all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost"]
+
+COST_KINDS = ("shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath")
+_DENSE_LIMIT = 1 << 26  # entries of a dense cost matrix we are willing to build
+
+
+def _candidate_mask(taxonomy: Taxonomy, candidates: Any) -> np.ndarray:
+    n = taxonomy.num_nodes
+    if candidates is None or (isinstance(candidates, str) and candidates == "all"):
+        return np.ones(n, dtype=bool)
+    if isinstance(candidates, str):
+        if candidates == "leaves":
+            return taxonomy.is_leaf.copy()
+        if candidates == "classes":
+            return taxonomy.class_mask.copy()
+        raise ValueError(f"candidates must be 'all', 'leaves', 'classes', a boolean mask [N] or node ids/names; "
+                         f"got {candidates!r}")
+    arr = np.asarray(candidates)
+    if arr.dtype == bool:
+        if arr.shape != (n,):
+            raise ValueError(f"candidates mask must have shape [{n}]; got {list(arr.shape)}")
+        mask = arr.copy()
+    else:
+        ids = np.array([taxonomy.index(c) if isinstance(c, str) else int(c) for c in arr.ravel()], dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise TaxonomyError(f"candidate ids must be in [0, {n}); got {ids.min()}..{ids.max()}")
+        mask = np.zeros(n, dtype=bool)
+        mask[ids] = True
+    if not mask.any():
+        raise ValueError("candidates selects no node")
+    return mask
+
+
+def _path_sum(x: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """``out[:, n] = sum of x[:, a]`` over the ancestors-or-self ``a`` of ``n`` (trees), level by level."""
+    out = x.copy()
+    par = taxonomy.parent
+    for lvl in taxonomy.levels[1:]:
+        out[:, lvl] += out[:, par[lvl]]
+    return out
+
+
+def _marginal(p: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """``P(n in Y)`` recomputed from the label distribution (consistent even if the input was not)."""
+    return np.asarray(taxonomy.ancestors_sparse.T.astype(np.float64).dot(p.T)).T
+
+
+def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
+    tax = batch.taxonomy
+    p = batch.label
+    mass = p.sum(1, keepdims=True)
+    big_p = _marginal(p, tax)
+    depth = tax.depth.astype(np.float64)
+    if kind in ("shortest_path", "zhao", "jiang_conrath"):
+        f = depth if kind == "shortest_path" else tax.information_content.astype(np.float64)
+        delta = f - np.where(tax.parent >= 0, f[np.maximum(tax.parent, 0)], 0.0)
+        e_lca = _path_sum(big_p * delta[None, :], tax)
+        return f[None, :] * mass + (p @ f)[:, None] - 2.0 * e_lca
+    if kind == "lca_height":
+        h = float(tax.height)
+        e_depth_lca = _path_sum(big_p * np.where(np.arange(tax.num_nodes) > 0, 1.0, 0.0)[None, :], tax)
+        # distance(n, n) is 0, not H - depth(n): take the label-equals-prediction term back out.
+        return h * mass - e_depth_lca - p * (h - depth[None, :])
+    if kind == "wu_palmer":
+        from hiercls.decode.hfbeta import _prefix, _tree_tables
+
+        tab = _tree_tables(tax)
+        hh = tab["lo"].shape[1]
+        cs = _prefix(p[:, tab["order"]])
+        r = cs[:, tab["seg_hi"]] - cs[:, tab["seg_lo"]]  # [B, H+1] label mass by depth
+        out = np.zeros_like(p)
+        not_root = (np.arange(tax.num_nodes) > 0).astype(np.float64)
+        for m in range(hh):
+            if not r[:, m].any():
+                continue
+            # Sum over labels at depth m of p(y) * (depth(lca) + 1) = r_m + sum over non-root ancestors a of n
+            # of P(a in Y, depth(y) = m).
+            q = cs[:, tab["hi"][:, m]] - cs[:, tab["lo"][:, m]]
+            num = r[:, m:m + 1] + _path_sum(q * not_root[None, :], tax)
+            out += num / (depth[None, :] + m + 2.0)
+        return mass - 2.0 * out
+    raise ValueError(f"no structured form for cost {kind!r}")
+
+
+@chunked
+def expected_cost(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, leaf_probs: bool = False) -> Any:
+    """``E_y[cost(n, y)]`` for every node ``n``: ``[B, N]``.
+
+    Args:
+        probs: node probabilities ``[B, N]`` (or leaf probabilities with ``leaf_probs=True``).
+        cost: a distance kind of :meth:`Taxonomy.distance` (``"shortest_path"``, ``"lca_height"``,
+            ``"wu_palmer"``, ``"zhao"``), or a matrix: ``[N, L]`` node-to-leaf (labels must then be leaves) or
+            ``[N, N]`` node-to-label.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> expected_cost(np.array([[1.0, 0.5, 0.5, 0.0, 0.5]]), tax, "shortest_path").round(3).tolist()
+        [[1.5, 1.5, 1.5, 2.5, 1.5]]
+    """
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    return restore_values(_expected_cost(batch, cost), batch)
+
+
+def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
+    tax = batch.taxonomy
+    p = batch.label
+    if isinstance(cost, str):
+        if cost not in COST_KINDS:
+            raise ValueError(f"cost must be one of {', '.join(COST_KINDS)} or a cost matrix; got {cost!r}")
+        if tax.is_tree and tax.num_nodes > 1:
+            return _structured_cost(batch, cost)
+        targets = np.flatnonzero(p.any(0)) if p.shape[0] else np.zeros(0, dtype=np.int64)
+        if tax.num_nodes * len(targets) > _DENSE_LIMIT:
+            raise ValueError(f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
+                             "matrix; convert with to_tree() first")
+        key = ("cost", cost)
+        cache = taxonomy_cache(tax)
+        if key not in cache and tax.num_nodes ** 2 <= _DENSE_LIMIT:
+            cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
+        mat = cache[key][:, targets] if key in cache else tax.distance_matrix(cost, targets=targets)
+        return p[:, targets] @ mat.T
+    mat = np.asarray(cost.detach().cpu().numpy() if hasattr(cost, "detach") else cost, dtype=np.float64)
+    n, nl = tax.num_nodes, tax.num_leaves
+    if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
+        raise ValueError(f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf) or [N, N] = [{n}, {n}] "
+                         f"(node to label); got shape {list(mat.shape)}")
+    if not np.isfinite(mat).all():
+        raise ValueError("cost matrix contains NaN or infinite values")
+    if mat.shape[1] == n and n != nl:
+        return p @ mat.T
+    if n == nl:  # only a single-node taxonomy has as many leaves as nodes
+        return p @ mat.T
+    internal = p.sum(1) - p[:, tax.leaves].sum(1)
+    if internal.size and internal.max() > 1e-6:
+        raise ValueError(f"a node-to-leaf cost [N, L] cannot score labels at internal nodes (up to "
+                         f"{internal.max():.3g} of the mass is there); pass an [N, N] node-to-label cost")
+    return p[:, tax.leaves] @ mat.T
+
+
+@chunked
+def bayes_node(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, candidates: Any = None,
+               leaf_probs: bool = False, return_cost: bool = False) -> Any:
+    """The node with the smallest expected cost, ``argmin_n sum_y p(y) cost(n, y)`` (ties: smaller id).
+
+    Args:
+        probs: node probabilities ``[B, N]`` (or leaf probabilities with ``leaf_probs=True``).
+        cost: distance kind or cost matrix, as in :func:`expected_cost`.
+        candidates: the nodes that may be predicted: ``None``/``"all"``, ``"leaves"``, ``"classes"``, a boolean
+            mask ``[N]`` or node ids/names.
+        return_cost: also return the minimal expected cost ``[B]``.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.6, 0.3, 0.3, 0.4]])
+        >>> bayes_node(p, tax, "shortest_path").tolist(), bayes_node(p, tax, "lca_height").tolist()
+        ([1], [2])
+    """
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    mask = _candidate_mask(taxonomy, candidates)
+    exp = _expected_cost(batch, cost)
+    exp = np.where(mask[None, :], exp, np.inf)
+    ids = np.argmin(exp, axis=1) if exp.shape[0] else np.zeros(0, dtype=np.int64)
+    out = restore_ids(ids, batch)
+    if return_cost:
+        return out, restore_values(exp[np.arange(len(ids)), ids], batch)
+    return out
+
+
+@chunked
+def crm(probs: Any, taxonomy: Taxonomy, cost: Any = "lca_height", *, leaf_probs: bool = False,
+        return_cost: bool = False) -> Any:
+    """Conditional risk minimisation over leaves (Karthik et al., "No cost likelihood manipulation at test time
+    for making better mistakes in deep networks", ICLR 2021): ``argmin_leaf sum_j cost(leaf, j) p(j)``.
+
+    The default cost is the LCA height (mistake severity), as in the paper. Ties: smaller id.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.6, 0.3, 0.3, 0.4]])
+        >>> crm(p, tax).tolist()  # b is the argmax leaf, but x is safer
+        [2]
+    """
+    return bayes_node(probs, taxonomy, cost, candidates="leaves", leaf_probs=leaf_probs, return_cost=return_cost)

@@ -1,0 +1,455 @@
+r"""The exact Bayes-optimal decoder for expected hierarchical F-beta over ancestor-closed node sets.
+
+Setting and convention
+----------------------
+The label ``y`` is a single node (a leaf or an internal node) with ``p(y)`` the probability that the label is
+exactly ``y``. ``Y`` is the set of ancestors-or-self of ``y`` and ``S`` a predicted ancestor-closed set. With
+``include_root=False`` (default) the root is left out of both sets, so ``|Y| = depth(y)`` on a tree;
+with ``include_root=True`` it is counted in both. Then
+
+.. math:: hF_\beta(S, y) = \frac{(1+\beta^2)\,|S\cap Y|}{\beta^2 |Y| + |S|}
+
+with the convention ``hF = 1`` when both sets are empty (the label is the root and only the root is predicted)
+and ``0`` for any other ``0/0`` (``beta = 0``, empty prediction). Sets returned by the decoders always
+contain the root node; it is simply not counted when ``include_root=False``.
+
+Why the algorithm is exact
+--------------------------
+Write ``q_m(n) = P(n in Y and |Y| = m)``. For ``|S| = k`` the objective is linear in ``S``:
+
+.. math:: E[hF_\beta(S)] = \sum_{n\in S} w_k(n), \qquad w_k(n) = (1+\beta^2)\sum_m \frac{q_m(n)}{\beta^2 m + k}.
+
+*Monotonicity.* If ``a`` is an ancestor of ``n`` then ``{n in Y, |Y| = m}`` is contained in ``{a in Y, |Y| = m}``
+for every ``m`` (the label size does not depend on which of its ancestors we look at), so
+``q_m(a) >= q_m(n)`` for each ``m`` separately and ``w_k(a) >= w_k(n)`` for every ``k``. (This holds on DAGs too.)
+
+*Top-k is ancestor-closed.* Sort the nodes by ``w_k`` descending, ties by node id ascending (ids are
+topological, so an ancestor precedes its descendants among equal weights). Every ancestor of a node sorts
+before it, so the first ``k`` nodes form an ancestor-closed set; being the unconstrained maximum-weight
+``k``-subset, it is optimal among ancestor-closed sets of size ``k``. The optimum is therefore
+``max_k V_k`` with ``V_k`` = sum of the ``k`` largest ``w_k`` (and the empty set, worth ``P(|Y| = 0)``).
+The floating-point weights are computed so that this order survives round-off: ``q`` is a difference of
+prefix sums of non-negative numbers (monotone under round-to-nearest) and ``w`` accumulates the same products
+in the same order for every node.
+
+*Safe pruning of the size k.* For ``k' >= k``, ``|S cap Y| <= min(k', m)`` gives
+
+.. math:: V_{k'} \le \bar U(k) = (1+\beta^2)\sum_m P(|Y| = m)\,\frac{m}{\beta^2 m + \max(k, m)},
+
+which is non-increasing in ``k`` and holds on every tree, balanced or not (it uses the actual label-size
+distribution, not a depth assumed uniform). Once ``\bar U(k)`` is at most the best value found, no larger
+set can do better and the search over ``k`` stops.
+
+*Safe pruning of the candidate nodes.* Let ``C`` be the nodes with ``P(n) > tau`` (an ancestor-closed set,
+since ``P`` only grows towards the root), where ``tau`` is the largest ``P`` outside ``C``. Every node
+outside has ``w_k(n) <= (1+\beta^2) tau / (\beta^2 + k)`` (its labels have ``|Y| >= 1``). If that bound is at
+most the ``k``-th largest weight inside ``C``, the top-``k`` sum over ``C`` is the global one. The decoder
+checks this certificate for every ``k`` below the stopping size; samples that fail it are re-solved with 4x
+more candidates, ending (rarely) with every node of positive probability, where it holds trivially: a node
+with ``P(n) = 0`` has zero weight, and dropping it from a set keeps the set closed and never lowers the
+objective (same numerators, smaller denominator). The result is exact on every input; the candidate sets only
+decide how fast.
+
+Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
+depths ``H`` and sizes ``K`` searched, vectorised over the batch. DAGs use dense per-depth sums over all nodes
+(fine for DAGs of a few thousand nodes).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import numpy as np
+
+from hiercls.decode._common import Batch, chunked, prepare, restore_sets, restore_values, taxonomy_cache
+from hiercls.taxonomy import Taxonomy
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["expected_hfbeta", "optimal_hfbeta"]
+
+_K_BLOCK = 16
+_CHUNK = 1024
+_MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
+
+
+def _check_beta(beta: float) -> float:
+    b = float(beta)
+    if not np.isfinite(b) or b < 0:
+        raise ValueError(f"beta must be a finite number >= 0; got {beta!r}")
+    return b
+
+
+def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
+    """``|Y|`` of every node as a label under the root convention."""
+    cache = taxonomy_cache(taxonomy)
+    key = ("label_sizes", include_root)
+    if key not in cache:
+        counts = np.diff(taxonomy.ancestors_sparse.indptr).astype(np.int64)  # ancestors-or-self, root included
+        cache[key] = counts - (0 if include_root else 1)
+    return cache[key]
+
+
+def expected_hfbeta(sets: Any, probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include_root: bool = False,
+                    leaf_probs: bool = False) -> Any:
+    """Exact expected hF-beta of predicted node sets under the label distribution implied by ``probs``.
+
+    Args:
+        sets: boolean node sets ``[B, N]`` (any set is accepted; hF is meant for ancestor-closed ones).
+        probs: node probabilities ``[B, N]``, or leaf probabilities ``[B, L]`` with ``leaf_probs=True``.
+        taxonomy: the taxonomy.
+        beta: the F-beta weight (``beta > 1`` favours recall, i.e. deeper predictions).
+        include_root: count the root in every set (see the module docstring for the convention).
+        leaf_probs: ``probs`` holds leaf probabilities.
+
+    Returns:
+        ``[B]`` expected scores (NumPy, or torch on the input's device when ``probs`` is a tensor).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> probs = np.array([[1.0, 0.8, 0.5, 0.3, 0.2]])
+        >>> s = np.array([[True, True, False, False, False]])  # predict {a}
+        >>> round(float(expected_hfbeta(s, probs, tax)[0]), 4)  # 0.5*2/3 + 0.3*2/3 + 0.2*0
+        0.5333
+    """
+    b2 = _check_beta(beta) ** 2
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    s = _as_sets(sets, taxonomy, batch.node.shape[0])
+    s[:, 0] = include_root
+    p = batch.label
+    inter = np.asarray(taxonomy.ancestors_sparse.astype(np.float64).dot(s.T.astype(np.float64))).T  # [B, N]
+    size = s.sum(1).astype(np.float64)[:, None]
+    ly = _label_sizes(taxonomy, include_root).astype(np.float64)[None, :]
+    denom = b2 * ly + size
+    both_empty = (ly == 0) & (size == 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        hf = np.where(denom > 0, (1 + b2) * inter / np.where(denom > 0, denom, 1.0), 0.0)
+    hf = np.where(both_empty, 1.0, hf)
+    return restore_values((p * hf).sum(1), batch)
+
+
+def _as_sets(sets: Any, taxonomy: Taxonomy, batch_size: int) -> np.ndarray:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(sets, torch.Tensor):
+        sets = sets.detach().cpu().numpy()
+    s = np.asarray(sets)
+    if s.ndim == 1:
+        s = s[None, :]
+    if s.shape != (batch_size, taxonomy.num_nodes):
+        raise ValueError(f"sets must be boolean node sets [B, N] = [{batch_size}, {taxonomy.num_nodes}]; "
+                         f"got shape {list(s.shape)}")
+    return s.astype(bool, copy=True)
+
+
+# ---------------------------------------------------------------------------------------------- the solver
+def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
+    """``w_k(n)`` for every candidate and every ``k`` in ``ks``: ``[rows, c, len(ks)]`` (one matrix product).
+
+    Used for the search values only; the final selection recomputes the weights of the chosen size with a
+    fixed summation order (see :func:`_solve`), which is what keeps the chosen set ancestor-closed.
+    """
+    coef = (1.0 + b2) / (b2 * lv[:, None].astype(np.float64) + ks[None, :].astype(np.float64))  # [M, K]
+    coef[lv == 0] = 0.0
+    rows, c, m = q.shape
+    return (q.reshape(rows * c, m) @ coef).reshape(rows, c, len(ks))
+
+
+def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
+    """:math:`\\bar U(k)` for every row and every ``k`` in ``ks``: ``[rows, len(ks)]``."""
+    lvf = lv.astype(np.float64)
+    big = np.maximum(ks[:, None].astype(np.float64), lvf[None, :])  # [K, M]
+    frac = np.where(lvf[None, :] > 0, lvf[None, :] / (b2 * lvf[None, :] + big), 0.0)
+    return (1.0 + b2) * r.dot(frac.T)
+
+
+def _mass_bound(p_sorted: np.ndarray, nvalid: np.ndarray, tau: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
+    """A second bound on every ``V_{k'}``, ``k' >= k``, from the node probabilities alone: ``[rows, len(ks)]``.
+
+    ``w_{k'}(n) <= (1+b2) P(n) / (b2 + k')`` (labels below a counted node have ``|Y| >= 1``), so
+    ``V_{k'} <= (1+b2) SP(k') / (b2 + k')`` with ``SP`` the sum of the ``k'`` largest ``P``, and
+    ``SP(k') <= SP(k) + (k' - k) P_(k+1)``. The right side is monotone in ``k'``, so its supremum over
+    ``k' >= k`` is the larger of its value at ``k`` and its limit ``(1+b2) P_(k+1)``.
+    """
+    g, c = p_sorted.shape
+    sp = np.concatenate([np.zeros((g, 1)), np.cumsum(p_sorted, axis=1)], axis=1)  # sp[:, j] = top-j sum
+    kk = np.minimum(ks[None, :], nvalid[:, None])  # [G, K]
+    top = np.take_along_axis(sp, kk, axis=1) + (ks[None, :] - kk) * tau[:, None]
+    nxt_idx = np.minimum(ks[None, :], c - 1)
+    nxt = np.where(ks[None, :] < nvalid[:, None], np.take_along_axis(p_sorted, nxt_idx, axis=1), tau[:, None])
+    return (1.0 + b2) * np.maximum(top / (b2 + ks[None, :]), nxt)
+
+
+def _solve(q: np.ndarray, lv: np.ndarray, valid: np.ndarray, r: np.ndarray, p_empty: np.ndarray | None,
+           tau: np.ndarray, b2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Best value, best size, certificate and chosen candidates for rows of candidate weights.
+
+    ``q`` is ``[G, c, M]`` (``q[:, j, m]`` the probability that candidate ``j`` is on a label path of size
+    ``lv[m]``), candidates sorted by node id with the invalid ones last; ``r`` ``[G, M]`` the label-size
+    distribution; ``p_empty`` the value of the empty prediction (``None`` when the root is counted);
+    ``tau`` the largest node probability outside the candidates.
+
+    A size ``k`` is settled when the top-``k`` sum over the candidates is provably the global one
+    (``exact``: no outside node can beat the ``k``-th candidate weight) or when even the relaxation that lets
+    outside nodes in at their upper bound stays at or below the best value (``relaxed``).
+    """
+    g, c, _ = q.shape
+    nvalid = valid.sum(1)
+    best = np.full(g, -np.inf) if p_empty is None else p_empty.astype(np.float64).copy()
+    best_k = np.zeros(g, dtype=np.int64)
+    exact = np.zeros((g, max(c, 1)), dtype=bool)
+    relaxed = np.full((g, max(c, 1)), np.inf)
+    p_sorted = -np.sort(-np.where(valid, q.sum(2), 0.0), axis=1)
+    active = np.flatnonzero(nvalid > 0)
+    k0 = 1
+    while active.size and k0 <= c:
+        k1 = min(c, k0 + _K_BLOCK - 1)
+        ks = np.arange(k0, k1 + 1)
+        w = _search_weights(q[active], lv, ks, b2)
+        w[~valid[active]] = -1.0
+        w_sorted = -np.sort(-w, axis=1)
+        cols = np.arange(len(ks))
+        value = np.cumsum(w_sorted, axis=1)[:, ks - 1, cols]  # [A, K]
+        kth = w_sorted[:, ks - 1, cols]
+        feasible = ks[None, :] <= nvalid[active][:, None]
+        value = np.where(feasible, value, -np.inf)
+        t = tau[active][:, None]
+        outside = (1.0 + b2) * t / (b2 + ks[None, :])  # [A, K]
+        exact[active, k0 - 1:k1] = np.where(feasible, outside <= kth, t == 0)
+        relaxed[active, k0 - 1:k1] = np.cumsum(np.maximum(w_sorted, outside[:, None, :]), axis=1)[:, ks - 1, cols]
+        block_best = value.max(1)
+        block_arg = value.argmax(1)  # first maximum: the smallest size wins ties
+        better = block_best > best[active]
+        best[active[better]] = block_best[better]
+        best_k[active[better]] = ks[block_arg[better]]
+        nxt = np.array([k1 + 1])
+        bound = np.minimum(_upper_bound(r[active], lv, nxt, b2)[:, 0],
+                           _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0])
+        done = (bound <= best[active]) | ((k1 + 1 > nvalid[active]) & (tau[active] == 0))
+        active = active[~done]
+        k0 = k1 + 1
+
+    # Certificate: every size below the first k whose bound falls under the best must be settled.
+    all_k = np.arange(1, c + 2)
+    ub = np.minimum(_upper_bound(r, lv, all_k, b2), _mass_bound(p_sorted, nvalid, tau, all_k, b2))  # [G, c+1]
+    below = ub <= best[:, None]
+    k_hat = np.where(below.any(1), below.argmax(1) + 1, c + 2)
+    need = k_hat - 1
+    settled = exact[:, :c] | (relaxed[:, :c] <= best[:, None])
+    prefix_ok = np.cumprod(np.concatenate([np.ones((g, 1), dtype=bool), settled], axis=1), axis=1).astype(bool)
+    certified = prefix_ok[np.arange(g), np.minimum(need, c)] & ((need <= c) | (tau == 0))
+
+    chosen = np.zeros((g, c), dtype=bool)
+    pick = np.flatnonzero(best_k > 0)
+    if pick.size:
+        kk = best_k[pick]
+        coef = (1.0 + b2) / (b2 * lv[None, :].astype(np.float64) + kk[:, None].astype(np.float64))  # [P, M]
+        w = np.zeros((pick.size, c))
+        qp = q[pick]
+        for m in range(q.shape[2]):
+            if lv[m] > 0:
+                w += qp[:, :, m] * coef[:, m, None]
+        w[~valid[pick]] = -1.0
+        # Fixed summation order per node: w stays monotone along ancestry in floating point, and the stable
+        # sort keeps id order among ties, so every ancestor of a chosen node is chosen.
+        order = np.argsort(-w, axis=1, kind="stable")
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(c)[None, :].repeat(pick.size, 0), axis=1)
+        chosen[pick] = rank < kk[:, None]
+    return best, best_k, certified, chosen
+
+
+# ---------------------------------------------------------------------------------------------- trees
+def _tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
+    cache = taxonomy_cache(taxonomy)
+    if "hf_tree" not in cache:
+        n = taxonomy.num_nodes
+        depth = taxonomy.depth
+        size = taxonomy.subtree_size
+        ids = np.arange(n)
+        order = np.lexsort((ids, depth))  # depth-major, ids ascending within a depth
+        sorted_depth = depth[order]
+        h = int(depth.max())
+        seg_lo = np.searchsorted(sorted_depth, np.arange(h + 1), side="left")
+        seg_hi = np.searchsorted(sorted_depth, np.arange(h + 1), side="right")
+        lo = np.empty((n, h + 1), dtype=np.int64)
+        hi = np.empty((n, h + 1), dtype=np.int64)
+        for m in range(h + 1):
+            level = order[seg_lo[m]:seg_hi[m]]
+            # On a pre-order tree the descendants of n at depth m are the level's ids in [n, n + size).
+            lo[:, m] = seg_lo[m] + np.searchsorted(level, ids)
+            hi[:, m] = seg_lo[m] + np.searchsorted(level, ids + size)
+        cache["hf_tree"] = {"order": order, "seg_lo": seg_lo, "seg_hi": seg_hi, "lo": lo, "hi": hi,
+                            "size": size.astype(np.int64)}
+    return cache["hf_tree"]
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    out = np.zeros((x.shape[0], x.shape[1] + 1))
+    np.cumsum(x, axis=1, out=out[:, 1:])
+    return out
+
+
+def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ancestor-closed candidates ``{P > tau}`` (at most ``c`` counted nodes), sorted by id; invalid last."""
+    g, n = ptil.shape
+    counted = ptil[:, first:]
+    if c < counted.shape[1]:
+        part = np.argpartition(-counted, c - 1, axis=1)[:, :c]
+        vals = np.take_along_axis(counted, part, axis=1)
+        tau = vals[:, c - 1].copy()
+        valid = vals > tau[:, None]
+        ids = part + first
+    else:
+        ids = np.broadcast_to(np.arange(first, n), counted.shape)
+        valid = counted > 0
+        tau = np.zeros(g)
+    key = np.where(valid, ids, n)
+    key.sort(axis=1)
+    width = max(int((key < n).sum(1).max(initial=0)), 1)
+    key = key[:, :width]
+    valid = key < n
+    return np.where(valid, key, 0), valid, tau
+
+
+def _tree_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool, c0: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    tab = _tree_tables(taxonomy)
+    g, n = p.shape
+    first = 0 if include_root else 1
+    off = 1 if include_root else 0
+    h = tab["lo"].shape[1] - 1
+    lv = np.arange(h + 1) + off  # label size of a label at depth m
+    cs_id = _prefix(p)
+    ptil = cs_id[:, np.arange(n) + tab["size"]] - cs_id[:, :n]
+    cs_dm = _prefix(p[:, tab["order"]])
+    r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
+    p_empty = None if include_root else r[:, 0]
+
+    sets = np.zeros((g, n), dtype=bool)
+    sets[:, 0] = True
+    values = np.zeros(g)
+    pending = np.arange(g)
+    c = min(c0, n - first)
+    while pending.size:
+        full = c >= n - first
+        rows_per_step = pending.size if not full else max(1, _MAX_ELEMENTS // max(1, (n - first) * (h + 1)))
+        failed = []
+        for s in range(0, pending.size, rows_per_step):
+            rows = pending[s:s + rows_per_step]
+            cand, valid, tau = _select_candidates(ptil[rows], first, c)
+            gather = np.concatenate([tab["lo"][cand], tab["hi"][cand]], axis=2)  # [R, w, 2(h+1)]
+            flat = np.take_along_axis(cs_dm[rows], gather.reshape(len(rows), -1), axis=1).reshape(gather.shape)
+            q = flat[:, :, h + 1:] - flat[:, :, :h + 1]
+            q[~valid] = 0.0
+            best, _best_k, ok, chosen = _solve(q, lv, valid, r[rows], None if p_empty is None else p_empty[rows],
+                                              tau, b2)
+            if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
+                raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
+            done = rows[ok]
+            values[done] = best[ok]
+            rr, jj = np.nonzero(chosen[ok])
+            sets[done[rr], cand[ok][rr, jj]] = True
+            failed.append(rows[~ok])
+        pending = np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)
+        if pending.size:
+            logger.debug("optimal_hfbeta: %d rows need more than %d candidates", pending.size, c)
+        c = min(c * 4, n - first)
+    return sets, values
+
+
+# ---------------------------------------------------------------------------------------------- DAGs
+def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) -> tuple[np.ndarray, np.ndarray]:
+    g, n = p.shape
+    first = 0 if include_root else 1
+    lnode = _label_sizes(taxonomy, include_root)
+    lv = np.arange(int(lnode.max()) + 1)
+    cache = taxonomy_cache(taxonomy)
+    if "desc64" not in cache:
+        d = taxonomy.descendants_sparse.astype(np.float64).tocsr()
+        d.sort_indices()  # ascending summation order per row keeps q monotone along ancestry
+        cache["desc64"] = d
+    desc = cache["desc64"]
+    sets = np.zeros((g, n), dtype=bool)
+    sets[:, 0] = True
+    values = np.zeros(g)
+    step = max(1, _MAX_ELEMENTS // max(1, n * len(lv)))
+    for s in range(0, g, step):
+        rows = np.arange(s, min(g, s + step))
+        pr = p[rows]
+        qfull = np.zeros((len(rows), n, len(lv)))
+        r = np.zeros((len(rows), len(lv)))
+        for m in range(len(lv)):
+            pm = np.where(lnode[None, :] == m, pr, 0.0)
+            r[:, m] = pm.sum(1)
+            qfull[:, :, m] = np.asarray(desc.dot(pm.T)).T
+        ptil = qfull.sum(2)
+        cand, valid, tau = _select_candidates(ptil, first, n)
+        q = np.take_along_axis(qfull, cand[:, :, None], axis=1)
+        q[~valid] = 0.0
+        best, _, ok, chosen = _solve(q, lv, valid, r, None if include_root else r[:, 0], tau, b2)
+        if not ok.all():  # pragma: no cover - impossible by the proof
+            raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
+        values[rows] = best
+        rr, jj = np.nonzero(chosen)
+        sets[rows[rr], cand[rr, jj]] = True
+    return sets, values
+
+
+@chunked
+def optimal_hfbeta(probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include_root: bool = False,
+                   leaf_probs: bool = False, return_value: bool = False, initial_candidates: int = 64) -> Any:
+    """The ancestor-closed node set maximising expected hF-beta, exactly, for every sample.
+
+    The result may span several branches (e.g. ``{animal, cat, dog}`` when cat and dog are equally likely and
+    beta is large). See the module docstring for the convention, the proof and the (safe) pruning.
+
+    Args:
+        probs: node probabilities ``[B, N]`` (NumPy or torch), or leaf probabilities ``[B, L]`` with
+            ``leaf_probs=True``.
+        taxonomy: a tree or a DAG.
+        beta: F-beta weight, ``>= 0``; larger values reward recall and so deeper, wider sets.
+        include_root: count the root in every set (changes the scores, so the optimum).
+        leaf_probs: ``probs`` holds leaf probabilities.
+        return_value: also return the optimal expected hF-beta ``[B]``.
+        initial_candidates: size of the first candidate set tried per sample (a speed knob only; any value
+            >= 1 gives the same optimum).
+
+    Returns:
+        Boolean node sets ``[B, N]`` (root included), and the expected values with ``return_value=True``.
+        Ties between sets of equal value go to the smallest set, then to the nodes with smaller ids.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> probs = np.array([[1.0, 0.9, 0.6, 0.3, 0.1]])  # labels: x 0.6, y 0.3, b 0.1
+        >>> sets, value = optimal_hfbeta(probs, tax, beta=1.0, return_value=True)
+        >>> [tax.name_of(n) for n in np.flatnonzero(sets[0])], round(float(value[0]), 4)
+        (['r', 'a', 'x'], 0.75)
+        >>> [tax.name_of(n) for n in np.flatnonzero(optimal_hfbeta(probs, tax, beta=3.0)[0])]
+        ['r', 'a', 'x', 'y', 'b']
+    """
+    b2 = _check_beta(beta) ** 2
+    if int(initial_candidates) < 1:
+        raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
+    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    p = batch.label
+    bsz, n = p.shape
+    sets = np.zeros((bsz, n), dtype=bool)
+    sets[:, 0] = True
+    values = np.zeros(bsz)
+    if n > 1 or include_root:
+        for s in range(0, bsz, _CHUNK):
+            sl = slice(s, s + _CHUNK)
+            if taxonomy.is_tree:
+                sets[sl], values[sl] = _tree_rows(p[sl], taxonomy, b2, include_root, int(initial_candidates))
+            else:
+                sets[sl], values[sl] = _dag_rows(p[sl], taxonomy, b2, include_root)
+    else:  # a single-node taxonomy: the root label, predicted perfectly by the empty (root-only) set
+        values[:] = p[:, 0]
+    out_sets = restore_sets(sets, batch)
+    if return_value:
+        return out_sets, restore_values(values, batch)
+    return out_sets

@@ -1,0 +1,322 @@
+"""Single-node decision rules: argmax leaf, top-down, threshold/majority, plurality, information-based, HiE.
+
+Every rule takes node probabilities ``P [B, N]`` (``P[b, n]`` = probability that ``n`` is on the label's path)
+or leaf probabilities with ``leaf_probs=True``, and returns one node id per sample ``[B]`` (int64; NumPy in,
+NumPy out; torch in, torch out on the same device).
+
+Ties are broken deterministically and the same way everywhere: after the rule's own criteria, the node with
+the smallest id wins (ids are topological, so an ancestor beats its descendants and, on a tree, the earlier
+sibling in taxonomy order wins).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hiercls.decode._common import Batch, chunked, prepare, restore_ids, taxonomy_cache
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+__all__ = ["argmax_leaf", "calibrate_info_gain", "hie", "info_gain", "majority", "max_info", "plurality",
+           "threshold", "top_down"]
+
+
+_TIE_TOL = 1e-9
+
+
+def _first_argmax(x: np.ndarray) -> np.ndarray:
+    return np.argmax(x, axis=1) if x.shape[0] else np.zeros(0, dtype=np.int64)
+
+
+@chunked
+def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
+    """The most probable leaf (the flat-classifier prediction).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> argmax_leaf(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # tie x/y: smaller id
+        [2]
+    """
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    leaves = taxonomy.leaves
+    return restore_ids(leaves[_first_argmax(batch.node[:, leaves])], batch)
+
+
+def _padded_children(taxonomy: Taxonomy) -> np.ndarray:
+    cache = taxonomy_cache(taxonomy)
+    if "child_pad" not in cache:
+        nc = taxonomy.num_children
+        width = max(int(nc.max(initial=0)), 1)
+        pad = np.full((taxonomy.num_nodes, width), -1, dtype=np.int64)
+        ptr, idx = taxonomy.child_ptr, taxonomy.child_idx
+        rows = np.repeat(np.arange(taxonomy.num_nodes), nc)
+        cols = np.arange(len(idx)) - ptr[rows]
+        pad[rows, cols] = idx
+        # Children sorted by id so that the first maximum is the smallest id.
+        pad = np.where(pad < 0, np.iinfo(np.int64).max, pad)
+        pad.sort(axis=1)
+        cache["child_pad"] = np.where(pad == np.iinfo(np.int64).max, -1, pad)
+    return cache["child_pad"]
+
+
+def _descend(batch: Batch, step: Any) -> np.ndarray:
+    """Walk down from the root; ``step(cur, kids, kid_probs, valid)`` says which rows move to ``best kid``."""
+    tax = batch.taxonomy
+    pad = _padded_children(tax)
+    node = batch.node
+    cur = np.zeros(node.shape[0], dtype=np.int64)
+    rows = np.arange(node.shape[0])
+    for _ in range(tax.height):
+        kids = pad[cur]
+        valid = kids >= 0
+        if not valid.any():
+            break
+        vals = np.where(valid, node[rows[:, None], np.maximum(kids, 0)], -np.inf)
+        best = _first_argmax(vals)
+        move = valid.any(1) & step(cur, kids, vals, best)
+        cur = np.where(move, kids[rows, best], cur)
+    return cur
+
+
+@chunked
+def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_probs: bool = False) -> Any:
+    """Greedy top-down descent: from the root, move to the most probable child (ties: smaller id).
+
+    This is the inference of top-down / conditional classifiers (a chain of per-node decisions), as compared
+    by Valmadre, "Hierarchical classification at multiple operating points" (NeurIPS 2022).
+
+    Args:
+        threshold: stop at the current node ``u`` when the best child's conditional probability
+            ``P(c) / P(u)`` is below it. With the default ``0`` the descent stops only at a leaf or where every
+            child has probability 0 (a label known to stop at ``u``).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.6, 0.35, 0.25, 0.4]])
+        >>> top_down(p, tax).tolist(), argmax_leaf(p, tax).tolist()  # greedy goes to a, then x
+        ([2], [4])
+        >>> top_down(p, tax, threshold=0.6).tolist()  # P(x | a) = 0.58 < 0.6: stop at a
+        [1]
+    """
+    t = _check_unit(threshold, "threshold")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    node = batch.node
+
+    def step(cur: np.ndarray, kids: np.ndarray, vals: np.ndarray, best: np.ndarray) -> np.ndarray:
+        pu = node[np.arange(len(cur)), cur]
+        pc = vals[np.arange(len(cur)), best]
+        cond = np.where(pu > 0, pc / np.where(pu > 0, pu, 1.0), 0.0)
+        return (cond >= t) & (pc > 0)
+
+    return restore_ids(_descend(batch, step), batch)
+
+
+@chunked
+def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
+    """Descend while one child holds a strict plurality of its parent's outcomes.
+
+    At node ``u`` the outcomes are "the label is ``u`` itself" (probability ``P(u) - sum of P(children)`` on a
+    tree) and "the label is under child ``c``" (``P(c)``). The rule moves to the most probable child only when
+    it beats every other child *and* the stop outcome strictly; a tie means there is no plurality, so the rule
+    stops and hedges at ``u``. Differences below ``1e-9`` count as ties, so that round-off in ``P`` (and in
+    the stop probabilities derived from it) cannot flip the decision. With labels only at leaves this is
+    :func:`top_down` except on ties.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> plurality(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # x/y tie: stop at a
+        [1]
+    """
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    stop = batch.label
+
+    def step(cur: np.ndarray, kids: np.ndarray, vals: np.ndarray, best: np.ndarray) -> np.ndarray:
+        rows = np.arange(len(cur))
+        top = vals[rows, best]
+        others = vals.copy()
+        others[rows, best] = -np.inf
+        runner_up = others.max(1) if vals.shape[1] > 1 else np.full(len(cur), -np.inf)
+        return (top > runner_up + _TIE_TOL) & (top > stop[rows, cur] + _TIE_TOL)
+
+    return restore_ids(_descend(batch, step), batch)
+
+
+def _check_unit(value: float, name: str) -> float:
+    v = float(value)
+    if not np.isfinite(v) or v < 0 or v > 1:
+        raise ValueError(f"{name} must be a probability in [0, 1]; got {value!r}")
+    return v
+
+
+def _deepest_above(batch: Batch, t: float, key: np.ndarray) -> np.ndarray:
+    """Among nodes with ``P > t``: max ``key``, then max ``P``, then smallest id; the root when none."""
+    node = batch.node
+    if node.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    mask = node > t
+    best_key = np.where(mask, key[None, :], -np.inf).max(1)
+    cand = mask & (key[None, :] == best_key[:, None])
+    pick = _first_argmax(np.where(cand, node, -np.inf))
+    return np.where(mask.any(1), pick, 0)
+
+
+@chunked
+def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
+    """The deepest node whose probability exceeds ``threshold`` (ties: more probable, then smaller id).
+
+    For ``threshold >= 0.5`` on a tree the nodes above it form a single chain, so the answer is its end
+    (``0.5`` is the "majority" rule). When no node exceeds the threshold (e.g. ``threshold=1``) the root is
+    returned. Depth is :attr:`Taxonomy.depth` (shortest root path on a DAG).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.8, 0.55, 0.25, 0.2]])
+        >>> threshold(p, tax, threshold=0.6).tolist(), threshold(p, tax, threshold=0.5).tolist()
+        ([1], [2])
+        >>> threshold(p, tax, threshold=1.0).tolist()  # nothing above 1: the root
+        [0]
+    """
+    t = _check_unit(threshold, "threshold")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64)), batch)
+
+
+@chunked
+def majority(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
+    """The deepest node with probability above 1/2 (:func:`threshold` at 0.5)."""
+    return threshold(probs, taxonomy, threshold=0.5, leaf_probs=leaf_probs)
+
+
+@chunked
+def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
+    """The most informative node (fewest leaves below, i.e. largest information content) with ``P > threshold``.
+
+    Valmadre (NeurIPS 2022) calls the ``threshold=0.5`` case "max-info majority" inference; sweeping the
+    threshold traces the operating curve. Ties: more probable, then smaller id; the root when no node qualifies.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> max_info(np.array([[1.0, 0.8, 0.55, 0.25, 0.2]]), tax).tolist()
+        [2]
+    """
+    t = _check_unit(threshold, "threshold")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    return restore_ids(_deepest_above(batch, t, taxonomy.information_content.astype(np.float64)), batch)
+
+
+@chunked
+def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: bool = False) -> Any:
+    """Maximum expected reward with information-gain rewards: ``argmax_n (IC(n) + lam) * P(n)``.
+
+    Deng, Krause, Berg, Fei-Fei, "Hedging your bets: optimizing accuracy-specificity trade-offs in large scale
+    visual recognition" (CVPR 2012, DARTS): a prediction ``n`` is correct when the label is below it and then
+    earns the information gain ``log(num_leaves) - log(leaves under n)`` (:attr:`Taxonomy.information_content`,
+    in nats). ``lam`` is the Lagrange multiplier of the accuracy guarantee: ``lam = 0`` maximises the expected
+    gain, larger values trade specificity for accuracy (at ``lam -> inf`` the rule returns the most probable
+    node, the root). Use :func:`calibrate_info_gain` to pick ``lam`` for a target accuracy.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "u"), ("b", "v")])
+        >>> p = np.array([[1.0, 0.9, 0.5, 0.4, 0.1, 0.05, 0.05]])
+        >>> info_gain(p, tax).tolist(), info_gain(p, tax, lam=5.0).tolist()
+        ([2], [1])
+    """
+    lam = float(lam)
+    if not np.isfinite(lam) or lam < 0:
+        raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    score = batch.node * (taxonomy.information_content[None, :] + lam)
+    return restore_ids(_first_argmax(score), batch)
+
+
+def calibrate_info_gain(probs: Any, labels: Any, taxonomy: Taxonomy, *, target_accuracy: float,
+                        leaf_probs: bool = False, tol: float = 1e-4, max_lambda: float = 1e6) -> float:
+    """The smallest ``lam`` for which :func:`info_gain` reaches ``target_accuracy`` on held-out data.
+
+    Accuracy means the prediction is an ancestor-or-self of the label; Deng et al. show it does not decrease
+    as ``lam`` grows, so a bisection finds the multiplier (DARTS, Algorithm 1).
+
+    Args:
+        probs: validation node (or leaf) probabilities ``[B, N]``.
+        labels: validation labels as node ids ``[B]``.
+        target_accuracy: the accuracy to guarantee, in ``[0, 1]``.
+        tol: bisection tolerance on ``lam``.
+        max_lambda: upper end of the search; when even it misses the target, it is returned.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.9, 0.6, 0.3, 0.1], [1.0, 0.9, 0.6, 0.3, 0.1]])
+        >>> lam = calibrate_info_gain(p, np.array([2, 3]), tax, target_accuracy=1.0)
+        >>> info_gain(p, tax, lam=lam).tolist()
+        [1, 1]
+    """
+    target = _check_unit(target_accuracy, "target_accuracy")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    y = np.asarray(labels.detach().cpu().numpy() if hasattr(labels, "detach") else labels, dtype=np.int64).ravel()
+    if y.shape[0] != batch.node.shape[0]:
+        raise ValueError(f"labels has {y.shape[0]} entries but probs has {batch.node.shape[0]} rows")
+    if y.size and (y.min() < 0 or y.max() >= taxonomy.num_nodes):
+        raise TaxonomyError(f"labels must be node ids in [0, {taxonomy.num_nodes}); got {y.min()}..{y.max()}")
+    anc = taxonomy.ancestors_sparse
+
+    def accuracy(lam: float) -> float:
+        pred = info_gain(batch.node, taxonomy, lam=lam)
+        return float(np.asarray(anc[y, pred]).ravel().astype(bool).mean()) if y.size else 1.0
+
+    if accuracy(0.0) >= target:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while accuracy(hi) < target and hi < max_lambda:
+        lo, hi = hi, min(hi * 4.0, max_lambda)
+    if accuracy(hi) < target:
+        return hi
+    while hi - lo > tol * max(1.0, lo):
+        mid = 0.5 * (lo + hi)
+        if accuracy(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@chunked
+def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs: bool = False) -> Any:
+    """HiE test-time amendment: the leaf maximising ``P(leaf) * P(coarse ancestor of the leaf)``.
+
+    Jain, Karthik et al., "Test-time amendment with a coarse classifier for fine-grained classification"
+    (NeurIPS 2023): the fine posterior is re-weighted by the coarse posterior of the leaf's ancestor, so a
+    leaf in a likely coarse class wins over a slightly more likely leaf in an unlikely one. Trees only.
+
+    Args:
+        level: depth of the coarse ancestor (``None``: each leaf's parent). Leaves shallower than ``level``
+            use themselves.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "u"), ("b", "v")])
+        >>> p = np.array([[1.0, 0.6, 0.3, 0.3, 0.4, 0.35, 0.05]])
+        >>> argmax_leaf(p, tax).tolist(), hie(p, tax).tolist()  # 0.35*0.4 < 0.3*0.6
+        ([5], [2])
+    """
+    if not taxonomy.is_tree:
+        raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    leaves = taxonomy.leaves
+    if level is None:
+        coarse = np.maximum(taxonomy.parent[leaves], 0)
+    else:
+        lv = int(level)
+        if lv < 0:
+            raise ValueError(f"level must be a depth >= 0; got {level!r}")
+        paths = taxonomy.paths[leaves]
+        coarse = paths[np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
+    score = batch.node[:, leaves] * batch.node[:, coarse]
+    return restore_ids(leaves[_first_argmax(score)], batch)

@@ -1,0 +1,35 @@
+"""Hierarchical losses, usable on their own with any model that produces logits in the documented layout."""
+
+from hiercls.losses.conditional import ConditionalSoftmax, ConditionalSoftmaxLoss, huffman_tree
+from hiercls.losses.leaf import HXELoss, LeafCrossEntropy, SoftLabelLoss, hxe_weights, soft_label_targets
+from hiercls.losses.multilabel import HierarchicalBCELoss, close_targets, mcm_logits
+from hiercls.losses.nested import NestedRegionLoss, NestedSigmoid, node_ids_to_regions, soft_dice_loss
+from hiercls.losses.semantic import SemanticKDLoss, SemanticLayout, SemanticSoftmaxLoss, semantic_level_weights
+from hiercls.losses.tree_ops import TreeOps, segment_logsumexp
+from hiercls.losses.validation import check_features, check_node_targets
+
+__all__ = [
+    "ConditionalSoftmax",
+    "ConditionalSoftmaxLoss",
+    "HXELoss",
+    "HierarchicalBCELoss",
+    "LeafCrossEntropy",
+    "NestedRegionLoss",
+    "NestedSigmoid",
+    "SemanticKDLoss",
+    "SemanticLayout",
+    "SemanticSoftmaxLoss",
+    "SoftLabelLoss",
+    "TreeOps",
+    "check_features",
+    "check_node_targets",
+    "close_targets",
+    "huffman_tree",
+    "hxe_weights",
+    "mcm_logits",
+    "node_ids_to_regions",
+    "segment_logsumexp",
+    "semantic_level_weights",
+    "soft_dice_loss",
+    "soft_label_targets",
+]

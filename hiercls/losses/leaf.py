@@ -1,0 +1,260 @@
+"""Losses on a softmax over the leaves: flat cross-entropy, hierarchical cross-entropy (HXE), soft labels.
+
+Logits are ``[B, num_leaves]`` in the order of ``taxonomy.leaves``. Targets are node ids ``[B]`` (``-1`` =
+ignore) and may be internal nodes: their likelihood is the marginal ``P(label) = sum of the leaves below``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hiercls.losses.tree_ops import TreeOps, as_tensor, require_tree
+from hiercls.losses.validation import check_node_targets, upcast
+from hiercls.taxonomy import DistanceKind, Taxonomy
+
+__all__ = ["HXELoss", "LeafCrossEntropy", "SoftLabelLoss", "hxe_weights", "soft_label_targets"]
+
+
+def _check_leaf_logits(logits: torch.Tensor, num_leaves: int) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != num_leaves:
+        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must have shape [B, {num_leaves}] (one per leaf); got {shape}")
+
+
+def _masked_mean(per_sample: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    # Mean over kept samples; a batch with none kept gives 0 while staying attached to the graph.
+    return (per_sample * valid).sum() / valid.sum().clamp(min=1)
+
+
+class _LeafBase(nn.Module):
+    def __init__(self, taxonomy: Taxonomy) -> None:
+        super().__init__()
+        self.taxonomy = taxonomy
+        self.num_leaves = taxonomy.num_leaves
+        self.num_nodes = taxonomy.num_nodes
+        self.register_buffer("leaf_index", as_tensor(taxonomy.leaf_index), persistent=False)
+        if taxonomy.is_tree:
+            # On a tree the leaves below a node are a contiguous range of leaf positions (DFS pre-order).
+            leaves = taxonomy.leaves
+            lo = np.searchsorted(leaves, np.arange(self.num_nodes))
+            hi = np.searchsorted(leaves, np.arange(self.num_nodes) + taxonomy.subtree_size)
+            self.register_buffer("leaf_lo", as_tensor(lo), persistent=False)
+            self.register_buffer("leaf_hi", as_tensor(hi), persistent=False)
+        else:
+            self._leaf_desc = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocsr()  # [N, L]
+
+    def targets(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = check_node_targets(targets, self.num_nodes, batch=logits.shape[0])
+        valid = t >= 0
+        return t.clamp(min=0), valid
+
+    def log_marginal(self, leaf_logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``log P(target)`` per sample from leaf log-probabilities (targets already clamped to >= 0)."""
+        leaf_pos = self.leaf_index[targets]
+        out = leaf_logp.gather(1, leaf_pos.clamp(min=0)[:, None])[:, 0]
+        internal = leaf_pos < 0
+        if bool(internal.any()):
+            if self.taxonomy.is_tree:
+                ar = torch.arange(self.num_leaves, device=leaf_logp.device)
+                mask = (ar >= self.leaf_lo[targets][:, None]) & (ar < self.leaf_hi[targets][:, None])
+            else:
+                rows = self._leaf_desc[targets.cpu().numpy()].toarray().astype(bool)
+                mask = torch.from_numpy(rows).to(leaf_logp.device)
+            lse = leaf_logp.masked_fill(~mask, -math.inf).logsumexp(1)
+            out = torch.where(internal, lse, out)
+        return out
+
+
+class LeafCrossEntropy(_LeafBase):
+    """Cross-entropy of a softmax over the leaves; an internal label scores the sum of its leaves.
+
+    ``loss = -log P(y)`` with ``P(y) = sum(softmax(logits)[leaves under y])`` (plain cross-entropy when every
+    label is a leaf), with optional label smoothing over the leaves, averaged over non-ignored samples.
+
+    Args:
+        taxonomy: the taxonomy (tree or DAG).
+        label_smoothing: mass spread uniformly over the leaves, in ``[0, 1)``.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> logits = torch.zeros(1, 3)  # uniform over the 3 leaves x, y, b
+        >>> round(LeafCrossEntropy(tax)(logits, torch.tensor([1])).item(), 4)  # label "a": -log(2/3)
+        0.4055
+    """
+
+    def __init__(self, taxonomy: Taxonomy, label_smoothing: float = 0.0) -> None:
+        super().__init__(taxonomy)
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing!r}")
+        self.label_smoothing = float(label_smoothing)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        _check_leaf_logits(logits, self.num_leaves)
+        t, valid = self.targets(logits, targets)
+        logp = F.log_softmax(upcast(logits), dim=1)
+        nll = -self.log_marginal(logp, t)
+        if self.label_smoothing:
+            nll = (1 - self.label_smoothing) * nll - self.label_smoothing * logp.mean(1)
+        return _masked_mean(nll, valid)
+
+
+def hxe_weights(taxonomy: Taxonomy, alpha: float, normalize: bool = True) -> np.ndarray:
+    """HXE edge weights ``lambda[n] = exp(-alpha * depth(n))`` for the edge parent(n) -> n.
+
+    This is the weighting of the published "making better mistakes" code (``get_exponential_weighting``:
+    ``exp(-alpha * len(treeposition))``); with ``normalize`` the weights of all ``N`` nodes (root included) sum
+    to one, so at ``alpha = 0`` every weight is ``1 / N`` and HXE is cross-entropy divided by the node count.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> hxe_weights(tax, 0.0).tolist()
+        [0.2, 0.2, 0.2, 0.2, 0.2]
+    """
+    if not math.isfinite(alpha):
+        raise ValueError(f"alpha must be finite; got {alpha!r}")
+    w = np.exp(-float(alpha) * taxonomy.depth.astype(np.float64))
+    return w / w.sum() if normalize else w
+
+
+class HXELoss(_LeafBase):
+    """Hierarchical cross-entropy (Bertinetto et al., "Making better mistakes", CVPR 2020).
+
+    ``HXE(y) = -sum_{n on the path root -> y, n != root} lambda[n] * log P(n | parent(n))`` with
+    ``P(n | parent) = P(n) / P(parent)`` from the leaf softmax marginals and ``lambda`` from
+    :func:`hxe_weights`. Internal labels simply have shorter paths. Averaged over non-ignored samples.
+
+    Args:
+        taxonomy: a tree.
+        alpha: decay of the weights with depth (0 = cross-entropy / N with ``normalize``).
+        normalize: divide the weights by their sum over all nodes (as the published code does).
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> logits, y = torch.tensor([[1.0, 0.0, -1.0]]), torch.tensor([2])
+        >>> ce = torch.nn.functional.cross_entropy(logits, torch.tensor([0]))  # x is leaf 0
+        >>> bool(torch.isclose(HXELoss(tax, alpha=0.0)(logits, y), ce / tax.num_nodes))
+        True
+    """
+
+    def __init__(self, taxonomy: Taxonomy, alpha: float = 0.1, normalize: bool = True) -> None:
+        super().__init__(taxonomy)
+        require_tree(taxonomy, "HXELoss")
+        self.alpha, self.normalize = float(alpha), bool(normalize)
+        self.ops = TreeOps(taxonomy)
+        self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
+        self.register_buffer("weights", as_tensor(hxe_weights(taxonomy, alpha, normalize),
+                                                        dtype=torch.float64), persistent=False)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        _check_leaf_logits(logits, self.num_leaves)
+        t, valid = self.targets(logits, targets)
+        logp = F.log_softmax(upcast(logits), dim=1)
+        log_marg = self.ops.bottom_up(logp, "logsumexp")  # [B, N]
+        path = self.paths[t]  # [B, H + 1], -1 past the label
+        on_path = path[:, 1:] >= 0
+        child, parent = path[:, 1:].clamp(min=0), path[:, :-1].clamp(min=0)
+        cond = log_marg.gather(1, child) - log_marg.gather(1, parent)  # log P(n | parent(n))
+        terms = torch.where(on_path, self.weights.to(cond.dtype)[child] * cond, torch.zeros_like(cond))
+        return _masked_mean(-terms.sum(1), valid)
+
+
+def soft_label_targets(taxonomy: Taxonomy, targets: np.ndarray, beta: float,
+                       kind: DistanceKind = "lca_height") -> np.ndarray:
+    """Reference soft labels ``softmax(-beta * d(leaf, y))`` over the leaves (numpy, for checks and small trees).
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> soft_label_targets(tax, np.array([2]), beta=0.0).round(3).tolist()
+        [[0.333, 0.333, 0.333]]
+    """
+    d = taxonomy.distance_matrix(kind, nodes=np.asarray(targets), targets=taxonomy.leaves)
+    z = -beta * d
+    z = z - z.max(1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(1, keepdims=True)
+
+
+class SoftLabelLoss(_LeafBase):
+    """Soft-label cross-entropy (Bertinetto et al. 2020): targets ``q = softmax(-beta * d(leaf, y))``.
+
+    ``loss = -sum_leaves q(leaf) log p(leaf)``, averaged over non-ignored samples; ``d`` is
+    :meth:`Taxonomy.distance` of ``kind`` (default ``lca_height``, the paper's height of the LCA). The
+    ``[N, num_leaves]`` target table is precomputed when it has at most ``table_limit`` entries; on larger trees
+    the distances of each batch are computed on the device from the root paths (same formulas) in
+    ``O(B * (num_leaves + height))``.
+
+    Args:
+        taxonomy: a tree (or a DAG small enough for the table).
+        beta: sharpness (large beta -> one-hot cross-entropy).
+        kind: distance kind.
+        table_limit: largest table to precompute.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> loss = SoftLabelLoss(tax, beta=1e3)  # beta -> infinity gives cross-entropy
+        >>> logits, y = torch.tensor([[1.0, 0.0, -1.0]]), torch.tensor([2])
+        >>> bool(torch.isclose(loss(logits, y), torch.nn.functional.cross_entropy(logits, torch.tensor([0]))))
+        True
+    """
+
+    _KINDS = ("shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath")
+
+    def __init__(self, taxonomy: Taxonomy, beta: float = 10.0, kind: DistanceKind = "lca_height",
+                 table_limit: int = 1 << 22) -> None:
+        super().__init__(taxonomy)
+        if kind not in self._KINDS:
+            raise ValueError(f"kind must be one of {', '.join(self._KINDS)}; got {kind!r}")
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta must be a finite number >= 0; got {beta!r}")
+        self.beta, self.kind = float(beta), kind
+        self.use_table = taxonomy.num_nodes * taxonomy.num_leaves <= table_limit
+        if self.use_table:
+            table = soft_label_targets(taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind)
+            self.register_buffer("table", as_tensor(table, dtype=torch.float32), persistent=False)
+        else:
+            require_tree(taxonomy, f"SoftLabelLoss on a taxonomy this large ({taxonomy.num_nodes} nodes)")
+            self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
+            self.register_buffer("leaves", as_tensor(taxonomy.leaves), persistent=False)
+            self.register_buffer("depth", as_tensor(taxonomy.depth, dtype=torch.float32), persistent=False)
+            self.register_buffer("ic", as_tensor(taxonomy.information_content, dtype=torch.float32),
+                                 persistent=False)
+
+    def soft_targets(self, targets: torch.Tensor) -> torch.Tensor:
+        """Soft target distributions ``[B, num_leaves]`` for node ids ``targets`` (all >= 0)."""
+        if self.use_table:
+            return self.table[targets]
+        py = self.paths[targets]  # [B, H+1], -1 past the label
+        # The leaves below the path's nodes are nested ranges of leaf positions; counting, for every leaf, the
+        # ranges that contain it (a difference array and a cumulative sum) gives the depth of its LCA with y + 1.
+        on = (py >= 0).to(torch.int32)
+        node = py.clamp(min=0)
+        diff = torch.zeros(py.shape[0], self.num_leaves + 1, dtype=torch.int32, device=py.device)
+        diff.scatter_add_(1, self.leaf_lo[node], on)
+        diff.scatter_add_(1, self.leaf_hi[node], -on)
+        lca_depth = (diff.cumsum(1, dtype=torch.int32)[:, : self.num_leaves] - 1).long()
+        dy, dl = self.depth[targets][:, None], self.depth[self.leaves][None, :]
+        dlca = lca_depth.to(self.depth.dtype)
+        if self.kind == "shortest_path":
+            d = dy + dl - 2 * dlca
+        elif self.kind == "lca_height":
+            d = float(self.taxonomy.height) - dlca
+        elif self.kind == "wu_palmer":
+            d = 1.0 - 2.0 * (dlca + 1) / (dy + dl + 2)
+        else:
+            lca = py.gather(1, lca_depth)
+            d = self.ic[targets][:, None] + self.ic[self.leaves][None, :] - 2 * self.ic[lca]
+        d = torch.where(targets[:, None] == self.leaves[None, :], torch.zeros_like(d), d)
+        return torch.softmax(-self.beta * d, dim=1)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        _check_leaf_logits(logits, self.num_leaves)
+        t, valid = self.targets(logits, targets)
+        logp = F.log_softmax(upcast(logits), dim=1)
+        q = self.soft_targets(t)
+        return _masked_mean(-(q * logp).sum(1), valid)
+

@@ -1,0 +1,275 @@
+"""Semantic softmax (Ridnik et al., "ImageNet-21K Pretraining for the Masses", NeurIPS 2021) and semantic KD.
+
+Layout: one logit per class (``taxonomy.classes``), ordered by semantic level and then by node id, so level
+``l``'s classes are the contiguous slice ``layout.slices[l]``. The semantic level of a class is its number of
+class ancestors (:attr:`Taxonomy.semantic_level`). A sample labelled ``y`` has one target per level: the class
+ancestor-or-self of ``y`` at that level, or none (``-1``) below ``y``'s own level.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hiercls.losses.tree_ops import as_tensor, require_tree
+from hiercls.losses.validation import check_node_targets, upcast
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+__all__ = ["SemanticKDLoss", "SemanticLayout", "SemanticSoftmaxLoss", "semantic_level_weights"]
+
+
+def semantic_level_weights(level_sizes: list[int] | np.ndarray, max_weight: float = 20.0) -> np.ndarray:
+    """Per-level loss weights ``w_l = min(C / #classes at level >= l, max_weight)`` (``C`` = all classes).
+
+    This is the published normalisation: deep levels, which few samples reach, are weighted up, capped at 20.
+
+    Example:
+        >>> semantic_level_weights([2, 4, 4]).tolist()
+        [1.0, 1.25, 2.5]
+    """
+    sizes = np.asarray(level_sizes, dtype=np.float64)
+    if sizes.ndim != 1 or len(sizes) == 0 or (sizes <= 0).any():
+        raise ValueError(f"level_sizes must be positive class counts per level; got {level_sizes!r}")
+    at_or_below = np.cumsum(sizes[::-1])[::-1]
+    return np.minimum(sizes.sum() / at_or_below, float(max_weight))
+
+
+class SemanticLayout(nn.Module):
+    """Index tables of the semantic-softmax layout of a tree taxonomy (buffers move with ``.to(device)``).
+
+    Attributes:
+        num_levels: number of semantic levels ``K``.
+        level_sizes: classes per level; ``slices[l]`` is level ``l``'s slice of the logits.
+        class_ids: ``[C]`` node id of each logit (buffer).
+        level_targets: ``[N, K]`` position within level ``l`` of the class ancestor-or-self of each node, ``-1``
+            where there is none (buffer).
+        parent_pos: per level ``l >= 1``, the position within level ``l - 1`` of each class's nearest class
+            ancestor (buffers ``parent_pos_{l}``).
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> lay = SemanticLayout(tax)
+        >>> lay.level_sizes, [tax.name_of(i) for i in lay.class_ids.tolist()]
+        ([2, 2], ['a', 'b', 'x', 'y'])
+        >>> lay.level_targets[tax.index("y")].tolist()  # a at level 0 (position 0), y at level 1 (position 1)
+        [0, 1]
+    """
+
+    def __init__(self, taxonomy: Taxonomy) -> None:
+        super().__init__()
+        require_tree(taxonomy, "the semantic softmax")
+        classes = taxonomy.classes
+        if len(classes) == 0:
+            raise TaxonomyError(f"taxonomy {taxonomy.name!r} has no classes for a semantic softmax")
+        level = taxonomy.semantic_level
+        order = classes[np.lexsort((classes, level[classes]))]
+        self.num_levels = int(level[classes].max()) + 1
+        self.level_sizes = np.bincount(level[order], minlength=self.num_levels).tolist()
+        offsets = np.concatenate([[0], np.cumsum(self.level_sizes)])
+        self.slices = [slice(int(offsets[k]), int(offsets[k + 1])) for k in range(self.num_levels)]
+        self.num_classes = len(order)
+        pos_in_level = np.full(taxonomy.num_nodes, -1, dtype=np.int64)
+        pos_in_level[order] = np.arange(len(order)) - offsets[level[order]]
+        # Class ancestors of a node on a tree are a chain whose levels are 0, 1, 2, ... (each has one more class
+        # ancestor than the one above it), so the root path gives every level target at once.
+        paths = taxonomy.paths
+        table = np.full((taxonomy.num_nodes, self.num_levels), -1, dtype=np.int64)
+        rows, cols = np.nonzero(paths >= 0)
+        anc = paths[rows, cols]
+        keep = taxonomy.class_mask[anc]
+        table[rows[keep], level[anc[keep]]] = pos_in_level[anc[keep]]
+        self.register_buffer("class_ids", as_tensor(order), persistent=False)
+        self.register_buffer("level_targets", as_tensor(table), persistent=False)
+        for k in range(1, self.num_levels):
+            nodes = order[self.slices[k]]
+            self.register_buffer(f"parent_pos_{k}", as_tensor(table[nodes, k - 1]), persistent=False)
+        self.all_nodes_are_classes = bool(taxonomy.class_mask[1:].all()) and not taxonomy.class_mask[0]
+
+    def split(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """Per-level logits ``[B, level_sizes[l]]`` (views of ``logits``)."""
+        if logits.dim() != 2 or logits.shape[1] != self.num_classes:
+            raise ValueError(f"logits must have shape [B, {self.num_classes}] (one per class, level-major); got "
+                             f"{list(logits.shape)}")
+        return [logits[:, s] for s in self.slices]
+
+    def targets(self, targets: torch.Tensor) -> torch.Tensor:
+        """``[B, K]`` per-level targets (positions within each level, ``-1`` = no target at that level)."""
+        t = targets.clamp(min=0)
+        out = self.level_targets[t]
+        return torch.where((targets >= 0)[:, None], out, torch.full_like(out, -1))
+
+    def class_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Top-down chained log-probabilities ``[B, C]`` (layout order) of every class.
+
+        ``log P(c) = log P(q) + log softmax(z restricted to the classes whose nearest class ancestor is q)[c]``
+        where ``q`` is ``c``'s nearest class ancestor (level-0 classes share the root). Each level's softmax is
+        renormalised within the parent, so a class's children sum exactly to it: consistent by construction.
+        """
+        z = self.split(upcast(logits))
+        out = [F.log_softmax(z[0], dim=1)]
+        for k in range(1, self.num_levels):
+            group = self._buffers[f"parent_pos_{k}"]
+            n_groups = self.level_sizes[k - 1]
+            idx = group[None, :].expand_as(z[k])
+            shift = torch.full((z[k].shape[0], n_groups), torch.finfo(z[k].dtype).min, device=z[k].device,
+                               dtype=z[k].dtype)
+            shift = shift.scatter_reduce(1, idx, z[k].detach(), reduce="amax", include_self=True)
+            e = torch.exp(z[k] - shift.gather(1, idx))
+            denom = torch.zeros_like(shift).scatter_add(1, idx, e).gather(1, idx)
+            out.append(out[k - 1].index_select(1, group) + (z[k] - shift.gather(1, idx)) - torch.log(denom))
+        return torch.cat(out, dim=1)
+
+
+class _LevelSmoothedCE(torch.autograd.Function):
+    """``sum_{b,l} coef[b,l] * CE_l(b)`` over contiguous level slices, with a hand-written backward.
+
+    Autograd of per-slice ``log_softmax`` materialises several ``[B, C]`` temporaries per level; this keeps one
+    (the shifted exponentials, as ``F.cross_entropy`` keeps its softmax) and computes the gradient
+    ``coef * (softmax - (1 - eps) onehot - eps / n_l)`` in one pass per level.
+    """
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, coef: torch.Tensor, tpos: torch.Tensor,  # type: ignore[override]
+                bounds: tuple[tuple[int, int], ...], eps: float) -> torch.Tensor:
+        e = torch.empty_like(z)
+        k_levels = len(bounds)
+        sums = z.new_empty(z.shape[0], k_levels)
+        lse = z.new_empty(z.shape[0], k_levels)
+        mean = z.new_empty(z.shape[0], k_levels) if eps else None
+        for k, (lo, hi) in enumerate(bounds):
+            zk, ek = z[:, lo:hi], e[:, lo:hi]
+            m = zk.amax(1, keepdim=True)
+            torch.sub(zk, m, out=ek)
+            ek.exp_()
+            sums[:, k] = ek.sum(1)
+            lse[:, k] = m[:, 0] + sums[:, k].log()
+            if mean is not None:
+                mean[:, k] = zk.mean(1)
+        per = lse - (1.0 - eps) * z.gather(1, tpos)
+        if mean is not None:
+            per = per - eps * mean
+        ctx.save_for_backward(e, sums, coef, tpos)
+        ctx.bounds, ctx.eps = bounds, eps
+        return (coef * per).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        e, sums, coef, tpos = ctx.saved_tensors
+        eps = ctx.eps
+        g = grad * coef
+        out = torch.empty_like(e)
+        for k, (lo, hi) in enumerate(ctx.bounds):
+            ok = out[:, lo:hi]
+            torch.mul(e[:, lo:hi], (g[:, k] / sums[:, k])[:, None], out=ok)
+            if eps:
+                ok.sub_((g[:, k] * (eps / (hi - lo)))[:, None])
+        out.scatter_add_(1, tpos, -(1.0 - eps) * g)
+        return out, None, None, None, None
+
+
+class SemanticSoftmaxLoss(nn.Module):
+    """The semantic softmax loss: one label-smoothed softmax cross-entropy per semantic level.
+
+    ``loss = sum_l w_l * mean_b CE_l(b)`` with ``CE_l(b) = 0`` where sample ``b`` has no level-``l`` target,
+    ``w_l`` from :func:`semantic_level_weights` and the mean over the non-ignored samples (as the published code,
+    which averages over the whole batch). Unlike the published code every level is trained, the deepest
+    included. With ``normalize="present"`` each sample's weighted sum is instead divided by the sum of the
+    weights of the levels it has, so that shallow-labelled samples are not down-weighted.
+
+    Args:
+        taxonomy: a tree (use ``to_tree`` for WordNet).
+        label_smoothing: per-level smoothing (default 0.2, as published).
+        max_weight: cap of the level weights (default 20).
+        normalize: ``"none"`` (published) or ``"present"``.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> loss = SemanticSoftmaxLoss(tax, label_smoothing=0.0)
+        >>> logits = torch.zeros(1, 4)  # levels {a, b} and {x, y}, uniform
+        >>> w = semantic_level_weights([2, 2])  # [1, 2]
+        >>> math.isclose(loss(logits, torch.tensor([2])).item(), w[0] * math.log(2) + w[1] * math.log(2), rel_tol=1e-6)
+        True
+    """
+
+    def __init__(self, taxonomy: Taxonomy, label_smoothing: float = 0.2, max_weight: float = 20.0,
+                 normalize: str = "none") -> None:
+        super().__init__()
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing!r}")
+        if normalize not in ("none", "present"):
+            raise ValueError(f"normalize must be 'none' or 'present'; got {normalize!r}")
+        if not max_weight > 0:
+            raise ValueError(f"max_weight must be > 0; got {max_weight!r}")
+        self.taxonomy = taxonomy
+        self.layout = SemanticLayout(taxonomy)
+        self.label_smoothing, self.normalize = float(label_smoothing), normalize
+        self.level_weights = semantic_level_weights(self.layout.level_sizes, max_weight).tolist()
+        self._bounds = tuple((sl.start, sl.stop) for sl in self.layout.slices)
+        self.register_buffer("_offsets", torch.tensor([sl.start for sl in self.layout.slices]), persistent=False)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.layout.split(logits)  # shape check
+        t = check_node_targets(targets, self.taxonomy.num_nodes, batch=logits.shape[0])
+        level_t = self.layout.targets(t)  # [B, K] positions within each level, -1 = none
+        z = upcast(logits)
+        present = (level_t >= 0).to(z.dtype)
+        coef = present * torch.tensor(self.level_weights, dtype=z.dtype, device=z.device)
+        if self.normalize == "present":
+            coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
+        coef = coef / (t >= 0).sum().clamp(min=1).to(z.dtype)  # mean over the kept samples
+        tpos = level_t.clamp(min=0) + self._offsets
+        return _LevelSmoothedCE.apply(z.contiguous(), coef, tpos, self._bounds, self.label_smoothing)
+
+
+class SemanticKDLoss(nn.Module):
+    """Semantic knowledge distillation: per level, a distance between teacher and student level softmaxes.
+
+    For each level ``l`` with ``n_l`` classes, ``p_s = softmax(student_l)``, ``p_t = softmax(teacher_l)`` and the
+    teacher's confidence ``c_b = sum of its top ceil(n_l / 20) probabilities`` (the top 5%, no gradient):
+    ``loss = sum_l mean_b c_b * D(p_s, p_t)`` with ``D = sum_classes (p_s - p_t)^2`` (``distance="mse"``, as
+    published; the published code also sums over the batch, here it is averaged) or ``KL(p_t || p_s)``
+    (``distance="kl"``). ``level_weights=True`` multiplies each level by its semantic-softmax weight.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> kd = SemanticKDLoss(tax)
+        >>> logits = torch.randn(3, 4)
+        >>> kd(logits, logits).item()  # identical teacher and student
+        0.0
+    """
+
+    def __init__(self, taxonomy: Taxonomy, distance: str = "mse", level_weights: bool = False,
+                 max_weight: float = 20.0, top_fraction: float = 0.05) -> None:
+        super().__init__()
+        if distance not in ("mse", "kl"):
+            raise ValueError(f"distance must be 'mse' or 'kl'; got {distance!r}")
+        if not 0 < top_fraction <= 1:
+            raise ValueError(f"top_fraction must be in (0, 1]; got {top_fraction!r}")
+        self.layout = SemanticLayout(taxonomy)
+        self.distance, self.top_fraction = distance, float(top_fraction)
+        w = semantic_level_weights(self.layout.level_sizes, max_weight) if level_weights else \
+            np.ones(self.layout.num_levels)
+        self.level_weights = w.tolist()
+
+    def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+        if student_logits.shape != teacher_logits.shape:
+            raise ValueError(f"student_logits {list(student_logits.shape)} and teacher_logits "
+                             f"{list(teacher_logits.shape)} must have the same shape")
+        total = upcast(student_logits).new_zeros(())
+        for k, (zs, zt) in enumerate(zip(self.layout.split(student_logits), self.layout.split(teacher_logits),
+                                         strict=True)):
+            pt = torch.softmax(upcast(zt.detach()), dim=1)
+            with torch.no_grad():
+                top = max(1, math.ceil(zt.shape[1] * self.top_fraction))
+                conf = pt.topk(top, dim=1).values.sum(1)
+            if self.distance == "mse":
+                d = (torch.softmax(upcast(zs), dim=1) - pt).pow(2).sum(1)
+            else:
+                d = F.kl_div(F.log_softmax(upcast(zs), dim=1), pt, reduction="none").sum(1)
+            total = total + self.level_weights[k] * (conf * d).mean()
+        return total

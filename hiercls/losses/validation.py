@@ -1,0 +1,69 @@
+"""Input checks shared by heads and losses: clear errors naming the parameter and the expected shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["check_features", "check_node_targets", "upcast"]
+
+
+def check_features(features: Any, in_features: int, *, dense: bool = False, name: str = "features") -> torch.Tensor:
+    """Validate backbone features: a float tensor ``[B, in_features]`` (``dense``: ``[B, in_features, *spatial]``).
+
+    Raises:
+        TypeError: ``features`` is not a floating-point tensor.
+        ValueError: wrong number of dimensions or channels.
+
+    Example:
+        >>> check_features(torch.zeros(2, 3), 3).shape
+        torch.Size([2, 3])
+    """
+    if not isinstance(features, torch.Tensor) or not features.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point torch.Tensor; got "
+                        f"{type(features).__name__ if not isinstance(features, torch.Tensor) else features.dtype}")
+    ok_dims = features.dim() >= 2 if dense else features.dim() == 2
+    if not ok_dims or features.shape[1] != in_features:
+        want = f"[B, {in_features}" + (", *spatial]" if dense else "]")
+        raise ValueError(f"{name} must have shape {want}; got {list(features.shape)}")
+    return features
+
+
+def check_node_targets(targets: Any, num_nodes: int, *, batch: int | None = None,
+                       name: str = "targets") -> torch.Tensor:
+    """Validate single-label targets: integer node ids ``[B]`` in ``[0, num_nodes)``, ``-1`` = ignore.
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: wrong shape or an id out of range (the message shows the first offender).
+
+    Example:
+        >>> check_node_targets(torch.tensor([0, 2, -1]), 3).tolist()
+        [0, 2, -1]
+    """
+    if not isinstance(targets, torch.Tensor):
+        targets = torch.as_tensor(targets)
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
+        raise TypeError(f"{name} must be an integer tensor of node ids; got dtype {targets.dtype}")
+    if targets.dim() != 1 or (batch is not None and targets.shape[0] != batch):
+        want = f"[{batch}]" if batch is not None else "[B]"
+        raise ValueError(f"{name} must be node ids of shape {want}; got shape {list(targets.shape)}")
+    targets = targets.long()
+    if targets.numel():
+        bad = (targets < -1) | (targets >= num_nodes)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{name}[{i}] = {int(targets[i])} is not a node id: expected -1 (ignore) or an id in "
+                             f"[0, {num_nodes})")
+    return targets
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when it is half / bfloat16 (autocast outputs), else unchanged (float64 stays float64).
+
+    Example:
+        >>> upcast(torch.zeros(1, dtype=torch.bfloat16)).dtype, upcast(torch.zeros(1, dtype=torch.float64)).dtype
+        (torch.float32, torch.float64)
+    """
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) or not x.is_floating_point() else x

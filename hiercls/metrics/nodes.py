@@ -1,0 +1,257 @@
+"""Node-level metrics: each node is a binary label of the (ancestor-closed) node sets.
+
+This is the evaluation convention of hierarchical text classification (HTC; e.g. Zhou et al. 2020 HiAGM,
+Wang et al. 2022 HPT, Zhu et al. 2023 HiTIN): Micro-F1 pools ``tp/fp/fn`` over all nodes, Macro-F1
+averages the per-node F1. The path-aware variants of Yu et al. 2022 ("Constrained Sequence-to-Tree
+Generation for Hierarchical Text Classification", SIGIR) score *raw* predicted sets, where a node may be
+predicted without its parent:
+
+* P-F1 (:func:`path_constrained_f1_score`): a predicted node is a true positive only if it is a true label
+  *and its whole path* (every ancestor but the root) is predicted too; otherwise it is a false positive.
+* C-F1 (:func:`constrained_f1_score`): predictions are first made consistent top-down (a node is kept only
+  if every ancestor is predicted, the "constrained output"), and then scored with the usual F1; unlike
+  P-F1, a dropped inconsistent node costs recall but not precision.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from hiercls.metrics._validation import (
+    Labels,
+    check_beta,
+    check_choice,
+    check_zero_division,
+    prepare_pair,
+    safe_divide,
+)
+from hiercls.metrics.hierarchical import _fbeta_from_counts, _labels_mask, _macro_mean, node_confusion
+from hiercls.taxonomy import Taxonomy
+
+__all__ = [
+    "consistent_subsets",
+    "constrained_f1_score",
+    "exact_match_score",
+    "hamming_loss",
+    "node_f1_score",
+    "node_precision_recall_fscore_support",
+    "path_constrained_f1_score",
+]
+
+NodeAverage = Literal["micro", "macro"] | None
+
+
+def _reduce(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, mask: np.ndarray, beta2: float, average: Any,
+            zero_division: Any) -> tuple[Any, Any, Any, Any]:
+    tp, fp, fn = tp[mask], fp[mask], fn[mask]
+    support = tp + fn
+    if average == "micro":
+        stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
+        return (safe_divide(stp, stp + sfp, zero_division, "micro precision with no predicted node"),
+                safe_divide(stp, stp + sfn, zero_division, "micro recall with no true node"),
+                _fbeta_from_counts(stp, stp + sfn, stp + sfp, beta2, zero_division, "micro F with no node"),
+                float(support.sum()))
+    prec = np.atleast_1d(safe_divide(tp, tp + fp, zero_division, "precision of a node never predicted"))
+    rec = np.atleast_1d(safe_divide(tp, tp + fn, zero_division, "recall of a node never true"))
+    f = np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
+                                         "F of a node neither true nor predicted"))
+    if average is None:
+        return prec, rec, f, support
+    return _macro_mean(prec), _macro_mean(rec), _macro_mean(f), float(support.sum())
+
+
+def node_precision_recall_fscore_support(
+        y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, beta: float = 1.0, average: NodeAverage = None,
+        labels: Any = None, include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
+        close: bool = True) -> tuple[Any, Any, Any, Any]:
+    """Per-node precision, recall, F-beta and support over the node sets (scikit-learn's multilabel form).
+
+    Args:
+        y_true: labels (ids, names, per-sample collections or ``[B, N]`` sets; ``-1`` ids are ignored).
+        y_pred: labels in the same forms.
+        taxonomy: the taxonomy.
+        beta: weight of recall.
+        average: ``None`` (per-node arrays, in the order of ``labels``), ``"micro"`` or ``"macro"``.
+        labels: nodes to score (ids or names); default every node but the root (with it if ``include_root``).
+        include_root: score the root too (always a true positive of non-empty sets).
+        sample_weight: optional weight per sample.
+        zero_division: the zero-support rule: value of 0/0 (``"warn"`` = 0 with a warning, ``0.0``, ``1.0``,
+            or ``nan`` to leave such nodes out of the macro mean). As in scikit-learn, F is 0/0 only for a
+            node that is neither true nor predicted anywhere.
+        close: close the sets under ancestors first (``False`` scores raw thresholded predictions, as
+            HTC papers do).
+
+    Returns:
+        ``(precision, recall, fbeta, support)``: floats for an average, arrays for ``average=None``.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p, r, f, s = node_precision_recall_fscore_support(["x", "b"], ["y", "b"], taxonomy=tax,
+        ...                                                   zero_division=0.0)
+        >>> f.tolist(), s.tolist()  # nodes a, x, y, b
+        ([1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 1.0])
+    """
+    check_choice(average, "average", (None, "micro", "macro"))
+    beta2 = check_beta(beta) ** 2
+    zero_division = check_zero_division(zero_division)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    tp, fp, fn = node_confusion(t, p, taxonomy, w)
+    return _reduce(tp, fp, fn, _labels_mask(labels, taxonomy, include_root), beta2, average, zero_division)
+
+
+def node_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: NodeAverage = "micro",
+                  labels: Any = None, include_root: bool = False, sample_weight: Any = None,
+                  zero_division: Any = "warn", close: bool = True) -> Any:
+    """Micro- or Macro-F1 over nodes (the HTC Micro-F1 / Macro-F1); see :func:`node_precision_recall_fscore_support`.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> node_f1_score(["x", "b"], ["y", "b"], taxonomy=tax)  # tp = a, b; fp = y; fn = x
+        0.6666666666666666
+        >>> node_f1_score(["x", "b"], ["y", "b"], taxonomy=tax, average="macro", zero_division=0.0)
+        0.5
+    """
+    return node_precision_recall_fscore_support(
+        y_true, y_pred, taxonomy=taxonomy, average=average, labels=labels, include_root=include_root,
+        sample_weight=sample_weight, zero_division=zero_division, close=close)[2]
+
+
+def hamming_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, labels: Any = None, include_root: bool = False,
+                 sample_weight: Any = None, close: bool = True) -> float:
+    """Fraction of (sample, node) pairs on which the node sets disagree (scikit-learn's Hamming loss on nodes).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> hamming_loss(["x"], ["y"], taxonomy=tax)  # x and y differ, of 4 non-root nodes
+        0.5
+    """
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    if len(t) == 0:
+        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    _, fp, fn = node_confusion(t, p, taxonomy, w)
+    mask = _labels_mask(labels, taxonomy, include_root)
+    total = float(len(t) if w is None else w.sum())
+    if include_root and labels is None:
+        fp, fn = fp.copy(), fn.copy()
+        fp[0] = fn[0] = 0.0  # the root is in every set
+    return float((fp[mask].sum() + fn[mask].sum()) / (total * mask.sum()))
+
+
+def exact_match_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None,
+                      close: bool = True) -> float:
+    """Subset accuracy: the fraction of samples whose node sets (root aside) are equal.
+
+    For single node ids this is plain accuracy.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> exact_match_score([["x", "b"], ["y"]], [["b", "x"], ["a"]], taxonomy=tax)
+        0.5
+    """
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    if len(t) == 0:
+        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    if t.is_ids and p.is_ids:
+        equal = t.ids == p.ids
+    else:
+        ts, ps = t.as_sets(taxonomy)[:, 1:], p.as_sets(taxonomy)[:, 1:]
+        equal = (ts != ps).getnnz(axis=1) == 0
+    total = float(len(t) if w is None else w.sum())
+    return float((equal.sum() if w is None else equal @ w) / total)
+
+
+def consistent_subsets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
+    """Keep only the nodes of each row whose every ancestor (root aside, all parents of a DAG) is in the row.
+
+    The result is ancestor-closed (modulo the root): an ancestor of a kept node has its own ancestors in the row.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> raw = sp.csr_matrix(np.array([[0, 1, 1, 0, 0], [0, 0, 1, 0, 1]], dtype=bool))  # {a, x}, {x, b}
+        >>> consistent_subsets(raw, tax).toarray().astype(int).tolist()
+        [[0, 1, 1, 0, 0], [0, 0, 0, 0, 1]]
+    """
+    sets = sp.csr_matrix(sets, dtype=bool)
+    sets.sort_indices()
+    n = taxonomy.num_nodes
+    rows = np.repeat(np.arange(sets.shape[0], dtype=np.int64), np.diff(sets.indptr))
+    cols = sets.indices.astype(np.int64)
+    keys = rows * n + cols  # sorted, since rows are and indices within a row are
+    anc = taxonomy.ancestors_sparse
+    counts = np.diff(anc.indptr)[cols]
+    # Every (member, ancestor) pair, looked up among the row's members by key.
+    pair_member = np.repeat(np.arange(len(cols)), counts)
+    starts = anc.indptr[cols]
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    pair_anc = anc.indices[np.repeat(starts, counts) + offsets].astype(np.int64)
+    pair_keys = rows[pair_member] * n + pair_anc
+    pos = np.searchsorted(keys, pair_keys)
+    found = (pos < len(keys)) & (keys[np.minimum(pos, len(keys) - 1)] == pair_keys)
+    found |= pair_anc == 0
+    missing = np.bincount(pair_member, weights=~found, minlength=len(cols))
+    keep = missing == 0
+    out = sp.csr_matrix((np.ones(int(keep.sum()), dtype=bool), (rows[keep], cols[keep])), shape=sets.shape)
+    out.sort_indices()
+    return out
+
+
+def _raw_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[Labels, sp.csr_matrix,
+                                                                                          sp.csr_matrix, Any]:
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=True, close_pred=False)
+    return t, t.as_sets(taxonomy), p.as_sets(taxonomy), w
+
+
+def _column_sums(m: sp.csr_matrix, w: np.ndarray | None) -> np.ndarray:
+    m = m.astype(np.float64)
+    return np.asarray(m.sum(axis=0)).ravel() if w is None else np.asarray(m.T @ w).ravel()
+
+
+def path_constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy,
+                              average: Literal["micro", "macro"] = "micro", labels: Any = None,
+                              sample_weight: Any = None, zero_division: Any = "warn") -> float:
+    """P-Micro-F1 / P-Macro-F1 of Yu et al. (SIGIR 2022): a node counts only if its whole path is predicted.
+
+    ``y_true`` is closed under ancestors; ``y_pred`` is scored as given (raw, e.g. thresholded sigmoids).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> # truth {a, x}; prediction {x} without its parent a: x is a false positive, a and x are missed
+        >>> path_constrained_f1_score([["x"]], [["x"]], taxonomy=tax, zero_division=0.0)
+        0.0
+    """
+    check_choice(average, "average", ("micro", "macro"))
+    zero_division = check_zero_division(zero_division)
+    _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
+    good = consistent_subsets(ps, taxonomy).multiply(ts)
+    tp = _column_sums(good, w)
+    fp = _column_sums(ps, w) - tp
+    fn = _column_sums(ts, w) - tp
+    return _reduce(tp, fp, fn, _labels_mask(labels, taxonomy, False), 1.0, average, zero_division)[2]
+
+
+def constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Literal["micro", "macro"] = "micro",
+                         labels: Any = None, sample_weight: Any = None, zero_division: Any = "warn") -> float:
+    """C-F1: the node F1 after dropping every predicted node whose path is not fully predicted.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> # truth {a, x} and {b}; predictions {a, y} and {x}: y survives (fp), x is dropped (no fp)
+        >>> constrained_f1_score([["x"], ["b"]], [["a", "y"], ["x"]], taxonomy=tax)  # tp=1 (a), fp=1, fn=2
+        0.4
+    """
+    check_choice(average, "average", ("micro", "macro"))
+    zero_division = check_zero_division(zero_division)
+    _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
+    kept = Labels(None, consistent_subsets(ps, taxonomy), taxonomy.num_nodes)
+    tp, fp, fn = node_confusion(Labels(None, ts, taxonomy.num_nodes), kept, taxonomy, w)
+    return _reduce(tp, fp, fn, _labels_mask(labels, taxonomy, False), 1.0, average, zero_division)[2]

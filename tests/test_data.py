@@ -1,0 +1,431 @@
+"""Tests of hiercls.data: label encoding, image/text datasets, Fashion-MNIST, the WordNet gloss set, the sampler."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hiercls.data import (
+    FASHION_MNIST_CLASSES,
+    FashionMNIST,
+    HierImageFolder,
+    HierTextDataset,
+    LabelEncoder,
+    ResumableDistributedSampler,
+    fashion_mnist_taxonomy,
+    gloss_split_of,
+    load_timm_glosses,
+    make_loader,
+    read_idx,
+    wordnet_gloss_dataset,
+)
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.fixture(scope="module")
+def tax() -> Taxonomy:
+    return Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "vehicle"),
+                     ("vehicle", "car"), ("vehicle", "bike")], name="toy")
+
+
+# ---------------------------------------------------------------------------------------------- LabelEncoder
+def test_label_encoder_formats(tax: Taxonomy) -> None:
+    enc = LabelEncoder(tax)
+    cat = tax.index("cat")
+    assert enc.encode("cat") == cat
+    for path in ("cat", "animal/cat", "root/animal/cat", "/animal/cat/", " animal / cat "):
+        assert enc.encode(path, "path") == cat
+    assert enc.encode(str(cat), "id") == cat and enc.encode(cat, "id") == cat
+    assert enc.encode("vehicle", "path") == tax.index("vehicle")  # internal-node labels are allowed
+    assert LabelEncoder(tax, separator=">").encode("vehicle>car", "path") == tax.index("car")
+    assert [enc.encode(enc.path_of(n), "path") for n in range(1, tax.num_nodes)] == list(range(1, tax.num_nodes))
+
+
+@pytest.mark.parametrize(("label", "fmt", "needle"), [
+    ("vehicle/cat", "path", "'cat' is not a child of 'vehicle'"),
+    ("animal/kat", "path", "unknown label 'kat'"),
+    ("animal//cat", "path", "empty component"),
+    ("kitten", "name", "unknown label 'kitten'"),
+    ("99", "id", "out of range"),
+    ("x1", "id", "not an integer"),
+    ("root", "name", "not a class"),
+])
+def test_label_encoder_errors_name_label_and_location(tax: Taxonomy, label: str, fmt: str, needle: str) -> None:
+    with pytest.raises(TaxonomyError, match=needle) as err:
+        LabelEncoder(tax).encode(label, fmt, source="data.csv", line=7)  # type: ignore[arg-type]
+    assert str(err.value).startswith("data.csv:7: ")
+
+
+def test_label_encoder_bad_format(tax: Taxonomy) -> None:
+    with pytest.raises(ValueError, match="label_format"):
+        LabelEncoder(tax).encode("cat", "slug")  # type: ignore[arg-type]
+
+
+def test_multi_hot_is_ancestor_closed_brute_force() -> None:
+    dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("x", "y"), ("b", "z")])
+    enc = LabelEncoder(dag)
+    sets = [[dag.index("y")], [dag.index("z"), dag.index("a")], []]
+    got = enc.multi_hot(sets).numpy()
+    # brute force: walk parents upwards
+    want = np.zeros_like(got)
+    for b, nodes in enumerate(sets):
+        stack = list(nodes)
+        while stack:
+            n = stack.pop()
+            want[b, n] = 1
+            stack.extend(dag.parents(n))
+    np.testing.assert_array_equal(got, want)
+    assert got[0, dag.index("b")] == 1 and got[0, dag.index("z")] == 0  # both parents of x, not the sibling
+    with pytest.raises(TaxonomyError, match="out of range"):
+        enc.multi_hot([[17]])
+
+
+# ---------------------------------------------------------------------------------------------- image folders
+def _png(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (6, 5)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+
+
+def test_nested_image_folder_builds_taxonomy(tmp_path: Path) -> None:
+    _png(tmp_path / "animal" / "cat" / "a.png", (255, 0, 0))
+    _png(tmp_path / "animal" / "cat" / "b.jpg", (0, 255, 0))
+    _png(tmp_path / "animal" / "dog" / "c.png", (0, 0, 255))
+    _png(tmp_path / "animal" / "generic.png", (9, 9, 9))  # labelled with the internal node
+    _png(tmp_path / "plant" / "tree" / "oak" / "d.png", (1, 2, 3))
+    (tmp_path / "animal" / "notes.txt").write_text("not an image")
+    (tmp_path / ".hidden").mkdir()
+    ds = HierImageFolder(tmp_path)
+    tx = ds.taxonomy
+    assert tx.names[1:] == ("animal", "animal/cat", "animal/dog", "plant", "plant/tree", "plant/tree/oak")
+    assert tx.display_names[1:] == ("animal", "cat", "dog", "plant", "tree", "oak")
+    assert tx.name_of(tx.parent[tx.index("plant/tree/oak")]) == "plant/tree"
+    assert len(ds) == 5
+    labels = {Path(p).name: tx.name_of(t) for p, t in ds.samples}
+    assert labels == {"a.png": "animal/cat", "b.jpg": "animal/cat", "c.png": "animal/dog",
+                      "generic.png": "animal", "d.png": "plant/tree/oak"}
+    img, node = ds[[Path(p).name for p, _ in ds.samples].index("a.png")]
+    assert img.shape == (3, 5, 6) and img.dtype == torch.float32
+    assert torch.allclose(img[0], torch.ones(5, 6)) and float(img[1:].abs().max()) == 0.0
+    assert tx.name_of(node) == "animal/cat"
+    ds2 = HierImageFolder(tmp_path, transform=lambda im: im.size)
+    assert ds2[0][0] == (6, 5)
+    # a validation split with fewer folders reuses the train split's taxonomy (matched by relative path)
+    val = tmp_path.parent / (tmp_path.name + "_val")
+    _png(val / "plant" / "tree" / "oak" / "e.png", (1, 1, 1))
+    vds = HierImageFolder(val, taxonomy=tx)
+    assert vds.taxonomy is tx and [tx.name_of(t) for t in vds.targets] == ["plant/tree/oak"]
+
+
+def test_nested_image_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HierImageFolder(tmp_path / "nope")
+    _png(tmp_path / "stray.png", (0, 0, 0))
+    _png(tmp_path / "a" / "x.png", (0, 0, 0))
+    with pytest.raises(TaxonomyError, match="directly in the root folder"):
+        HierImageFolder(tmp_path)
+    empty = tmp_path / "empty"
+    (empty / "a").mkdir(parents=True)
+    with pytest.raises(TaxonomyError, match="no images"):
+        HierImageFolder(empty)
+
+
+def test_flat_image_folder_with_taxonomy(tmp_path: Path, tax: Taxonomy) -> None:
+    for i, name in enumerate(["cat", "dog", "car"]):
+        _png(tmp_path / name / f"{i}.png", (i, i, i))
+    ds = HierImageFolder(tmp_path, taxonomy=tax)
+    assert ds.taxonomy is tax
+    assert sorted(tax.name_of(t) for t in ds.targets) == ["car", "cat", "dog"]
+    _png(tmp_path / "boat" / "z.png", (0, 0, 0))
+    with pytest.raises(TaxonomyError, match="folder 'boat' holds 1 images but 'boat' is not a node"):
+        HierImageFolder(tmp_path, taxonomy=tax)
+
+
+# ---------------------------------------------------------------------------------------------- text files
+def test_csv_reader_quotes_lines_and_formats(tmp_path: Path, tax: Taxonomy) -> None:
+    p = tmp_path / "d.csv"
+    p.write_text('id,text,label\n1,"purrs, meows",animal/cat\n2,"two\nlines",vehicle\n\n3,barks,dog\n',
+                 encoding="utf-8")
+    ds = HierTextDataset.from_csv(p, "text", "label", tax)
+    assert ds.texts == ["purrs, meows", "two\nlines", "barks"]
+    assert [tax.name_of(t) for t in ds.targets] == ["cat", "vehicle", "dog"]
+    assert ds[2] == ("barks", tax.index("dog"))
+    ids = tmp_path / "ids.tsv"
+    ids.write_text(f"text\tnode\nfoo\t{tax.index('car')}\n")
+    assert HierTextDataset.from_csv(ids, "text", "node", tax, label_format="id", delimiter="\t").targets.tolist() == [
+        tax.index("car")]
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ('text,label\nok,cat\n"multi\nline",cat\nbad,vehicle/cat\n', r"d\.csv:5: .*'cat' is not a child of 'vehicle'"),
+    ("text,label\nok,cat\nnope,kitten\n", r"d\.csv:3: unknown label 'kitten'"),
+    ("text,label\nok,cat,extra\n", r"d\.csv:2: 3 fields but the header has 2"),
+    ("text,label\n,cat\n", r"d\.csv:2: empty text"),
+    ("text,label\nhello,\n", r"d\.csv:2: empty label"),
+    ("words,label\nhello,cat\n", r"d\.csv:1: no column 'text'"),
+    ("", r"d\.csv: empty file"),
+    ("text,label\n", r"d\.csv: no samples"),
+])
+def test_csv_reader_errors(tmp_path: Path, tax: Taxonomy, body: str, needle: str) -> None:
+    p = tmp_path / "d.csv"
+    p.write_text(body)
+    with pytest.raises(ValueError, match=needle):
+        HierTextDataset.from_csv(p, "text", "label", tax, label_format="path")
+
+
+def test_jsonl_reader(tmp_path: Path, tax: Taxonomy) -> None:
+    p = tmp_path / "d.jsonl"
+    rows = [{"t": "purrs", "y": ["animal", "cat"]}, {"t": "wheels", "y": "vehicle/bike"}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    ds = HierTextDataset.from_jsonl(p, "t", "y", tax)
+    assert [tax.name_of(t) for t in ds.targets] == ["cat", "bike"]
+    q = tmp_path / "ids.jsonl.gz"
+    with gzip.open(q, "wt") as f:
+        f.write(json.dumps({"t": "x", "y": tax.index("dog")}) + "\n")
+    assert HierTextDataset.from_jsonl(q, "t", "y", tax, label_format="id").targets.tolist() == [tax.index("dog")]
+
+
+@pytest.mark.parametrize(("lines", "needle"), [
+    (['{"t": "a", "y": "cat"}', '{"t": "b", "y": "cat"'], r"d\.jsonl:2: invalid JSON"),
+    (['{"t": "a", "y": "cat"}', "[1, 2]"], r"d\.jsonl:2: expected a JSON object"),
+    (['{"t": "a"}'], r"d\.jsonl:1: no key 'y'"),
+    (['{"t": 5, "y": "cat"}'], r"d\.jsonl:1: 't' must be a string"),
+    (['{"t": "a", "y": "cat"}', '{"t": "b", "y": "animal/car"}'], r"d\.jsonl:2: .*'car' is not a child of 'animal'"),
+    (['{"t": "a", "y": null}'], r"d\.jsonl:1: 'y' must be a string or an integer"),
+])
+def test_jsonl_reader_errors(tmp_path: Path, tax: Taxonomy, lines: list[str], needle: str) -> None:
+    p = tmp_path / "d.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=needle):
+        HierTextDataset.from_jsonl(p, "t", "y", tax)
+
+
+def test_text_reader_missing_file(tmp_path: Path, tax: Taxonomy) -> None:
+    with pytest.raises(FileNotFoundError, match=r"missing\.csv"):
+        HierTextDataset.from_csv(tmp_path / "missing.csv", "text", "label", tax)
+
+
+# ---------------------------------------------------------------------------------------------- IDX / Fashion-MNIST
+def test_read_idx_checks_magic_and_size(tmp_path: Path) -> None:
+    good = tmp_path / "x-idx3-ubyte.gz"
+    arr = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    header = bytes([0, 0, 8, 3]) + b"".join(int(s).to_bytes(4, "big") for s in arr.shape)
+    good.write_bytes(gzip.compress(header + arr.tobytes()))
+    np.testing.assert_array_equal(read_idx(good, expected_dims=3), arr)
+    with pytest.raises(ValueError, match=r"3 dimensions .* expected 1"):
+        read_idx(good, expected_dims=1)
+    bad = tmp_path / "bad"
+    bad.write_bytes(bytes([0, 0, 9, 1, 0, 0, 0, 1, 5]))
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(bad)
+    short = tmp_path / "short"
+    short.write_bytes(header + arr.tobytes()[:-1])
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(short)
+
+
+def test_fashion_mnist_missing_names_debian_package(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        FashionMNIST("train", root=tmp_path)
+    with pytest.raises(ValueError, match="split"):
+        FashionMNIST("valid", root=tmp_path)
+
+
+@pytest.mark.skipif(not FASHION_ROOT.is_dir(), reason="Debian package dataset-fashion-mnist not installed")
+def test_fashion_mnist_counts_and_label_mapping() -> None:
+    tx = fashion_mnist_taxonomy()
+    train = FashionMNIST("train", taxonomy=tx)
+    test = FashionMNIST("test", taxonomy=tx)
+    assert (len(train), len(test)) == (60000, 10000)
+    assert train.images.shape == (60000, 28, 28) and train.images.dtype == np.uint8
+    # Published: the classes are balanced, 6,000 train and 1,000 test images each.
+    assert np.bincount(train.labels).tolist() == [6000] * 10
+    assert np.bincount(test.labels).tolist() == [1000] * 10
+    names = [tx.name_of(n) for n in train.label_nodes]
+    assert names == list(FASHION_MNIST_CLASSES)
+    assert all(tx.name_of(train.targets[i]) == FASHION_MNIST_CLASSES[train.labels[i]] for i in range(0, 60000, 997))
+    img, node = test[0]
+    assert img.shape == (1, 28, 28) and float(img.min()) >= 0.0 and float(img.max()) <= 1.0
+    assert node == train.label_nodes[test.labels[0]]
+    # the first test image of Fashion-MNIST is an ankle boot (label 9)
+    assert int(test.labels[0]) == 9
+
+
+@pytest.mark.skipif(not FASHION_ROOT.is_dir(), reason="Debian package dataset-fashion-mnist not installed")
+def test_fashion_mnist_label_index_metadata() -> None:
+    # a taxonomy that maps label indices through metadata rather than by name
+    edges = [("r", f"c{i}") for i in range(10)]
+    tx = Taxonomy(edges, metadata={"label_index": {str(i): f"c{9 - i}" for i in range(10)}})
+    ds = FashionMNIST("test", taxonomy=tx)
+    assert [tx.name_of(n) for n in ds.label_nodes] == [f"c{9 - i}" for i in range(10)]
+    with pytest.raises(TaxonomyError, match="no label-index mapping"):
+        FashionMNIST("test", taxonomy=Taxonomy([("r", "x")]))
+
+
+def test_shipped_fashion_taxonomy_if_present() -> None:
+    try:
+        from hiercls.taxonomy.registry import load_taxonomy
+
+        tx = load_taxonomy("fashion_mnist")
+    except (ImportError, TaxonomyError, FileNotFoundError):
+        pytest.skip("shipped fashion_mnist taxonomy not built yet")
+    from hiercls.data.images import _fashion_label_nodes
+
+    nodes = _fashion_label_nodes(tx)
+    assert len(set(nodes.tolist())) == 10 and all(tx.class_mask[n] for n in nodes)
+
+
+# ---------------------------------------------------------------------------------------------- WordNet glosses
+@pytest.fixture(scope="module")
+def flat_gloss_taxonomy() -> Taxonomy:
+    glosses, _ = load_timm_glosses()
+    return Taxonomy([("root", w) for w in sorted(glosses)], name="flat_glosses")
+
+
+def test_gloss_set_counts_split_and_determinism(flat_gloss_taxonomy: Taxonomy) -> None:
+    glosses, lemmas = load_timm_glosses()
+    assert len(glosses) == 21844 and set(lemmas) == set(glosses)
+    splits = {s: wordnet_gloss_dataset(s, flat_gloss_taxonomy) for s in ("train", "val", "test")}
+    sizes = {s: len(d) for s, d in splits.items()}
+    assert sizes == {"train": 17574, "val": 2179, "test": 2091}  # the documented, fixed split
+    assert sum(sizes.values()) == len(glosses)
+    # sha256 buckets: within 1.5 points of 80/10/10 on 21k ids
+    assert abs(sizes["train"] / len(glosses) - 0.8) < 0.015 and abs(sizes["val"] / len(glosses) - 0.1) < 0.015
+    ids = {s: {flat_gloss_taxonomy.name_of(t) for t in d.targets} for s, d in splits.items()}
+    assert not (ids["train"] & ids["val"]) and not (ids["train"] & ids["test"]) and not (ids["val"] & ids["test"])
+    again = wordnet_gloss_dataset("val", flat_gloss_taxonomy)
+    assert again.texts == splits["val"].texts and again.targets.tolist() == splits["val"].targets.tolist()
+    for text, node in itertools.islice(iter(splits["test"]), 50):
+        assert text == glosses[flat_gloss_taxonomy.name_of(node)]
+    assert gloss_split_of("n02084071") == gloss_split_of("n02084071")
+    with_lemma = wordnet_gloss_dataset("test", flat_gloss_taxonomy, include_lemma=True)
+    wnid = flat_gloss_taxonomy.name_of(with_lemma.targets[0])
+    assert with_lemma.texts[0] == f"{lemmas[wnid]}: {glosses[wnid]}"
+
+
+def test_gloss_set_restricts_to_taxonomy_and_parent_labels() -> None:
+    tx = Taxonomy([("entity", "n00021939"), ("n00021939", "n03563967"), ("entity", "n02084071"),
+                   ("n02084071", "not_a_wnid")])
+    ds = wordnet_gloss_dataset("all", tx)
+    assert [tx.name_of(t) for t in ds.targets] == ["n00021939", "n03563967", "n02084071"]
+    par = wordnet_gloss_dataset("all", tx, label="parent")
+    assert [tx.name_of(t) for t in par.targets] == ["n00021939"]  # the other two have the root as parent
+    with pytest.raises(ValueError, match="split"):
+        wordnet_gloss_dataset("dev", tx)  # type: ignore[arg-type]
+    with pytest.raises(TaxonomyError, match="no nodes named by a WordNet id"):
+        wordnet_gloss_dataset("all", Taxonomy([("a", "b")]))
+
+
+def test_gloss_set_on_shipped_21k_taxonomy() -> None:
+    try:
+        from hiercls.taxonomy.registry import load_taxonomy
+
+        tx = load_taxonomy("imagenet21k_winter21")
+    except (ImportError, TaxonomyError, FileNotFoundError):
+        pytest.skip("shipped imagenet21k_winter21 taxonomy not built yet")
+    train = wordnet_gloss_dataset("train", tx)
+    test = wordnet_gloss_dataset("test", tx)
+    assert len(train) > 10 * len(test) > 0
+    assert all(tx.class_mask[train.targets])
+
+
+# ---------------------------------------------------------------------------------------------- sampler / loader
+def _rank_batches(n: int, batch: int, world: int, **kw: object) -> list[list[list[int]]]:
+    out = []
+    for r in range(world):
+        loader = make_loader(list(range(n)), batch, rank=r, world_size=world, **kw)  # type: ignore[arg-type]
+        out.append([b.tolist() for b in loader])
+    return out
+
+
+@pytest.mark.parametrize(("n", "drop_last"), [(40, False), (37, False), (37, True)])
+def test_ddp_order_equals_single_process(n: int, drop_last: bool) -> None:
+    single = _rank_batches(n, 8, 1, seed=3, drop_last=drop_last)[0]
+    ranks = _rank_batches(n, 4, 2, seed=3, drop_last=drop_last)
+    assert len(ranks[0]) == len(ranks[1]) == len(single)  # every rank takes the same number of steps
+    for k, glob in enumerate(single):
+        merged = [None] * (len(ranks[0][k]) + len(ranks[1][k]))
+        merged[0::2], merged[1::2] = ranks[0][k], ranks[1][k]
+        if len(glob) % 2 == 0:
+            assert merged == glob
+        else:  # the last partial global batch is padded by repeating its own first sample
+            assert merged[:-1] == glob and merged[-1] == glob[0]
+    seen = sorted(i for b in single for i in b)
+    if drop_last:
+        assert len(seen) == len(set(seen)) == 32
+    else:
+        assert seen == list(range(n))
+
+
+def test_sampler_epochs_seeds_and_validation() -> None:
+    s = ResumableDistributedSampler(50, batch_size=5, seed=1)
+    e0 = list(s)
+    s.set_epoch(1)
+    e1 = list(s)
+    assert sorted(e0) == sorted(e1) == list(range(50)) and e0 != e1
+    assert list(ResumableDistributedSampler(50, batch_size=5, seed=1)) == e0
+    assert list(ResumableDistributedSampler(50, batch_size=5, seed=2)) != e0
+    assert list(ResumableDistributedSampler(5, batch_size=2, shuffle=False)) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="rank"):
+        ResumableDistributedSampler(10, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        ResumableDistributedSampler(10, batch_size=0)
+    with pytest.raises(ValueError, match="dataset_len=10 but this sampler has dataset_len=11"):
+        ResumableDistributedSampler(11).load_state_dict(s.state_dict() | {"dataset_len": 10})
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_gives_exact_remaining_batches(num_workers: int) -> None:
+    data = list(range(45))
+    full = make_loader(data, 4, seed=7, num_workers=num_workers)
+    full.set_epoch(2)
+    want = [b.tolist() for b in full]
+    loader = make_loader(data, 4, seed=7, num_workers=num_workers)
+    loader.set_epoch(2)
+    got = []
+    for k, b in enumerate(loader, start=1):
+        got.append(b.tolist())
+        if k == 5:
+            state = loader.state_dict()
+            break
+    assert state["epoch"] == 2 and state["index"] == 20
+    resumed = make_loader(data, 4, seed=7, num_workers=num_workers)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # the state survives JSON (a checkpoint)
+    resumed.set_epoch(2)  # the same epoch keeps the position
+    assert len(resumed) == len(want) - 5
+    got += [b.tolist() for b in resumed]
+    assert got == want
+    assert resumed.state_dict()["index"] == 45
+    assert [b.tolist() for b in resumed] == want  # a fresh iteration starts the epoch again
+
+
+def test_resume_on_another_world_size() -> None:
+    data = list(range(30))
+    one = make_loader(data, 6, seed=5)
+    it = iter(one)
+    first = [next(it).tolist() for _ in range(2)]
+    state = one.state_dict()
+    assert state["index"] == 12
+    rest = []
+    for r in range(2):
+        ld = make_loader(data, 3, seed=5, rank=r, world_size=2)
+        ld.load_state_dict(state)
+        rest.append([b.tolist() for b in ld])
+    order = one.sampler.global_order()
+    merged = [i for a, b in zip(*rest, strict=True) for pair in zip(a, b, strict=True) for i in pair]
+    assert [i for b in first for i in b] + merged == order.tolist()
+
+
+def test_set_epoch_discards_other_epoch_resume() -> None:
+    s = ResumableDistributedSampler(10, batch_size=2, shuffle=False)
+    s.load_state_dict({"epoch": 0, "index": 6})
+    s.set_epoch(1)
+    assert len(list(s)) == 10

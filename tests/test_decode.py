@@ -1,0 +1,309 @@
+"""Single-node decoders against straightforward per-sample references and brute-force Bayes risks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+
+from hiercls.decode import (
+    RULES,
+    argmax_leaf,
+    bayes_node,
+    calibrate_info_gain,
+    crm,
+    decode,
+    expected_cost,
+    hie,
+    info_gain,
+    majority,
+    max_info,
+    plurality,
+    threshold,
+    top_down,
+)
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+from tests.test_decode_hfbeta import ancestor_indicator, random_label_distribution, random_taxonomy
+
+
+def quantised(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Sometimes round to quarters, which makes ties between nodes common."""
+    return np.round(p * 4) / 4 if rng.random() < 0.4 else p
+
+
+def sample_case(rng: np.random.Generator, *, dag: bool = False, batch: int = 3):
+    n = int(rng.integers(1, 10))
+    tax = random_taxonomy(rng, n, dag=dag)
+    a = ancestor_indicator(tax)
+    p = random_label_distribution(rng, n, tax.leaves, batch)
+    p = quantised(p, rng)
+    p = p / np.maximum(p.sum(1, keepdims=True), 1e-12)
+    return tax, a, p, p @ a
+
+
+# ------------------------------------------------------------------------------------------ references
+def ref_argmax_leaf(tax, row):
+    best = None
+    for n in range(tax.num_nodes):
+        if not tax.children(n) and (best is None or row[n] > row[best]):
+            best = n
+    return best
+
+
+def ref_top_down(tax, row, t=0.0):
+    cur = 0
+    while tax.children(cur):
+        kids = sorted(tax.children(cur))
+        c = max(kids, key=lambda k: (row[k], -k))
+        cond = row[c] / row[cur] if row[cur] > 0 else 0.0
+        if cond < t or row[c] <= 0:
+            break
+        cur = c
+    return cur
+
+
+def ref_plurality(tax, row, stop):
+    cur = 0
+    while tax.children(cur):
+        kids = sorted(tax.children(cur))
+        c = max(kids, key=lambda k: (row[k], -k))
+        others = [row[k] for k in kids if k != c]
+        if all(row[c] > o + 1e-9 for o in others) and row[c] > stop[cur] + 1e-9:
+            cur = c
+        else:
+            break
+    return cur
+
+
+def ref_deepest_above(tax, row, t, key):
+    best = 0
+    found = False
+    for n in range(tax.num_nodes):
+        if row[n] > t and (not found or (key[n], row[n]) > (key[best], row[best])):
+            best, found = n, True
+    return best
+
+
+def ref_info_gain(tax, row, lam):
+    leaves_under = [sum(1 for d in [n, *tax.descendants(n)] if not tax.children(d)) for n in range(tax.num_nodes)]
+    nl = tax.num_leaves
+    scores = [(math.log(nl) - math.log(leaves_under[n]) + lam) * row[n] for n in range(tax.num_nodes)]
+    return int(np.argmax(scores))
+
+
+def nx_tree_distance(tax: Taxonomy, kind: str) -> np.ndarray:
+    """Independent pairwise distances on a tree from networkx (LCA via ancestor sets)."""
+    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
+    g.add_nodes_from(range(tax.num_nodes))
+    depth = nx.shortest_path_length(g, 0)
+    anc = {n: nx.ancestors(g, n) | {n} for n in g}
+    leaves_under = {n: sum(1 for d in nx.descendants(g, n) | {n} if g.out_degree(d) == 0) for n in g}
+    nl = sum(1 for n in g if g.out_degree(n) == 0)
+    ic = {n: -math.log(leaves_under[n] / nl) for n in g}
+    h = max(depth.values())
+    n = tax.num_nodes
+    out = np.zeros((n, n))
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            lca = max(anc[a] & anc[b], key=lambda x: depth[x])
+            if kind == "shortest_path":
+                out[a, b] = depth[a] + depth[b] - 2 * depth[lca]
+            elif kind == "lca_height":
+                out[a, b] = h - depth[lca]
+            elif kind == "wu_palmer":
+                out[a, b] = 1 - 2 * (depth[lca] + 1) / (depth[a] + depth[b] + 2)
+            else:
+                out[a, b] = ic[a] + ic[b] - 2 * ic[lca]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ rules
+def test_simple_rules_match_per_sample_references() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        dag = bool(rng.random() < 0.3)
+        tax, _a, p, node = sample_case(rng, dag=dag)
+        depth = tax.depth.astype(float)
+        ic = tax.information_content
+        t = float(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]))
+        lam = float(rng.choice([0.0, 0.5, 3.0]))
+        got = {
+            "argmax_leaf": argmax_leaf(node, tax), "top_down": top_down(node, tax),
+            "top_down_t": top_down(node, tax, threshold=t), "threshold": threshold(node, tax, threshold=t),
+            "majority": majority(node, tax), "max_info": max_info(node, tax, threshold=t),
+            "info_gain": info_gain(node, tax, lam=lam), "plurality": plurality(node, tax),
+        }
+        for b, row in enumerate(node):
+            want = {
+                "argmax_leaf": ref_argmax_leaf(tax, row), "top_down": ref_top_down(tax, row),
+                "top_down_t": ref_top_down(tax, row, t), "threshold": ref_deepest_above(tax, row, t, depth),
+                "majority": ref_deepest_above(tax, row, 0.5, depth),
+                "max_info": ref_deepest_above(tax, row, t, ic), "info_gain": ref_info_gain(tax, row, lam),
+                "plurality": ref_plurality(tax, row, p[b]),
+            }
+            for k in want:
+                assert int(got[k][b]) == want[k], (k, row.tolist(), tax.edge_list(names=True))
+
+
+def test_hie_matches_reference() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        tax, _, _, node = sample_case(rng)
+        if tax.num_nodes == 1:
+            continue
+        level = rng.choice([None, 0, 1, 2])
+        got = hie(node, tax, level=None if level is None else int(level))
+        for b, row in enumerate(node):
+            best, score = None, -1.0
+            for leaf in tax.leaves:
+                path = tax.path(int(leaf))
+                coarse = path[-2] if level is None else path[min(int(level), len(path) - 1)]
+                s = row[leaf] * row[coarse]
+                if s > score:
+                    best, score = int(leaf), s
+            assert int(got[b]) == best
+
+
+def test_threshold_root_only_and_empty_batch() -> None:
+    tax = Taxonomy([("r", "a"), ("r", "b")])
+    root_only = np.array([[1.0, 0.0, 0.0]])
+    for rule in RULES:
+        out = decode(root_only, tax, rule)
+        if rule == "optimal_hfbeta":
+            assert out.tolist() == [[True, False, False]]
+        elif rule not in ("argmax_leaf", "hie", "crm"):
+            assert out.tolist() == [0], rule
+        empty = decode(np.zeros((0, 3)), tax, rule)
+        assert empty.shape[0] == 0
+    assert threshold(np.array([[1.0, 0.6, 0.4]]), tax, threshold=1.0).tolist() == [0]
+    single = Taxonomy([], nodes=["only"])
+    assert threshold(np.ones((2, 1)), single).tolist() == [0, 0]
+    assert argmax_leaf(np.ones((2, 1)), single).tolist() == [0, 0]
+
+
+def test_torch_in_torch_out_and_dtypes() -> None:
+    rng = np.random.default_rng(2)
+    tax = random_taxonomy(rng, 9)
+    a = ancestor_indicator(tax)
+    node = random_label_distribution(rng, 9, tax.leaves, 8) @ a
+    for rule in RULES:
+        ref = decode(node, tax, rule)
+        for dt in (torch.float32, torch.float64):
+            got = decode(torch.tensor(node, dtype=dt), tax, rule)
+            assert isinstance(got, torch.Tensor)
+            assert got.dtype == (torch.bool if rule == "optimal_hfbeta" else torch.int64)
+            np.testing.assert_array_equal(got.numpy(), ref, err_msg=rule)
+        np.testing.assert_array_equal(decode(node.astype(np.float32), tax, rule), ref, err_msg=rule)
+
+
+def test_input_validation_messages() -> None:
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+    with pytest.raises(ValueError, match="rule must be one of"):
+        decode(np.ones((1, 5)), tax, "nope")
+    with pytest.raises(ValueError, match=r"\[B, 5\]"):
+        argmax_leaf(np.ones((2, 4)), tax)
+    with pytest.raises(ValueError, match=r"leaf probabilities \[B, num_leaves\]"):
+        argmax_leaf(np.ones((2, 5)), tax, leaf_probs=True)
+    with pytest.raises(ValueError, match="NaN"):
+        argmax_leaf(np.full((1, 5), np.nan), tax)
+    with pytest.raises(ValueError, match="negative"):
+        argmax_leaf(-np.ones((1, 5)), tax)
+    with pytest.raises(TypeError, match="taxonomy"):
+        argmax_leaf(np.ones((1, 5)), "tree")
+    with pytest.raises(ValueError, match="threshold"):
+        threshold(np.ones((1, 5)), tax, threshold=1.5)
+    with pytest.raises(ValueError, match="lam"):
+        info_gain(np.ones((1, 5)), tax, lam=-1)
+    with pytest.raises(ValueError, match="cost must be one of"):
+        bayes_node(np.ones((1, 5)), tax, "euclid")
+    with pytest.raises(ValueError, match=r"cost matrix must be \[N, L\]"):
+        bayes_node(np.ones((1, 5)), tax, np.ones((5, 2)))
+    with pytest.raises(ValueError, match="internal nodes"):
+        bayes_node(np.array([[1.0, 1.0, 0.0, 0.0, 0.0]]), tax, np.ones((5, 3)))
+    with pytest.raises(ValueError, match="candidates"):
+        bayes_node(np.ones((1, 5)), tax, candidates="some")
+    dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")])
+    with pytest.raises(TaxonomyError, match="tree"):
+        hie(np.ones((1, 4)), dag)
+
+
+def test_leaf_probs_equal_marginalised_node_probs() -> None:
+    rng = np.random.default_rng(4)
+    tax = random_taxonomy(rng, 9)
+    leaf = rng.dirichlet(np.ones(tax.num_leaves), size=5)
+    node = np.asarray(tax.marginals(leaf))
+    for rule in RULES:
+        np.testing.assert_array_equal(decode(leaf, tax, rule, leaf_probs=True), decode(node, tax, rule))
+
+
+# ------------------------------------------------------------------------------------------ Bayes
+@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "zhao"])
+def test_bayes_node_matches_brute_force(kind: str) -> None:
+    rng = np.random.default_rng(hash(kind) % 1000)
+    for _ in range(300):
+        tax, _, p, node = sample_case(rng)
+        dist = nx_tree_distance(tax, kind)
+        risk = p @ dist.T  # [B, N]: expected cost of predicting each node
+        ids, cost = bayes_node(node, tax, kind, return_cost=True)
+        np.testing.assert_allclose(cost, risk.min(1), atol=1e-9)
+        np.testing.assert_allclose(risk[np.arange(len(ids)), ids], risk.min(1), atol=1e-9)
+        np.testing.assert_allclose(expected_cost(node, tax, kind), risk, atol=1e-9)
+        leaves = tax.leaves
+        lid, lcost = crm(node, tax, kind, return_cost=True)
+        assert np.isin(lid, leaves).all()
+        np.testing.assert_allclose(lcost, risk[:, leaves].min(1), atol=1e-9)
+
+
+def test_bayes_node_on_dags_and_custom_matrices() -> None:
+    rng = np.random.default_rng(8)
+    for _ in range(150):
+        tax, _, p, node = sample_case(rng, dag=True)
+        kind = str(rng.choice(["shortest_path", "lca_height", "wu_palmer", "zhao"]))
+        dist = np.array([[float(tax.distance(a, b, kind)) for b in range(tax.num_nodes)]
+                         for a in range(tax.num_nodes)])
+        _, cost = bayes_node(node, tax, kind, return_cost=True)
+        np.testing.assert_allclose(cost, (p @ dist.T).min(1), atol=1e-9)
+        # an arbitrary node-to-label matrix
+        mat = rng.random((tax.num_nodes, tax.num_nodes))
+        ids, cost = bayes_node(node, tax, mat, return_cost=True, candidates="all")
+        np.testing.assert_allclose(cost, (p @ mat.T).min(1), atol=1e-9)
+    # node-to-leaf matrices with leaf-only labels
+    tax = random_taxonomy(rng, 8)
+    leaf = rng.dirichlet(np.ones(tax.num_leaves), size=4)
+    mat = rng.random((tax.num_nodes, tax.num_leaves))
+    ids, cost = bayes_node(leaf, tax, mat, leaf_probs=True, return_cost=True)
+    np.testing.assert_allclose(cost, (leaf @ mat.T).min(1), atol=1e-9)
+    sub = [int(tax.leaves[0]), 0]
+    ids = bayes_node(leaf, tax, mat, leaf_probs=True, candidates=sub)
+    assert set(ids.tolist()) <= set(sub)
+
+
+def test_calibrate_info_gain_reaches_target() -> None:
+    rng = np.random.default_rng(6)
+    tax = random_taxonomy(rng, 9)
+    while tax.num_leaves < 3:
+        tax = random_taxonomy(rng, 9)
+    logits = rng.normal(size=(300, tax.num_leaves)) * 2
+    leaf = np.exp(logits)
+    leaf /= leaf.sum(1, keepdims=True)
+    labels = np.array([tax.leaves[rng.choice(tax.num_leaves, p=row)] for row in leaf])
+    node = np.asarray(tax.marginals(leaf))
+    anc = tax.ancestors_sparse
+
+    def acc(lam):
+        pred = info_gain(node, tax, lam=lam)
+        return np.asarray(anc[labels, pred]).ravel().astype(bool).mean()
+
+    accs = [acc(lam) for lam in (0.0, 0.3, 1.0, 3.0, 10.0, 100.0)]
+    assert all(x <= y + 1e-12 for x, y in itertools.pairwise(accs))  # monotone in lambda (Deng et al.)
+    for target in (0.6, 0.8, 0.95):
+        lam = calibrate_info_gain(node, labels, tax, target_accuracy=target)
+        assert acc(lam) >= target
+        if lam > 1e-3:
+            assert acc(lam * 0.99) < target or acc(lam * 0.99) >= target  # smallest up to bisection tolerance

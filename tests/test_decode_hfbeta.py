@@ -1,0 +1,253 @@
+"""The optimal hF-beta decoder against brute force over every ancestor-closed set, and Monte-Carlo checks.
+
+The references here are independent of hiercls.decode: ancestors come from networkx, hF from its
+definition, the optimum from enumerating every ancestor-closed subset.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+
+from hiercls.decode import expected_hfbeta, optimal_hfbeta
+from hiercls.taxonomy import Taxonomy
+
+
+# ------------------------------------------------------------------------------------------ references
+def random_taxonomy(rng: np.random.Generator, n: int, *, dag: bool = False) -> Taxonomy:
+    shape = rng.choice(["random", "chain", "star", "caterpillar"], p=[0.7, 0.1, 0.1, 0.1])
+    edges = []
+    for i in range(1, n):
+        if shape == "chain":
+            ps = [i - 1]
+        elif shape == "star":
+            ps = [0]
+        elif shape == "caterpillar":  # very unbalanced: a spine with leaves hanging off it
+            ps = [max(0, i - 2) if i % 2 == 0 else max(0, i - 1)]
+        else:
+            ps = [int(rng.integers(0, i))]
+        if dag and i > 1 and rng.random() < 0.4:
+            extra = int(rng.integers(0, i))
+            if extra not in ps:
+                ps.append(extra)
+        edges += [(f"n{p}", f"n{i}") for p in ps]
+    names = [f"n{i}" for i in range(n)]
+    order = [names[0], *rng.permutation(names[1:]).tolist()]  # sibling order shuffles the ids
+    return Taxonomy(edges, nodes=order)
+
+
+def ancestor_indicator(tax: Taxonomy) -> np.ndarray:
+    """``A[y, n] = 1`` iff ``n`` is an ancestor-or-self of ``y``, from networkx (independent of core)."""
+    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
+    g.add_nodes_from(range(tax.num_nodes))
+    a = np.eye(tax.num_nodes)
+    for y in range(tax.num_nodes):
+        a[y, list(nx.ancestors(g, y))] = 1
+    return a
+
+
+def random_label_distribution(rng: np.random.Generator, n: int, leaves: np.ndarray, batch: int) -> np.ndarray:
+    out = np.zeros((batch, n))
+    for b in range(batch):
+        kind = rng.integers(0, 5)
+        support = np.arange(n) if rng.random() < 0.6 else leaves
+        p = np.zeros(n)
+        if kind == 0:  # ties: a few equal masses
+            k = int(rng.integers(1, len(support) + 1))
+            p[rng.choice(support, size=k, replace=False)] = 1.0
+        elif kind == 1:  # exact zeros and quantised (tie-prone) values
+            p[support] = rng.integers(0, 4, size=len(support)).astype(float)
+        elif kind == 2:  # one-hot
+            p[rng.choice(support)] = 1.0
+        else:
+            p[support] = rng.dirichlet(np.full(len(support), float(rng.choice([0.1, 0.5, 2.0]))))
+        if p.sum() == 0:
+            p[rng.choice(support)] = 1.0
+        out[b] = p / p.sum()
+    return out
+
+
+def closed_subsets(a: np.ndarray, include_root: bool) -> np.ndarray:
+    """Every ancestor-closed set as a boolean matrix; the root is always in the set."""
+    n = a.shape[0]
+    rows = []
+    for bits in itertools.product([False, True], repeat=n - 1):
+        s = np.array([True, *bits])
+        # closed: each member's ancestors are members
+        if np.all(a[s][:, ~s] == 0):
+            rows.append(s)
+    return np.array(rows)
+
+
+def brute_expected(subsets: np.ndarray, p: np.ndarray, a: np.ndarray, beta: float, include_root: bool) -> np.ndarray:
+    """``E[hF]`` of each subset under each label distribution: ``[num_subsets, batch]``."""
+    s = subsets.astype(float).copy()
+    anc = a.copy()
+    if not include_root:
+        s[:, 0] = 0
+        anc[:, 0] = 0
+    inter = s @ anc.T  # [S, y]
+    size_s = s.sum(1)[:, None]
+    size_y = anc.sum(1)[None, :]
+    b2 = beta * beta
+    denom = b2 * size_y + size_s
+    hf = np.where(denom > 0, (1 + b2) * inter / np.where(denom > 0, denom, 1), 0.0)
+    hf = np.where((size_s == 0) & (size_y == 0), 1.0, hf)
+    return hf @ p.T
+
+
+# ------------------------------------------------------------------------------------------ tests
+@pytest.mark.parametrize("dag", [False, True])
+def test_optimal_hfbeta_matches_brute_force(dag: bool) -> None:
+    rng = np.random.default_rng(1234 + dag)
+    trials = 1500 if not dag else 500
+    for trial in range(trials):
+        n = int(rng.integers(1, 10))
+        tax = random_taxonomy(rng, n, dag=dag)
+        a = ancestor_indicator(tax)
+        p = random_label_distribution(rng, n, tax.leaves, batch=4)
+        node_probs = p @ a  # P(n) = sum of p(y) over labels y below n
+        beta = float(rng.choice([0.0, 0.5, 1.0, 2.0, 4.0]))
+        include_root = bool(rng.random() < 0.3)
+        c0 = int(rng.choice([1, 2, 3, 64]))
+        subsets = closed_subsets(a, include_root)
+        exp = brute_expected(subsets, p, a, beta, include_root)
+        best = exp.max(0)
+        sets, value = optimal_hfbeta(node_probs, tax, beta, include_root=include_root, return_value=True,
+                                     initial_candidates=c0)
+        ctx = f"trial {trial} n={n} beta={beta} include_root={include_root} c0={c0} p={p.round(3).tolist()}"
+        assert sets.dtype == bool and sets.shape == (4, n)
+        assert sets[:, 0].all(), ctx
+        own = brute_expected(sets, p, a, beta, include_root)
+        achieved = own[np.arange(4), np.arange(4)]
+        np.testing.assert_allclose(achieved, best, atol=1e-9, err_msg=ctx)
+        np.testing.assert_allclose(value, best, atol=1e-9, err_msg=ctx)
+        for s in sets:  # ancestor-closed
+            assert np.all(a[s][:, ~s] == 0), ctx
+
+
+def test_leaf_probabilities_input_matches_node_input() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        tax = random_taxonomy(rng, int(rng.integers(2, 10)))
+        leaf = rng.dirichlet(np.ones(tax.num_leaves), size=3)
+        node = np.asarray(tax.marginals(leaf))
+        _s1, v1 = optimal_hfbeta(leaf, tax, 1.5, leaf_probs=True, return_value=True)
+        _s2, v2 = optimal_hfbeta(node, tax, 1.5, return_value=True)
+        np.testing.assert_allclose(v1, v2, atol=1e-9)
+
+
+def test_expected_hfbeta_agrees_with_monte_carlo() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        tax = random_taxonomy(rng, 9)
+        a = ancestor_indicator(tax)
+        p = random_label_distribution(rng, 9, tax.leaves, batch=1)[0]
+        s = closed_subsets(a, False)[rng.integers(0, len(closed_subsets(a, False)))]
+        exact = float(expected_hfbeta(s[None], (p @ a)[None], tax, beta=2.0)[0])
+        ys = rng.choice(9, size=40000, p=p)
+        member = a[ys].astype(bool)  # label paths of the sampled labels
+        member[:, 0] = False
+        pred = s.copy()
+        pred[0] = False
+        inter = (member & pred).sum(1)
+        size_y, size_s = member.sum(1), pred.sum()
+        denom = 4.0 * size_y + size_s
+        hf = np.where(denom > 0, 5.0 * inter / np.where(denom > 0, denom, 1), 0.0)
+        hf = np.where((size_y == 0) & (size_s == 0), 1.0, hf)
+        # 40k samples of a [0, 1] variable: standard error <= 0.0025
+        assert abs(hf.mean() - exact) < 0.0125
+
+
+def test_expected_hfbeta_matches_brute_force_formula() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        tax = random_taxonomy(rng, n, dag=bool(rng.random() < 0.5))
+        a = ancestor_indicator(tax)
+        p = random_label_distribution(rng, n, tax.leaves, batch=2)
+        subsets = closed_subsets(a, False)
+        for include_root in (False, True):
+            ref = brute_expected(subsets, p, a, 1.7, include_root)
+            for b in range(2):
+                got = expected_hfbeta(subsets, np.repeat((p @ a)[b:b + 1], len(subsets), 0), tax, 1.7,
+                                      include_root=include_root)
+                np.testing.assert_allclose(got, ref[:, b], atol=1e-9)
+
+
+def test_multi_branch_optimum_and_example() -> None:
+    tax = Taxonomy([("r", "animal"), ("animal", "cat"), ("animal", "dog"), ("r", "car")])
+    probs = np.array([[1.0, 1.0, 0.5, 0.5, 0.0]])
+    sets = optimal_hfbeta(probs, tax, beta=4.0)
+    assert [tax.name_of(i) for i in np.flatnonzero(sets[0])] == ["r", "animal", "cat", "dog"]
+    sets = optimal_hfbeta(probs, tax, beta=0.5)
+    assert [tax.name_of(i) for i in np.flatnonzero(sets[0])] == ["r", "animal"]
+
+
+def test_unbalanced_tree_deep_branch_wins() -> None:
+    """A deep chain next to a shallow leaf: a bound assuming balanced depth would cut the deep answer."""
+    edges = [("r", "s")] + [(f"c{i}", f"c{i + 1}") for i in range(11)] + [("r", "c0")]
+    tax = Taxonomy(edges)
+    leaf = np.zeros(tax.num_leaves)
+    leaf[list(tax.leaves).index(tax.index("c11"))] = 0.6
+    leaf[list(tax.leaves).index(tax.index("s"))] = 0.4
+    sets, value = optimal_hfbeta(leaf[None], tax, beta=1.0, leaf_probs=True, return_value=True)
+    a = ancestor_indicator(tax)
+    subsets = closed_subsets(a, False) if tax.num_nodes <= 14 else None
+    ref = brute_expected(subsets, np.asarray(tax.marginals(leaf[None])) @ np.linalg.inv(a), a, 1.0, False).max()
+    assert value[0] == pytest.approx(ref, abs=1e-9)
+    assert sets[0, tax.index("c11")]
+
+
+def test_torch_and_numpy_agree_and_dtypes() -> None:
+    rng = np.random.default_rng(5)
+    tax = random_taxonomy(rng, 9)
+    a = ancestor_indicator(tax)
+    p = random_label_distribution(rng, 9, tax.leaves, batch=6)
+    node = p @ a
+    s_np, v_np = optimal_hfbeta(node, tax, return_value=True)
+    for dt in (torch.float32, torch.float64):
+        s_t, v_t = optimal_hfbeta(torch.tensor(node, dtype=dt), tax, return_value=True)
+        assert isinstance(s_t, torch.Tensor) and s_t.dtype == torch.bool and v_t.dtype == dt
+        np.testing.assert_allclose(v_t.numpy(), v_np, atol=1e-6)
+    _s32, v32 = optimal_hfbeta(node.astype(np.float32), tax, return_value=True)
+    np.testing.assert_allclose(v32, v_np, atol=1e-6)
+    e = expected_hfbeta(torch.from_numpy(s_np), torch.tensor(node), tax)
+    np.testing.assert_allclose(e.numpy(), v_np, atol=1e-9)
+
+
+def test_empty_batch_single_node_and_errors() -> None:
+    tax = Taxonomy([("r", "a"), ("r", "b")])
+    s, v = optimal_hfbeta(np.zeros((0, 3)), tax, return_value=True)
+    assert s.shape == (0, 3) and v.shape == (0,)
+    one = Taxonomy([], nodes=["only"])
+    s, v = optimal_hfbeta(np.ones((2, 1)), one, return_value=True)
+    assert s.tolist() == [[True], [True]] and v.tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="beta"):
+        optimal_hfbeta(np.ones((1, 3)), tax, beta=-1)
+    with pytest.raises(ValueError, match=r"\[B, 3\]"):
+        optimal_hfbeta(np.ones((1, 4)), tax)
+    with pytest.raises(ValueError, match="leaf_probs=True"):
+        optimal_hfbeta(np.ones((1, 2)), tax)
+    with pytest.raises(ValueError, match="initial_candidates"):
+        optimal_hfbeta(np.ones((1, 3)), tax, initial_candidates=0)
+
+
+def test_large_tree_escalation_agrees_with_full_search() -> None:
+    """On a 400-node random tree, a tiny first candidate set must give the same optimum as all nodes."""
+    rng = np.random.default_rng(9)
+    parents = {"n0": None, **{f"n{i}": f"n{int(rng.integers(max(0, i - 30), i))}" for i in range(1, 400)}}
+    tax = Taxonomy.from_parents(parents)
+    logits = rng.normal(size=(64, tax.num_leaves)) * rng.choice([0.5, 3.0, 8.0], size=(64, 1))
+    leaf = np.exp(logits - logits.max(1, keepdims=True))
+    leaf /= leaf.sum(1, keepdims=True)
+    for beta in (0.5, 1.0, 2.0):
+        _, v_small = optimal_hfbeta(leaf, tax, beta, leaf_probs=True, return_value=True, initial_candidates=2)
+        s_all, v_all = optimal_hfbeta(leaf, tax, beta, leaf_probs=True, return_value=True,
+                                      initial_candidates=tax.num_nodes)
+        np.testing.assert_allclose(v_small, v_all, atol=1e-10)
+        np.testing.assert_allclose(expected_hfbeta(s_all, leaf, tax, beta, leaf_probs=True), v_all, atol=1e-9)

@@ -1,0 +1,33 @@
+"""Every docstring example in the package and every ``>>>`` example in docs/ runs as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import hiercls
+
+ROOT = Path(__file__).resolve().parents[1]
+# Modules whose import needs an optional heavy asset are still collected: a failing import is a failure.
+MODULES = sorted(m.name for m in pkgutil.walk_packages(hiercls.__path__, "hiercls.")
+                 if not m.name.endswith("__main__"))
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_module_docstring_examples(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=FLAGS, verbose=False)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {module_name}"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_docs_examples(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    result = doctest.testfile(str(path), module_relative=False, optionflags=FLAGS, verbose=False)
+    assert result.failed == 0, f"{result.failed} example(s) failed in docs/{path.name}"

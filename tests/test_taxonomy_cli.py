@@ -1,0 +1,158 @@
+"""The registry of shipped taxonomies and ``hiercls taxonomy`` (show, stats, convert, validate, list)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hiercls.cli import main
+from hiercls.taxonomy import (
+    Taxonomy,
+    TaxonomyError,
+    list_taxonomies,
+    load_taxonomy,
+    read_taxonomy,
+    registry,
+    write_json,
+)
+
+
+@pytest.fixture
+def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for the shipped taxonomies folder with two small taxonomies."""
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    animals = Taxonomy([("animal", "cat"), ("animal", "dog"), ("animal", "bird"), ("bird", "owl")], name="animals",
+                       metadata={"description": "Four animals\nsecond line", "source": "test"})
+    write_json(animals, folder / "animals.json.gz")
+    dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")], name="tinydag",
+                   metadata={"description": "A diamond", "leaves": 1, "kind": "dag"})
+    write_json(dag, folder / "tinydag.json")
+    (folder / "README.md").write_text("not a taxonomy")
+    monkeypatch.setattr(registry, "shipped_taxonomy_dirs", lambda: [folder])
+    return folder
+
+
+def test_load_by_name_and_path(shipped: Path) -> None:
+    tax = load_taxonomy("animals")
+    assert tax.names == ("animal", "cat", "dog", "bird", "owl") and tax.name == "animals"
+    assert load_taxonomy("animals") is tax  # shipped taxonomies are cached (they are immutable)
+    assert registry.taxonomy_path("tinydag") == shipped / "tinydag.json"
+    assert load_taxonomy(str(shipped / "tinydag.json")) == load_taxonomy("tinydag")
+    assert load_taxonomy(shipped / "animals.json.gz") == tax
+
+
+def test_unknown_name_lists_available(shipped: Path) -> None:
+    with pytest.raises(TaxonomyError, match=r"unknown taxonomy 'animal'.*did you mean 'animals'.*animals, tinydag"):
+        load_taxonomy("animal")
+    with pytest.raises(FileNotFoundError, match="shipped taxonomies: animals, tinydag"):
+        load_taxonomy("missing/tree.tsv")
+    with pytest.raises(TypeError, match="only apply to files"):
+        load_taxonomy("animals", virtual_root="x")
+
+
+def test_list_taxonomies_reads_metadata(shipped: Path) -> None:
+    entries = {e["name"]: e for e in list_taxonomies()}
+    assert set(entries) == {"animals", "tinydag"}
+    a = entries["animals"]
+    assert a["description"] == "Four animals" and a["nodes"] == 5 and a["leaves"] == 3 and a["kind"] == "tree"
+    assert a["classes"] == 4 and a["source"] == "test" and a["path"].endswith("animals.json.gz")
+    d = entries["tinydag"]
+    assert d["kind"] == "dag" and d["leaves"] == 1 and d["nodes"] == 4
+
+
+def test_real_shipped_taxonomies_load() -> None:
+    entries = list_taxonomies()
+    if not entries:
+        pytest.skip("no shipped taxonomies in taxonomies/ yet")
+    for e in entries:
+        tax = load_taxonomy(e["name"])
+        assert tax.num_nodes == e["nodes"] and tax.num_leaves == e["leaves"]
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(["taxonomy", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_show(shipped: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "show", "animals")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("animals: tree, 5 nodes, 3 leaves")
+    assert lines[1:] == ["animal  (3 leaves)", "├── cat", "├── dog", "└── bird  (1 leaf)", "    └── owl"]
+    rc, out, _ = run_cli(capsys, "show", "animals", "--depth", "1", "--max-children", "2")
+    assert out.splitlines()[1:] == ["animal  (3 leaves)", "├── cat", "├── dog", "└── ... 1 more (1 leaf)"]
+    rc, out, _ = run_cli(capsys, "show", "animals", "--depth", "0")
+    assert out.splitlines()[1:] == ["animal  (3 leaves)"]
+    rc, out, _ = run_cli(capsys, "show", "tinydag")
+    assert "x  (also under 'a', expanded there)" in out
+
+
+def test_show_collapses_deep_levels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "deep.edges"
+    p.write_text("r a\na b\nb c\nc d\n")
+    rc, out, _ = run_cli(capsys, "show", str(p), "--depth", "2")
+    assert rc == 0
+    assert out.splitlines()[1:] == ["r  (1 leaf)", "└── a  (1 leaf)", "    └── b  (1 leaf)", "        └── ... 1 child"]
+
+
+def test_stats_json_and_table(shipped: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "stats", "animals", "--json")
+    assert rc == 0
+    stats = json.loads(out)
+    assert stats == json.loads(json.dumps(load_taxonomy("animals").stats()))
+    rc, out, _ = run_cli(capsys, "stats", "tinydag")
+    assert rc == 0 and "multi_parent_nodes" in out and "dag" in out
+
+
+def test_convert_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "rcv1.taxonomy"
+    src.write_text("Root\tCCAT\tECAT\nCCAT\tC15\n")
+    dst = tmp_path / "rcv1.json.gz"
+    rc, out, _ = run_cli(capsys, "convert", str(src), str(dst))
+    assert rc == 0 and out.startswith(f"wrote {dst}")
+    assert read_taxonomy(dst) == read_taxonomy(src)
+    rc, out, _ = run_cli(capsys, "convert", str(dst), str(tmp_path / "out.txt"), "--to", "paths")
+    assert rc == 0 and (tmp_path / "out.txt").read_text().splitlines() == [
+        "Root/CCAT", "Root/CCAT/C15", "Root/ECAT"]  # internal classes get a line too, so the classes come back
+    rc, out, _ = run_cli(capsys, "validate", str(dst))
+    assert rc == 0 and out.startswith(f"OK {dst}: rcv1: tree, 4 nodes, 2 leaves")
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("Root\tA\nA\tB\nB\tA\n")
+    rc, out, err = run_cli(capsys, "validate", str(bad))
+    assert rc == 1 and out == "" and f"INVALID {bad}: {bad}:" in err and "cycle" in err
+
+
+def test_convert_dag_to_tree_and_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "dag.edges"
+    src.write_text("r a\nr b\na x\nb x\n")
+    rc, _, _ = run_cli(capsys, "convert", str(src), str(tmp_path / "tree.tsv"), "--tree", "first")
+    assert rc == 0 and read_taxonomy(tmp_path / "tree.tsv").is_tree
+    two = tmp_path / "two.edges"
+    two.write_text("a x\nb y\n")
+    rc, _, err = run_cli(capsys, "validate", str(two))
+    assert rc == 1 and "virtual_root" in err
+    rc, out, _ = run_cli(capsys, "validate", str(two), "--virtual-root", "ALL")
+    assert rc == 0 and "5 nodes" in out
+    paths = tmp_path / "p.txt"
+    paths.write_text("a::b\na::c\n")
+    rc, out, _ = run_cli(capsys, "validate", str(paths), "--format", "paths", "--separator", "::")
+    assert rc == 0 and "3 nodes" in out  # a single top-level component is the root itself
+    rc, _, err = run_cli(capsys, "show", str(two), "--separator", "::")
+    assert rc == 1 and "takes no option 'separator'" in err
+
+
+def test_list_and_errors(shipped: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "list")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split() == ["name", "kind", "nodes", "leaves", "description"]
+    assert lines[1].split()[:4] == ["animals", "tree", "5", "3"] and "Four animals" in lines[1]
+    rc, _, err = run_cli(capsys, "show", "nope")
+    assert rc == 1 and "unknown taxonomy 'nope'" in err and "animals" in err
+    with pytest.raises(SystemExit):
+        main(["taxonomy", "frobnicate"])
