@@ -253,8 +253,13 @@ def test_fashion_mnist_counts_and_label_mapping() -> None:
     assert names == list(FASHION_MNIST_CLASSES)
     assert all(tx.name_of(train.targets[i]) == FASHION_MNIST_CLASSES[train.labels[i]] for i in range(0, 60000, 997))
     img, node = test[0]
-    assert img.shape == (1, 28, 28) and float(img.min()) >= 0.0 and float(img.max()) <= 1.0
+    assert img.shape == (3, 28, 28) and float(img.min()) >= 0.0 and float(img.max()) <= 1.0
+    assert torch.equal(img[0], img[2]) and torch.equal(img[0], torch.from_numpy(test.images[0] / 255.0).float())
     assert node == train.label_nodes[test.labels[0]]
+    grey = FashionMNIST("test", taxonomy=tx, rgb=False)
+    assert grey[0][0].shape == (1, 28, 28)
+    assert FashionMNIST("test", taxonomy=tx, transform=lambda im: im.mode)[0][0] == "RGB"
+    assert FashionMNIST("test", taxonomy=tx, transform=lambda im: im.mode, rgb=False)[0][0] == "L"
     # the first test image of Fashion-MNIST is an ankle boot (label 9)
     assert int(test.labels[0]) == 9
 
@@ -429,3 +434,13 @@ def test_set_epoch_discards_other_epoch_resume() -> None:
     s.load_state_dict({"epoch": 0, "index": 6})
     s.set_epoch(1)
     assert len(list(s)) == 10
+
+
+def test_state_right_after_set_epoch_points_at_the_new_epoch_start() -> None:
+    loader = make_loader(list(range(10)), 5, seed=1)
+    assert sum(1 for _ in loader) == 2 and loader.state_dict()["index"] == 10
+    loader.set_epoch(1)
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["index"] == 0
+    loader.load_state_dict({"epoch": 1, "index": 5})
+    loader.set_epoch(1)
+    assert loader.state_dict()["index"] == 5 and len(loader) == 1

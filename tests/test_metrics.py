@@ -398,6 +398,21 @@ def test_node_metrics_match_sklearn_on_binarised_sets():
         assert got == pytest.approx(want)
 
 
+def test_present_labels_equal_sklearn_multiclass_macro_on_a_flat_taxonomy():
+    # root + 12 leaves: node sets are one-hot, so node metrics are multiclass metrics; classes 10, 11 never occur
+    flat = Taxonomy([("root", f"c{i}") for i in range(12)])
+    rng = np.random.default_rng(12)
+    t, p = rng.integers(1, 11, 50), rng.integers(1, 11, 50)
+    p[:3] = 11  # a class only predicted
+    want = skm.f1_score(t, p, average="macro")  # averages over the labels present in t or p
+    assert M.node_f1_score(t, p, taxonomy=flat, average="macro", labels="present") == pytest.approx(want)
+    assert M.hierarchical_f1_score(t, p, taxonomy=flat, average="macro", labels="present") == pytest.approx(want)
+    everything = skm.f1_score(t, p, average="macro", labels=np.arange(1, 13), zero_division=0.0)
+    assert M.node_f1_score(t, p, taxonomy=flat, average="macro", zero_division=0.0) == pytest.approx(everything)
+    assert M.hierarchical_report(t, p, taxonomy=flat, k=())["node_macro_f1"] == pytest.approx(want)
+    assert M.exact_match_score(t, p, taxonomy=flat) == pytest.approx(skm.accuracy_score(t, p))
+
+
 def test_path_constrained_and_constrained_f1_match_reference():
     rng = np.random.default_rng(5)
     for dag in (False, True):
@@ -606,6 +621,22 @@ def test_stateful_batches_equal_functional():
         m.load_state_dict({})
 
 
+def test_empty_batches_and_taxonomy_mismatch_in_stateful_metrics():
+    tax = animal_tree()
+    m = M.HierarchicalMetrics(tax, k=(1,))
+    m.update([], [], scores=np.zeros((0, tax.num_leaves)))  # a rank or batch without samples
+    m.update(["cat"], ["dog"], scores=np.array([[0.1, 0.8, 0.1]]))
+    m.update(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
+    assert m.compute()["mistake_severity"] == 2.0 and m.compute()["accuracy"] == 0.0
+    other = M.HierarchicalMetrics(diamond_dag(), k=(1,))
+    with pytest.raises((ValueError, TypeError)):
+        m.merge(other)
+    with pytest.raises(ValueError, match="different taxonomies"):
+        M.NodeF1(tax).merge(M.NodeF1(Taxonomy([("root", "a")])))
+    with pytest.raises(ValueError, match="multilabel=True"):
+        M.HierarchicalMetrics(tax).update([["cat", "car"]], [["cat"]])
+
+
 def test_report_and_collection_agree_with_functions():
     rng = np.random.default_rng(11)
     tax = random_tree(rng, 30)
@@ -619,7 +650,8 @@ def test_report_and_collection_agree_with_functions():
     assert r["top1_accuracy"] == pytest.approx(r["accuracy"])
     assert r["hF1_micro"] == pytest.approx(M.hierarchical_f1_score(t, p, **kw))
     assert r["hF1_samples"] == pytest.approx(M.hierarchical_f1_score(t, p, average="samples", **kw))
-    assert r["hF1_macro"] == pytest.approx(M.hierarchical_f1_score(t, p, average="macro", zero_division=0.0, **kw))
+    assert r["hF1_macro"] == pytest.approx(M.hierarchical_f1_score(t, p, average="macro", zero_division=0.0,
+                                                                   labels="present", **kw))
     assert r["mistake_severity"] == pytest.approx(M.mistake_severity(t, p, **kw))
     assert r["wu_palmer_loss"] == pytest.approx(M.wu_palmer_loss(t, p, **kw))
     assert r["zhao_loss"] == pytest.approx(M.zhao_loss(t, p, **kw))
@@ -631,8 +663,9 @@ def test_report_and_collection_agree_with_functions():
     coll.update(t[13:], p[13:], scores=scores[13:])
     got = coll.compute()
     assert got.keys() == r.keys()
+    assert r["mistake_severity_distance"] == "lca_height"
     for key, val in r.items():
-        assert got[key] == pytest.approx(val, nan_ok=True), key
+        assert got[key] == (val if isinstance(val, str) else pytest.approx(val, nan_ok=True)), key
     saved = coll.state_dict()
     coll.reset()
     coll.load_state_dict(saved)
@@ -657,6 +690,8 @@ def test_errors_name_the_parameter_and_the_expectation():
     bad[0, 1] = 2
     with pytest.raises(ValueError, match=r"y_true\[0, 1\] = 2; node sets must hold only 0/1"):
         M.hierarchical_f1_score(bad, [1], **kw)
+    with pytest.raises(ValueError, match=r"y_pred\[0, 2\] = nan; node sets must hold only 0/1"):
+        M.hierarchical_f1_score([1], np.array([[0, 1, np.nan, 0, 0, 0, 0]]), **kw)
     with pytest.raises(ValueError, match=r"y_pred\[0\] = -1 is not a node id"):
         M.hierarchical_f1_score([1], [-1], **kw)
     with pytest.raises(ValueError, match=r"y_true\[1\] = 7 is not a node id.*\[-1, 7\)"):
@@ -703,3 +738,13 @@ def test_zero_division_warn():
         warnings.simplefilter("error")
         assert M.hierarchical_precision_score([0], [0], taxonomy=tax, zero_division=1.0) == 1.0
         assert M.hierarchical_precision_score([0], [0], taxonomy=tax, include_root=True) == 1.0
+
+
+def test_docstring_examples_run():
+    import doctest
+    import importlib
+
+    for name in ("__init__", "_validation", "hierarchical", "nodes", "distance", "segmentation", "stateful", "report"):
+        module = importlib.import_module("hiercls.metrics" if name == "__init__" else f"hiercls.metrics.{name}")
+        failed, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert failed == 0, name

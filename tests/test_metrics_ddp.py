@@ -110,6 +110,8 @@ def _same(a, b, path: str = ""):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _same(x, y, f"{path}[{i}]")
+    elif isinstance(a, str):
+        assert a == b, path
     elif any(f in path for f in FLOAT_SUMS):
         assert a == pytest.approx(b, rel=1e-12, abs=1e-15, nan_ok=True), path
     else:

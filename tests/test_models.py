@@ -83,6 +83,13 @@ def test_missing_packages_name_pip_install(tax: Taxonomy, monkeypatch: pytest.Mo
         create_model("hf:minilm", tax, head="flat")
 
 
+def test_hub_specs_are_refused(tax: Taxonomy, tiny_bert: Path) -> None:
+    with pytest.raises(ValueError, match="hiercls never downloads"):
+        create_model("timm:hf-hub:timm/resnet18.a1_in1k", tax, head="flat")
+    with pytest.raises(ValueError, match="offline package is 'hf:minilm'"):
+        create_model(f"hf:{tiny_bert}", tax, head="flat", weights="package")
+
+
 def test_missing_hf_folder_never_downloads(tax: Taxonomy, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"'bert-base-uncased' does not exist. hiercls never downloads"):
         create_model("hf:bert-base-uncased", tax, head="flat")
@@ -147,6 +154,23 @@ def test_weights_from_a_state_dict_file(tax: Taxonomy, tmp_path: Path, suffix: s
                                                                                 pre_logits=True))
     with pytest.raises(ValueError, match=r"do not fit .*missing"):
         create_model("timm:test_resnet", tax, head="flat", weights=path)
+
+
+def test_vit_weights_resampled_to_another_image_size(tax: Taxonomy, tmp_path: Path) -> None:
+    import timm
+    from safetensors.torch import save_file
+
+    src = timm.create_model("test_vit", pretrained=False, num_classes=5)
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(tmp_path / "vit.safetensors"))
+    model = create_model("timm:test_vit", tax, head="flat", weights=tmp_path / "vit.safetensors", img_size=96)
+    assert model.backbone.model.pos_embed.shape[1] < src.pos_embed.shape[1]  # fewer patches, resampled
+    assert model.data_config()["input_size"] == (3, 96, 96)  # the transform follows img_size
+    assert model.forward_features(torch.randn(2, 3, 96, 96)).shape == (2, model.num_features)
+    sd = {k: v for k, v in src.state_dict().items() if not k.endswith("num_batches_tracked")}
+    sd.pop("blocks.0.norm1.weight")
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(ValueError, match=r"1 missing \(e\.g\. blocks\.0\.norm1\.weight\)"):
+        create_model("timm:test_vit", tax, head="flat", weights=tmp_path / "broken.safetensors")
 
 
 def test_load_by_order_checks_shapes_one_to_one() -> None:
@@ -290,6 +314,28 @@ def test_hf_mean_pooling_by_hand(tiny_bert: Path) -> None:
         torch.testing.assert_close(bb(enc)[0], hidden[0, :n].mean(0))
 
 
+def test_encoder_decoder_model_uses_its_encoder(tax: Taxonomy, tiny_bert: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from transformers import T5Config, T5Model
+
+    d = tmp_path / "tiny_t5"
+    d.mkdir()
+    for f in tiny_bert.iterdir():  # reuse the WordPiece tokenizer files
+        if "token" in f.name or f.name == "vocab.txt":
+            shutil.copy(f, d / f.name)
+    torch.manual_seed(9)
+    T5Model(T5Config(vocab_size=len(WORDS) + 5, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+            ).save_pretrained(str(d))
+    model = create_model(f"hf:{d}", tax, head="flat").eval()
+    assert model.num_features == 16 and type(model.backbone.model).__name__ == "T5Stack"
+    texts = ["the cat purrs", "a car"]
+    with torch.no_grad():
+        out = model(texts)
+        back = HierarchicalClassifier.from_pretrained(model.save_pretrained(tmp_path / "saved")).eval()
+        torch.testing.assert_close(back(texts), out, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------- prompting heads
 def test_transhp_on_timm_vit_and_text(tax: Taxonomy, tiny_bert: Path) -> None:
     pytest.importorskip("hiercls.heads.prompt")
@@ -377,8 +423,9 @@ def test_reset_head_and_collate_images(tax: Taxonomy, other_tax: Taxonomy) -> No
     before = [p.clone() for p in model.head.parameters()]
     model.reset_head()
     assert any(not torch.equal(a, b) for a, b in zip(before, model.head.parameters(), strict=True))
-    model.reset_head(taxonomy=other_tax)
-    assert model.taxonomy is other_tax and model.head_name == "flat"
+    model.reset_head("hxe", alpha=0.4)
+    model.reset_head(taxonomy=other_tax)  # keeps the head and its options
+    assert model.taxonomy is other_tax and model.head_name == "hxe" and model.head.criterion.alpha == 0.4
     x, y = model.collate([(torch.zeros(3, 8, 8), 1), (torch.ones(3, 8, 8), 2)])
     assert x.shape == (2, 3, 8, 8) and y.dtype == torch.long and y.tolist() == [1, 2]
     assert model.node_probs(model(x)).shape == (2, other_tax.num_nodes)
@@ -400,3 +447,21 @@ def test_dense_features_for_dense_heads(tax: Taxonomy) -> None:
     assert model.node_probs(model.forward_head(feats)).shape[:2] == (2, tax.num_nodes)
     with pytest.raises(ValueError, match="does not accept"):
         create_model("timm:test_efficientnet", tax, head="flat", dense=True)
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="dataset-fashion-mnist missing")
+def test_fashion_mnist_through_transform_loader_and_model() -> None:
+    from torch.utils.data import Subset
+
+    from hiercls.data import FashionMNIST, fashion_mnist_taxonomy, make_loader
+
+    tx = fashion_mnist_taxonomy()
+    model = create_model("timm:test_efficientnet", tx, head="conditional_softmax")
+    ds = FashionMNIST("test", taxonomy=tx, transform=model.transform(train=True, image_size=32))
+    loader = make_loader(Subset(ds, range(12)), 4, seed=0, collate_fn=model.collate)
+    inputs, targets = next(iter(loader))
+    assert inputs.shape == (4, 3, 32, 32) and targets.dtype == torch.long
+    assert all(tx.class_mask[t] for t in targets.tolist())
+    loss = model.loss(model(inputs), targets)
+    loss.backward()
+    assert torch.isfinite(loss)

@@ -49,7 +49,7 @@ def test_unknown_name_lists_available(shipped: Path) -> None:
         load_taxonomy("animal")
     with pytest.raises(FileNotFoundError, match="shipped taxonomies: animals, tinydag"):
         load_taxonomy("missing/tree.tsv")
-    with pytest.raises(TypeError, match="only apply to files"):
+    with pytest.raises(ValueError, match="only apply to files"):
         load_taxonomy("animals", virtual_root="x")
 
 
@@ -61,6 +61,16 @@ def test_list_taxonomies_reads_metadata(shipped: Path) -> None:
     assert a["classes"] == 4 and a["source"] == "test" and a["path"].endswith("animals.json.gz")
     d = entries["tinydag"]
     assert d["kind"] == "dag" and d["leaves"] == 1 and d["nodes"] == 4
+
+
+def test_list_reads_hand_written_files(shipped: Path) -> None:
+    # "edges" first and an "edges" key inside metadata: the quick header read must fall back to a full parse.
+    (shipped / "handmade.json").write_text(json.dumps({
+        "edges": [["r", "a"]], "format": "hiercls.taxonomy", "version": 1, "nodes": ["r", "a"],
+        "metadata": {"description": "by hand", "edges": 1}}))
+    entries = {e["name"]: e for e in list_taxonomies()}
+    assert entries["handmade"]["description"] == "by hand" and entries["handmade"]["nodes"] == 2
+    assert load_taxonomy("handmade").names == ("r", "a")
 
 
 def test_real_shipped_taxonomies_load() -> None:

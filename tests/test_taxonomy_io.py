@@ -127,6 +127,15 @@ def test_json_errors(tmp_path: Path) -> None:
     with pytest.raises(TaxonomyError, match="invalid JSON") as err:
         read_json(p)
     assert err.value.line == 2
+    p.write_text('{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b", "a"], "edges": [["a", "b"]]}')
+    with pytest.raises(TaxonomyError, match="duplicate node 'a'") as err:
+        read_json(p)
+    assert err.value.source == str(p)  # core errors without a location still name the file
+    p.write_text('{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"], "edges": [["a", "b"]],'
+                 ' "classes": ["zz"]}')
+    with pytest.raises(TaxonomyError, match="class 'zz'") as err:
+        read_json(p)
+    assert str(err.value).startswith(f"{p}: ")
     tax = Taxonomy([("r", "a"), ("r", "b")])
     write_json(tax, p)
     obj = json.loads(p.read_text())
@@ -280,6 +289,10 @@ def test_tsv_errors(tmp_path: Path, content: str, pattern: str, line: int | None
 def test_tsv_rejects_unwritable_names(tmp_path: Path) -> None:
     with pytest.raises(TaxonomyError, match="cannot be written"):
         write_tsv(Taxonomy([("r", "a\tb")]), tmp_path / "x.tsv")
+    with pytest.raises(TaxonomyError, match="starts with '#'"):
+        write_edge_list(Taxonomy([("r", "#a")]), tmp_path / "x.edges")
+    with pytest.raises(TaxonomyError, match="leading/trailing"):
+        write_edge_list(Taxonomy([("r", " a")]), tmp_path / "x.edges")
     with pytest.raises(TaxonomyError, match="single node"):
         write_tsv(Taxonomy([], nodes=["r"]), tmp_path / "x.tsv")
 
@@ -506,14 +519,14 @@ def test_detect_format_and_write_by_extension(tmp_path: Path) -> None:
         read_taxonomy(tmp_path / "t.tsv", format="xml")
     with pytest.raises(ValueError, match="cannot tell the format"):
         write_taxonomy(tax, tmp_path / "t.xml")
-    with pytest.raises(TypeError, match="takes no options"):
+    with pytest.raises(ValueError, match="takes no options"):
         read_taxonomy(tmp_path / "t.json", virtual_root="x")
 
 
 def test_reader_options_are_checked(tmp_path: Path) -> None:
     p = tmp_path / "t.tsv"
     p.write_text("R\ta\n")
-    with pytest.raises(TypeError, match="format 'tsv' takes no option 'separator'"):
+    with pytest.raises(ValueError, match="format 'tsv' takes no option 'separator'"):
         read_taxonomy(p, separator="/")
     q = tmp_path / "t.paths"
     q.write_text("a/b\nc\n")
@@ -559,3 +572,24 @@ def test_docstring_examples(module: str, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_package_exports() -> None:
+    import importlib
+    import importlib.util
+
+    import hiercls.taxonomy as pkg
+
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is not None, name
+    # Every public name of the WordNet / ImageNet modules is reachable from the package (imported lazily).
+    for module_name in pkg._LAZY_MODULES:
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        assert getattr(pkg, module_name.rsplit(".", 1)[1]) is module  # the submodule is not shadowed
+        for name in module.__all__:
+            if name not in pkg._SUBMODULES:
+                assert getattr(pkg, name) is getattr(module, name), name
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = pkg.not_a_name

@@ -118,11 +118,11 @@ def test_yaml_errors(tmp_path: Path) -> None:
     top.write_text("- 1\n- 2\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(top)
-    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
         load_config(tmp_path / "nope.yaml")
     rng = tmp_path / "r.yaml"
     rng.write_text("optim:\n  grad_accum: 0\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="optim.grad_accum: must be >= 1"):
+    with pytest.raises(ConfigError, match=r"optim\.grad_accum: must be >= 1"):
         load_config(rng)
 
 
@@ -181,7 +181,7 @@ def test_every_recipe_parses() -> None:
 def test_bad_configs_fail_clearly_at_train_time(taxonomy_file: Path, tmp_path: Path) -> None:
     from hiercls.taxonomy import TaxonomyError
 
-    with pytest.raises(ConfigError, match="model.backbone: required"):
+    with pytest.raises(ConfigError, match=r"model\.backbone: required"):
         train(image_recipe(taxonomy_file, tmp_path / "a", **{"model.backbone": "''"}))
     with pytest.raises((TaxonomyError, FileNotFoundError), match="no_such_taxonomy"):
         train(image_recipe(taxonomy_file, tmp_path / "b", taxonomy="no_such_taxonomy"))
@@ -193,9 +193,9 @@ def test_bad_configs_fail_clearly_at_train_time(taxonomy_file: Path, tmp_path: P
         train(image_recipe(taxonomy_file, tmp_path / "e", **{"data.options.colour": "red"}))
     with pytest.raises(ConfigError, match="unknown decoder 'argmax_leef'"):
         train(image_recipe(taxonomy_file, tmp_path / "f", **{"eval.decoders": "[argmax_leef]"}))
-    with pytest.raises(ConfigError, match="run.resume: true but"):
+    with pytest.raises(ConfigError, match=r"run\.resume: true but"):
         train(image_recipe(taxonomy_file, tmp_path / "g", **{"run.resume": "true"}))
-    with pytest.raises(ConfigError, match="run.precision: fp16 needs a CUDA device"):
+    with pytest.raises(ConfigError, match=r"run\.precision: fp16 needs a CUDA device"):
         train(image_recipe(taxonomy_file, tmp_path / "h", **{"run.precision": "fp16", "run.device": "cpu"}))
 
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from hiercls.decode import RULES, SET_RULES, decode
-    from hiercls.decode.saved import evaluate_saved, format_table, load_labels, load_probabilities
+    from hiercls.decode.saved import format_table, load_labels, load_probabilities, score_predictions
     from hiercls.taxonomy.registry import load_taxonomy
 
     tax = load_taxonomy(args.taxonomy)
@@ -81,16 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
     payload: dict[str, Any] = {"taxonomy": tax.name, "fingerprint": tax.fingerprint, "probs": str(args.probs),
                                "rules": {}}
-    if labels is not None:
-        res = evaluate_saved(probs, labels, tax, rules, leaf_probs=args.leaf_probs, beta=args.beta,
-                             rule_options={r: _rule_options(r, args) for r in rules})
-        payload["metrics"] = res["rules"]
-        payload["samples"], payload["ignored"] = res["samples"], res["ignored"]
-        print(format_table(res))
     names = tax.names
+    metrics: dict[str, Any] = {}
     for rule in rules:
         opts = _rule_options(rule, args)
         pred = np.asarray(decode(probs, tax, rule, leaf_probs=args.leaf_probs, **opts))
+        if labels is not None:
+            metrics[rule] = {**score_predictions(pred, labels, tax, beta=args.beta),
+                             "kind": "set" if rule in SET_RULES else "node"}
         if rule in SET_RULES:
             rows = [np.flatnonzero(s) for s in pred]
             out = [{"ids": r.tolist(), "names": [names[i] for i in r]} for r in rows]
@@ -107,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                 print("  " + (", ".join(row["names"]) if "names" in row else row["name"]))
             if len(out) > 10:
                 print(f"  ... {len(out) - 10} more")
+    if labels is not None:
+        payload["metrics"] = metrics
+        payload["samples"], payload["ignored"] = int((labels >= 0).sum()), int((labels < 0).sum())
+        print(format_table({"rules": metrics}))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:

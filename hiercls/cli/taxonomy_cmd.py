@@ -71,10 +71,7 @@ def _load(args: argparse.Namespace, spec: str) -> Any:
         kwargs["virtual_root"] = args.virtual_root
     if args.separator is not None:
         kwargs["separator"] = args.separator
-    try:
-        return load_taxonomy(spec, **kwargs)
-    except TypeError as err:  # an option the format does not take: a user error, not a traceback
-        raise ValueError(str(err)) from None
+    return load_taxonomy(spec, **kwargs)
 
 
 def _summary(tax: Any) -> str:
@@ -161,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "validate":
         try:
             tax = _load(args, args.taxonomy)
-        except (TaxonomyError, FileNotFoundError, ValueError, TypeError) as err:
+        except (TaxonomyError, FileNotFoundError, ValueError) as err:
             print(f"INVALID {args.taxonomy}: {err}", file=sys.stderr)
             return 1
         print(f"OK {args.taxonomy}: {_summary(tax)}", file=out)

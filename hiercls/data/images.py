@@ -1,7 +1,7 @@
 """Image datasets: folder trees (the folders are the taxonomy), flat folders + a taxonomy, Fashion-MNIST.
 
 Every dataset yields ``(image, node_id)``. Without a ``transform`` the image is a float tensor ``[C, H, W]``
-in ``[0, 1]``; with one, ``transform`` receives the ``PIL.Image`` (RGB for folders, ``L`` for Fashion-MNIST).
+in ``[0, 1]``; with one, ``transform`` receives the RGB ``PIL.Image`` (Fashion-MNIST: ``L`` with ``rgb=False``).
 """
 
 from __future__ import annotations
@@ -248,7 +248,9 @@ class FashionMNIST(Dataset):
             ``taxonomy.metadata["label_index"]`` (``{"0": node_name, ...}``) or, without it, the node whose
             name/display name is the class name. Default: the shipped ``fashion_mnist`` taxonomy
             (``hiercls.taxonomy.load_taxonomy``), else :func:`fashion_mnist_taxonomy`.
-        transform: applied to the ``L`` ``PIL.Image``; without it images are ``[1, 28, 28]`` float tensors.
+        transform: applied to the ``PIL.Image``; without it images are float tensors in ``[0, 1]``.
+        rgb: give 3-channel images (RGB ``PIL.Image`` / ``[3, 28, 28]``), what ImageNet backbones and their
+            timm transforms expect; ``False``: the grey ``L`` image / ``[1, 28, 28]``.
 
     Attributes:
         images: ``uint8 [n, 28, 28]``; labels: the raw label indices; targets: node ids.
@@ -262,7 +264,8 @@ class FashionMNIST(Dataset):
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
     def __init__(self, split: str = "train", root: str | os.PathLike[str] = FASHION_MNIST_ROOT,
-                 taxonomy: Taxonomy | None = None, transform: Callable[[Any], Any] | None = None) -> None:
+                 taxonomy: Taxonomy | None = None, transform: Callable[[Any], Any] | None = None, *,
+                 rgb: bool = True) -> None:
         if split not in self.FILES:
             raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
         root = Path(root)
@@ -275,7 +278,7 @@ class FashionMNIST(Dataset):
                                         f"'dataset-fashion-mnist' (apt-get install dataset-fashion-mnist) or pass "
                                         f"root= the folder holding the IDX files")
             paths.append(found)
-        self.split, self.root, self.transform = split, root, transform
+        self.split, self.root, self.transform, self.rgb = split, root, transform, bool(rgb)
         self.images = read_idx(paths[0], expected_dims=3)
         self.labels = read_idx(paths[1], expected_dims=1).astype(np.int64)
         if len(self.images) != len(self.labels):
@@ -292,8 +295,11 @@ class FashionMNIST(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         arr = self.images[index]
+        target = int(self.targets[index])
         if self.transform is not None:
             from PIL import Image
 
-            return self.transform(Image.fromarray(arr, mode="L")), int(self.targets[index])
-        return torch.from_numpy(arr.astype(np.float32) / 255.0)[None], int(self.targets[index])
+            img = Image.fromarray(arr)  # 2-D uint8 -> mode "L"
+            return self.transform(img.convert("RGB") if self.rgb else img), target
+        x = torch.from_numpy(arr.astype(np.float32) / 255.0)[None]
+        return (x.expand(3, -1, -1).contiguous() if self.rgb else x), target

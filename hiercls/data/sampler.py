@@ -79,13 +79,18 @@ class ResumableDistributedSampler(Sampler[int]):
         return self.batch_size * self.world_size
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (its order); a position loaded for another epoch is discarded."""
+        """Select the epoch (its order) and point the position at its start (or at a loaded resume position of
+        the same epoch); a position loaded for another epoch is discarded."""
         epoch = _check_int("epoch", epoch, 0)
         if epoch != self.epoch and self._resume is not None:
             logger.warning("set_epoch(%d) discards the resume position %d loaded for epoch %d",
                            epoch, self._resume, self.epoch)
             self._resume = None
         self.epoch = epoch
+        # The position now refers to this epoch's next iteration (a checkpoint taken before its first batch
+        # must not carry the previous epoch's count).
+        self._start = self._next_start()
+        self._done_batches = 0
 
     def global_order(self, epoch: int | None = None) -> np.ndarray:
         """The unpadded global order of ``epoch`` (default: the current one), shared by all ranks."""

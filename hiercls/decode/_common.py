@@ -23,7 +23,9 @@ __all__ = ["Batch", "chunked", "label_distribution", "prepare", "restore_ids", "
            "taxonomy_cache"]
 
 ROW_CHUNK = 2048
-"""Rows decoded at a time: bounds the float64 working copies (a 21k-node taxonomy costs ~170 KB a row)."""
+"""Most rows decoded at a time; fewer on wide taxonomies (see ``CHUNK_ELEMENTS``)."""
+CHUNK_ELEMENTS = 1 << 22
+"""Rows x nodes per block: keeps the float64 working copies near 32 MB (a 21k-node row is ~170 KB)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,10 +48,12 @@ def chunked(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(probs: Any, *args: Any, **kwargs: Any) -> Any:
-        rows = probs.shape[0] if hasattr(probs, "shape") and len(probs.shape) == 2 else 0
-        if rows <= ROW_CHUNK:
+        shape = tuple(probs.shape) if hasattr(probs, "shape") else ()
+        rows = shape[0] if len(shape) == 2 else 0
+        step = max(16, min(ROW_CHUNK, CHUNK_ELEMENTS // max(1, shape[1]))) if rows else ROW_CHUNK
+        if rows <= step:
             return fn(probs, *args, **kwargs)
-        return _concat([fn(probs[s:s + ROW_CHUNK], *args, **kwargs) for s in range(0, rows, ROW_CHUNK)])
+        return _concat([fn(probs[s:s + step], *args, **kwargs) for s in range(0, rows, step)])
 
     return wrapper  # type: ignore[return-value]
 
@@ -97,7 +101,8 @@ def _check_taxonomy(taxonomy: Any) -> Taxonomy:
     return taxonomy
 
 
-def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs") -> Batch:
+def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs",
+            exact: bool = True) -> Batch:
     """Validate ``probs`` against ``taxonomy`` and convert it to a float64 NumPy :class:`Batch`.
 
     Args:
@@ -107,6 +112,8 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
         taxonomy: the taxonomy the probabilities are indexed by.
         leaf_probs: ``probs`` holds leaf probabilities, to be marginalised up the taxonomy.
         name: parameter name used in error messages.
+        exact: convert to float64 (the optimal decoders); ``False`` keeps float32 input as is, for rules that
+            only compare and multiply probabilities.
 
     Raises:
         TypeError: ``taxonomy`` is not a Taxonomy, or ``probs`` is not numeric.
@@ -119,12 +126,13 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
         device, dtype = probs.device, probs.dtype
         if not dtype.is_floating_point:
             dtype = torch.float32
-        probs = probs.detach().to("cpu", torch.float64).numpy()
+        keep = not exact and dtype == torch.float32
+        probs = probs.detach().to("cpu", torch.float32 if keep else torch.float64).numpy()
     arr = np.asarray(probs)
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
                                    or arr.dtype == bool):
         raise TypeError(f"{name} must be a numeric array or tensor; got dtype {arr.dtype}")
-    arr = arr.astype(np.float64, copy=False)
+    arr = arr.astype(np.float32 if (not exact and arr.dtype == np.float32) else np.float64, copy=False)
     if arr.ndim == 1:
         arr = arr[None, :]
     width = taxonomy.num_leaves if leaf_probs else taxonomy.num_nodes
@@ -142,7 +150,7 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
     leaf = None
     if leaf_probs:
         leaf = np.clip(arr, 0.0, None)
-        node = np.asarray(taxonomy.marginals(leaf), dtype=np.float64)
+        node = np.asarray(taxonomy.marginals(leaf), dtype=arr.dtype)
     else:
         node = arr
     return Batch(node=node, taxonomy=taxonomy, torch_device=device, torch_dtype=dtype, leaf=leaf)

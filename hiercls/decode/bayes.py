@@ -25,6 +25,7 @@ __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost"]
 
 COST_KINDS = ("shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath")
 _DENSE_LIMIT = 1 << 26  # entries of a dense cost matrix we are willing to build
+_CACHE_LIMIT = 1 << 22  # entries of a node-to-node matrix worth keeping per taxonomy (32 MB)
 
 
 def _candidate_mask(taxonomy: Taxonomy, candidates: Any) -> np.ndarray:
@@ -139,7 +140,7 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
                              "matrix; convert with to_tree() first")
         key = ("cost", cost)
         cache = taxonomy_cache(tax)
-        if key not in cache and tax.num_nodes ** 2 <= _DENSE_LIMIT:
+        if key not in cache and tax.num_nodes ** 2 <= _CACHE_LIMIT:
             cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
         mat = cache[key][:, targets] if key in cache else tax.distance_matrix(cost, targets=targets)
         return p[:, targets] @ mat.T

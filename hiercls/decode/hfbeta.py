@@ -32,23 +32,29 @@ The floating-point weights are computed so that this order survives round-off: `
 prefix sums of non-negative numbers (monotone under round-to-nearest) and ``w`` accumulates the same products
 in the same order for every node.
 
-*Safe pruning of the size k.* For ``k' >= k``, ``|S cap Y| <= min(k', m)`` gives
+*Safe pruning of the size k.* Two bounds hold for every ``k' >= k``. First, ``|S cap Y| <= min(k', m)``:
 
 .. math:: V_{k'} \le \bar U(k) = (1+\beta^2)\sum_m P(|Y| = m)\,\frac{m}{\beta^2 m + \max(k, m)},
 
-which is non-increasing in ``k`` and holds on every tree, balanced or not (it uses the actual label-size
-distribution, not a depth assumed uniform). Once ``\bar U(k)`` is at most the best value found, no larger
-set can do better and the search over ``k`` stops.
+non-increasing in ``k`` and valid on every tree, balanced or not (it uses the actual label-size
+distribution, not a depth assumed uniform). Second, ``w_{k'}(n) <= (1+\beta^2) P(n) / (\beta^2 + k')`` (a counted
+node's labels have ``|Y| >= 1``), so ``V_{k'} <= (1+\beta^2) SP(k') / (\beta^2 + k')`` with ``SP`` the sum of the
+``k'`` largest ``P``; with ``SP(k') <= SP(k) + (k' - k) P_{(k+1)}`` the right side is monotone in ``k'`` and its
+supremum is the larger of its value at ``k`` and ``(1+\beta^2) P_{(k+1)}``. Once the smaller bound is at most the
+best value found, no larger set can do better and the search over ``k`` stops.
 
 *Safe pruning of the candidate nodes.* Let ``C`` be the nodes with ``P(n) > tau`` (an ancestor-closed set,
 since ``P`` only grows towards the root), where ``tau`` is the largest ``P`` outside ``C``. Every node
-outside has ``w_k(n) <= (1+\beta^2) tau / (\beta^2 + k)`` (its labels have ``|Y| >= 1``). If that bound is at
-most the ``k``-th largest weight inside ``C``, the top-``k`` sum over ``C`` is the global one. The decoder
-checks this certificate for every ``k`` below the stopping size; samples that fail it are re-solved with 4x
-more candidates, ending (rarely) with every node of positive probability, where it holds trivially: a node
-with ``P(n) = 0`` has zero weight, and dropping it from a set keeps the set closed and never lowers the
-objective (same numerators, smaller denominator). The result is exact on every input; the candidate sets only
-decide how fast.
+outside has ``w_k(n) <= u_k = (1+\beta^2) tau / (\beta^2 + k)``. A size ``k`` is settled when either
+``u_k`` is at most the ``k``-th largest weight inside ``C`` (then the top-``k`` sum over ``C`` is the global
+one) or the relaxation that lets any number of outside nodes in at weight ``u_k`` (the sum of the ``k``
+largest of ``max(w, u_k)``) is at most the best value (then size ``k`` cannot win). The decoder checks this
+for every ``k`` below the stopping size; samples that fail are re-solved with 4x more candidates, ending
+(rarely) with every node, where it holds trivially. A node with ``P(n) = 0`` has zero weight, and dropping it
+from a set keeps the set closed and never lowers the objective (same numerators, smaller denominator), so
+zero-probability nodes never matter. The result is exact on every input; the candidate sets only decide
+how fast. ``P`` here is re-summed from the clipped label probabilities, so the argument holds even when the
+input node probabilities are slightly inconsistent (float32 round-off).
 
 Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
 depths ``H`` and sizes ``K`` searched, vectorised over the batch. DAGs use dense per-depth sums over all nodes
@@ -62,6 +68,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from hiercls.decode._common import Batch, chunked, prepare, restore_sets, restore_values, taxonomy_cache
 from hiercls.taxonomy import Taxonomy
@@ -71,7 +78,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 
 _K_BLOCK = 16
-_CHUNK = 1024
+_CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
 
 
@@ -201,7 +208,8 @@ def _solve(q: np.ndarray, lv: np.ndarray, valid: np.ndarray, r: np.ndarray, p_em
     best_k = np.zeros(g, dtype=np.int64)
     exact = np.zeros((g, max(c, 1)), dtype=bool)
     relaxed = np.full((g, max(c, 1)), np.inf)
-    p_sorted = -np.sort(-np.where(valid, q.sum(2), 0.0), axis=1)
+    # Candidate probabilities, capped below by tau: outside nodes may be up to tau, so these bound the top sums.
+    p_sorted = np.maximum(-np.sort(-np.where(valid, q.sum(2), 0.0), axis=1), tau[:, None])
     active = np.flatnonzero(nvalid > 0)
     k0 = 1
     while active.size and k0 <= c:
@@ -314,18 +322,42 @@ def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray
     return np.where(valid, key, 0), valid, tau
 
 
-def _tree_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool, c0: int
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:
+    cache = taxonomy_cache(taxonomy)
+    if "child_csr" not in cache:
+        n = taxonomy.num_nodes
+        par = taxonomy.primary_parent
+        cache["child_csr"] = sp.csr_matrix((np.ones(n - 1), (par[1:], np.arange(1, n))), shape=(n, n))
+    return cache["child_csr"]
+
+
+def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool,
+               c0: int) -> tuple[np.ndarray, np.ndarray]:
     tab = _tree_tables(taxonomy)
-    g, n = p.shape
+    g, n = node.shape
     first = 0 if include_root else 1
     off = 1 if include_root else 0
     h = tab["lo"].shape[1] - 1
     lv = np.arange(h + 1) + off  # label size of a label at depth m
-    cs_id = _prefix(p)
-    ptil = cs_id[:, np.arange(n) + tab["size"]] - cs_id[:, :n]
-    cs_dm = _prefix(p[:, tab["order"]])
-    r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
+    # Node-major [N, G] layout: every dense step below is a row gather or a cumulative sum over contiguous rows.
+    if leaf is not None:
+        pt = np.zeros((n, g))
+        pt[taxonomy.leaves] = leaf.T
+    else:
+        pt = np.ascontiguousarray(node.T)
+        pt -= _child_csr(taxonomy) @ pt  # label probability: P(n) - sum of P(children)
+        np.maximum(pt, 0.0, out=pt)
+    # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
+    # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
+    cs_id = np.zeros((n + 1, g))
+    np.cumsum(pt, axis=0, out=cs_id[1:])
+    ids = np.arange(n)
+    ptil = np.ascontiguousarray((cs_id[ids + tab["size"]] - cs_id[ids]).T)  # [G, N]
+    del cs_id
+    cs_dm = np.zeros((n + 1, g))
+    np.cumsum(pt[tab["order"]], axis=0, out=cs_dm[1:])
+    del pt
+    r = np.ascontiguousarray((cs_dm[tab["seg_hi"]] - cs_dm[tab["seg_lo"]]).T)  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
 
     sets = np.zeros((g, n), dtype=bool)
@@ -340,9 +372,8 @@ def _tree_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool,
         for s in range(0, pending.size, rows_per_step):
             rows = pending[s:s + rows_per_step]
             cand, valid, tau = _select_candidates(ptil[rows], first, c)
-            gather = np.concatenate([tab["lo"][cand], tab["hi"][cand]], axis=2)  # [R, w, 2(h+1)]
-            flat = np.take_along_axis(cs_dm[rows], gather.reshape(len(rows), -1), axis=1).reshape(gather.shape)
-            q = flat[:, :, h + 1:] - flat[:, :, :h + 1]
+            col = rows[:, None, None]
+            q = cs_dm[tab["hi"][cand], col] - cs_dm[tab["lo"][cand], col]  # [R, w, h+1]
             q[~valid] = 0.0
             best, _best_k, ok, chosen = _solve(q, lv, valid, r[rows], None if p_empty is None else p_empty[rows],
                                               tau, b2)
@@ -435,8 +466,7 @@ def optimal_hfbeta(probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
     batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
-    p = batch.label
-    bsz, n = p.shape
+    bsz, n = batch.node.shape
     sets = np.zeros((bsz, n), dtype=bool)
     sets[:, 0] = True
     values = np.zeros(bsz)
@@ -444,11 +474,12 @@ def optimal_hfbeta(probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include
         for s in range(0, bsz, _CHUNK):
             sl = slice(s, s + _CHUNK)
             if taxonomy.is_tree:
-                sets[sl], values[sl] = _tree_rows(p[sl], taxonomy, b2, include_root, int(initial_candidates))
+                sets[sl], values[sl] = _tree_rows(batch.node[sl], None if batch.leaf is None else batch.leaf[sl],
+                                                  taxonomy, b2, include_root, int(initial_candidates))
             else:
-                sets[sl], values[sl] = _dag_rows(p[sl], taxonomy, b2, include_root)
+                sets[sl], values[sl] = _dag_rows(batch.label[sl], taxonomy, b2, include_root)
     else:  # a single-node taxonomy: the root label, predicted perfectly by the empty (root-only) set
-        values[:] = p[:, 0]
+        values[:] = batch.label[:, 0]
     out_sets = restore_sets(sets, batch)
     if return_value:
         return out_sets, restore_values(values, batch)

@@ -39,7 +39,7 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         >>> argmax_leaf(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # tie x/y: smaller id
         [2]
     """
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     return restore_ids(leaves[_first_argmax(batch.node[:, leaves])], batch)
 
@@ -102,7 +102,7 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
         [1]
     """
     t = _check_unit(threshold, "threshold")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     node = batch.node
 
     def step(cur: np.ndarray, kids: np.ndarray, vals: np.ndarray, best: np.ndarray) -> np.ndarray:
@@ -182,7 +182,7 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
         [0]
     """
     t = _check_unit(threshold, "threshold")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64)), batch)
 
 
@@ -206,7 +206,7 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
         [2]
     """
     t = _check_unit(threshold, "threshold")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     return restore_ids(_deepest_above(batch, t, taxonomy.information_content.astype(np.float64)), batch)
 
 
@@ -231,7 +231,7 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     lam = float(lam)
     if not np.isfinite(lam) or lam < 0:
         raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     score = batch.node * (taxonomy.information_content[None, :] + lam)
     return restore_ids(_first_argmax(score), batch)
 
@@ -308,7 +308,7 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     """
     if not taxonomy.is_tree:
         raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     if level is None:
         coarse = np.maximum(taxonomy.parent[leaves], 0)

@@ -68,9 +68,9 @@ class ConditionalSoftmax(nn.Module):
     def conditional_log_probs(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(log P(n | parent(n)) [B, N] with 0 at the root, log P(stop | n) [B, num_internal] or None)``."""
         self.check(logits)
-        z = upcast(logits)
-        lse = segment_logsumexp(z, self.group, self.num_internal)
-        cond = z - lse.index_select(1, self.group)
+        z = upcast(logits).transpose(0, 1).contiguous()  # node-major: row gathers are fast
+        lse = segment_logsumexp(z, self.group, self.num_internal, dim=0)
+        cond = (z - lse.index_select(0, self.group)).transpose(0, 1)
         node_cond = torch.cat([cond.new_zeros(cond.shape[0], 1), cond[:, : self.taxonomy.num_nodes - 1]], dim=1)
         return node_cond, (cond[:, self.taxonomy.num_nodes - 1:] if self.stop else None)
 

@@ -138,17 +138,18 @@ class _LevelSmoothedCE(torch.autograd.Function):
         e = torch.empty_like(z)
         k_levels = len(bounds)
         sums = z.new_empty(z.shape[0], k_levels)
-        lse = z.new_empty(z.shape[0], k_levels)
         mean = z.new_empty(z.shape[0], k_levels) if eps else None
+        maxes = z.new_empty(z.shape[0], k_levels)
         for k, (lo, hi) in enumerate(bounds):
-            zk, ek = z[:, lo:hi], e[:, lo:hi]
-            m = zk.amax(1, keepdim=True)
-            torch.sub(zk, m, out=ek)
-            ek.exp_()
-            sums[:, k] = ek.sum(1)
-            lse[:, k] = m[:, 0] + sums[:, k].log()
+            zk = z[:, lo:hi]
+            maxes[:, k] = zk.amax(1)
+            torch.sub(zk, maxes[:, k : k + 1], out=e[:, lo:hi])
             if mean is not None:
                 mean[:, k] = zk.mean(1)
+        e.exp_()  # one call on the contiguous buffer vectorises far better than per-slice calls
+        for k, (lo, hi) in enumerate(bounds):
+            sums[:, k] = e[:, lo:hi].sum(1)
+        lse = maxes + sums.log()
         per = lse - (1.0 - eps) * z.gather(1, tpos)
         if mean is not None:
             per = per - eps * mean

@@ -7,6 +7,8 @@ children of a node are segment reductions into that block.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -28,30 +30,37 @@ def require_tree(taxonomy: Taxonomy, what: str) -> None:
                             "convert it with taxonomy.to_tree('first' | 'shortest' | 'longest')")
 
 
-def _expand_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _expand_index(index: torch.Tensor, like: torch.Tensor, dim: int = 1) -> torch.Tensor:
     shape = [1] * like.dim()
-    shape[1] = -1
-    return index.view(shape).expand(*like.shape[:1], index.numel(), *like.shape[2:])
+    shape[dim] = -1
+    size = list(like.shape)
+    size[dim] = index.numel()
+    return index.view(shape).expand(size)
 
 
-def segment_logsumexp(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """``out[:, g] = logsumexp(values[:, group == g])`` along axis 1 (every group must be non-empty).
+def segment_logsumexp(values: torch.Tensor, group: torch.Tensor, num_groups: int, dim: int = 1) -> torch.Tensor:
+    """``logsumexp`` of the entries of ``values`` along ``dim`` that share a ``group`` id (groups non-empty).
 
     Example:
         >>> v = torch.tensor([[0.0, 0.0, 1.0]])
         >>> segment_logsumexp(v, torch.tensor([0, 0, 1]), 2).tolist()  # [log 2, 1]
         [[0.6931471824645996, 1.0]]
     """
-    idx = _expand_index(group, values)
+    idx = _expand_index(group, values, dim)
     shape = list(values.shape)
-    shape[1] = num_groups
+    shape[dim] = num_groups
     # The shift only keeps exp() in range; it is constant for the gradient, so it is detached.
     finite = values.detach().masked_fill(~torch.isfinite(values.detach()), torch.finfo(values.dtype).min)
     shift = torch.full(shape, torch.finfo(values.dtype).min, dtype=values.dtype, device=values.device)
-    shift = shift.scatter_reduce(1, idx, finite, reduce="amax", include_self=True)
+    shift = shift.scatter_reduce(dim, idx, finite, reduce="amax", include_self=True)
     summed = torch.zeros(shape, dtype=values.dtype, device=values.device)
-    summed = summed.scatter_add(1, idx, torch.exp(values - shift.gather(1, idx)))
+    summed = summed.scatter_add(dim, idx, torch.exp(values - shift.gather(dim, idx)))
     return shift + torch.log(summed)
+
+
+def _node_major(x: torch.Tensor) -> torch.Tensor:
+    # [B, N, *rest] -> [N, B, *rest]: the recursions gather whole rows, much faster than columns on CPU.
+    return x.transpose(0, 1).contiguous()
 
 
 class TreeOps(nn.Module):
@@ -92,18 +101,6 @@ class TreeOps(nn.Module):
                     reg(f"ppos_{d}", ppos)
                     reg(f"pgroup_{d}", ppos - self.level_num_leaves[d - 1])
             reg("assemble_index", np.argsort(np.concatenate(level_lists), kind="stable"))
-            # Range-max tables: on a tree the subtree of n is the id range [n, n + size); a sparse table answers
-            # the max over it with two overlapping power-of-two windows.
-            size = taxonomy.subtree_size
-            span_log = np.floor(np.log2(size)).astype(np.int64)
-            self.table_levels = int(span_log.max())
-            self.query_levels = []
-            for j in range(self.table_levels + 1):
-                nodes = np.flatnonzero(span_log == j)
-                if len(nodes):
-                    reg(f"query_a_{j}", nodes)
-                    reg(f"query_b_{j}", nodes + size[nodes] - (1 << j))
-                    self.query_levels.append(j)
         # Edges grouped by the child's longest-path depth: pushing values up level by level from the deepest
         # makes every node final before it is pushed (its children are all strictly deeper).
         md = taxonomy.max_depth
@@ -139,6 +136,10 @@ class TreeOps(nn.Module):
         """Position of each depth-``depth`` node's parent within ``level_nodes(depth - 1)``."""
         return self._buf(f"ppos_{depth}")
 
+    def _assemble0(self, per_level: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.cat(per_level, dim=0).index_select(0, self._buf("assemble_index"))
+        return out.transpose(0, 1).contiguous()
+
     def top_down_sum(self, values: torch.Tensor) -> torch.Tensor:
         """``out[n] = sum of values over the root-to-n path`` (e.g. log-probabilities of conditional softmaxes).
 
@@ -146,12 +147,13 @@ class TreeOps(nn.Module):
             values: ``[B, N, *rest]`` per-node terms (the root's entry is included as is).
         """
         self._need_tree()
-        cur = values.index_select(1, self._buf("nodes_0"))
+        v = _node_major(values)
+        cur = v.index_select(0, self._buf("nodes_0"))
         out = [cur]
         for d in range(1, self.height + 1):
-            cur = cur.index_select(1, self._buf(f"ppos_{d}")) + values.index_select(1, self._buf(f"nodes_{d}"))
+            cur = cur.index_select(0, self._buf(f"ppos_{d}")) + v.index_select(0, self._buf(f"nodes_{d}"))
             out.append(cur)
-        return self.assemble(out)
+        return self._assemble0(out)
 
     def bottom_up(self, leaf_values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         """Node values from leaf values ``[B, num_leaves, *rest]`` (leaf order = ``taxonomy.leaves``).
@@ -162,22 +164,22 @@ class TreeOps(nn.Module):
         self._need_tree()
         if reduce not in ("sum", "logsumexp"):
             raise ValueError(f"reduce must be 'sum' or 'logsumexp'; got {reduce!r}")
-        out: list[torch.Tensor] = [leaf_values.new_empty(0)] * (self.height + 1)
+        leaf = _node_major(leaf_values)
+        out: list[torch.Tensor] = [leaf.new_empty(0)] * (self.height + 1)
         below = None
         for d in range(self.height, -1, -1):
-            parts = [leaf_values.index_select(1, self._buf(f"leafpos_{d}"))]
+            parts = [leaf.index_select(0, self._buf(f"leafpos_{d}"))]
             n_internal = self.level_sizes[d] - self.level_num_leaves[d]
             if n_internal:
                 group = self._buf(f"pgroup_{d + 1}")
                 if reduce == "sum":
-                    shape = list(below.shape)
-                    shape[1] = n_internal
-                    parts.append(below.new_zeros(shape).scatter_add(1, _expand_index(group, below), below))
+                    shape = (n_internal, *below.shape[1:])
+                    parts.append(below.new_zeros(shape).scatter_add(0, _expand_index(group, below, 0), below))
                 else:
-                    parts.append(segment_logsumexp(below, group, n_internal))
-            below = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+                    parts.append(segment_logsumexp(below, group, n_internal, dim=0))
+            below = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
             out[d] = below
-        return self.assemble(out)
+        return self._assemble0(out)
 
     def descendant_max(self, values: torch.Tensor) -> torch.Tensor:
         """``out[n] = max(values[d] for d descendant-or-self of n)`` along axis 1 (trees and DAGs).
@@ -195,29 +197,38 @@ class TreeOps(nn.Module):
 
     @torch.no_grad()
     def descendant_argmax(self, values: torch.Tensor) -> torch.Tensor:
-        """Id of a descendant-or-self attaining :meth:`descendant_max`, ``[B, N, *rest]`` (trees only)."""
+        """Id of a descendant-or-self attaining :meth:`descendant_max`, ``[B, N, *rest]`` (trees only).
+
+        Ties go to the node itself, then to the smallest id among the children's winners.
+        """
         self._need_tree()
-        n = self.num_nodes
-        val = values
-        shape = [1] * values.dim()
-        shape[1] = n
-        idx = torch.arange(n, device=values.device).view(shape).expand_as(values)
-        out = torch.empty(values.shape, dtype=torch.long, device=values.device)
-        span = 1
-        for j in range(self.table_levels + 1):
-            if j in self.query_levels:
-                a, b = self._buf(f"query_a_{j}"), self._buf(f"query_b_{j}")
-                va, vb = val.index_select(1, a), val.index_select(1, b)
-                pick = torch.where(va >= vb, idx.index_select(1, a), idx.index_select(1, b))
-                out.index_copy_(1, a, pick)
-            if j < self.table_levels:
-                width = val.shape[1] - span
-                left, right = val.narrow(1, 0, width), val.narrow(1, span, width)
-                take_right = right > left
-                val = torch.where(take_right, right, left)
-                idx = torch.where(take_right, idx.narrow(1, span, width), idx.narrow(1, 0, width))
-                span *= 2
-        return out
+        # Node-major layout: gathering whole rows is much faster than gathering columns on CPU.
+        v = values.transpose(0, 1).contiguous()  # [N, B, *rest]
+
+        def rows(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+            return index.view(-1, *([1] * (like.dim() - 1))).expand(index.numel(), *like.shape[1:])
+
+        out_idx: list[torch.Tensor] = [v.new_empty(0, dtype=torch.long)] * (self.height + 1)
+        below_val = below_idx = None
+        for d in range(self.height, -1, -1):
+            nodes = self._buf(f"nodes_{d}")
+            own_val = v.index_select(0, nodes)
+            own_idx = rows(nodes, own_val)
+            n_leaf = self.level_num_leaves[d]
+            n_internal = self.level_sizes[d] - n_leaf
+            if n_internal:
+                group = rows(self._buf(f"pgroup_{d + 1}"), below_val)
+                shape = (n_internal, *below_val.shape[1:])
+                agg_val = below_val.new_full(shape, -math.inf).scatter_reduce(0, group, below_val, reduce="amax")
+                cand = torch.where(below_val == agg_val.gather(0, group), below_idx, self.num_nodes)
+                agg_idx = cand.new_full(shape, self.num_nodes).scatter_reduce(0, group, cand, reduce="amin")
+                iv, ii = own_val[n_leaf:], own_idx[n_leaf:]
+                take_own = iv >= agg_val
+                own_val = torch.cat([own_val[:n_leaf], torch.where(take_own, iv, agg_val)], dim=0)
+                own_idx = torch.cat([own_idx[:n_leaf], torch.where(take_own, ii, agg_idx)], dim=0)
+            below_val, below_idx = own_val, own_idx
+            out_idx[d] = own_idx
+        return torch.cat(out_idx, dim=0).index_select(0, self._buf("assemble_index")).transpose(0, 1)
 
     def _tree_descendant_max(self, values: torch.Tensor) -> torch.Tensor:
         # The argmax is found without autograd; gathering it keeps the (sub)gradient of the max, cheaply.

@@ -220,12 +220,12 @@ def top_k_predictions(scores: Any, k: int, *, taxonomy: Taxonomy, candidates: An
     ids, s = _candidates(taxonomy, s, candidates)
     if not isinstance(k, int | np.integer) or not 1 <= k <= len(ids):
         raise ValueError(f"k must be an integer in [1, {len(ids)}] (the number of candidates); got {k!r}")
-    if k < len(ids):
-        part = np.argpartition(-s, k - 1, axis=1)[:, :k]
-    else:
-        part = np.broadcast_to(np.arange(len(ids)), s.shape).copy()
-    order = np.argsort(-np.take_along_axis(s, part, axis=1), axis=1, kind="stable")
-    return ids[np.take_along_axis(part, order, axis=1)]
+    import torch
+
+    # torch's partial sort is several times faster than numpy's argpartition on [10k, 1k] scores.
+    scores_t = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64 if s.dtype == np.float64 else np.float32))
+    top = scores_t.topk(k, dim=1, largest=True, sorted=True).indices.numpy()
+    return ids[top]
 
 
 def _scores_pair(y_true: Any, scores: Any, taxonomy: Taxonomy, sample_weight: Any, k: int,
@@ -245,7 +245,8 @@ def top_k_accuracy_score(y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int
                          sample_weight: Any = None) -> float:
     """Fraction of samples whose true node is among the ``k`` best-scored candidates.
 
-    Ties at the k-th score are broken arbitrarily (by ``numpy.argpartition``).
+    Ties at the k-th score are broken arbitrarily (by ``torch.topk``). A true node that is not a candidate
+    (an internal node when the candidates are the leaves) is never a hit.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy

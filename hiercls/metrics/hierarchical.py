@@ -125,8 +125,15 @@ def _macro_mean(values: np.ndarray) -> float:
     return float(finite.mean()) if finite.size else float("nan")
 
 
+def _present(mask: np.ndarray, labels: Any, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """With ``labels="present"``, keep only the nodes that are true or predicted somewhere."""
+    if isinstance(labels, str) and labels == "present":
+        return mask & ((tp + fp + fn) > 0)
+    return mask
+
+
 def _labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
-    if labels is None:
+    if labels is None or (isinstance(labels, str) and labels == "present"):
         mask = np.ones(taxonomy.num_nodes, dtype=bool)
         mask[0] = include_root
         return mask
@@ -158,8 +165,9 @@ def hierarchical_precision_recall_fscore(
         sample_weight: optional non-negative weight per sample.
         zero_division: value of a 0/0 ratio: ``"warn"`` (0 with a warning), ``0.0``, ``1.0`` or ``nan`` (for
             ``"macro"``: leave the node out of the mean).
-        labels: for ``"macro"``, the nodes to average over (ids or names; default every node, minus the root
-            unless ``include_root``).
+        labels: for ``"macro"``, the nodes to average over: ids or names, ``None`` (every node, minus the
+            root unless ``include_root``) or ``"present"`` (those true or predicted at least once, as
+            scikit-learn's multiclass default).
         close: add missing ancestors to node sets (the default; ``False`` scores raw sets as given).
 
     Returns:
@@ -184,6 +192,7 @@ def hierarchical_precision_recall_fscore(
             total = float(len(t) if w is None else w.sum())
             tp, fp, fn = tp.copy(), fp.copy(), fn.copy()
             tp[0], fp[0], fn[0] = total, 0.0, 0.0
+        mask = _present(mask, labels, tp, fp, fn)
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
         prec = safe_divide(tp, tp + fp, zero_division, "macro hierarchical precision of a node without predictions")
         rec = safe_divide(tp, tp + fn, zero_division, "macro hierarchical recall of a node without true samples")

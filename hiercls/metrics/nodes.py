@@ -28,7 +28,7 @@ from hiercls.metrics._validation import (
     prepare_pair,
     safe_divide,
 )
-from hiercls.metrics.hierarchical import _fbeta_from_counts, _labels_mask, _macro_mean, node_confusion
+from hiercls.metrics.hierarchical import _fbeta_from_counts, _labels_mask, _macro_mean, _present, node_confusion
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
@@ -75,7 +75,8 @@ def node_precision_recall_fscore_support(
         taxonomy: the taxonomy.
         beta: weight of recall.
         average: ``None`` (per-node arrays, in the order of ``labels``), ``"micro"`` or ``"macro"``.
-        labels: nodes to score (ids or names); default every node but the root (with it if ``include_root``).
+        labels: nodes to score: ids or names, ``None`` (every node but the root; with it if ``include_root``)
+            or ``"present"`` (the nodes true or predicted at least once: scikit-learn's multiclass default).
         include_root: score the root too (always a true positive of non-empty sets).
         sample_weight: optional weight per sample.
         zero_division: the zero-support rule: value of 0/0 (``"warn"`` = 0 with a warning, ``0.0``, ``1.0``,
@@ -100,7 +101,8 @@ def node_precision_recall_fscore_support(
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     tp, fp, fn = node_confusion(t, p, taxonomy, w)
-    return _reduce(tp, fp, fn, _labels_mask(labels, taxonomy, include_root), beta2, average, zero_division)
+    mask = _present(_labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
+    return _reduce(tp, fp, fn, mask, beta2, average, zero_division)
 
 
 def node_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: NodeAverage = "micro",
@@ -134,12 +136,13 @@ def hamming_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, labels: Any = 
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
-    _, fp, fn = node_confusion(t, p, taxonomy, w)
+    tp, fp, fn = node_confusion(t, p, taxonomy, w)
     mask = _labels_mask(labels, taxonomy, include_root)
     total = float(len(t) if w is None else w.sum())
-    if include_root and labels is None:
+    if include_root:
         fp, fn = fp.copy(), fn.copy()
         fp[0] = fn[0] = 0.0  # the root is in every set
+    mask = _present(mask, labels, tp, fp, fn)
     return float((fp[mask].sum() + fn[mask].sum()) / (total * mask.sum()))
 
 
@@ -235,7 +238,8 @@ def path_constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy,
     tp = _column_sums(good, w)
     fp = _column_sums(ps, w) - tp
     fn = _column_sums(ts, w) - tp
-    return _reduce(tp, fp, fn, _labels_mask(labels, taxonomy, False), 1.0, average, zero_division)[2]
+    mask = _present(_labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
+    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]
 
 
 def constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Literal["micro", "macro"] = "micro",
@@ -254,4 +258,5 @@ def constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, averag
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     kept = Labels(None, consistent_subsets(ps, taxonomy), taxonomy.num_nodes)
     tp, fp, fn = node_confusion(Labels(None, ts, taxonomy.num_nodes), kept, taxonomy, w)
-    return _reduce(tp, fp, fn, _labels_mask(labels, taxonomy, False), 1.0, average, zero_division)[2]
+    mask = _present(_labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
+    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]

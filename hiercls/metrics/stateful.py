@@ -44,6 +44,7 @@ from hiercls.metrics.hierarchical import (
     _fbeta_from_counts,
     _labels_mask,
     _macro_mean,
+    _present,
     _root_free_counts,
     node_confusion,
 )
@@ -152,6 +153,9 @@ class Metric:
         """Add the states of another metric of the same kind and configuration (e.g. from another worker)."""
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        mine, theirs = getattr(self, "taxonomy", None), getattr(other, "taxonomy", None)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
         for k, v in other.states().items():
             if v.shape != self._state[k].shape:
                 raise ValueError(f"cannot merge: state {k!r} has shape {tuple(v.shape)}, "
@@ -195,6 +199,7 @@ class HierarchicalFBeta(Metric):
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
         self.mask = _labels_mask(labels, taxonomy, include_root)
+        self.labels = labels
         if average != "macro" and labels is not None:
             raise ValueError("labels is only used with average='macro'")
         for name in ("inter", "npred", "ntrue", "sum_p", "sum_r", "sum_f", "total"):
@@ -239,7 +244,8 @@ class HierarchicalFBeta(Metric):
         tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
         if self.include_root:
             tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
-        tp, fp, fn = tp[self.mask], fp[self.mask], fn[self.mask]
+        mask = _present(self.mask, self.labels, tp, fp, fn)
+        tp, fp, fn = tp[mask], fp[mask], fn[mask]
         return {"precision": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
                 "recall": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
                 "fbeta": _macro_mean(np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd,
@@ -266,6 +272,7 @@ class NodeF1(Metric):
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.mask = _labels_mask(labels, taxonomy, include_root)
+        self.labels = labels
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
         for name in ("tp", "fp", "fn"):
@@ -285,9 +292,12 @@ class NodeF1(Metric):
         tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
         if self.include_root:
             tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
-        tp, fp, fn = tp[self.mask], fp[self.mask], fn[self.mask]
+        full = self.mask
+        mask = _present(full, self.labels, tp, fp, fn)
+        hamming_errors = fp[full].sum() + fn[full].sum()
+        tp, fp, fn = tp[mask], fp[mask], fn[mask]
         stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
-        total = float(s["total"]) * int(self.mask.sum())
+        total = float(s["total"]) * int(full.sum())
         return {
             "micro_precision": safe_divide(stp, stp + sfp, zd, "micro precision"),
             "micro_recall": safe_divide(stp, stp + sfn, zd, "micro recall"),
@@ -295,7 +305,7 @@ class NodeF1(Metric):
             "macro_precision": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
             "macro_recall": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
             "macro_f1": _macro_mean(np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, "node F1"))),
-            "hamming_loss": float((sfp + sfn) / total) if total else math.nan,
+            "hamming_loss": float(hamming_errors / total) if total else math.nan,
         }
 
 
@@ -494,9 +504,11 @@ class HierarchicalMetrics(Metric):
         sync_on_compute: all-reduce over ``torch.distributed`` in ``compute``.
 
     ``compute()`` returns a flat dict: ``accuracy`` (exact match), ``hP/hR/hF1`` with ``_micro`` and
-    ``_samples`` suffixes, ``hF1_macro``, ``node_micro_f1``, ``node_macro_f1``, ``hamming_loss``,
+    ``_samples`` suffixes, ``hF1_macro`` (= ``node_macro_f1``: the mean F1 over the nodes that are true or
+    predicted at least once), ``node_micro_f1``, ``hamming_loss`` (over all nodes),
     ``per_level_accuracy`` (list), ``per_semantic_level_accuracy`` (list), ``semantic_accuracy``, and for
-    single-label ``mistake_severity``, ``error_rate``, ``mean_distance``, ``wu_palmer_loss``, ``zhao_loss``,
+    single-label ``mistake_severity`` (with ``mistake_severity_distance``, the name of its distance),
+    ``error_rate``, ``mean_distance``, ``wu_palmer_loss``, ``zhao_loss``,
     ``top{k}_accuracy``, ``hdist@{k}``.
 
     Example:
@@ -519,7 +531,7 @@ class HierarchicalMetrics(Metric):
         kw = {"sync_on_compute": False}
         self.children: dict[str, Metric] = {
             "hier": HierarchicalFBeta(taxonomy, average="samples", include_root=include_root, zero_division=zd, **kw),
-            "node": NodeF1(taxonomy, include_root=include_root, zero_division=zd, **kw),
+            "node": NodeF1(taxonomy, labels="present", include_root=include_root, zero_division=zd, **kw),
             "depth": LevelAccuracy(taxonomy, levels="depth", **kw),
             "semantic": LevelAccuracy(taxonomy, levels="semantic", **kw),
         }
@@ -578,6 +590,8 @@ class HierarchicalMetrics(Metric):
     def merge(self, other: Metric) -> Metric:
         if not isinstance(other, HierarchicalMetrics) or set(other.children) != set(self.children):
             raise TypeError("can only merge a HierarchicalMetrics of the same configuration")
+        if other.taxonomy != self.taxonomy:
+            raise ValueError(f"cannot merge metrics of different taxonomies ({self.taxonomy!r} vs {other.taxonomy!r})")
         for k, v in other._state.items():
             self._state[k] += v
         for name, child in self.children.items():
@@ -620,6 +634,7 @@ class HierarchicalMetrics(Metric):
         if not self.multilabel:
             sev = self.children["severity"]._compute(part("severity"))
             out.update(sev)
+            out["mistake_severity_distance"] = self.children["severity"].distance
             out["wu_palmer_loss"] = self.children["wu_palmer"]._compute(part("wu_palmer"))["mean_distance"]
             out["zhao_loss"] = self.children["zhao"]._compute(part("zhao"))["mean_distance"]
             if "topk" in self.children:

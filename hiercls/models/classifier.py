@@ -75,7 +75,8 @@ class HierarchicalClassifier(nn.Module):
         backbone: :class:`~hiercls.models.backbones.TimmBackbone` or :class:`~hiercls.models.backbones.HFBackbone`
             (for prompting heads it keeps only the data config / tokenizer: the network lives in ``head``).
         head: a :class:`hiercls.heads.HierarchicalHead`, or the prompting model (``head_name="transhp"``).
-        taxonomy: the taxonomy; head_name, head_options: how the head was built.
+        taxonomy: the taxonomy; head_name, head_options: how the head was built (options in their JSON form,
+            as saved in ``config.json``).
         modality: ``"image"`` or ``"text"``.
     """
 
@@ -112,18 +113,16 @@ class HierarchicalClassifier(nn.Module):
         if name in PROMPT_HEADS:
             if self.is_prompted:
                 raise ValueError(f"head {name!r} is already built; use reset_head(taxonomy=...) to rebuild its prompts")
-            else:
-                try:
-                    from hiercls.heads.prompt import create_prompt_model
-                except ImportError as err:
-                    raise ValueError(f"head={name!r} needs hiercls.heads.prompt, which failed to import: "
-                                     f"{err}") from err
-                network = self.backbone.release_model()
-                try:
-                    self.head = create_prompt_model(network, taxonomy, **options)
-                except Exception:
-                    self.backbone.model = network  # keep the model usable after a bad option
-                    raise
+            try:
+                from hiercls.heads.prompt import create_prompt_model
+            except ImportError as err:
+                raise ValueError(f"head={name!r} needs hiercls.heads.prompt, which failed to import: {err}") from err
+            network = self.backbone.release_model()
+            try:
+                self.head = create_prompt_model(network, taxonomy, **options)
+            except Exception:
+                self.backbone.model = network  # keep the model usable after a bad option
+                raise
         else:
             if self.is_prompted:
                 raise ValueError(f"cannot switch a prompting model ({self.head_name!r}) to head {name!r}: the prompts "
@@ -173,7 +172,7 @@ class HierarchicalClassifier(nn.Module):
             return
         name = head or self.head_name
         if not options and name == self.head_name:
-            options = dict(self.head_options)
+            options = _decode_options(self.head_options)
         device = next(self.parameters()).device
         self._build_head(name, taxonomy or self.taxonomy, dict(options))
         self.head.to(device)
@@ -419,5 +418,10 @@ def create_model(backbone: str, taxonomy: Taxonomy, *, head: str = "semantic_sof
     if kind == "timm":
         bb: TimmBackbone | HFBackbone = TimmBackbone(name, weights=weights, **backbone_kwargs)
     else:
+        if isinstance(weights, str) and weights == "package":
+            if name not in ("minilm", "package"):
+                raise ValueError(f"weights='package' with backbone {backbone!r}: a Hugging Face model loads the "
+                                 "weights of its own folder; the offline package is 'hf:minilm'")
+            weights = None  # the folder of hf:minilm is the package already
         bb = HFBackbone(name, weights=weights, **backbone_kwargs)
     return HierarchicalClassifier(bb, taxonomy, head=head, head_options=head_options, dense=dense)

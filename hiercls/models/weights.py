@@ -166,6 +166,9 @@ def load_by_name(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, so
     sd = _strip_prefixes(state_dict, set(target))
     skipped = [k for k in sd if k not in target and k.startswith(ignore_prefixes)]
     sd = {k: v for k, v in sd.items() if k not in skipped}
+    for k in target:
+        if k not in sd and k.endswith("num_batches_tracked"):
+            sd[k] = target[k]  # older checkpoints lack this BatchNorm counter; it does not affect outputs
     missing = [k for k in target if k not in sd]
     unexpected = [k for k in sd if k not in target]
     bad = [(k, tuple(v.shape), tuple(target[k].shape)) for k, v in sd.items() if k in target

@@ -44,10 +44,13 @@ from hiercls.taxonomy.regions import NestedRegions, brats_regions, nested_region
 from hiercls.taxonomy.registry import list_taxonomies, load_taxonomy, taxonomy_path
 
 # WordNet / ImageNet builders are imported on first use: they pull in nltk (and timm's class tables).
+# A public name equal to a submodule's name (the function ``wordnet.wordnet``) is not re-exported:
+# ``hiercls.taxonomy.wordnet`` stays the module, as ``import hiercls.taxonomy.wordnet as wn`` expects.
 _LAZY_MODULES = ("hiercls.taxonomy.wordnet", "hiercls.taxonomy.imagenet")
+_SUBMODULES = frozenset(m.rsplit(".", 1)[1] for m in _LAZY_MODULES)
 _WORDNET_NAMES = (
     "DEBIAN_WORDNET_DIR", "LEXNAMES", "WORDNET_ROOT_WNID", "WordNetUnavailableError", "is_wnid", "synset_to_wnid",
-    "wnid_to_synset", "wordnet", "wordnet_available", "wordnet_data_dir", "wordnet_taxonomy",
+    "wnid_to_synset", "wordnet_available", "wordnet_data_dir", "wordnet_taxonomy",
 )
 
 __all__ = [
@@ -64,6 +67,13 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name.startswith("_"):
         raise AttributeError(name)
+    if name in _SUBMODULES:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'hiercls.taxonomy' has no attribute {name!r}") from None
     for module_name in _LAZY_MODULES:
         try:
             module = importlib.import_module(module_name)

@@ -155,6 +155,16 @@ def _check_roots(edges: Sequence[tuple[str, str]], locations: Sequence[str], nod
                         source=src or source, line=int(line) if line.isdigit() else None, label=stray)
 
 
+def _build(source: str, edges: Sequence[tuple[str, str]], **kwargs: Any) -> Taxonomy:
+    """``Taxonomy(edges, **kwargs)``, with the file named in errors that have no location of their own."""
+    try:
+        return Taxonomy(edges, **kwargs)
+    except TaxonomyError as err:
+        if err.source is not None:
+            raise
+        raise TaxonomyError(err.reason, source=source, line=err.line, label=err.label) from None
+
+
 # ---------------------------------------------------------------------------------------------- JSON positions
 class _LinedDict(dict):
     line: int = 0
@@ -247,11 +257,11 @@ def write_json(tax: Taxonomy, path: PathLike) -> None:
         head = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     except TypeError as err:
         raise TypeError(f"taxonomy {tax.name!r}: metadata must be JSON-serialisable: {err}") from None
-    dump = json.dumps
+    encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
     with _open_write(path) as f:
         f.write(head[:-1])
         f.write(',"edges":[')
-        f.write(",\n".join(dump(e, ensure_ascii=False, separators=(",", ":")) for e in edges))
+        f.write(",\n".join(map(encode, edges)))
         f.write("]}\n")
 
 
@@ -307,7 +317,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
             classes = [c for c in classes if c != vr]
         if disp_map is not None:
             disp_map.pop(vr, None)
-    tax = Taxonomy(edges, nodes=node_list, display_names=disp_map, classes=classes, virtual_root=vr,
+    tax = _build(source, edges, nodes=node_list, display_names=disp_map, classes=classes, virtual_root=vr,
                    name=obj.get("name") or None, metadata=metadata, locations=edge_locs)
     stored = obj.get("fingerprint")
     if stored is not None and stored != tax.fingerprint:
@@ -344,7 +354,7 @@ def _split_fields(line: str, delimiter: str | None) -> list[str]:
 
 
 def _sniff_delimiter(lines: Sequence[tuple[int, str]]) -> str | None:
-    sample = [ln for _, ln in lines[:200]]
+    sample = [ln for _, ln in lines]
     if any("\t" in ln for ln in sample):
         return "\t"
     if any("," in ln for ln in sample):
@@ -408,16 +418,20 @@ def read_edge_list(path: PathLike, *, delimiter: str | None = "auto", virtual_ro
         raise TaxonomyError("empty edge list: no 'parent child' lines", source=source)
     nodes = list(dict.fromkeys(nodes))
     _check_roots(edges, locations, nodes, virtual_root, source, declared)
-    return Taxonomy(edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
+    return _build(source, edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
                     locations=locations, **kwargs)
 
 
 def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
     for n in tax.names:
-        bad = [ch for ch in forbidden if ch in n] or ([] if n.strip() == n and n else ["leading/trailing space"])
-        if bad:
-            raise TaxonomyError(f"node name {n!r} cannot be written as {fmt}: it contains {bad[0]!r}; use "
-                                "format='json'", label=n)
+        reasons = [f"it contains {ch!r}" for ch in forbidden if ch in n]
+        if not n or n.strip() != n:
+            reasons.append("it is empty or has leading/trailing spaces")
+        if n.startswith("#"):
+            reasons.append("it starts with '#' (read back as a comment)")
+        if reasons:
+            raise TaxonomyError(f"node name {n!r} cannot be written as {fmt}: {reasons[0]}; use format='json'",
+                                label=n)
 
 
 def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> None:
@@ -429,7 +443,7 @@ def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> 
     """
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
-    _check_writable_names(tax, "\t\n\r#" + delimiter, "an edge list")
+    _check_writable_names(tax, "\t\n\r" + delimiter, "an edge list")
     names = tax.names
     vr = tax.virtual_root
     with _open_write(path) as f:
@@ -484,7 +498,7 @@ def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | Non
         raise TaxonomyError("empty taxonomy file: no 'parent<TAB>children' lines", source=source)
     nodes = list(dict.fromkeys(n for e in edges for n in e))
     _check_roots(edges, locations, nodes, virtual_root, source)
-    return Taxonomy(edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
+    return _build(source, edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
                     locations=locations, **kwargs)
 
 
@@ -588,7 +602,7 @@ def taxonomy_from_nested(tree: Mapping[str, Any], *, source: str = "<nested>", v
             raise TaxonomyError(f"the top-level object has {len(top)} keys ({', '.join(map(repr, top[:5]))}), so the "
                                 "taxonomy has several roots; pass virtual_root='<name>' to join them under a new root",
                                 source=source, line=_line_of(tree))
-    return Taxonomy(edges, nodes=nodes, virtual_root=virtual_root, locations=locations, **kwargs)
+    return _build(source, edges, nodes=nodes, virtual_root=virtual_root, locations=locations, **kwargs)
 
 
 def _parse_json_file(path: PathLike) -> tuple[Any, str]:
@@ -715,7 +729,7 @@ def _taxonomy_from_node_link(data: Any, source: str, virtual_root: str | None, n
     meta = graph_attrs.get("metadata") if isinstance(graph_attrs.get("metadata"), Mapping) else {
         k: v for k, v in graph_attrs.items() if k not in ("name", "virtual_root")}
     kwargs.setdefault("metadata", meta)
-    return Taxonomy(edges, nodes=nodes, display_names=display or None,
+    return _build(source, edges, nodes=nodes, display_names=display or None,
                     classes=classes if any_class_flag else None, virtual_root=vr,
                     name=name or graph_attrs.get("name") or _base_name(source), locations=locations, **kwargs)
 
@@ -817,7 +831,7 @@ def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator
         raise TaxonomyError(f"root name {root!r} is also a label; pass root='<another name>'", source=source,
                             label=root)
     kwargs.setdefault("classes", list(ends))
-    return Taxonomy(list(edges), nodes=list(nodes), display_names=nodes, virtual_root=vr,
+    return _build(source, list(edges), nodes=list(nodes), display_names=nodes, virtual_root=vr,
                     locations=list(edges.values()), **kwargs)
 
 
@@ -963,7 +977,7 @@ def read_folders(path: PathLike, *, root: str = "root", classes: Literal["files"
     if cls is not None:
         order = {n: i for i, n in enumerate(nodes)}
         cls.sort(key=order.__getitem__)
-    return Taxonomy(edges, nodes=nodes, display_names=display, classes=cls, name=name or base.resolve().name,
+    return _build(str(base), edges, nodes=nodes, display_names=display, classes=cls, name=name or base.resolve().name,
                     **kwargs)
 
 
@@ -1023,6 +1037,8 @@ def detect_format(path: PathLike) -> str:
         raise FileNotFoundError(f"no such file: {p}")
     text = _read_text(p)
     head = text.lstrip()[:1]
+    if head == "{" and f'"format":"{JSON_FORMAT_ID}"' in text[:200].replace(" ", ""):
+        return "json"  # written by write_json: no need to parse it here
     if ext == ".json" or head in ("{", "["):
         return _json_kind(_load_json(text, str(p)))
     lines = [ln for _, ln in _data_lines(text)][:500]
@@ -1052,7 +1068,7 @@ def _check_reader_options(fmt: str, kwargs: Mapping[str, Any]) -> None:
     allowed = dict.fromkeys([*own, *_TAXONOMY_OPTIONS])
     unknown = [k for k in kwargs if k not in allowed]
     if unknown:
-        raise TypeError(f"format {fmt!r} takes no option {unknown[0]!r}; its options are {', '.join(allowed)}")
+        raise ValueError(f"format {fmt!r} takes no option {unknown[0]!r}; its options are {', '.join(allowed)}")
 
 
 def _check_format(fmt: str) -> str:
@@ -1090,7 +1106,7 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
             _check_reader_options(kind, kwargs)
             return _READERS[kind](path, **kwargs)
         if kwargs:
-            raise TypeError(f"read_json takes no options; got {', '.join(kwargs)}")
+            raise ValueError(f"read_json takes no options; got {', '.join(kwargs)}")
         try:
             return taxonomy_from_dict(obj, source=str(path))
         except TaxonomyError as err:
@@ -1098,7 +1114,7 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
                 raise
         return taxonomy_from_dict(_json_with_lines(text), source=str(path))
     if fmt == "json" and kwargs:
-        raise TypeError(f"read_json takes no options; got {', '.join(kwargs)}")
+        raise ValueError(f"read_json takes no options; got {', '.join(kwargs)}")
     return _READERS[fmt](path, **kwargs)
 
 

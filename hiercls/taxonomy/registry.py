@@ -108,6 +108,7 @@ def load_taxonomy(name_or_path: str | os.PathLike, **kwargs: Any) -> Taxonomy:
     Raises:
         TaxonomyError: an unknown name (listing the shipped ones) or an invalid file.
         FileNotFoundError: a path that does not exist.
+        ValueError: options for a shipped name, or options the file's format does not take.
     """
     from hiercls.taxonomy.io import read_taxonomy
 
@@ -119,7 +120,7 @@ def load_taxonomy(name_or_path: str | os.PathLike, **kwargs: Any) -> Taxonomy:
         return read_taxonomy(text, **kwargs)
     path = taxonomy_path(text)
     if kwargs:
-        raise TypeError(f"options {', '.join(kwargs)} only apply to files, not to the shipped taxonomy {text!r}")
+        raise ValueError(f"options {', '.join(kwargs)} only apply to files, not to the shipped taxonomy {text!r}")
     return _load_shipped(str(path), path.stat().st_mtime_ns)
 
 
@@ -134,7 +135,15 @@ def _header(path: Path) -> dict[str, Any]:
                 return json.loads(head)
             head += more
     cut = head.index('"edges":')
-    return json.loads(head[:cut].rstrip().rstrip(",") + "}")
+    try:
+        quick = json.loads(head[:cut].rstrip().rstrip(",") + "}")
+        if isinstance(quick, dict) and "nodes" in quick:
+            return quick
+    except ValueError:
+        pass
+    # Not laid out by write_json ("edges" first, or an "edges" key inside metadata): parse all of it.
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
 
 
 def list_taxonomies() -> list[dict[str, Any]]:

@@ -366,6 +366,8 @@ def evaluate_model(model: nn.Module, loader: Iterable[Any], taxonomy: Taxonomy, 
     for name, m in metrics.items():
         for key, value in m.compute().items():
             results[f"{name}/{key}"] = _plain(value)
+        if isinstance(m, NestedDice) and m.regions is not None:
+            results[f"{name}/regions"] = [taxonomy.display_names[int(r)] for r in m.regions]
     all_reduce_sum(loss_sum)
     results["eval_loss"] = float(loss_sum[0] / loss_sum[1]) if loss_sum[1] > 0 else float("nan")
     model.train()

@@ -58,6 +58,8 @@ def format_results(runs: Mapping[str, Mapping[str, Any]], *, max_levels: int = 6
         max_levels: number of depth levels shown.
         extra: more metric keys to show (e.g. ``("mistake_severity",)``).
     """
+    if any(isinstance(res.get(f"{d}/dice"), list) for res in runs.values() for d in decoders_in(res)):
+        return _format_dense(runs)
     levels = 0
     for res in runs.values():
         for d in decoders_in(res):
@@ -75,6 +77,24 @@ def format_results(runs: Mapping[str, Mapping[str, Any]], *, max_levels: int = 6
                    *[_fmt(res.get(f"{d}/{k}")) for k in extra],
                    *[_fmt(per[i]) if i < len(per) else "-" for i in range(levels)]]
             rows.append(row)
+    return format_table(header, rows)
+
+
+def _format_dense(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """Segmentation results: mean Dice and Dice per nested region."""
+    regions: list[str] = []
+    for res in runs.values():
+        for d in decoders_in(res):
+            regions = regions or list(res.get(f"{d}/regions") or [])
+            if not regions and isinstance(res.get(f"{d}/dice"), list):
+                regions = [f"region {i + 1}" for i in range(len(res[f"{d}/dice"]))]
+    header = ["head", "decoder", "mean Dice", *[f"Dice {r}" for r in regions]]
+    rows = []
+    for label, res in runs.items():
+        for d in decoders_in(res):
+            dice = res.get(f"{d}/dice") or []
+            rows.append([label, d, _fmt(res.get(f"{d}/mean_dice")),
+                         *[_fmt(dice[i]) if i < len(dice) else "-" for i in range(len(regions))]])
     return format_table(header, rows)
 
 

@@ -1,0 +1,89 @@
+"""``hiercls evaluate``: hierarchical metrics of a saved model, or of saved probabilities.
+
+Examples::
+
+    hiercls evaluate --model runs/quickstart                       # best checkpoint, the recipe's eval split
+    hiercls evaluate --model runs/quickstart --data test --decoder argmax_leaf --decoder optimal_hf1 --out m.json
+    hiercls evaluate --probs runs/x/eval_probs.npy --labels runs/x/eval_labels.npy --taxonomy imagenet1k_tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "hierarchical metrics for a saved model or saved probabilities"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("Examples::", 1)[1]
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="DIR", help="a run folder (uses checkpoints/best) or a saved model folder")
+    src.add_argument("--probs", metavar="FILE", help="saved node probabilities (.npy, .npz, .pt)")
+    parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
+    parser.add_argument("--recipe", metavar="YAML", help="recipe giving the data set (default: the run's config.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the recipe's config (e.g. data.options.root=...)")
+    parser.add_argument("--data", metavar="SPLIT", help="split to evaluate (default: the recipe's data.eval_split)")
+    parser.add_argument("--decoder", action="append", default=None, metavar="RULE",
+                        help="decoder (repeatable; default: the recipe's eval.decoders; optimal_hf1 = hF-beta, beta 1)")
+    parser.add_argument("--max-samples", type=int, default=None,
+                        help="evaluate a fixed subset of N samples (0 = all; default: the recipe's max_eval_samples)")
+    parser.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
+    parser.add_argument("--labels", metavar="FILE", help="with --probs: true labels (.npy node ids or a text file)")
+    parser.add_argument("--taxonomy", metavar="NAME_OR_PATH", help="with --probs: the taxonomy")
+    parser.add_argument("--leaf-probs", action="store_true", help="with --probs: the file holds leaf probabilities")
+    parser.add_argument("--out", metavar="FILE.json", help="write the metrics as JSON")
+
+
+def _evaluate_probs(args: argparse.Namespace) -> int:
+    from hiercls.decode.saved import evaluate_saved, format_table, load_labels, load_probabilities
+    from hiercls.taxonomy import load_taxonomy
+
+    if not args.labels or not args.taxonomy:
+        raise ValueError("--probs needs --labels FILE and --taxonomy NAME_OR_PATH")
+    taxonomy = load_taxonomy(args.taxonomy)
+    probs = load_probabilities(args.probs)
+    labels = load_labels(args.labels, taxonomy)
+    rules = []
+    options: dict[str, dict] = {}
+    for name in args.decoder or ["argmax_leaf", "optimal_hfbeta"]:
+        rule = "optimal_hfbeta" if name == "optimal_hf1" else name
+        if name == "optimal_hf1":
+            options["optimal_hfbeta"] = {"beta": 1.0}
+        rules.append(rule)
+    results = evaluate_saved(probs, labels, taxonomy, rules=rules, leaf_probs=args.leaf_probs, rule_options=options)
+    print(format_table(results))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.probs:
+        return _evaluate_probs(args)
+    from hiercls.train.config import apply_overrides, load_config
+    from hiercls.train.distributed import resolve_device
+    from hiercls.train.inference import evaluate_run, load_trained_model
+    from hiercls.train.report import format_results
+
+    device = resolve_device(args.device)
+    model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
+    if args.recipe:
+        cfg = load_config(args.recipe)
+    if cfg is None:
+        raise ValueError(f"{args.model!r} is a bare model folder: give --recipe RECIPE.yaml to say which data set "
+                         "to evaluate on")
+    cfg = apply_overrides(cfg, args.overrides)
+    results = evaluate_run(model, taxonomy, cfg, split=args.data, decoders=args.decoder,
+                           max_samples=args.max_samples, batch_size=args.batch_size, device=device)
+    head = getattr(model, "head_name", cfg.model.head)
+    print(f"{args.model}: {results['samples']} samples of split {results['split']!r}")
+    print(format_results({head: results}))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0

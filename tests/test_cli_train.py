@@ -1,0 +1,123 @@
+"""``hiercls train`` / ``evaluate`` / ``predict`` end to end on tiny models (in-process ``main(argv)``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hiercls.cli import main
+
+TAXONOMY = "root animal\nroot vehicle\nanimal cat\nanimal dog\nvehicle car\nvehicle bike\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("cli")
+    (d / "tax.txt").write_text(TAXONOMY, encoding="utf-8")
+    recipe = {
+        "name": "tiny", "description": "tiny synthetic run", "taxonomy": str(d / "tax.txt"),
+        "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
+        "data": {"dataset": "synthetic", "batch_size": 8, "image_size": 16,
+                 "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 10}},
+        "schedule": {"epochs": 1},
+        "eval": {"decoders": ["argmax_leaf", "optimal_hf1"], "save_probs": True},
+        "run": {"out_dir": str(d / "run"), "progress": False},
+        "compare_heads": ["flat"],
+    }
+    (d / "recipe.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    return {"dir": d, "recipe": d / "recipe.yaml", "run": d / "run"}
+
+
+def test_train_prints_comparison_table(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(trained["recipe"]), "--set", "optim.lr=2e-3"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny: tiny synthetic run" in out
+    lines = [line.split() for line in out.splitlines()]
+    heads = [(row[0], row[1]) for row in lines if row and row[0] in ("semantic_softmax", "flat")]
+    assert heads == [("semantic_softmax", "argmax_leaf"), ("semantic_softmax", "optimal_hf1"),
+                     ("flat", "argmax_leaf"), ("flat", "optimal_hf1")]
+    run = trained["run"]
+    comparison = json.loads((run / "comparison.json").read_text())
+    assert set(comparison) == {"semantic_softmax", "flat"}
+    assert (run / "compare" / "flat" / "results.json").is_file()
+    assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] == 2e-3
+
+
+def test_train_errors_are_one_line(trained: dict[str, Path], tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  backbone: timm:test_vit\n  haed: flat\n", encoding="utf-8")
+    assert main(["train", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:3: model.haed: unknown key 'haed'" in err and "did you mean 'head'" in err
+    assert "Traceback" not in err
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 1
+    assert "missing.yaml" in capsys.readouterr().err
+    assert main(["train", str(trained["recipe"]), "--set", "optim.lr=abc"]) == 1
+    assert "--set optim.lr: expected float, got 'abc'" in capsys.readouterr().err
+
+
+def test_print_config(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(trained["recipe"]), "--print-config", "--set", "schedule.epochs=7"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["schedule"]["epochs"] == 7 and cfg["model"]["head"] == "semantic_softmax"
+
+
+def test_evaluate_model_and_saved_probs_agree(trained: dict[str, Path], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    run = trained["run"]
+    if not (run / "results.json").exists():
+        assert main(["train", str(trained["recipe"]), "--no-compare"]) == 0
+    capsys.readouterr()
+    out_json = tmp_path / "m.json"
+    assert main(["evaluate", "--model", str(run), "--checkpoint", "last", "--out", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "10 samples of split 'val'" in text and "argmax_leaf" in text
+    metrics = json.loads(out_json.read_text())
+    final = json.loads((run / "results.json").read_text())
+    # The last checkpoint is the final model: evaluating it again gives the training run's final metrics.
+    for key in ("argmax_leaf/accuracy", "argmax_leaf/hF1_micro", "optimal_hf1/hF1_micro"):
+        assert metrics[key] == pytest.approx(final[key])
+    # The saved probabilities re-scored by hiercls.decode.saved (an independent implementation).
+    probs, labels = np.load(run / "eval_probs.npy"), np.load(run / "eval_labels.npy")
+    assert probs.shape == (10, 7) and labels.shape == (10,)
+    saved_json = tmp_path / "s.json"
+    assert main(["evaluate", "--probs", str(run / "eval_probs.npy"), "--labels", str(run / "eval_labels.npy"),
+                 "--taxonomy", str(trained["dir"] / "tax.txt"), "--decoder", "argmax_leaf",
+                 "--out", str(saved_json)]) == 0
+    saved = json.loads(saved_json.read_text())["rules"]["argmax_leaf"]
+    assert saved["accuracy"] == pytest.approx(final["argmax_leaf/accuracy"])
+    assert main(["evaluate", "--probs", str(run / "eval_probs.npy")]) == 1
+    assert "--probs needs --labels" in capsys.readouterr().err
+
+
+def test_predict_images(trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
+    run = trained["run"]
+    if not (run / "checkpoints" / "best").exists():
+        assert main(["train", str(trained["recipe"]), "--no-compare"]) == 0
+    paths = []
+    for i, colour in enumerate(["red", "blue"]):
+        p = tmp_path / f"img{i}.png"
+        Image.new("RGB", (20, 20), colour).save(p)
+        paths.append(str(p))
+    out = tmp_path / "p.json"
+    capsys.readouterr()
+    assert main(["predict", "--model", str(run), *paths, "--top-k", "2", "--out", str(out)]) == 0
+    assert "img0.png" in capsys.readouterr().out
+    preds = json.loads(out.read_text())["predictions"]
+    assert len(preds) == 2
+    names = {"cat", "dog", "car", "bike"}
+    for p in preds:
+        assert p["prediction"]["name"] in names and len(p["top_k"]) == 2
+        assert p["path"][0] == "root" and p["path"][-1] == p["prediction"]["display_name"]
+        assert p["top_k"][0]["prob"] >= p["top_k"][1]["prob"]
+    assert main(["predict", "--model", str(run), "some text"]) == 1
+    assert "image model" in capsys.readouterr().err
+    assert main(["predict", "--model", str(tmp_path / "nope"), "x"]) == 1
+    assert "does not exist" in capsys.readouterr().err
