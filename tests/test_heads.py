@@ -294,3 +294,38 @@ def test_multilabel_head_probs_are_mcm():
     assert torch.allclose(head.node_probs(out)[:, 1:], want)
     assert math.isclose(head.loss(torch.zeros(1, DAG.num_nodes - 1), torch.tensor([1])).item(), math.log(2),
                         rel_tol=1e-6)
+
+
+def test_semantic_and_conditional_node_probs_hand_computed():
+    small = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+    # semantic layout [a, b | x, y]: P(a) = 3/4, P(b) = 1/4; x, y renormalised within a: 1/5, 4/5
+    sem = SemanticSoftmaxHead(small, D)
+    z = torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]])
+    want = torch.tensor([[1.0, 0.75, 0.75 * 0.2, 0.75 * 0.8, 0.25]])
+    assert torch.allclose(sem.node_probs(z), want, atol=1e-6)
+    # conditional with stop: logits a, x, y, b, then stop(r), stop(a)
+    cond = ConditionalSoftmaxHead(small, D, stop=True)
+    z = torch.tensor([[math.log(2), 0.0, 0.0, math.log(1), math.log(1), math.log(2)]])
+    # at r: a 2, b 1, stop 1 -> 1/2, 1/4, 1/4; at a: x 1, y 1, stop 2 -> 1/4, 1/4, 1/2
+    want = torch.tensor([[1.0, 0.5, 0.125, 0.125, 0.25]])
+    assert torch.allclose(cond.node_probs(z), want, atol=1e-6)
+    assert torch.allclose(cond.stop_probs(z), torch.tensor([[0.25, 0.25, 0.125, 0.125, 0.25]]), atol=1e-6)
+    y = torch.tensor([small.index("a"), small.index("x")])
+    assert torch.allclose(cond.loss(z.repeat(2, 1), y), -torch.tensor([0.25, 0.125]).log().mean(), atol=1e-6)
+
+
+def test_degenerate_taxonomies_are_clear_errors():
+    single = Taxonomy([], nodes=["only"])
+    for name in ("conditional_softmax", "multilabel", "nested_sigmoid"):
+        with pytest.raises(TaxonomyError, match=r"single node|no region"):
+            create_head(name, single, D)
+    with pytest.raises(ValueError, match="in_features"):
+        create_head("flat", TREE, 0)
+    with pytest.raises(TypeError, match="Taxonomy"):
+        create_head("flat", {"r": None}, D)
+
+
+def test_every_builtin_head_is_covered_by_the_contract_tests():
+    builtin = {n for n in list_heads() if get_head_class(n).__module__.startswith("hiercls.heads.")
+               and get_head_class(n).__module__ != "hiercls.heads.prompt"}
+    assert builtin <= {name for name, _, _ in VARIANTS.values()}

@@ -405,8 +405,10 @@ def test_present_labels_equal_sklearn_multiclass_macro_on_a_flat_taxonomy():
     t, p = rng.integers(1, 11, 50), rng.integers(1, 11, 50)
     p[:3] = 11  # a class only predicted
     want = skm.f1_score(t, p, average="macro")  # averages over the labels present in t or p
-    assert M.node_f1_score(t, p, taxonomy=flat, average="macro", labels="present") == pytest.approx(want)
-    assert M.hierarchical_f1_score(t, p, taxonomy=flat, average="macro", labels="present") == pytest.approx(want)
+    assert M.node_f1_score(t, p, taxonomy=flat, average="macro", labels="present", zero_division=0.0) == pytest.approx(
+        want)
+    assert M.hierarchical_f1_score(t, p, taxonomy=flat, average="macro", labels="present",
+                                   zero_division=0.0) == pytest.approx(want)
     everything = skm.f1_score(t, p, average="macro", labels=np.arange(1, 13), zero_division=0.0)
     assert M.node_f1_score(t, p, taxonomy=flat, average="macro", zero_division=0.0) == pytest.approx(everything)
     assert M.hierarchical_report(t, p, taxonomy=flat, k=())["node_macro_f1"] == pytest.approx(want)

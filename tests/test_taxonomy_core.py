@@ -215,9 +215,13 @@ def test_marginals_numpy_and_torch(seed: int, dag: bool) -> None:
     t = tax.marginals(torch.from_numpy(leaf_probs.astype(np.float32)))
     assert t.dtype == torch.float32 and tuple(t.shape) == (2, 3, tax.num_nodes)
     np.testing.assert_allclose(t.numpy(), expected, rtol=1e-5, atol=1e-6)
+    # Node probabilities are float32 at least (the architecture contract), even from bf16 / fp16 inputs.
     t16 = tax.marginals(torch.from_numpy(leaf_probs).to(torch.bfloat16))
-    assert t16.dtype == torch.bfloat16
-    np.testing.assert_allclose(t16.float().numpy(), expected, rtol=3e-2, atol=3e-2)
+    assert t16.dtype == torch.float32
+    np.testing.assert_allclose(t16.numpy(), expected, rtol=3e-2, atol=3e-2)
+    t64 = tax.marginals(torch.from_numpy(leaf_probs))
+    assert t64.dtype == torch.float64
+    np.testing.assert_allclose(t64.numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS[:40])

@@ -11,6 +11,8 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hiercls.taxonomy import (
     Taxonomy,
@@ -152,6 +154,39 @@ def test_metadata_must_be_json(tmp_path: Path) -> None:
     tax = Taxonomy([("r", "a")], metadata={"bad": object()})
     with pytest.raises(TypeError, match="metadata"):
         write_json(tax, tmp_path / "x.json")
+
+
+NAME = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")), min_size=1, max_size=8)
+
+
+@st.composite
+def taxonomies(draw: st.DrawFn) -> Taxonomy:
+    """Random DAGs with arbitrary (non-control, non-space) unicode names."""
+    names = draw(st.lists(NAME, min_size=1, max_size=12, unique=True))
+    edges = []
+    for i in range(1, len(names)):
+        ps = draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=min(2, i)))
+        edges += [(names[p], names[i]) for p in sorted(ps)]
+    order = draw(st.permutations(edges))
+    return Taxonomy(order, nodes=draw(st.permutations(names)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tax=taxonomies())
+def test_lossless_formats_property(tmp_path: Path, tax: Taxonomy) -> None:
+    for fmt, name in (("json", "p.json.gz"), ("nodelink", "p.nl.json"), ("edges", "p.edges"), ("tsv", "p.tsv")):
+        if fmt == "tsv" and tax.num_nodes == 1:
+            continue
+        bad_for_text = any(n.startswith("#") for n in tax.names)  # read back as a comment
+        if fmt in ("edges", "tsv") and bad_for_text:
+            with pytest.raises(TaxonomyError, match="cannot be written"):
+                write_taxonomy(tax, tmp_path / name, format=fmt)
+            continue
+        write_taxonomy(tax, tmp_path / name, format=fmt)
+        back = read_taxonomy(tmp_path / name, format=fmt)
+        assert back.fingerprint == tax.fingerprint, fmt
+        if fmt != "tsv":
+            assert [back.parents(i) for i in range(back.num_nodes)] == [tax.parents(i) for i in range(tax.num_nodes)]
 
 
 # ---------------------------------------------------------------------------------------------- edge list

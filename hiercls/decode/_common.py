@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from hiercls.taxonomy import Taxonomy
@@ -156,16 +157,32 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
     return Batch(node=node, taxonomy=taxonomy, torch_device=device, torch_dtype=dtype, leaf=leaf)
 
 
-def _children_groups(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Non-root nodes grouped by parent: ``(order, starts, parents)`` for one gather + ``np.add.reduceat``."""
+def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:
+    """``C[u, c] = 1`` for every child ``c`` of ``u``: ``C @ P`` sums each node's children (node-major ``P``)."""
     cache = taxonomy_cache(taxonomy)
-    if "child_groups" not in cache:
+    if "child_csr" not in cache:
+        n = taxonomy.num_nodes
         par = taxonomy.primary_parent
-        order = np.argsort(par[1:], kind="stable") + 1
-        sorted_par = par[order]
-        starts = np.flatnonzero(np.r_[True, sorted_par[1:] != sorted_par[:-1]]) if len(order) else np.zeros(0, int)
-        cache["child_groups"] = (order, starts, sorted_par[starts] if len(order) else np.zeros(0, int))
-    return cache["child_groups"]
+        cache["child_csr"] = sp.csr_matrix((np.ones(n - 1), (par[1:], np.arange(1, n))), shape=(n, n))
+    return cache["child_csr"]
+
+
+def label_distribution_t(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.ndarray | None = None
+                         ) -> np.ndarray:
+    """:func:`label_distribution` of a tree in node-major layout ``[N, B]`` (C-contiguous).
+
+    Node-major makes the tree operations row gathers and contiguous sums, several times faster than
+    column gathers on ``[B, N]``.
+    """
+    if leaf is not None:
+        out = np.zeros((taxonomy.num_nodes, leaf.shape[0]))
+        out[taxonomy.leaves] = leaf.T
+        return out
+    # A copy always (for a single row, ``.T`` is already contiguous and would alias the caller's array).
+    out = np.array(node_probs.T, dtype=np.float64, order="C", copy=True)
+    if taxonomy.num_nodes > 1:
+        out -= _child_csr(taxonomy) @ out
+    return np.maximum(out, 0.0, out=out)
 
 
 def label_distribution(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.ndarray | None = None) -> np.ndarray:
@@ -182,10 +199,7 @@ def label_distribution(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.n
     if node_probs.shape[0] == 0:
         return node_probs.copy()
     if taxonomy.is_tree:
-        out = node_probs.copy()
-        order, starts, parents = _children_groups(taxonomy)
-        if len(order):
-            out[:, parents] -= np.add.reduceat(node_probs[:, order], starts, axis=1)
+        return label_distribution_t(node_probs, taxonomy).T
     else:
         a_t = taxonomy.ancestors_sparse.T.tocsr().astype(np.float64)
         out = spla.spsolve_triangular(a_t, node_probs.T, lower=False).T

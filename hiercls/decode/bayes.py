@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode._common import Batch, chunked, prepare, restore_ids, restore_values, taxonomy_cache
+from hiercls.decode._common import (
+    Batch,
+    chunked,
+    label_distribution_t,
+    prepare,
+    restore_ids,
+    restore_values,
+    taxonomy_cache,
+)
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost"]
@@ -55,58 +63,58 @@ def _candidate_mask(taxonomy: Taxonomy, candidates: Any) -> np.ndarray:
     return mask
 
 
-def _path_sum(x: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
-    """``out[:, n] = sum of x[:, a]`` over the ancestors-or-self ``a`` of ``n`` (trees), level by level."""
+def _path_sum_t(x: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """Node-major ``out[n] = sum of x[a]`` over the ancestors-or-self ``a`` of ``n`` (trees), level by level."""
     out = x.copy()
     par = taxonomy.parent
     for lvl in taxonomy.levels[1:]:
-        out[:, lvl] += out[:, par[lvl]]
+        out[lvl] += out[par[lvl]]
     return out
 
 
-def _marginal(p: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
-    """``P(n in Y)`` recomputed from the label distribution (consistent even if the input was not)."""
-    return np.asarray(taxonomy.ancestors_sparse.T.astype(np.float64).dot(p.T)).T
-
-
 def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
+    """``E[cost(n, y)]`` ``[B, N]`` on a tree without any node-to-label matrix (node-major internally)."""
     tax = batch.taxonomy
-    p = batch.label
-    mass = p.sum(1, keepdims=True)
-    big_p = _marginal(p, tax)
+    n = tax.num_nodes
+    pt = label_distribution_t(batch.node, tax, leaf=batch.leaf)  # [N, B]
+    mass = pt.sum(0)[None, :]
+    cs = np.zeros((n + 1, pt.shape[1]))
+    np.cumsum(pt, axis=0, out=cs[1:])
+    ids = np.arange(n)
+    big_p = cs[ids + tax.subtree_size] - cs[ids]  # P(n in Y), re-summed from the label distribution
+    del cs
     depth = tax.depth.astype(np.float64)
+    not_root = (ids > 0).astype(np.float64)[:, None]
     if kind in ("shortest_path", "zhao", "jiang_conrath"):
         f = depth if kind == "shortest_path" else tax.information_content.astype(np.float64)
         delta = f - np.where(tax.parent >= 0, f[np.maximum(tax.parent, 0)], 0.0)
-        e_lca = _path_sum(big_p * delta[None, :], tax)
-        return f[None, :] * mass + (p @ f)[:, None] - 2.0 * e_lca
-    if kind == "lca_height":
+        e_lca = _path_sum_t(big_p * delta[:, None], tax)
+        out = f[:, None] * mass + (f @ pt)[None, :] - 2.0 * e_lca
+    elif kind == "lca_height":
         h = float(tax.height)
-        e_depth_lca = _path_sum(big_p * np.where(np.arange(tax.num_nodes) > 0, 1.0, 0.0)[None, :], tax)
         # distance(n, n) is 0, not H - depth(n): take the label-equals-prediction term back out.
-        return h * mass - e_depth_lca - p * (h - depth[None, :])
-    if kind == "wu_palmer":
-        from hiercls.decode.hfbeta import _prefix, _tree_tables
+        out = h * mass - _path_sum_t(big_p * not_root, tax) - pt * (h - depth)[:, None]
+    elif kind == "wu_palmer":
+        from hiercls.decode.hfbeta import _tree_tables
 
         tab = _tree_tables(tax)
-        hh = tab["lo"].shape[1]
-        cs = _prefix(p[:, tab["order"]])
-        r = cs[:, tab["seg_hi"]] - cs[:, tab["seg_lo"]]  # [B, H+1] label mass by depth
-        out = np.zeros_like(p)
-        not_root = (np.arange(tax.num_nodes) > 0).astype(np.float64)
-        for m in range(hh):
-            if not r[:, m].any():
+        cs = np.zeros((n + 1, pt.shape[1]))
+        np.cumsum(pt[tab["order"]], axis=0, out=cs[1:])
+        r = cs[tab["seg_hi"]] - cs[tab["seg_lo"]]  # [H+1, B] label mass by depth
+        out = np.zeros_like(pt)
+        for m in range(r.shape[0]):
+            if not r[m].any():
                 continue
-            # Sum over labels at depth m of p(y) * (depth(lca) + 1) = r_m + sum over non-root ancestors a of n
-            # of P(a in Y, depth(y) = m).
-            q = cs[:, tab["hi"][:, m]] - cs[:, tab["lo"][:, m]]
-            num = r[:, m:m + 1] + _path_sum(q * not_root[None, :], tax)
-            out += num / (depth[None, :] + m + 2.0)
-        return mass - 2.0 * out
-    raise ValueError(f"no structured form for cost {kind!r}")
+            # Sum over labels y at depth m of p(y) (depth(lca) + 1) = r_m + the sum over the non-root
+            # ancestors a of n of P(a in Y, depth(y) = m).
+            q = cs[tab["hi"][:, m]] - cs[tab["lo"][:, m]]
+            out += (r[m][None, :] + _path_sum_t(q * not_root, tax)) / (depth[:, None] + m + 2.0)
+        out = mass - 2.0 * out
+    else:
+        raise ValueError(f"no structured form for cost {kind!r}")
+    return np.ascontiguousarray(out.T)
 
 
-@chunked
 def expected_cost(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, leaf_probs: bool = False) -> Any:
     """``E_y[cost(n, y)]`` for every node ``n``: ``[B, N]``.
 

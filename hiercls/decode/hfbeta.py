@@ -68,9 +68,16 @@ import sys
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-from hiercls.decode._common import Batch, chunked, prepare, restore_sets, restore_values, taxonomy_cache
+from hiercls.decode._common import (
+    Batch,
+    chunked,
+    label_distribution_t,
+    prepare,
+    restore_sets,
+    restore_values,
+    taxonomy_cache,
+)
 from hiercls.taxonomy import Taxonomy
 
 logger = logging.getLogger(__name__)
@@ -294,12 +301,6 @@ def _tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
     return cache["hf_tree"]
 
 
-def _prefix(x: np.ndarray) -> np.ndarray:
-    out = np.zeros((x.shape[0], x.shape[1] + 1))
-    np.cumsum(x, axis=1, out=out[:, 1:])
-    return out
-
-
 def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ancestor-closed candidates ``{P > tau}`` (at most ``c`` counted nodes), sorted by id; invalid last."""
     g, n = ptil.shape
@@ -322,15 +323,6 @@ def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray
     return np.where(valid, key, 0), valid, tau
 
 
-def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:
-    cache = taxonomy_cache(taxonomy)
-    if "child_csr" not in cache:
-        n = taxonomy.num_nodes
-        par = taxonomy.primary_parent
-        cache["child_csr"] = sp.csr_matrix((np.ones(n - 1), (par[1:], np.arange(1, n))), shape=(n, n))
-    return cache["child_csr"]
-
-
 def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool,
                c0: int) -> tuple[np.ndarray, np.ndarray]:
     tab = _tree_tables(taxonomy)
@@ -340,13 +332,7 @@ def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2
     h = tab["lo"].shape[1] - 1
     lv = np.arange(h + 1) + off  # label size of a label at depth m
     # Node-major [N, G] layout: every dense step below is a row gather or a cumulative sum over contiguous rows.
-    if leaf is not None:
-        pt = np.zeros((n, g))
-        pt[taxonomy.leaves] = leaf.T
-    else:
-        pt = np.ascontiguousarray(node.T)
-        pt -= _child_csr(taxonomy) @ pt  # label probability: P(n) - sum of P(children)
-        np.maximum(pt, 0.0, out=pt)
+    pt = label_distribution_t(node, taxonomy, leaf=leaf)  # label probability: P(n) - sum of P(children)
     # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
     cs_id = np.zeros((n + 1, g))

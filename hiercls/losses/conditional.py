@@ -65,12 +65,16 @@ class ConditionalSoftmax(nn.Module):
             raise ValueError(f"logits must have shape [B, {self.num_outputs}] (one per non-root node"
                              f"{' plus one stop logit per internal node' if self.stop else ''}); got {shape}")
 
-    def conditional_log_probs(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(log P(n | parent(n)) [B, N] with 0 at the root, log P(stop | n) [B, num_internal] or None)``."""
+    def _output_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, num_outputs]``: each logit's log-probability within its parent's softmax."""
         self.check(logits)
         z = upcast(logits).transpose(0, 1).contiguous()  # node-major: row gathers are fast
         lse = segment_logsumexp(z, self.group, self.num_internal, dim=0)
-        cond = (z - lse.index_select(0, self.group)).transpose(0, 1)
+        return (z - lse.index_select(0, self.group)).transpose(0, 1)
+
+    def conditional_log_probs(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(log P(n | parent(n)) [B, N] with 0 at the root, log P(stop | n) [B, num_internal] or None)``."""
+        cond = self._output_log_probs(logits)
         node_cond = torch.cat([cond.new_zeros(cond.shape[0], 1), cond[:, : self.taxonomy.num_nodes - 1]], dim=1)
         return node_cond, (cond[:, self.taxonomy.num_nodes - 1:] if self.stop else None)
 
@@ -80,12 +84,14 @@ class ConditionalSoftmax(nn.Module):
 
     def label_log_likelihood(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``log P(label)`` per sample (targets >= 0); with ``stop`` internal labels include ``log P(stop)``."""
-        cond, stop = self.conditional_log_probs(logits)
-        path = self.paths[targets]
-        ll = torch.where(path >= 0, cond.gather(1, path.clamp(min=0)), torch.zeros_like(path, dtype=cond.dtype)).sum(1)
-        if stop is not None:
+        cond = self._output_log_probs(logits)
+        path = self.paths[targets][:, 1:]  # the root contributes nothing; node n is output n - 1
+        terms = cond.gather(1, (path - 1).clamp(min=0))
+        ll = torch.where(path > 0, terms, torch.zeros_like(terms)).sum(1)
+        if self.stop:
             k = self.internal_index[targets]
-            ll = ll + torch.where(k >= 0, stop.gather(1, k.clamp(min=0)[:, None])[:, 0], torch.zeros_like(ll))
+            stop = cond.gather(1, (k.clamp(min=0) + self.taxonomy.num_nodes - 1)[:, None])[:, 0]
+            ll = ll + torch.where(k >= 0, stop, torch.zeros_like(ll))
         return ll
 
 

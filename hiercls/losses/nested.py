@@ -59,11 +59,13 @@ class NestedSigmoid(nn.Module):
         return ops.assemble(lp), ops.assemble(lq)
 
 
-def node_ids_to_regions(node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_root: bool = False) -> torch.Tensor:
+def node_ids_to_regions(node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_root: bool = False,
+                        ops: TreeOps | None = None) -> torch.Tensor:
     """Region masks from node ids: region ``n`` is on where the node id is ``n`` or a descendant of ``n``.
 
     ``node_ids`` is ``[B]`` or ``[B, *spatial]`` (``-1`` = ignore: all regions off); the result is float
-    ``[B, N - 1, *spatial]`` (``[B, N, ...]`` with ``include_root``). For raw BraTS labels use
+    ``[B, N - 1, *spatial]`` (``[B, N, ...]`` with ``include_root``); ``ops`` reuses prebuilt tables of
+    ``taxonomy``. For raw BraTS labels use
     :class:`hiercls.taxonomy.regions.NestedRegions` (``labels_to_regions`` / ``labels_to_nodes``).
 
     Example:
@@ -78,7 +80,9 @@ def node_ids_to_regions(node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_r
                          f"{int(ids.max())}]")
     onehot = F.one_hot(ids.clamp(min=0), n).float() * (ids >= 0).unsqueeze(-1).float()
     onehot = onehot.movedim(-1, 1)
-    closed = TreeOps(taxonomy).to(ids.device).descendant_max(onehot)
+    if ops is None:  # callers that convert every step pass their own (device-resident) tables
+        ops = TreeOps(taxonomy).to(ids.device)
+    closed = ops.descendant_max(onehot)
     return closed if include_root else closed[:, 1:]
 
 
@@ -148,7 +152,7 @@ class NestedRegionLoss(nn.Module):
         if tuple(targets.shape) != (logits.shape[0], *spatial):
             raise ValueError(f"node-id targets must have shape {[logits.shape[0], *spatial]} to match logits "
                              f"{list(logits.shape)}; got {list(targets.shape)}")
-        y = node_ids_to_regions(targets, self.taxonomy)
+        y = node_ids_to_regions(targets, self.taxonomy, ops=self.nested.ops)
         return y, (targets >= 0).unsqueeze(1).float()
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -561,7 +561,11 @@ class Taxonomy:
 
     @cached_property
     def information_content(self) -> np.ndarray:
-        """Intrinsic information content ``-log(leaves under n / all leaves)`` (Seco et al.); 0 at the root."""
+        """Leaf-count information content ``-log(leaves under n / all leaves)``; 0 at the root.
+
+        An intrinsic IC (no corpus counts), in the family of Seco et al. (2004) and Sánchez et al. (2011):
+        the probability of a node is the share of the leaves (outcomes) it covers.
+        """
         return _readonly(-np.log(self.num_leaves_under / self.num_leaves))
 
     def distance(self, a: np.ndarray | int, b: np.ndarray | int, kind: DistanceKind = "shortest_path") -> np.ndarray:

@@ -437,16 +437,20 @@ def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
 def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> None:
     """Write one ``parent<delimiter>child`` line per edge, ordered so that reading it back gives the same ids.
 
-    Lines come in child-id order, each child's parents in their order (so ``to_tree("first")`` is kept); the
-    roots joined by a virtual root are written as single-name lines instead of edges from the virtual root
-    (read back with the same ``virtual_root=``). Display names and classes are not kept.
+    A ``parent<delimiter>child`` header comes first. Lines come in child-id order, each child's parents in
+    their order (so ``to_tree("first")`` is kept); the roots joined by a virtual root are written as
+    single-name lines instead of edges from the virtual root (read back with the same ``virtual_root=``).
+    Display names and classes are not kept.
     """
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
-    _check_writable_names(tax, "\t\n\r" + delimiter, "an edge list")
+    # With spaces between fields a comma in a name would make the reader sniff commas as the delimiter.
+    _check_writable_names(tax, "\t\n\r" + delimiter + ("," if delimiter == " " else ""), "an edge list")
     names = tax.names
     vr = tax.virtual_root
     with _open_write(path) as f:
+        # The header fixes the delimiter the reader sniffs even when no edge line shows it (a single node).
+        f.write(f"parent{delimiter}child\n")
         if tax.num_nodes == 1:
             f.write(names[0] + "\n")
         for n in range(1, tax.num_nodes):

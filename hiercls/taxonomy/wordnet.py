@@ -316,54 +316,22 @@ def _hypernym_parents(synset: Synset, include_instances: bool) -> list[Synset]:
     return parents
 
 
-def _parent_first_order(parents: Mapping[str, list[str]], root: str) -> list[str]:
-    """A node order (depth-first pre-order along first parents) in which every node's parents appear in the
-    order they are listed, so that :class:`Taxonomy` (which orders each node's parents by node order) keeps
-    WordNet's hypernym order and ``to_tree("first")`` follows the first hypernym.
+def _preorder(parents: Mapping[str, list[str]], root: str) -> list[str]:
+    """Depth-first pre-order along first parents (children by wnid): the node order given to :class:`Taxonomy`.
 
-    Nodes whose parents would otherwise be out of order are moved just early enough: a topological sort of
-    "parent before child" plus "k-th parent before (k+1)-th parent", preferring the pre-order position.
+    It only breaks ties between siblings (ids stay topological); each node's parents keep the order of its
+    edges, i.e. WordNet's hypernym order.
     """
-    import heapq
-
     children: dict[str, list[str]] = {n: [] for n in parents}
     for child, ps in parents.items():
         if ps:
             children[ps[0]].append(child)
-    for kids in children.values():
-        kids.sort()
-    pos: dict[str, int] = {}
+    order: list[str] = []
     stack = [root]
     while stack:
         n = stack.pop()
-        pos[n] = len(pos)
-        stack.extend(reversed(children[n]))
-    # Constraint graph: edges u -> v mean u must come before v.
-    after: dict[str, list[str]] = {n: [] for n in parents}
-    indeg = dict.fromkeys(parents, 0)
-    for child, ps in parents.items():
-        for p in ps:
-            after[p].append(child)
-            indeg[child] += 1
-        for a, b in zip(ps, ps[1:]):
-            after[a].append(b)
-            indeg[b] += 1
-    heap = [(pos[n], n) for n, d in indeg.items() if d == 0]
-    heapq.heapify(heap)
-    order: list[str] = []
-    while heap:
-        _, n = heapq.heappop(heap)
         order.append(n)
-        for m in after[n]:
-            indeg[m] -= 1
-            if indeg[m] == 0:
-                heapq.heappush(heap, (pos[m], m))
-    if len(order) != len(parents):
-        # Contradictory parent orders (x lists a before b, y lists b before a): keep the pre-order for the rest.
-        stuck = sorted((n for n in parents if n not in set(order)), key=pos.__getitem__)
-        logger.warning("WordNet parent orders conflict for %d synsets; their secondary parents may be reordered",
-                       len(stuck))
-        order += stuck
+        stack.extend(sorted(children[n], reverse=True))
     return order
 
 
@@ -452,7 +420,7 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
         logger.info("wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms",
                     len(unreached))
         parents = {w: [p for p in ps if p in reached] for w, ps in parents.items() if w in reached}
-    order = _parent_first_order(parents, WORDNET_ROOT_WNID)
+    order = _preorder(parents, WORDNET_ROOT_WNID)
     edges = [(p, c) for c in order for p in parents[c]]
     disp = {w: lemma[w] for w in order}
     if display_names:

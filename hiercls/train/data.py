@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from hiercls.train.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_dataset", "dataset_taxonomy", "list_datasets", "subsample"]
+__all__ = ["ImageModeTransform", "build_dataset", "dataset_taxonomy", "image_transform", "list_datasets", "subsample"]
 
 _SPLIT_SEED = {"train": 0, "val": 1, "test": 2}
 
@@ -155,6 +156,39 @@ _DATASETS: dict[str, Callable[..., Any]] = {
     "synthetic": _synthetic,
     "nested_blobs_3d": _nested_blobs,
 }
+
+
+class ImageModeTransform:
+    """Convert PIL images to the colour mode the backbone expects before its transform (grey -> RGB).
+
+    Fashion-MNIST images are greyscale while ImageNet backbones take 3 channels; timm's transforms do not
+    convert modes. A module-level class, so that DataLoader workers can pickle it.
+    """
+
+    def __init__(self, transform: Callable[[Any], Any], mode: str = "RGB") -> None:
+        self.transform, self.mode = transform, mode
+
+    def __call__(self, image: Any) -> Any:
+        if hasattr(image, "mode") and image.mode != self.mode:
+            image = image.convert(self.mode)
+        return self.transform(image)
+
+    def __repr__(self) -> str:
+        return f"ImageModeTransform({self.mode}, {self.transform!r})"
+
+
+def image_transform(model: Any, *, train: bool, image_size: int | None) -> Any:
+    """The model's timm transform for ``train``/eval at ``image_size``, preceded by a colour-mode conversion.
+
+    Returns ``None`` for models without image preprocessing (text models, the 3-D conv net).
+    """
+    if getattr(model, "modality", None) != "image" or not hasattr(model, "transform"):
+        return None
+    transform = model.transform(train=train, image_size=image_size)
+    channels = 3
+    with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+        channels = int(model.data_config(image_size)["input_size"][0])
+    return ImageModeTransform(transform, "RGB" if channels == 3 else "L")
 
 
 def list_datasets() -> list[str]:

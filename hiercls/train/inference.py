@@ -83,14 +83,12 @@ def evaluate_run(model: nn.Module, taxonomy: Taxonomy, cfg: TrainConfig, *, spli
         max_samples: evaluate a fixed subset (default the recipe's ``data.max_eval_samples``; ``0`` = all).
         batch_size: evaluation batch size.
     """
-    from hiercls.train.data import build_dataset, subsample
+    from hiercls.train.data import build_dataset, image_transform, subsample
     from hiercls.train.distributed import DistInfo
     from hiercls.train.loop import _eval_loader, evaluate_model, resolve_decoders
 
     split = split or cfg.data.eval_split or "val"
-    transform = None
-    if getattr(model, "modality", None) == "image" and hasattr(model, "transform"):
-        transform = model.transform(train=False, image_size=cfg.data.image_size)
+    transform = image_transform(model, train=False, image_size=cfg.data.image_size)
     ds = build_dataset(cfg.data.dataset, split, taxonomy, cfg.data.options, transform)
     limit = cfg.data.max_eval_samples if max_samples is None else (max_samples or None)
     ds = subsample(ds, limit)
@@ -157,7 +155,9 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
         raise ValueError("this is a text model: give text inputs")
     if modality == "image" and any(isinstance(x, str) for x in inputs):
         raise ValueError("this is an image model: give image files")
-    transform = model.transform(train=False, image_size=image_size) if modality == "image" else None
+    from hiercls.train.data import image_transform
+
+    transform = image_transform(model, train=False, image_size=image_size) if modality == "image" else None
     leaves = np.array(taxonomy.leaves)  # a writable copy (torch indexing warns on read-only arrays)
     k = max(1, min(top_k, len(leaves)))
     names, disp = taxonomy.names, taxonomy.display_names

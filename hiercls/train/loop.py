@@ -447,7 +447,7 @@ def _train(cfg: TrainConfig, info: DistInfo, callbacks: list[Callable[[dict[str,
     from tqdm.auto import tqdm
 
     from hiercls.data import make_loader
-    from hiercls.train.data import build_dataset, dataset_taxonomy, subsample
+    from hiercls.train.data import build_dataset, dataset_taxonomy, image_transform, subsample
 
     if not cfg.data.dataset:
         raise ConfigError("data.dataset: required, e.g. wordnet_gloss, fashion_mnist, image_folder, synthetic")
@@ -486,7 +486,6 @@ def _train(cfg: TrainConfig, info: DistInfo, callbacks: list[Callable[[dict[str,
     # --- taxonomy, model, data (the model init uses the same seed on every rank)
     _seed_everything(cfg.run.seed)
     taxonomy = load_taxonomy_for(cfg) or dataset_taxonomy(cfg.data.dataset)
-    transform_train = transform_eval = None
     if taxonomy is None:
         # The data set brings its own taxonomy (e.g. nested image folders).
         probe = build_dataset(cfg.data.dataset, cfg.data.train_split, None, cfg.data.options)
@@ -494,10 +493,9 @@ def _train(cfg: TrainConfig, info: DistInfo, callbacks: list[Callable[[dict[str,
         if taxonomy is None:
             raise ConfigError(f"taxonomy: required for data set {cfg.data.dataset!r} (a shipped name or a file)")
     model = build_model(cfg, taxonomy).to(device)
-    if getattr(model, "modality", None) == "image" and hasattr(model, "transform"):
-        transform_eval = model.transform(train=False, image_size=cfg.data.image_size)
-        transform_train = (model.transform(train=True, image_size=cfg.data.image_size) if cfg.data.augment
-                           else transform_eval)
+    transform_eval = image_transform(model, train=False, image_size=cfg.data.image_size)
+    transform_train = (image_transform(model, train=True, image_size=cfg.data.image_size) if cfg.data.augment
+                       else transform_eval)
     train_set = subsample(build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options,
                                         transform_train), cfg.data.max_train_samples)
     eval_set = None
