@@ -28,7 +28,7 @@ def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                        metadata={"description": "Four animals\nsecond line", "source": "test"})
     write_json(animals, folder / "animals.json.gz")
     dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")], name="tinydag",
-                   metadata={"description": "A diamond", "leaves": 1, "kind": "dag"})
+                   metadata={"description": "A diamond", "counts": {"leaves": 1, "edges": 4}, "kind": "diamond"})
     write_json(dag, folder / "tinydag.json")
     (folder / "README.md").write_text("not a taxonomy")
     monkeypatch.setattr(registry, "shipped_taxonomy_dirs", lambda: [folder])
@@ -79,7 +79,9 @@ def test_real_shipped_taxonomies_load() -> None:
         pytest.skip("no shipped taxonomies in taxonomies/ yet")
     for e in entries:
         tax = load_taxonomy(e["name"])
-        assert tax.num_nodes == e["nodes"] and tax.num_leaves == e["leaves"]
+        assert tax.num_nodes == e["nodes"] and tax.num_leaves == e["leaves"], e["name"]
+        assert e["kind"] == ("tree" if tax.is_tree else "dag") and len(tax.classes) == e["classes"], e["name"]
+        assert e["description"], e["name"]
 
 
 # ---------------------------------------------------------------------------------------------- CLI

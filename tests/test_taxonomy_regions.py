@@ -36,6 +36,15 @@ def test_brats_definitions() -> None:
         brats_regions("2022")
 
 
+def test_shipped_brats_is_the_regions_chain() -> None:
+    from hiercls.taxonomy import list_taxonomies, load_taxonomy
+
+    if "brats" not in [e["name"] for e in list_taxonomies()]:
+        pytest.skip("no shipped brats taxonomy")
+    shipped, spec = load_taxonomy("brats"), brats_regions().taxonomy
+    assert shipped == spec and shipped.display_names == spec.display_names
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("version", ["2021", "2023"])
 def test_labels_to_regions_matches_brute_force_and_round_trips(seed: int, version: str) -> None:

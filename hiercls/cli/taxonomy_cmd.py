@@ -76,7 +76,8 @@ def _load(args: argparse.Namespace, spec: str) -> Any:
 
 def _summary(tax: Any) -> str:
     kind = "tree" if tax.is_tree else "DAG"
-    return (f"{tax.name}: {kind}, {tax.num_nodes} nodes, {tax.num_leaves} leaves, {len(tax.classes)} classes, "
+    leaves = _plural(tax.num_leaves, "leaf", "leaves")
+    return (f"{tax.name}: {kind}, {tax.num_nodes} nodes, {leaves}, {len(tax.classes)} classes, "
             f"height {tax.height}, fingerprint {tax.fingerprint[:12]}")
 
 

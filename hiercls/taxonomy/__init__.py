@@ -52,6 +52,10 @@ _WORDNET_NAMES = (
     "DEBIAN_WORDNET_DIR", "LEXNAMES", "WORDNET_ROOT_WNID", "WordNetUnavailableError", "is_wnid", "synset_to_wnid",
     "wnid_to_synset", "wordnet_available", "wordnet_data_dir", "wordnet_taxonomy",
 )
+_IMAGENET_NAMES = (
+    "IMAGENET21K_ROOT", "IMAGENET_SUBSETS", "imagenet1k_taxonomy", "imagenet21k_taxonomy", "imagenet_class_names",
+    "imagenet_class_nodes", "imagenet_node_classes", "imagenet_synsets",
+)
 
 __all__ = [
     "FORMATS", "DistanceKind", "NestedRegions", "Taxonomy", "TaxonomyError", "TreeStrategy", "brats_regions",
@@ -60,7 +64,7 @@ __all__ = [
     "read_tsv", "taxonomy_from_dict", "taxonomy_from_label_paths", "taxonomy_from_nested", "taxonomy_path",
     "taxonomy_to_dict", "taxonomy_to_nested", "taxonomy_to_node_link", "write_edge_list", "write_folders",
     "write_json", "write_label_paths", "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
-    *_WORDNET_NAMES,
+    *_WORDNET_NAMES, *_IMAGENET_NAMES,
 ]
 
 

@@ -568,7 +568,8 @@ class Taxonomy:
         """
         return _readonly(-np.log(self.num_leaves_under / self.num_leaves))
 
-    def distance(self, a: np.ndarray | int, b: np.ndarray | int, kind: DistanceKind = "shortest_path") -> np.ndarray:
+    def distance(self, a: np.ndarray | int, b: np.ndarray | int,
+                 kind: DistanceKind = "shortest_path") -> np.ndarray | float:
         """Distance between nodes, vectorised over broadcastable id arrays; zero when ``a == b``.
 
         Kinds (``lca = lca(a, b)``, ``d`` = depth, ``H`` = :attr:`height`, ``IC`` = :attr:`information_content`):
@@ -602,7 +603,8 @@ class Taxonomy:
         else:
             raise ValueError(f"kind must be one of shortest_path, lca_height, wu_palmer, zhao, jiang_conrath; "
                              f"got {kind!r}")
-        return np.where(a_arr == b_arr, 0.0, out)
+        out = np.where(a_arr == b_arr, 0.0, out)
+        return out[()] if out.ndim == 0 else out  # a numpy scalar for scalar inputs, like lca
 
     def distance_matrix(self, kind: DistanceKind = "shortest_path", nodes: np.ndarray | None = None,
                         targets: np.ndarray | None = None) -> np.ndarray:
@@ -711,6 +713,9 @@ class Taxonomy:
 
     def restrict(self, nodes: Iterable[str | int], *, classes: Iterable[str] | None = None) -> Taxonomy:
         """The sub-taxonomy of ``nodes`` and all their ancestors (e.g. WordNet restricted to 1,000 classes).
+
+        A virtual root is kept only while it still joins several roots; under a single original root the
+        result is rooted there.
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal
 
 import numpy as np
@@ -73,7 +73,7 @@ def _subset_key(subset: str) -> str:
     return key
 
 
-@lru_cache(maxsize=None)
+@cache
 def _timm_info_lines(filename: str) -> tuple[str, ...]:
     import importlib.resources
 

@@ -147,10 +147,11 @@ def _header(path: Path) -> dict[str, Any]:
 
 
 def list_taxonomies() -> list[dict[str, Any]]:
-    """The shipped taxonomies: ``name``, one-line ``description``, ``nodes``, ``leaves``, ``classes``, ``kind``,
-    ``path``.
+    """The shipped taxonomies: ``name``, one-line ``description``, ``nodes``, ``leaves``, ``classes``,
+    ``kind`` (``"tree"`` or ``"dag"``), ``path``.
 
-    Counts come from the files' ``metadata`` when stored there, otherwise from the file itself.
+    Counts come from the file's header and its ``metadata`` (``counts`` / ``leaves`` / ``edges``) when stored
+    there; otherwise the taxonomy is loaded to count them.
     """
     out = []
     for name, path in sorted(_shipped_files().items()):
@@ -160,15 +161,21 @@ def list_taxonomies() -> list[dict[str, Any]]:
             logger.warning("cannot read shipped taxonomy %s: %s", path, err)
             continue
         meta = head.get("metadata") or {}
+        counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
+        nodes = len(head.get("nodes") or [])
         entry: dict[str, Any] = {"name": name, "description": str(meta.get("description", "")).split("\n")[0],
-                                 "nodes": len(head.get("nodes") or []), "classes": len(head.get("classes") or [])}
-        for key in ("leaves", "kind", "height", "source"):
+                                 "nodes": nodes, "classes": len(head.get("classes") or [])}
+        leaves = counts.get("leaves", meta.get("leaves"))
+        edges = counts.get("edges", meta.get("edges"))
+        if isinstance(leaves, int) and isinstance(edges, int):
+            # Every non-root node has at least one parent: a tree has exactly nodes - 1 edges.
+            entry["leaves"], entry["kind"] = leaves, "tree" if edges == nodes - 1 else "dag"
+        else:
+            tax = load_taxonomy(name)
+            entry["leaves"], entry["kind"] = tax.num_leaves, "tree" if tax.is_tree else "dag"
+        for key in ("source", "version"):
             if key in meta:
                 entry[key] = meta[key]
-        if "leaves" not in entry or "kind" not in entry:
-            tax = load_taxonomy(name)
-            entry.setdefault("leaves", tax.num_leaves)
-            entry.setdefault("kind", "tree" if tax.is_tree else "dag")
         entry["path"] = str(path)
         out.append(entry)
     return out

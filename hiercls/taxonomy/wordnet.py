@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -151,8 +152,9 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
     """Lay out ``<cache_dir>/corpora/wordnet/`` for nltk and return that folder.
 
     The folder holds copies of the database files in ``source`` (nltk refuses symlinks and hard links
-    that lead outside its corpus folder) and a generated ``lexnames``. It is built in a temporary folder and renamed into place, so parallel
-    processes never see a half-built folder; a folder that points at another source is rebuilt.
+    that lead outside its corpus folder) and a generated ``lexnames``. It is built in a temporary folder
+    and renamed into place, so parallel processes never see a half-built folder; a folder made from another
+    source (or from older files) is rebuilt.
 
     Args:
         source: folder with the WordNet 3.0 database (``data.noun``, ``index.sense``...). Default:
@@ -193,10 +195,8 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
                 return target
             # A stale layout (other source, broken links): move it aside, then swap the new one in.
             stale = Path(tempfile.mkdtemp(prefix=".wordnet-stale-", dir=corpora))
-            try:
+            with contextlib.suppress(OSError):  # another process moved it first
                 os.replace(target, stale / "wordnet")
-            except OSError:
-                pass
             shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, target)
@@ -212,9 +212,8 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
 
 @lru_cache(maxsize=4)
 def _reader(source: str, cache_dir: str | None) -> WordNetCorpusReader:
-    from nltk.corpus.reader.wordnet import WordNetCorpusReader
-
     import nltk.data
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
     folder = wordnet_data_dir(source, cache_dir)
     root = str(folder.parent.parent)
@@ -273,7 +272,9 @@ def wnid_to_synset(wnid: str, wn: WordNetCorpusReader | None = None) -> Synset:
                             "'n01440764'", label=str(wnid))
     wn = wn or wordnet()
     try:
-        synset = wn.synset_from_pos_and_offset("n", int(wnid[1:]))
+        with warnings.catch_warnings():  # nltk warns, then returns None, for an offset that is no synset
+            warnings.simplefilter("ignore")
+            synset = wn.synset_from_pos_and_offset("n", int(wnid[1:]))
     except Exception as err:  # nltk raises WordNetError, or ValueError on a line that is no synset
         raise TaxonomyError(f"{wnid!r} is not a WordNet 3.0 noun synset ({err})", label=wnid) from None
     if synset is None or synset.offset() != int(wnid[1:]):
@@ -303,17 +304,46 @@ def synset_to_wnid(synset: Synset | str, wn: WordNetCorpusReader | None = None) 
     return f"n{synset.offset():08d}"
 
 
-def _first_lemma(synset: Synset) -> str:
-    return synset.lemmas()[0].name().replace("_", " ")
+@lru_cache(maxsize=2)
+def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], str]]:
+    """``wnid -> (hypernyms, instance hypernyms, first lemma)`` read straight from ``data.noun``.
+
+    Read here rather than through nltk for two reasons: the pointers keep their order in the database (nltk
+    3.9+ keeps a synset's pointers in a ``set``, so ``hypernyms()`` order changes from one process to the
+    next), and one pass over the file takes about a second where ``all_synsets("n")`` takes over ten.
+    """
+    table: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {}
+    path = Path(source) / "data.noun"
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.startswith("  "):  # the license header
+                continue
+            try:
+                fields = line.split(" | ", 1)[0].split()
+                n_words = int(fields[3], 16)
+                lemma = fields[4]
+                k = 4 + 2 * n_words
+                n_ptr = int(fields[k])
+                hyper: list[str] = []
+                inst: list[str] = []
+                for j in range(k + 1, k + 1 + 4 * n_ptr, 4):
+                    symbol, offset, pos = fields[j], fields[j + 1], fields[j + 2]
+                    if pos == "n" and symbol == "@":
+                        hyper.append("n" + offset)
+                    elif pos == "n" and symbol == "@i":
+                        inst.append("n" + offset)
+            except (IndexError, ValueError):
+                raise TaxonomyError("malformed WordNet data line", source=str(path), line=lineno) from None
+            table["n" + fields[0]] = (tuple(hyper), tuple(inst), lemma.replace("_", " "))
+    return table
 
 
-def _hypernym_parents(synset: Synset, include_instances: bool) -> list[Synset]:
-    # WordNet lists an instance's class under "@i" pointers (instance_hypernyms), which nltk keeps apart from
-    # hypernyms(); a synset has one kind or the other.
-    parents = list(synset.hypernyms())
-    if include_instances:
-        parents += [s for s in synset.instance_hypernyms() if s not in parents]
-    return parents
+def _parent_list(entry: tuple[tuple[str, ...], tuple[str, ...], str], include_instances: bool) -> list[str]:
+    # WordNet lists an instance's class under "@i" pointers, apart from "@" hypernyms; 5 synsets have both.
+    hyper, inst, _ = entry
+    if not include_instances:
+        return list(hyper)
+    return list(hyper) + [p for p in inst if p not in hyper]
 
 
 def _preorder(parents: Mapping[str, list[str]], root: str) -> list[str]:
@@ -338,11 +368,12 @@ def _preorder(parents: Mapping[str, list[str]], root: str) -> list[str]:
 def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: bool = False,
                      display_names: Mapping[str, str] | None = None, name: str = "wordnet_nouns",
                      metadata: Mapping[str, Any] | None = None,
-                     wn: WordNetCorpusReader | None = None) -> Taxonomy:
+                     source: str | os.PathLike[str] | None = None) -> Taxonomy:
     """The WordNet 3.0 noun hypernym DAG, restricted to ``wnids`` and all their ancestors.
 
-    Multi-parent synsets keep every hypernym, in WordNet's order (nltk's ``hypernyms()``), so
-    ``to_tree("first")`` follows each synset's first hypernym. The root is ``entity.n.01`` (``n00001740``).
+    Multi-parent synsets keep every hypernym in the order of the database (``data.noun``; the set-valued
+    ``hypernyms()`` of nltk 3.9+ has no stable order), so ``to_tree("first")`` follows each synset's first
+    hypernym. The root is ``entity.n.01`` (``n00001740``).
 
     Args:
         wnids: ImageNet-style noun ids to keep (with all their hypernym ancestors). Default: the whole
@@ -353,7 +384,8 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
         display_names: display name per wnid (default: the synset's first lemma, underscores as spaces).
         name: the taxonomy's name.
         metadata: extra metadata (merged over the defaults: source, wordnet version, include_instances).
-        wn: a reader (default :func:`wordnet`).
+        source: folder with the WordNet 3.0 database (default: ``$HIERCLS_WORDNET_DIR`` or
+            ``/usr/share/wordnet``).
 
     Returns:
         A :class:`Taxonomy` whose node names are wnids; its classes are ``wnids`` (default: every node
@@ -369,32 +401,36 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
         >>> [tax.display_names[i] for i in tax.path(tax.index("n02084071"))][:3]  # doctest: +SKIP
         ['entity', 'physical entity', 'object']
     """
-    wn = wn or wordnet()
+    src = _source_dir(source)
+    missing = _missing_files(src)
+    if missing:
+        wordnet_data_dir(src)  # raises WordNetUnavailableError naming the packages
+    table = _noun_table(str(src.resolve()))
     parents: dict[str, list[str]] = {}
-    lemma: dict[str, str] = {}
     if wnids is None:
-        seeds = list(wn.all_synsets("n"))
+        stack = list(table)
         classes: list[str] | None = None
     else:
-        wnid_list = list(wnids)
+        classes = list(wnids)
         seen: set[str] = set()
-        for w in wnid_list:
+        for w in classes:
+            if not isinstance(w, str) or not is_wnid(w):
+                raise TaxonomyError(f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. "
+                                    "'n01440764'", label=str(w))
+            if w not in table:
+                raise TaxonomyError(f"{w!r} is not a WordNet 3.0 noun synset", label=w)
             if w in seen:
-                raise TaxonomyError(f"wnid {w!r} is listed twice", label=str(w))
+                raise TaxonomyError(f"wnid {w!r} is listed twice", label=w)
             seen.add(w)
-        seeds = [wnid_to_synset(w, wn) for w in wnid_list]
-        classes = wnid_list
-    # Walk up from every seed; parents[w] lists w's hypernyms (as wnids) in WordNet's order.
-    stack = list(seeds)
+        stack = classes[::-1]
+    # Walk up from every seed; parents[w] lists w's hypernyms in WordNet's order.
     while stack:
-        s = stack.pop()
-        w = f"n{s.offset():08d}"
+        w = stack.pop()
         if w in parents:
             continue
-        ps = _hypernym_parents(s, include_instances)
-        parents[w] = [f"n{p.offset():08d}" for p in ps]
-        lemma[w] = _first_lemma(s)
-        stack.extend(p for p in ps if f"n{p.offset():08d}" not in parents)
+        parents[w] = _parent_list(table[w], include_instances)
+        stack.extend(p for p in parents[w] if p not in parents)
+    lemma = {w: table[w][2] for w in parents}
     # Keep what hangs from entity.n.01 through the edges followed. Without instance edges, instance-only
     # synsets have no hypernym, and a few (16) regular synsets name one as hypernym (blighty.n.01 ->
     # united_kingdom.n.01): those edges, and synsets left with no path to the root, go.
@@ -402,8 +438,8 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
     for w, ps in parents.items():
         for p in ps:
             kids[p].append(w)
-    reached = {WORDNET_ROOT_WNID}
-    stack = [WORDNET_ROOT_WNID]
+    reached = {WORDNET_ROOT_WNID} if WORDNET_ROOT_WNID in parents else set()
+    stack = list(reached)
     while stack:
         for k in kids[stack.pop()]:
             if k not in reached:
@@ -425,7 +461,7 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
     disp = {w: lemma[w] for w in order}
     if display_names:
         disp.update({k: v for k, v in display_names.items() if k in parents})
-    meta = {"source": "WordNet 3.0 noun hypernyms (Princeton; via nltk)", "wordnet_version": "3.0",
+    meta = {"source": "WordNet 3.0 noun hypernyms (Princeton), data.noun", "wordnet_version": "3.0",
             "include_instances": include_instances, "root": WORDNET_ROOT_WNID}
     meta.update(metadata or {})
     return Taxonomy(edges, nodes=order, display_names=disp, classes=classes, name=name, metadata=meta)

@@ -4,7 +4,7 @@ Example:
     >>> import json, tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> recs = [{"type": "train", "step": 1, "loss": 2.0}, {"type": "train", "step": 2, "loss": 1.5},
-    ...         {"type": "eval", "step": 2, "epoch": 0, "eval_loss": 1.6, "argmax_leaf/level_accuracy": [0.9, 0.5]}]
+    ...         {"type": "eval", "step": 2, "epoch": 0, "eval_loss": 1.6, "argmax_leaf/per_level_accuracy": [0.9, 0.5]}]
     >>> _ = (d / "m.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in recs))
     >>> plot_run(d / "m.jsonl", d / "curves.png").is_file()
     True
@@ -34,9 +34,8 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def level_accuracy_keys(record: dict[str, Any]) -> list[str]:
-    """Keys of an evaluation record that hold per-level accuracy lists (``<decoder>/level_accuracy``...)."""
-    return sorted(k for k, v in record.items()
-                  if "level" in k.split("/")[-1] and "acc" in k.split("/")[-1] and isinstance(v, list))
+    """Keys of an evaluation record holding per-depth accuracy lists (``<decoder>/per_level_accuracy``)."""
+    return sorted(k for k, v in record.items() if k.split("/")[-1] == "per_level_accuracy" and isinstance(v, list))
 
 
 def plot_run(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str]) -> Path:
