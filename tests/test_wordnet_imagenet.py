@@ -92,6 +92,19 @@ def test_missing_files_name_the_debian_packages(tmp_path):
     assert not wordnet_available(src)
 
 
+def test_unwritable_cache_and_missing_database_are_explained(tmp_path, monkeypatch):
+    src = _fake_source(tmp_path / "wn")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(WordNetUnavailableError, match=r"HIERCLS_CACHE"):
+        wordnet_data_dir(src, blocker / "cache")
+    monkeypatch.setenv("HIERCLS_WORDNET_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(WordNetUnavailableError, match="wordnet-base"):
+        wordnet_taxonomy(["n01440764"])
+    monkeypatch.setenv("HIERCLS_CACHE", str(tmp_path / "hc"))
+    assert wnmod._cache_root(None) == tmp_path / "hc" / "nltk_data"
+
+
 def test_data_dir_layout_is_built_once_and_rebuilt_when_stale(tmp_path):
     src = _fake_source(tmp_path / "wn")
     cache = tmp_path / "cache"

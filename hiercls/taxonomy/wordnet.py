@@ -163,7 +163,8 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
             ``~/.cache/hiercls/nltk_data``.
 
     Raises:
-        WordNetUnavailableError: a database file is missing (names the file and the Debian package).
+        WordNetUnavailableError: a database file is missing (names the file and the Debian package), or
+            the cache folder cannot be written.
 
     Example:
         >>> d = wordnet_data_dir()  # doctest: +SKIP
@@ -182,8 +183,12 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
     target = corpora / "wordnet"
     if _layout_is_valid(target, src):
         return target
-    corpora.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".wordnet-", dir=corpora))
+    try:
+        corpora.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".wordnet-", dir=corpora))
+    except OSError as err:
+        raise WordNetUnavailableError(f"cannot lay out WordNet for nltk in {corpora} ({err}); set $HIERCLS_CACHE "
+                                      "(or pass cache_dir=) to a writable folder") from None
     try:
         for f in (*_REQUIRED_FILES, *_OPTIONAL_FILES):
             if (src / f).is_file():
@@ -377,7 +382,7 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
 
     Args:
         wnids: ImageNet-style noun ids to keep (with all their hypernym ancestors). Default: the whole
-            noun hierarchy.
+            noun hierarchy (74,374 synsets; 82,115 with ``include_instances``).
         include_instances: also follow instance hypernyms (``Rome`` is an instance of ``national capital``).
             Without it, synsets that are only instances have no parent: they are dropped from the full
             hierarchy and are an error when listed in ``wnids``.
