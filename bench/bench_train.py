@@ -54,7 +54,7 @@ def load_tree(quick: bool):
         return load_taxonomy("imagenet21k_winter21")
     except Exception as err:  # the shipped tree may be absent in a partial checkout
         print(f"note: imagenet21k_winter21 unavailable ({err}); using a random tree of similar size", file=sys.stderr)
-        return random_tree(10450, 6)
+        return random_tree(10450, 5)
 
 
 def main() -> int:
@@ -80,7 +80,7 @@ def main() -> int:
         batch, rounds, steps = args.batch_size or 16, args.rounds or 3, args.steps or 2
     else:
         backbone, bb_opts, size = "timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8}, 64
-        batch, rounds, steps = args.batch_size or 64, args.rounds or 5, args.steps or 3
+        batch, rounds, steps = args.batch_size or 32, args.rounds or 3, args.steps or 2
     heads = args.heads or [h for h in list_heads() if not get_head_class(h).supports_dense] + ["transhp"]
     if "flat" not in heads:
         heads = ["flat", *heads]

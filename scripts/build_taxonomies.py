@@ -95,11 +95,9 @@ def counts(tax: Taxonomy) -> dict[str, Any]:
 
 def finish(tax: Taxonomy, name: str, description: str, source: str, license_note: str,
            extra: dict[str, Any] | None = None) -> Taxonomy:
-    tax.name = name
-    tax.metadata = {**tax.metadata, **(extra or {}), "name": name, "description": description, "source": source,
-                    "license": license_note, "build_command": f"{BUILD_COMMAND} --only {name}",
-                    "counts": counts(tax)}
-    return tax
+    return tax.replace(name=name, metadata={
+        **tax.metadata, **(extra or {}), "name": name, "description": description, "source": source,
+        "license": license_note, "build_command": f"{BUILD_COMMAND} --only {name}", "counts": counts(tax)})
 
 
 def build_cifar100() -> Taxonomy:

@@ -28,6 +28,7 @@ def register_head(name: str, *, overwrite: bool = False) -> Callable[[H], H]:
         ...     pass
         >>> "doc_example_head" in list_heads()
         True
+        >>> unregister_head("doc_example_head")
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"head name must be a non-empty string; got {name!r}")
@@ -44,6 +45,17 @@ def register_head(name: str, *, overwrite: bool = False) -> Callable[[H], H]:
         return cls
 
     return deco
+
+
+def unregister_head(name: str) -> None:
+    """Remove ``name`` from the registry (for heads registered by experiments or tests).
+
+    Raises:
+        ValueError: ``name`` is not registered.
+    """
+    if name not in _HEADS:
+        raise ValueError(f"head {name!r} is not registered; registered: {', '.join(sorted(_HEADS))}")
+    del _HEADS[name]
 
 
 def list_heads() -> list[str]:

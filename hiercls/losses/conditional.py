@@ -155,5 +155,4 @@ def huffman_tree(labels: Sequence[str], counts: Sequence[float] | np.ndarray, *,
         heapq.heappush(heap, (c1 + c2, next(tick), parent))
     tax = Taxonomy(edges, name=name, classes=labels)
     expected = float((c / max(c.sum(), 1e-300)) @ tax.depth[tax.ids(labels)]) if c.sum() > 0 else math.nan
-    tax.metadata["expected_path_length"] = expected
-    return tax
+    return tax.replace(metadata={"expected_path_length": expected})

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Literal
 
 import networkx as nx
@@ -199,9 +200,43 @@ class Taxonomy:
                     raise TaxonomyError(f"class {c!r} is not a node of the taxonomy", label=str(c))
                 mask[idx[c]] = True
         self._class_mask = _readonly(mask)
-        self.name = name or "taxonomy"
-        self.metadata: dict[str, Any] = dict(metadata or {})
-        self.dropped_edges: tuple[tuple[str, str], ...] = ()
+        self._name = name or "taxonomy"
+        self._metadata: dict[str, Any] = dict(metadata or {})
+        self._dropped_edges: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The taxonomy's short name (not part of the fingerprint)."""
+        return self._name
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """Free facts about the taxonomy (source, counts...), read-only; :meth:`replace` gives a changed copy."""
+        return MappingProxyType(self._metadata)
+
+    @property
+    def dropped_edges(self) -> tuple[tuple[str, str], ...]:
+        """The ``(parent, child)`` edges :meth:`to_tree` dropped to make this tree (empty otherwise)."""
+        return self._dropped_edges
+
+    def replace(self, *, name: str | None = None, metadata: Mapping[str, Any] | None = None) -> Taxonomy:
+        """A copy with another name and/or metadata; the structure (and the fingerprint) is shared.
+
+        Shipped taxonomies are cached and shared, so they cannot be changed in place.
+
+        Example:
+            >>> tax = Taxonomy([("r", "a")], name="toy")
+            >>> other = tax.replace(name="renamed", metadata={"source": "hand-made"})
+            >>> other.name, dict(other.metadata), tax.name, other == tax
+            ('renamed', {'source': 'hand-made'}, 'toy', True)
+        """
+        out = object.__new__(Taxonomy)
+        out.__dict__.update(self.__dict__)
+        if name is not None:
+            out._name = name
+        if metadata is not None:
+            out._metadata = dict(metadata)
+        return out
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -707,7 +742,7 @@ class Taxonomy:
                 (keep if q == chosen else dropped).append((q, n))
         keep.sort(key=pos.__getitem__)
         out = self._derive([(self._names[p], self._names[c]) for p, c in keep], self._names)
-        out.dropped_edges = tuple((self._names[p], self._names[c]) for p, c in sorted(dropped, key=pos.__getitem__))
+        out._dropped_edges = tuple((self._names[p], self._names[c]) for p, c in sorted(dropped, key=pos.__getitem__))
         logger.info("to_tree(%r) on %r dropped %d of %d edges", strategy, self.name, len(dropped), len(pos))
         return out
 
@@ -786,7 +821,7 @@ class Taxonomy:
     def __getstate__(self) -> dict[str, Any]:
         # cached_property values are rebuilt on demand; keep pickles small.
         keep = ("_names", "_index", "_parent_lists", "_child_lists", "_edge_order", "_display", "_class_mask",
-                "_virtual_root", "name", "metadata", "dropped_edges")
+                "_virtual_root", "_name", "_metadata", "_dropped_edges")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

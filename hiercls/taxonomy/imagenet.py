@@ -160,9 +160,9 @@ def imagenet1k_taxonomy(kind: Literal["dag", "tree"] = "dag") -> Taxonomy:
     dropped = tree.dropped_edges
     pruned = tree.restrict(wnids)  # a synset whose children all chose another parent becomes a dead end
     lost = sorted(set(tree.names) - set(pruned.names))
-    pruned.metadata = {**pruned.metadata, "tree_strategy": "first", "dropped_edges": [list(e) for e in dropped],
-                       "pruned_nodes": lost}
-    pruned.dropped_edges = dropped
+    pruned = pruned.replace(metadata={**pruned.metadata, "tree_strategy": "first",
+                                      "dropped_edges": [list(e) for e in dropped], "pruned_nodes": lost})
+    pruned._dropped_edges = dropped  # restrict() made a new tree; the edges dropped are still to_tree's
     logger.info("imagenet1k tree: dropped %d non-first hypernym edges, pruned %d class-less synsets",
                 len(dropped), len(lost))
     return pruned
