@@ -31,3 +31,13 @@ def test_docs_examples(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
     result = doctest.testfile(str(path), module_relative=False, optionflags=FLAGS, verbose=False)
     assert result.failed == 0, f"{result.failed} example(s) failed in docs/{path.name}"
+
+
+def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    assert blocks, "README.md has no python block"
+    namespace: dict[str, object] = {}
+    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)  # the blocks build on each other

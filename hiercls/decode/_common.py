@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,16 +57,9 @@ def chunked(fn: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
-_CACHE: weakref.WeakKeyDictionary[Taxonomy, dict[str, Any]] = weakref.WeakKeyDictionary()
-
-
 def taxonomy_cache(taxonomy: Taxonomy) -> dict[str, Any]:
-    """Scratch space for arrays derived from an (immutable) taxonomy."""
-    try:
-        return _CACHE[taxonomy]
-    except KeyError:
-        _CACHE[taxonomy] = d = {}
-        return d
+    """Per-taxonomy scratch space for derived arrays (see :attr:`Taxonomy.derived_cache`)."""
+    return taxonomy.derived_cache.setdefault(__name__.rsplit(".", 1)[0], {})  # one namespace per package
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain
@@ -29,16 +28,9 @@ class UndefinedMetricWarning(UserWarning):
     """A ratio was 0/0 and ``zero_division="warn"`` replaced it by 0 (as scikit-learn does)."""
 
 
-_CACHE: weakref.WeakKeyDictionary[Taxonomy, dict[str, Any]] = weakref.WeakKeyDictionary()
-
-
 def taxonomy_cache(taxonomy: Taxonomy) -> dict[str, Any]:
-    """Per-taxonomy scratch space for derived arrays (taxonomies are immutable, so entries never go stale)."""
-    try:
-        return _CACHE[taxonomy]
-    except KeyError:
-        _CACHE[taxonomy] = d = {}
-        return d
+    """Per-taxonomy scratch space for derived arrays (see :attr:`Taxonomy.derived_cache`)."""
+    return taxonomy.derived_cache.setdefault(__name__.rsplit(".", 1)[0], {})  # one namespace per package
 
 
 def ancestors_int32(taxonomy: Taxonomy) -> sp.csr_matrix:

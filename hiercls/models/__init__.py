@@ -9,7 +9,7 @@ Example:
 """
 
 from hiercls.models.backbones import HFBackbone, TimmBackbone, parse_backbone
-from hiercls.models.classifier import PROMPT_HEADS, HierarchicalClassifier, create_model
+from hiercls.models.classifier import PROMPT_HEADS, HierarchicalClassifier, create_model, move_to_device
 from hiercls.models.weights import PACKAGE_WEIGHTS, PackageWeights, load_by_name, load_by_order, read_state_dict
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "create_model",
     "load_by_name",
     "load_by_order",
+    "move_to_device",
     "parse_backbone",
     "read_state_dict",
 ]

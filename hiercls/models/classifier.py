@@ -60,12 +60,20 @@ def _decode_options(value: Any) -> Any:
     return value
 
 
-def _move(inputs: Any, device: torch.device) -> Any:
-    if isinstance(inputs, torch.Tensor):
-        return inputs.to(device, non_blocking=True)
-    if isinstance(inputs, Mapping):
-        return {k: _move(v, device) for k, v in inputs.items()}
-    return inputs
+def move_to_device(x: Any, device: torch.device | str) -> Any:
+    """``x`` with every tensor in it (nested dicts, lists, tuples, tokenizer batches) moved to ``device``.
+
+    Example:
+        >>> move_to_device({"ids": torch.zeros(2), "meta": [torch.ones(1), "text"]}, "cpu")["meta"][1]
+        'text'
+    """
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Mapping):
+        return {k: move_to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(move_to_device(v, device) for v in x)
+    return x
 
 
 class HierarchicalClassifier(nn.Module):
@@ -187,7 +195,7 @@ class HierarchicalClassifier(nn.Module):
         device = next(self.parameters()).device
         if self.modality == "text" and isinstance(inputs, Sequence) and not isinstance(inputs, (str, torch.Tensor)):
             inputs = self.backbone.tokenize(list(inputs))  # type: ignore[union-attr]
-        inputs = _move(inputs, device)
+        inputs = move_to_device(inputs, device)
         if self.is_prompted:
             if self.modality == "text":
                 return self.head.forward_features(dict(inputs))

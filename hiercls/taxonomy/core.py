@@ -676,7 +676,7 @@ class Taxonomy:
         """The ``[N, L]`` node-from-leaf summation matrix as a torch sparse tensor, cached per device and dtype."""
         import torch
 
-        cache = self.__dict__.setdefault("_torch_cache", {})
+        cache = self.derived_cache
         key = ("marginals", str(device), dtype)
         if key not in cache:
             coo = self._leaf_ancestors.T.tocoo()
@@ -685,6 +685,14 @@ class Taxonomy:
                                           check_invariants=False).coalesce()
             cache[key] = mat.to(device)
         return cache[key]
+
+    @property
+    def derived_cache(self) -> dict[Any, Any]:
+        """Scratch space for arrays other modules derive from this taxonomy (decoder tables, metric layouts).
+
+        The taxonomy is immutable, so entries never go stale; the cache is not pickled.
+        """
+        return self.__dict__.setdefault("_derived_cache", {})
 
     def as_tensor(self, attribute: str, device: Any = None) -> Any:
         """A torch copy of one of the index arrays (``"depth"``, ``"leaves"``, ``"paths"``, ...) on ``device``.

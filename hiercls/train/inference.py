@@ -147,7 +147,8 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
         Per input ``{"prediction": {"id", "name", "display_name", "prob"} | {"ids", "names", ...}``,
         ``"path": [display names root -> prediction]``, ``"top_k": [{"name", "display_name", "prob"}] (leaves)}``.
     """
-    from hiercls.train.loop import _decode, _to_device, resolve_decoders
+    from hiercls.models.classifier import move_to_device
+    from hiercls.train.loop import _decode, resolve_decoders
 
     ((rule, opts),) = resolve_decoders([decoder]).values()
     modality = getattr(model, "modality", "text" if isinstance(inputs[0], str) else "image")
@@ -167,7 +168,7 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
         chunk = list(inputs[start:start + batch_size])
         batch = [(transform(x) if transform is not None else x, 0) for x in chunk]
         x, _ = model.collate(batch)
-        probs = model.node_probs(model(_to_device(x, torch.device(device)))).float().cpu()
+        probs = model.node_probs(model(move_to_device(x, torch.device(device)))).float().cpu()
         pred = torch.as_tensor(_decode(probs, taxonomy, rule, opts))
         top = probs[:, leaves].topk(k, dim=1)
         for i in range(len(chunk)):

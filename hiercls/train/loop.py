@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.models.classifier import move_to_device
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
 from hiercls.train.distributed import (
@@ -189,16 +190,6 @@ def resolve_decoders(names: Iterable[str]) -> dict[str, tuple[str, dict[str, Any
     return out
 
 
-def _to_device(x: Any, device: torch.device) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, dict):
-        return {k: _to_device(v, device) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_device(v, device) for v in x)
-    if hasattr(x, "to") and hasattr(x, "items"):  # transformers' BatchEncoding
-        return x.to(device)
-    return x
 
 
 def _num_samples(targets: Any) -> int:
@@ -333,7 +324,7 @@ def evaluate_model(model: nn.Module, loader: Iterable[Any], taxonomy: Taxonomy, 
     loss_sum = torch.zeros(2, dtype=torch.float64)
     kept_p, kept_y = [], []
     for inputs, targets in tqdm(loader, desc="eval", disable=not progress, leave=False):
-        inputs, targets = _to_device(inputs, device), _to_device(targets, device)
+        inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
         with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
             output = model(inputs)
             loss = model.loss(output, targets)
@@ -653,7 +644,7 @@ def _train(cfg: TrainConfig, info: DistInfo, callbacks: list[Callable[[dict[str,
             global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
             step_loss = 0.0
             for i, (inputs, targets) in enumerate(window):
-                inputs, targets = _to_device(inputs, device), _to_device(targets, device)
+                inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
                 n = _num_samples(targets)
                 sync = i == len(window) - 1 or not info.distributed
                 with contextlib.nullcontext() if sync else train_model.no_sync():
