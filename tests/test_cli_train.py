@@ -121,3 +121,30 @@ def test_predict_images(trained: dict[str, Path], tmp_path: Path, capsys: pytest
     assert "image model" in capsys.readouterr().err
     assert main(["predict", "--model", str(tmp_path / "nope"), "x"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_torchrun_two_processes_match_one_process(trained: dict[str, Path], tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 2 -m hiercls train`` (gloo on CPU) gives the single-process run's metrics."""
+    import os
+    import subprocess
+    import sys
+
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    # No dropout in test_vit; a global batch of 8 splits evenly (16 samples), so both runs see the same batches.
+    overrides = ["--no-compare", "--set", "optim.eps=1e-4"]
+    assert main(["train", str(trained["recipe"]), "--out-dir", str(single), *overrides]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "hiercls", "train", str(trained["recipe"]), "--out-dir", str(ddp), *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("run folder:") == 1  # only rank 0 reports
+    a = json.loads((single / "results.json").read_text())
+    b = json.loads((ddp / "results.json").read_text())
+    for key in ("argmax_leaf/accuracy", "argmax_leaf/hF1_micro", "eval_loss"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key

@@ -128,8 +128,14 @@ def cleanup_distributed(info: DistInfo) -> None:
 
 
 def is_main_process() -> bool:
-    """True unless this is a non-zero rank of an initialised process group."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    """True unless this is a non-zero rank: of an initialised process group, or of a torchrun launch.
+
+    The launcher's ``RANK`` still counts after the group is destroyed, so that only rank 0 prints the
+    results at the end of ``hiercls train``.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _active() -> bool:
