@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _trees import random_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,14 +54,6 @@ def make(variant: str, tax: Taxonomy = TREE, in_features: int = D) -> Hierarchic
     if opts.get("huffman_counts") == "auto":
         opts["huffman_counts"] = np.arange(1, tax.num_leaves + 1, dtype=float)
     return create_head(name, tax, in_features, **opts)
-
-
-def random_tree(n: int, seed: int) -> Taxonomy:
-    rng = np.random.default_rng(seed)
-    parents = {"n0": None}
-    for i in range(1, n):
-        parents[f"n{i}"] = f"n{rng.integers(0, i)}"
-    return Taxonomy.from_parents(parents)
 
 
 def check_consistent(tax: Taxonomy, p: torch.Tensor, rule: str, tol: float = 1e-5) -> None:

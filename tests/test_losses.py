@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _trees import random_tree
 
 from hiercls.losses import (
     ConditionalSoftmax,
@@ -38,14 +39,6 @@ torch.set_num_threads(1)
 TREE = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("a", "y"), ("x", "x1"), ("x", "x2"), ("b", "z")])
 SMALL = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
 DAG = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "w")])
-
-
-def random_tree(n: int, seed: int) -> Taxonomy:
-    rng = np.random.default_rng(seed)
-    parents = {"n0": None}
-    for i in range(1, n):
-        parents[f"n{i}"] = f"n{rng.integers(0, i)}"
-    return Taxonomy.from_parents(parents)
 
 
 def desc_leaves(tax: Taxonomy, node: int) -> list[int]:

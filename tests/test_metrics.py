@@ -14,6 +14,7 @@ import pytest
 import scipy.sparse as sp
 import sklearn.metrics as skm
 import torch
+from _trees import random_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,11 +23,6 @@ from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 
 # ----------------------------------------------------------------------------- independent reference
-def random_tree(rng: np.random.Generator, n: int) -> Taxonomy:
-    edges = [(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, n)]
-    return Taxonomy(edges, nodes=[f"n{i}" for i in range(n)], name="random-tree")
-
-
 def random_dag(rng: np.random.Generator, n: int, extra: int) -> Taxonomy:
     edges = {(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, n)}
     for _ in range(extra if n > 2 else 0):
@@ -320,7 +316,7 @@ def test_prf_matches_set_reference(kind, multilabel):
     rng = np.random.default_rng(0 if kind == "tree" else 1)
     for trial in range(6):
         n = int(rng.integers(2, 25))
-        tax = random_tree(rng, n) if kind == "tree" else random_dag(rng, n, extra=n // 2)
+        tax = random_tree(n, rng) if kind == "tree" else random_dag(rng, n, extra=n // 2)
         t, p = _random_case(rng, tax, int(rng.integers(1, 15)), multilabel)
         tsets = [ref_closed(tax, s) for s in t] if multilabel else [ref_ancestors(tax, int(a)) for a in t]
         psets = [ref_closed(tax, s) for s in p] if multilabel else [ref_ancestors(tax, int(a)) for a in p]
@@ -340,7 +336,7 @@ def test_prf_matches_set_reference(kind, multilabel):
 
 def test_all_input_forms_agree():
     rng = np.random.default_rng(3)
-    tax = random_tree(rng, 30)
+    tax = random_tree(30, rng)
     t, p = rng.integers(0, 30, 40), rng.integers(0, 30, 40)
     want = M.hierarchical_precision_recall_fscore(t, p, taxonomy=tax, average="samples", zero_division=0.0)
     closed_t = tax.ancestor_matrix(t)
@@ -362,7 +358,7 @@ def test_all_input_forms_agree():
 @given(st.integers(2, 20), st.integers(0, 2**31 - 1), st.booleans())
 def test_hypothesis_micro_equals_node_micro_and_reference(n, seed, dag):
     rng = np.random.default_rng(seed)
-    tax = random_dag(rng, n, n // 3) if dag else random_tree(rng, n)
+    tax = random_dag(rng, n, n // 3) if dag else random_tree(n, rng)
     t, p = rng.integers(0, n, 12), rng.integers(0, n, 12)
     hp, hr, hf = M.hierarchical_precision_recall_fscore(t, p, taxonomy=tax, zero_division=0.0)
     np_, nr, nf, _ = M.node_precision_recall_fscore_support(t, p, taxonomy=tax, average="micro", zero_division=0.0)
@@ -375,7 +371,7 @@ def test_hypothesis_micro_equals_node_micro_and_reference(n, seed, dag):
 def test_node_metrics_match_sklearn_on_binarised_sets():
     rng = np.random.default_rng(4)
     for dag in (False, True):
-        tax = random_dag(rng, 25, 8) if dag else random_tree(rng, 25)
+        tax = random_dag(rng, 25, 8) if dag else random_tree(25, rng)
         t, p = rng.integers(0, 25, 60), rng.integers(0, 25, 60)
         bt, bp = tax.ancestor_matrix(t)[:, 1:], tax.ancestor_matrix(p)[:, 1:]
         w = rng.uniform(0, 3, 60)
@@ -418,7 +414,7 @@ def test_present_labels_equal_sklearn_multiclass_macro_on_a_flat_taxonomy():
 def test_path_constrained_and_constrained_f1_match_reference():
     rng = np.random.default_rng(5)
     for dag in (False, True):
-        tax = random_dag(rng, 18, 6) if dag else random_tree(rng, 18)
+        tax = random_dag(rng, 18, 6) if dag else random_tree(18, rng)
         t = rng.integers(0, 18, 20)
         raw = [set(rng.choice(np.arange(1, 18), size=int(rng.integers(0, 5)), replace=False).tolist())
                for _ in range(20)]
@@ -434,7 +430,7 @@ def test_path_constrained_and_constrained_f1_match_reference():
 def test_distances_levels_topk_match_reference():
     rng = np.random.default_rng(6)
     for _ in range(4):
-        tax = random_tree(rng, int(rng.integers(3, 30)))
+        tax = random_tree(int(rng.integers(3, 30)), rng)
         t, p = rng.integers(0, tax.num_nodes, 25), rng.integers(0, tax.num_nodes, 25)
         want = ref_mistake_severity(tax, t.tolist(), p.tolist())
         if not math.isnan(want):
@@ -480,7 +476,7 @@ def test_semantic_levels_with_class_subset():
 # ----------------------------------------------------------------------------- invariances
 def test_permutation_weights_and_repetition_invariance():
     rng = np.random.default_rng(7)
-    tax = random_tree(rng, 40)
+    tax = random_tree(40, rng)
     t, p = rng.integers(0, 40, 50), rng.integers(0, 40, 50)
     perm = rng.permutation(50)
     reps = rng.integers(0, 4, 50)
@@ -541,7 +537,7 @@ def test_dice_masks_match_direct_formula_and_sklearn():
 @pytest.mark.parametrize("dag", [False, True])
 def test_dice_label_maps_equal_nested_masks(dag):
     rng = np.random.default_rng(9)
-    tax = random_dag(rng, 12, 5) if dag else random_tree(rng, 12)
+    tax = random_dag(rng, 12, 5) if dag else random_tree(12, rng)
     t = rng.integers(-1, 12, (3, 7, 5))
     p = rng.integers(0, 12, (3, 7, 5))
     regions = [1, 2, 5, 7]
@@ -569,7 +565,7 @@ def test_dice_nested_hand_case():
 # ----------------------------------------------------------------------------- stateful classes
 def test_stateful_batches_equal_functional():
     rng = np.random.default_rng(10)
-    tax = random_tree(rng, 35)
+    tax = random_tree(35, rng)
     t, p = rng.integers(0, 35, 37), rng.integers(0, 35, 37)
     w = rng.uniform(0.5, 2, 37)
     leaves = tax.leaves
@@ -641,7 +637,7 @@ def test_empty_batches_and_taxonomy_mismatch_in_stateful_metrics():
 
 def test_report_and_collection_agree_with_functions():
     rng = np.random.default_rng(11)
-    tax = random_tree(rng, 30)
+    tax = random_tree(30, rng)
     leaves = tax.leaves
     t = rng.choice(leaves, 40)
     scores = rng.random((40, len(leaves)))

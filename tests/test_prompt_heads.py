@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from _trees import random_tree
 from transformers import BertConfig, BertModel
 
 from hiercls.heads.prompt import (
@@ -395,17 +396,10 @@ def test_huge_parameters_in_the_model_are_finite(tax):
 
 
 # ---------------------------------------------------------------------------------------------- node probabilities
-def _random_tree(rng: np.random.Generator, n: int) -> Taxonomy:
-    parents = {"n0": None}
-    for i in range(1, n):
-        parents[f"n{i}"] = f"n{rng.integers(0, i)}"
-    return Taxonomy.from_parents(parents)
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_node_probs_consistent_with_taxonomy(seed):
     rng = np.random.default_rng(seed)
-    t = _random_tree(rng, int(rng.integers(5, 40)))
+    t = random_tree(int(rng.integers(5, 40)), rng)
     if t.height < 2 or t.num_leaves < 2:
         t = Taxonomy(EDGES)
     pool = HierarchicalPromptPool(t, 4, levels=[1])
