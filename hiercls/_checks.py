@@ -1,0 +1,92 @@
+"""Validators shared by every public function: one message form for every parameter.
+
+Each check returns the validated (and normalised) value or raises with the parameter's name, what was
+expected and what was received, in the style of scikit-learn's parameter validation.
+
+Example:
+    >>> check_beta(2)
+    2.0
+    >>> check_beta(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: beta must be a finite number >= 0; got -1
+    >>> check_choice("micro", ("micro", "macro"), "average")
+    'micro'
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_beta", "check_choice", "check_finite_number", "check_taxonomy", "did_you_mean", "to_numpy"]
+
+
+def did_you_mean(name: Any, options: Iterable[str], n: int = 3) -> str:
+    """``" (did you mean 'x'?)"`` for the close matches of ``name`` among ``options``, or ``""``."""
+    close = difflib.get_close_matches(str(name), list(options), n=n)
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+
+def check_choice(value: Any, choices: Iterable[Any], name: str) -> Any:
+    """``value`` if it is one of ``choices``.
+
+    Raises:
+        ValueError: naming ``name``, the close matches and every allowed value.
+    """
+    choices = list(choices)
+    if value in choices:
+        return value
+    hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+    raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}{hint}")
+
+
+def check_finite_number(value: Any, name: str, *, minimum: float | None = None, strict: bool = False) -> float:
+    """``value`` as a float if it is a real, finite number (not a bool) ``>= minimum`` (``> minimum`` if strict).
+
+    Raises:
+        ValueError: naming ``name`` and the bound.
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and minimum is not None:
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
+        raise ValueError(f"{name} must be a finite number{bound}; got {value!r}")
+    return float(value)
+
+
+def check_beta(beta: Any, name: str = "beta") -> float:
+    """The β of an F-β score or decoder: a finite number ``>= 0`` (β = 0 is precision, as in scikit-learn)."""
+    return check_finite_number(beta, name, minimum=0.0)
+
+
+def check_taxonomy(taxonomy: Any, name: str = "taxonomy") -> Any:
+    """``taxonomy`` if it is a :class:`hiercls.taxonomy.Taxonomy`.
+
+    Raises:
+        TypeError: naming the type received.
+    """
+    from hiercls.taxonomy.core import Taxonomy  # the taxonomy package imports this module
+
+    if not isinstance(taxonomy, Taxonomy):
+        raise TypeError(f"{name} must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
+    return taxonomy
+
+
+def to_numpy(x: Any) -> Any:
+    """A NumPy array of ``x``: torch tensors detached and copied to the host (float16/bfloat16 as float32);
+    NumPy arrays and scipy sparse matrices unchanged; anything else through ``np.asarray``."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if x.dtype.is_floating_point and x.element_size() < 4:  # numpy has no bfloat16
+            x = x.float()
+        return x.numpy()
+    if isinstance(x, np.ndarray) or hasattr(x, "tocsr"):
+        return x
+    return np.asarray(x)
