@@ -18,10 +18,10 @@ from hiercls.decode.rules import (
     threshold,
     top_down,
 )
-from hiercls.decode.spec import DECODER_ALIASES, DecoderSpec, parse_decoder
+from hiercls.decode.spec import DECODER_ALIASES, DecoderSpec, parse_decoder, rule_options
 
 __all__ = [
     "COST_KINDS", "DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "argmax_leaf", "bayes_node",
     "calibrate_info_gain", "crm", "decode", "expected_cost", "expected_hfbeta", "hie", "info_gain", "majority",
-    "max_info", "optimal_hfbeta", "parse_decoder", "plurality", "threshold", "top_down",
+    "max_info", "optimal_hfbeta", "parse_decoder", "plurality", "rule_options", "threshold", "top_down",
 ]

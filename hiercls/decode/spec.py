@@ -31,7 +31,7 @@ from hiercls._checks import check_beta, did_you_mean
 from hiercls._registry import Registry
 from hiercls.decode import bayes, hfbeta, rules
 
-__all__ = ["DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "format_number", "parse_decoder"]
+__all__ = ["DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "format_number", "parse_decoder", "rule_options"]
 
 RULES: Registry[Callable[..., Any]] = Registry("decoder")
 """Every rule by name (iterable of names, ``RULES[name]``); each is also importable from :mod:`hiercls.decode`."""
@@ -68,6 +68,9 @@ class DecoderSpec:
     options: dict[str, Any] = field(default_factory=dict)
     label: str = ""
 
+    def __hash__(self) -> int:  # the options dict is not hashable; the label names the decoder
+        return hash((self.rule, self.label))
+
     @property
     def is_set(self) -> bool:
         """``True`` when the rule returns node sets ``[B, N]`` (:data:`hiercls.decode.SET_RULES`)."""
@@ -101,6 +104,16 @@ def format_number(value: float) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return repr(value) if isinstance(value, float) else str(value)
+
+
+def rule_options(rule: str) -> list[str]:
+    """The option names a rule takes in a spec (its keyword parameters, less the data and return switches).
+
+    Example:
+        >>> rule_options("optimal_hfbeta")
+        ['beta', 'include_root', 'initial_candidates']
+    """
+    return list(_parameters(RULES.canonical(rule)))
 
 
 def _parameters(rule: str) -> dict[str, inspect.Parameter]:
