@@ -169,8 +169,8 @@ def test_every_recipe_parses() -> None:
     recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
     assert {p.name for p in recipes} >= {"quickstart.yaml", "fashion_mnist_efficientnet.yaml", "transhp_vit.yaml",
                                          "nested_regions_3d.yaml", "imagenet21k_semantic_softmax.yaml"}
-    from hiercls.train.data import list_datasets
     from hiercls.decode import parse_decoder
+    from hiercls.train.data import list_datasets
 
     for path in recipes:
         cfg = load_config(path)

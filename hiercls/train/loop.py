@@ -1,8 +1,9 @@
 """The training loop: ``train(config) -> final metrics``.
 
-One readable function, :func:`train`, does everything: AdamW (no weight decay on biases and normalisation
-weights) with linear warmup and cosine decay, gradient accumulation, autocast (bf16 on CUDA by default, fp16
-with a gradient scaler on request), gradient clipping, evaluation with hierarchical metrics under every
+:func:`train` runs one ``_Run``, whose methods read top to bottom (prepare the run folder, build, resume or
+start, fit = epochs of train steps, evaluate, checkpoint, finish): AdamW (no weight decay on biases and
+normalisation weights) with linear warmup and cosine decay, gradient accumulation, autocast (bf16 on CUDA by
+default, fp16 with a gradient scaler on request), gradient clipping, evaluation with hierarchical metrics under every
 configured decoder, ``best`` / ``last`` checkpoints, exact resume (model, optimizer, scheduler, scaler, RNG of
 every rank, data position, step, best metric) and DDP under ``torchrun``.
 
