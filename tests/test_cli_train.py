@@ -10,7 +10,10 @@ import pytest
 import yaml
 
 from hiercls.cli import main
+from hiercls.evaluation import format_results
+from hiercls.taxonomy import load_taxonomy
 
+DECODERS = ["argmax_leaf", "optimal_hf1", "optimal_hfbeta:beta=2"]
 TAXONOMY = "root animal\nroot vehicle\nanimal cat\nanimal dog\nvehicle car\nvehicle bike\n"
 
 
@@ -24,7 +27,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "data": {"dataset": "synthetic", "batch_size": 8, "image_size": 16,
                  "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 10}},
         "schedule": {"epochs": 1},
-        "eval": {"decoders": ["argmax_leaf", "optimal_hf1"], "save_probs": True},
+        "eval": {"decoders": DECODERS, "save_probs": True},
         "run": {"out_dir": str(d / "run"), "progress": False},
         "compare_heads": ["flat"],
     }
@@ -38,8 +41,7 @@ def test_train_prints_comparison_table(trained: dict[str, Path], capsys: pytest.
     assert "tiny: tiny synthetic run" in out
     lines = [line.split() for line in out.splitlines()]
     heads = [(row[0], row[1]) for row in lines if row and row[0] in ("semantic_softmax", "flat")]
-    assert heads == [("semantic_softmax", "argmax_leaf"), ("semantic_softmax", "optimal_hf1"),
-                     ("flat", "argmax_leaf"), ("flat", "optimal_hf1")]
+    assert heads == [(head, d) for head in ("semantic_softmax", "flat") for d in DECODERS]
     run = trained["run"]
     comparison = json.loads((run / "comparison.json").read_text())
     assert set(comparison) == {"semantic_softmax", "flat"}
@@ -67,32 +69,94 @@ def test_print_config(trained: dict[str, Path], capsys: pytest.CaptureFixture[st
     assert cfg["schedule"]["epochs"] == 7 and cfg["model"]["head"] == "semantic_softmax"
 
 
-def test_evaluate_model_and_saved_probs_agree(trained: dict[str, Path], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def _metrics(results: dict) -> dict:
+    return {k: v for k, v in results.items() if "/" in k}
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key, value in a.items():
+        if isinstance(value, str):
+            assert b[key] == value, key
+        else:
+            assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), key
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The metric rows of a printed result table, without the run column (a head or a file name)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[1:3] == ["decoder", "accuracy"])
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip() or line.startswith("wrote"):
+            break
+        rows.append(line.split()[1:])
+    return [lines[start].split()[1:], *rows]
+
+
+def test_every_path_reports_the_same_metrics(trained: dict[str, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Training, ``evaluate --model``, ``evaluate --probs`` and ``decode --labels``: same names, same numbers."""
     run = trained["run"]
     if not (run / "results.json").exists():
         assert main(["train", str(trained["recipe"]), "--no-compare"]) == 0
+    final = json.loads((run / "results.json").read_text())
+    training = _metrics(final)
+    assert "optimal_hfbeta:beta=2/hF2_samples" in training and "argmax_leaf/hF2_micro" in training
+    assert "optimal_hf1/hF1_samples" in training and "eval_loss" in final
+    training_table = _table_rows(format_results({"semantic_softmax": final}))
+    assert training_table[0][:4] == ["decoder", "accuracy", "hF1", "hF2"]
+
     capsys.readouterr()
     out_json = tmp_path / "m.json"
+    # The last checkpoint is the final model: evaluating it again gives the training run's final metrics.
     assert main(["evaluate", "--model", str(run), "--checkpoint", "last", "--out", str(out_json)]) == 0
     text = capsys.readouterr().out
-    assert "10 samples of split 'val'" in text and "argmax_leaf" in text
-    metrics = json.loads(out_json.read_text())
-    final = json.loads((run / "results.json").read_text())
-    # The last checkpoint is the final model: evaluating it again gives the training run's final metrics.
-    for key in ("argmax_leaf/accuracy", "argmax_leaf/hF1_micro", "optimal_hf1/hF1_micro"):
-        assert metrics[key] == pytest.approx(final[key])
-    # The saved probabilities re-scored by hiercls.decode.saved (an independent implementation).
+    assert "10 samples of split 'val'" in text
+    _assert_same(training, _metrics(json.loads(out_json.read_text())))
+    assert _table_rows(text) == training_table
+
     probs, labels = np.load(run / "eval_probs.npy"), np.load(run / "eval_labels.npy")
     assert probs.shape == (10, 7) and labels.shape == (10,)
+    files = ["--probs", str(run / "eval_probs.npy"), "--labels", str(run / "eval_labels.npy"),
+             "--taxonomy", str(trained["dir"] / "tax.txt")]
     saved_json = tmp_path / "s.json"
-    assert main(["evaluate", "--probs", str(run / "eval_probs.npy"), "--labels", str(run / "eval_labels.npy"),
-                 "--taxonomy", str(trained["dir"] / "tax.txt"), "--decoder", "argmax_leaf",
-                 "--out", str(saved_json)]) == 0
-    saved = json.loads(saved_json.read_text())["rules"]["argmax_leaf"]
-    assert saved["accuracy"] == pytest.approx(final["argmax_leaf/accuracy"])
+    assert main(["evaluate", *files, *[a for d in DECODERS for a in ("--decoder", d)], "--out", str(saved_json)]) == 0
+    text = capsys.readouterr().out
+    saved = json.loads(saved_json.read_text())
+    assert saved["samples"] == 10
+    _assert_same(training, _metrics(saved))
+    assert _table_rows(text) == training_table
+
+    decoded_json = tmp_path / "d.json"
+    assert main(["decode", *files, *[a for d in DECODERS for a in ("--rule", d)], "--out", str(decoded_json)]) == 0
+    text = capsys.readouterr().out
+    _assert_same(training, _metrics(json.loads(decoded_json.read_text())["metrics"]))
+    assert _table_rows(text) == training_table
+
     assert main(["evaluate", "--probs", str(run / "eval_probs.npy")]) == 1
     assert "--probs needs --labels" in capsys.readouterr().err
+
+
+def test_evaluate_probs_with_an_hfbeta_decoder_reports_its_hfbeta(trained: dict[str, Path], tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    d = trained["dir"]
+    rng = np.random.default_rng(0)
+    leaf = rng.dirichlet(np.ones(4), size=6)
+    tax = load_taxonomy(str(d / "tax.txt"))
+    np.save(tmp_path / "p.npy", np.asarray(tax.marginals(leaf), dtype=np.float32))
+    np.save(tmp_path / "y.npy", np.asarray(tax.leaves)[[0, 1, 2, 3, 0, 1]])
+    out = tmp_path / "r.json"
+    assert main(["evaluate", "--probs", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--taxonomy", str(d / "tax.txt"), "--decoder", "optimal_hfbeta:beta=2", "--out", str(out)]) == 0
+    header = capsys.readouterr().out.splitlines()[1].split()
+    assert header[:5] == ["probs", "decoder", "accuracy", "hF1", "hF2"]
+    res = json.loads(out.read_text())
+    assert 0.0 <= res["optimal_hfbeta:beta=2/hF2_samples"] <= 1.0
+    assert main(["evaluate", "--probs", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"),
+                 "--taxonomy", str(d / "tax.txt"), "--decoder", "optimal_hfbeta:bta=2"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown option 'bta'" in err and "did you mean 'beta'" in err
 
 
 def test_predict_images(trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -219,7 +219,7 @@ def test_torch_in_torch_out_and_dtypes() -> None:
 
 def test_input_validation_messages() -> None:
     tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-    with pytest.raises(ValueError, match="rule must be one of"):
+    with pytest.raises(ValueError, match=r"unknown decoder 'nope'; valid: argmax_leaf"):
         decode(np.ones((1, 5)), tax, "nope")
     with pytest.raises(ValueError, match=r"\[B, 5\]"):
         argmax_leaf(np.ones((2, 4)), tax)

@@ -169,13 +169,13 @@ def test_every_recipe_parses() -> None:
     recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
     assert {p.name for p in recipes} >= {"quickstart.yaml", "fashion_mnist_efficientnet.yaml", "transhp_vit.yaml",
                                          "nested_regions_3d.yaml", "imagenet21k_semantic_softmax.yaml"}
+    from hiercls.decode import parse_decoder
     from hiercls.train.data import list_datasets
-    from hiercls.train.loop import resolve_decoders
 
     for path in recipes:
         cfg = load_config(path)
         assert cfg.model.backbone and cfg.data.dataset in list_datasets(), path
-        resolve_decoders(cfg.eval.decoders)
+        assert len({parse_decoder(d).label for d in cfg.eval.decoders}) == len(cfg.eval.decoders), path
 
 
 def test_bad_configs_fail_clearly_at_train_time(taxonomy_file: Path, tmp_path: Path) -> None:
@@ -349,3 +349,23 @@ def test_ddp_two_processes_equal_single_process(taxonomy_file: Path, tmp_path: P
     for key in ("argmax_leaf/accuracy", "argmax_leaf/hF1_micro", "argmax_leaf/mistake_severity", "eval_loss"):
         assert ddp[key] == pytest.approx(single[key], rel=1e-5, abs=1e-6), key
     assert ddp["argmax_leaf/per_level_accuracy"] == pytest.approx(single["argmax_leaf/per_level_accuracy"], nan_ok=True)
+
+
+def test_best_checkpoint_is_chosen_on_the_metric_the_first_decoder_is_optimal_for() -> None:
+    from hiercls.train.loop import _best_metric_key
+
+    results = {"optimal_hfbeta:beta=2/hF1_micro": 0.9, "optimal_hfbeta:beta=2/hF2_samples": 0.5,
+               "argmax_leaf/hF1_micro": 0.7, "argmax_leaf/hF2_samples": 0.4, "eval_loss": 1.0}
+    cfg = config_from_dict({"eval": {"decoders": ["optimal_hfbeta:beta=2", "argmax_leaf"]}})
+    assert _best_metric_key(cfg, results) == "optimal_hfbeta:beta=2/hF2_samples"
+    cfg = config_from_dict({"eval": {"decoders": ["argmax_leaf", "optimal_hfbeta:beta=2"]}})
+    assert _best_metric_key(cfg, results) == "argmax_leaf/hF1_micro"
+    cfg = config_from_dict({"eval": {"decoders": ["argmax_leaf"], "best_metric": "argmax_leaf/hF2_samples"}})
+    assert _best_metric_key(cfg, results) == "argmax_leaf/hF2_samples"
+
+
+def test_decoder_specs_are_checked_when_the_config_loads() -> None:
+    with pytest.raises(ConfigError, match=r"eval\.decoders: decoder 'optimal_hfbeta:beta=-2': beta must be"):
+        config_from_dict({"eval": {"decoders": ["optimal_hfbeta:beta=-2"]}})
+    with pytest.raises(ConfigError, match="are the same decoder"):
+        config_from_dict({"eval": {"decoders": ["optimal_hf1", "optimal_hfbeta:beta=1"]}})

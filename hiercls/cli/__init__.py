@@ -11,6 +11,8 @@ import importlib
 import logging
 import sys
 
+from hiercls import __version__
+
 COMMANDS: dict[str, str] = {
     "taxonomy": "hiercls.cli.taxonomy_cmd",
     "train": "hiercls.cli.train_cmd",
@@ -30,8 +32,6 @@ SUMMARIES: dict[str, str] = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``command`` the sub-parser of that command is filled in (importing its module)."""
-    from hiercls import __version__
-
     parser = argparse.ArgumentParser(prog="hiercls", description="Hierarchical classification toolkit.")
     parser.add_argument("--version", action="version", version=f"hiercls {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from hiercls.taxonomy import TaxonomyError
+    from hiercls.taxonomy import TaxonomyError  # lazy: numpy/scipy would slow down `hiercls --help`
 
     try:
         return int(importlib.import_module(COMMANDS[args.command]).run(args) or 0)

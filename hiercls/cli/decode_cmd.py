@@ -3,11 +3,15 @@
 Examples::
 
     hiercls decode --probs val_probs.npy --taxonomy imagenet1k_tree --rule crm --out preds.json
-    hiercls decode --probs p.pt --taxonomy tree.tsv --labels val.txt --rule optimal_hfbeta --beta 2 --out s.json
+    hiercls decode --probs p.pt --taxonomy tree.tsv --labels val.txt --rule optimal_hfbeta:beta=2 --out s.json
+    hiercls decode --probs p.pt --taxonomy tree.tsv --labels val.txt --rule optimal_hfbeta --beta 2
     hiercls decode --probs p.npy --taxonomy tree.json --labels y.npy --rule all --out report.json
 
-The table goes to stdout (with metrics when ``--labels`` is given); ``--out`` gets JSON with the predicted
-node per sample (``{"id", "name"}``) or node set (``{"ids", "names"}``) and the metrics.
+A rule is a decoder spec (``name`` or ``name:key=value,...``, see ``hiercls.decode.parse_decoder``); the
+flags ``--beta``, ``--cost``, ``--threshold``, ``--lam`` and ``--include-root`` fill in the options of the rules
+that take them. With ``--labels`` the metrics table of ``hiercls evaluate`` is printed (``--beta`` also adds
+its hF-beta for every rule); ``--out`` gets JSON with the predicted node per sample (``{"id", "name"}``) or
+node set (``{"ids", "names"}``) and the metrics.
 """
 
 from __future__ import annotations
@@ -18,14 +22,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from hiercls.decode import RULES, DecoderSpec, parse_decoder, rule_options
+from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
+from hiercls.taxonomy.registry import load_taxonomy
+
 HELP = "decode saved node probabilities with a metric-optimal rule"
 
 _COSTS = ("shortest_path", "lca_height", "wu_palmer", "zhao")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hiercls.decode import RULES
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("Examples::", 1)[1]
     parser.add_argument("--probs", required=True, metavar="FILE", help="saved probabilities (.npy, .npz or .pt)")
@@ -36,9 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the file holds leaf probabilities [B, num_leaves] (default: node probabilities)")
     parser.add_argument("--labels", default=None, metavar="FILE",
                         help="true labels: .npy node ids, or a text/CSV file of node names or label paths")
-    parser.add_argument("--rule", default="argmax_leaf", choices=[*RULES, "all"],
-                        help="decision rule (default argmax_leaf; 'all' scores every rule, needs --labels)")
-    parser.add_argument("--beta", type=float, default=1.0, help="F-beta weight for optimal_hfbeta and hF (default 1)")
+    parser.add_argument("--rule", action="append", default=None, metavar="SPEC",
+                        help=f"decoder spec, repeatable (default argmax_leaf; rules: {', '.join(RULES)}; "
+                             "'all' scores every rule, needs --labels)")
+    parser.add_argument("--beta", type=float, default=None,
+                        help="beta of optimal_hfbeta (default 1), also reported as hF<beta> for every rule")
     parser.add_argument("--cost", default=None, choices=_COSTS,
                         help="cost for bayes_node (default shortest_path) and crm (default lca_height)")
     parser.add_argument("--threshold", type=float, default=None,
@@ -49,56 +59,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="FILE.json", help="write predictions and metrics as JSON")
 
 
-def _rule_options(rule: str, args: argparse.Namespace) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    if rule == "optimal_hfbeta":
-        opts["beta"] = args.beta
-        opts["include_root"] = args.include_root
-    if rule in ("bayes_node", "crm") and args.cost:
-        opts["cost"] = args.cost
-    if rule in ("threshold", "max_info", "top_down") and args.threshold is not None:
-        opts["threshold"] = args.threshold
-    if rule == "info_gain" and args.lam is not None:
-        opts["lam"] = args.lam
-    return opts
+def _specs(args: argparse.Namespace, is_tree: bool) -> list[DecoderSpec]:
+    """The decoder specs of ``--rule``, with the option flags filled in where the spec leaves them open."""
+    names = args.rule or ["argmax_leaf"]
+    if "all" in names:
+        names = [r for r in RULES if not (r == "hie" and not is_tree)]
+    flags = {"beta": args.beta, "cost": args.cost, "threshold": args.threshold, "lam": args.lam,
+             "include_root": args.include_root or None}
+    specs = []
+    for name in names:
+        spec = parse_decoder(name)
+        extra = {k: v for k, v in flags.items()
+                 if v is not None and k in rule_options(spec.rule) and k not in spec.options}
+        specs.append(parse_decoder(spec, **extra))
+    return specs
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from hiercls.decode import RULES, SET_RULES, decode
-    from hiercls.decode.saved import format_table, load_labels, load_probabilities, score_predictions
-    from hiercls.taxonomy.registry import load_taxonomy
-
     tax = load_taxonomy(args.taxonomy)
     probs = load_probabilities(args.probs, key=args.key)
     labels = load_labels(args.labels, tax) if args.labels else None
     if labels is not None and len(labels) != probs.shape[0]:
         raise ValueError(f"{args.labels}: {len(labels)} labels for {probs.shape[0]} rows of {args.probs}")
-    rules = [r for r in RULES if not (r == "hie" and not tax.is_tree)] if args.rule == "all" else [args.rule]
-    if args.rule == "all" and labels is None:
+    if args.rule and "all" in args.rule and labels is None:
         raise ValueError("--rule all compares rules on labelled data: pass --labels")
+    specs = _specs(args, tax.is_tree)
 
     payload: dict[str, Any] = {"taxonomy": tax.name, "fingerprint": tax.fingerprint, "probs": str(args.probs),
                                "rules": {}}
+    if labels is not None:
+        evaluator = Evaluator(tax, specs, betas=() if args.beta is None else (args.beta,),
+                              leaf_probs=args.leaf_probs, sync_on_compute=False)
+        preds = evaluator.update(probs, labels)
+    else:
+        preds = {s.label: np.asarray(s(probs, tax, leaf_probs=args.leaf_probs)) for s in specs}
     names = tax.names
-    metrics: dict[str, Any] = {}
-    for rule in rules:
-        opts = _rule_options(rule, args)
-        pred = np.asarray(decode(probs, tax, rule, leaf_probs=args.leaf_probs, **opts))
-        if labels is not None:
-            metrics[rule] = {**score_predictions(pred, labels, tax, beta=args.beta),
-                             "kind": "set" if rule in SET_RULES else "node"}
-        if rule in SET_RULES:
+    for spec in specs:
+        pred = preds[spec.label]
+        if spec.is_set:
             rows = [np.flatnonzero(s) for s in pred]
             out = [{"ids": r.tolist(), "names": [names[i] for i in r]} for r in rows]
             sizes = [len(r) - 1 for r in rows]
-            summary = f"{rule}: {len(rows)} node sets, mean size {np.mean(sizes) if sizes else 0:.2f} (root excluded)"
+            summary = (f"{spec.label}: {len(rows)} node sets, mean size {np.mean(sizes) if sizes else 0:.2f} "
+                       "(root excluded)")
         else:
             out = [{"id": int(i), "name": names[int(i)]} for i in pred]
             depth = tax.depth[pred] if len(pred) else np.zeros(0)
-            summary = f"{rule}: {len(pred)} predictions, mean depth {depth.mean() if len(depth) else 0:.2f}"
-        payload["rules"][rule] = {"options": opts, "predictions": out}
+            summary = f"{spec.label}: {len(pred)} predictions, mean depth {depth.mean() if len(depth) else 0:.2f}"
+        payload["rules"][spec.label] = {"rule": spec.rule, "options": spec.options, "predictions": out}
         if labels is None:
             print(summary)
             for row in out[:10]:
@@ -106,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
             if len(out) > 10:
                 print(f"  ... {len(out) - 10} more")
     if labels is not None:
+        metrics = {"samples": int((labels >= 0).sum()), "ignored": int((labels < 0).sum()), **evaluator.compute()}
         payload["metrics"] = metrics
-        payload["samples"], payload["ignored"] = int((labels >= 0).sum()), int((labels < 0).sum())
-        print(format_table({"rules": metrics}))
+        print(format_results({Path(args.probs).name: metrics}, name="probs"))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:

@@ -4,7 +4,11 @@ Examples::
 
     hiercls evaluate --model runs/quickstart                       # best checkpoint, the recipe's eval split
     hiercls evaluate --model runs/quickstart --data test --decoder argmax_leaf --decoder optimal_hf1 --out m.json
-    hiercls evaluate --probs runs/x/eval_probs.npy --labels runs/x/eval_labels.npy --taxonomy imagenet1k_tree
+    hiercls evaluate --probs runs/x/eval_probs.npy --labels runs/x/eval_labels.npy --taxonomy imagenet1k_tree \\
+        --decoder argmax_leaf --decoder optimal_hfbeta:beta=2                  # reports hF2 too
+
+Both modes decode with the same decoder specs (``name`` or ``name:key=value,...``) and print the same metrics
+as training (``hiercls.evaluation.Evaluator``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from hiercls.evaluation import DEFAULT_DECODERS, evaluate_probabilities, format_results, load_labels, load_probabilities
+from hiercls.taxonomy import load_taxonomy
+from hiercls.train.config import apply_overrides, load_config
+from hiercls.train.distributed import resolve_device
+from hiercls.train.inference import evaluate_run, load_trained_model
 
 HELP = "hierarchical metrics for a saved model or saved probabilities"
 
@@ -27,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of the recipe's config (e.g. data.options.root=...)")
     parser.add_argument("--data", metavar="SPLIT", help="split to evaluate (default: the recipe's data.eval_split)")
-    parser.add_argument("--decoder", action="append", default=None, metavar="RULE",
-                        help="decoder (repeatable; default: the recipe's eval.decoders; optimal_hf1 = hF-beta, beta 1)")
+    parser.add_argument("--decoder", action="append", default=None, metavar="SPEC",
+                        help="decoder spec, e.g. optimal_hfbeta:beta=2 (repeatable; default: the recipe's "
+                             "eval.decoders, with --probs argmax_leaf and optimal_hfbeta; optimal_hf1 = beta 1)")
     parser.add_argument("--max-samples", type=int, default=None,
                         help="evaluate a fixed subset of N samples (0 = all; default: the recipe's max_eval_samples)")
     parser.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
@@ -40,36 +51,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _evaluate_probs(args: argparse.Namespace) -> int:
-    from hiercls.decode.saved import evaluate_saved, format_table, load_labels, load_probabilities
-    from hiercls.taxonomy import load_taxonomy
-
     if not args.labels or not args.taxonomy:
         raise ValueError("--probs needs --labels FILE and --taxonomy NAME_OR_PATH")
     taxonomy = load_taxonomy(args.taxonomy)
     probs = load_probabilities(args.probs)
     labels = load_labels(args.labels, taxonomy)
-    rules = []
-    options: dict[str, dict] = {}
-    for name in args.decoder or ["argmax_leaf", "optimal_hfbeta"]:
-        rule = "optimal_hfbeta" if name == "optimal_hf1" else name
-        if name == "optimal_hf1":
-            options["optimal_hfbeta"] = {"beta": 1.0}
-        rules.append(rule)
-    results = evaluate_saved(probs, labels, taxonomy, rules=rules, leaf_probs=args.leaf_probs, rule_options=options)
-    print(format_table(results))
+    results = evaluate_probabilities(probs, labels, taxonomy, args.decoder or DEFAULT_DECODERS,
+                                     leaf_probs=args.leaf_probs)
+    print(f"{args.probs}: {results['samples']} samples ({results['ignored']} ignored)")
+    print(format_results({Path(args.probs).name: results}, name="probs"))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        print(f"wrote {args.out}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if args.probs:
         return _evaluate_probs(args)
-    from hiercls.train.config import apply_overrides, load_config
-    from hiercls.train.distributed import resolve_device
-    from hiercls.train.inference import evaluate_run, load_trained_model
-    from hiercls.train.report import format_results
-
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
     if args.recipe:

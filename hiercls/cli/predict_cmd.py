@@ -13,6 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
+from hiercls.evaluation import format_table
+from hiercls.train.distributed import resolve_device
+from hiercls.train.inference import load_trained_model, predict, read_inputs
+
 HELP = "predictions of a saved model on new inputs"
 
 
@@ -22,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="a run folder or a saved model folder")
     parser.add_argument("inputs", nargs="+", help="texts, a .txt file (one text per line) or image files")
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
-    parser.add_argument("--decoder", default="argmax_leaf", metavar="RULE",
-                        help="decoding rule (default argmax_leaf; optimal_hf1 gives node sets)")
+    parser.add_argument("--decoder", default="argmax_leaf", metavar="SPEC",
+                        help="decoder spec (default argmax_leaf; optimal_hf1 or optimal_hfbeta:beta=2 give node sets)")
     parser.add_argument("--top-k", type=int, default=5, help="also list the k most probable leaves (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
@@ -31,10 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hiercls.train.distributed import resolve_device
-    from hiercls.train.inference import load_trained_model, predict, read_inputs
-    from hiercls.train.report import format_table
-
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     device = resolve_device(args.device)

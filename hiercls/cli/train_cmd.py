@@ -11,6 +11,13 @@ import json
 import logging
 import sys
 
+import yaml
+
+from hiercls.evaluation import format_results
+from hiercls.train.config import config_to_dict, load_config
+from hiercls.train.distributed import is_main_process
+from hiercls.train.report import run_recipe
+
 HELP = "train a hierarchical classifier from a YAML recipe"
 
 
@@ -26,10 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hiercls.train.config import config_to_dict, load_config
-    from hiercls.train.distributed import is_main_process
-    from hiercls.train.report import format_results, run_recipe
-
     overrides = list(args.overrides)
     if args.out_dir:
         overrides.append(f"run.out_dir={args.out_dir}")
@@ -37,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
         overrides.append("compare_heads=[]")
     cfg = load_config(args.recipe, overrides)
     if args.print_config:
-        import yaml
-
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0
     if args.verbose == 0:

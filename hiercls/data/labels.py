@@ -11,9 +11,12 @@ import torch
 
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
-LabelFormat = Literal["name", "path", "id"]
+LabelFormat = Literal["name", "path", "id", "auto"]
 
-__all__ = ["LabelEncoder", "LabelFormat"]
+__all__ = ["PATH_SEPARATORS", "LabelEncoder", "LabelFormat"]
+
+PATH_SEPARATORS = ("/", ">", "|")
+"""Separators ``label_format="auto"`` recognises in a label path (``animal/cat``, ``animal > cat``)."""
 
 
 class LabelEncoder:
@@ -25,14 +28,17 @@ class LabelEncoder:
 
     A label *path* lists node names from the top down; the root may be included or left out, and a path may
     also be a tail of the full path (``cat``, ``animal/cat`` and ``root/animal/cat`` are the same node, since
-    names are unique). Every step must be a child of the previous one. Errors are :class:`TaxonomyError`
-    naming the label and, when given, where it came from (``source``/``line``).
+    names are unique). Every step must be a child of the previous one. ``label_format="auto"`` takes a node
+    name, else a label path (the encoder's separator or one of :data:`PATH_SEPARATORS`), else a node id. Errors
+    are :class:`TaxonomyError` naming the label and, when given, where it came from (``source``/``line``).
 
     Example:
         >>> tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "car")])
         >>> enc = LabelEncoder(tax)
         >>> enc.encode("animal/cat", "path"), enc.encode("car"), enc.encode(3, "id")
         (2, 4, 3)
+        >>> enc.encode("animal > dog", "auto"), enc.encode("4", "auto")
+        (3, 4)
         >>> enc.multi_hot([[2], [1, 4]]).int().tolist()
         [[1, 1, 1, 0, 0], [1, 1, 0, 0, 1]]
     """
@@ -60,18 +66,14 @@ class LabelEncoder:
             node = self._lookup(str(label).strip(), source, line)
         elif label_format == "path":
             node = self._parse_path(str(label), source, line)
+        elif label_format == "auto":
+            node = self._parse_auto(label, source, line)
         else:
-            raise ValueError(f"label_format must be 'name', 'path' or 'id'; got {label_format!r}")
+            raise ValueError(f"label_format must be 'name', 'path', 'id' or 'auto'; got {label_format!r}")
         if not tax.class_mask[node]:
             raise TaxonomyError(f"label {label!r} is node {tax.name_of(node)!r}, which is not a class of taxonomy "
                                 f"{tax.name!r}", source=source, line=line, label=str(label))
         return node
-
-    def encode_many(self, labels: Iterable[str | int], label_format: LabelFormat = "name", *,
-                    source: str | None = None) -> np.ndarray:
-        """Node ids of several labels (``int64``); errors give the 1-based position as the line."""
-        return np.array([self.encode(lab, label_format, source=source, line=i)
-                         for i, lab in enumerate(labels, start=1)], dtype=np.int64)
 
     def multi_hot(self, label_sets: Sequence[Iterable[int]]) -> torch.Tensor:
         """Ancestor-closed ``[B, N]`` float 0/1 targets from node-id sets (a sample with several labels).
@@ -117,9 +119,23 @@ class LabelEncoder:
                                 f"{self.taxonomy.name!r}", source=source, line=line, label=str(label))
         return node
 
-    def _parse_path(self, label: str, source: str | None, line: int | None) -> int:
+    def _parse_auto(self, label: str | int, source: str | None, line: int | None) -> int:
+        if isinstance(label, (int, np.integer)):
+            return self._parse_id(label, source, line)
+        text = str(label).strip()
+        if text in self.taxonomy:
+            return self.taxonomy.index(text)
+        for sep in (self.separator, *PATH_SEPARATORS):
+            if sep in text:
+                return self._parse_path(text, source, line, sep)
+        if text.isdigit():
+            return self._parse_id(text, source, line)
+        return self._lookup(text, source, line)  # raises, with close-name suggestions
+
+    def _parse_path(self, label: str, source: str | None, line: int | None, separator: str | None = None) -> int:
         tax = self.taxonomy
-        parts = [p.strip() for p in label.strip().strip(self.separator).split(self.separator)]
+        sep = separator or self.separator
+        parts = [p.strip() for p in label.strip().strip(sep).split(sep)]
         if not parts or any(not p for p in parts):
             raise TaxonomyError(f"label path {label!r} has an empty component", source=source, line=line,
                                 label=label)

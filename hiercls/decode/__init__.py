@@ -1,7 +1,7 @@
 """Decoders: from node probabilities ``[B, N]`` to predicted nodes ``[B]`` or node sets ``[B, N]``.
 
-One front door, :func:`decode`, and one function per rule. See ``docs/decoding.md`` for the rules, their
-optimality and their tie-breaking.
+One front door, :func:`decode`, one function per rule, and one spec parser, :func:`parse_decoder`
+(``"optimal_hfbeta:beta=2"``). See ``docs/decoding.md`` for the rules, their optimality and their tie-breaking.
 """
 
 from hiercls.decode.api import RULES, SET_RULES, decode
@@ -18,9 +18,10 @@ from hiercls.decode.rules import (
     threshold,
     top_down,
 )
+from hiercls.decode.spec import DECODER_ALIASES, DecoderSpec, parse_decoder, rule_options
 
 __all__ = [
-    "COST_KINDS", "RULES", "SET_RULES", "argmax_leaf", "bayes_node", "calibrate_info_gain", "crm", "decode",
-    "expected_cost", "expected_hfbeta", "hie", "info_gain", "majority", "max_info", "optimal_hfbeta",
-    "plurality", "threshold", "top_down",
+    "COST_KINDS", "DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "argmax_leaf", "bayes_node",
+    "calibrate_info_gain", "crm", "decode", "expected_cost", "expected_hfbeta", "hie", "info_gain", "majority",
+    "max_info", "optimal_hfbeta", "parse_decoder", "plurality", "rule_options", "threshold", "top_down",
 ]

@@ -1,10 +1,11 @@
-"""The standard metric report used by the training loop and the CLI."""
+"""One-call metric report: :func:`hierarchical_report` (the stateful :class:`HierarchicalMetrics` on one batch)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+from hiercls.metrics._validation import to_labels
 from hiercls.metrics.stateful import HierarchicalMetrics
 from hiercls.taxonomy import Taxonomy
 
@@ -37,8 +38,6 @@ def hierarchical_report(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, scores:
         >>> r["accuracy"], r["hF1_micro"], r["per_level_accuracy"], r["mistake_severity"]
         (0.3333333333333333, 0.6, [0.6666666666666666, 0.5], 1.5)
     """
-    from hiercls.metrics._validation import to_labels
-
     if multilabel is None:
         multilabel = not (to_labels(y_true, taxonomy, name="y_true", allow_ignore=True).is_ids
                           and to_labels(y_pred, taxonomy, name="y_pred").is_ids)

@@ -29,6 +29,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from hiercls.decode import parse_decoder
+
 __all__ = [
     "ConfigError",
     "DataConfig",
@@ -163,11 +165,12 @@ class EvalConfig:
     """Evaluation after epochs with hierarchical metrics, once per decoder.
 
     Attributes:
-        decoders: decoding rules applied to the node probabilities (``hiercls.decode`` rule names, e.g.
-            ``argmax_leaf``, ``optimal_hfbeta``; ``optimal_hf1`` is an alias of ``optimal_hfbeta`` with beta 1).
+        decoders: decoders applied to the node probabilities, as :func:`hiercls.decode.parse_decoder` specs
+            (``argmax_leaf``, ``optimal_hfbeta:beta=2``, ``threshold:threshold=0.6``; ``optimal_hf1`` is
+            ``optimal_hfbeta`` with beta 1). Results are keyed ``<decoder label>/<metric>``.
         every: evaluate every ``every`` epochs (``0``: only after the last epoch).
-        best_metric: ``"<decoder>/<metric key>"`` used to keep the ``best`` checkpoint (default: the first
-            decoder's hierarchical F1).
+        best_metric: ``"<decoder>/<metric key>"`` used to keep the ``best`` checkpoint (default: the metric
+            the first decoder is optimal for: ``hF{beta}_samples`` for an hF-beta decoder, else ``hF1_micro``).
         best_mode: ``max`` or ``min``.
         save_probs: write the evaluation node probabilities and labels (``eval_probs.npy``,
             ``eval_labels.npy``) so ``hiercls evaluate --probs`` can re-score them.
@@ -583,6 +586,14 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     need(cfg.schedule.max_steps_this_run is None or cfg.schedule.max_steps_this_run >= 1,
          "schedule.max_steps_this_run", "must be >= 1 or null")
     need(len(cfg.eval.decoders) >= 1, "eval.decoders", "needs at least one decoder (e.g. [argmax_leaf])")
+    labels: dict[str, str] = {}
+    for spec in cfg.eval.decoders:
+        try:
+            label = parse_decoder(spec).label
+        except ValueError as err:
+            raise ConfigError(f"{source}: eval.decoders: {err}") from None
+        need(label not in labels, "eval.decoders", f"{spec!r} and {labels.get(label)!r} are the same decoder")
+        labels[label] = spec
     need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
     need(cfg.run.log_every >= 1, "run.log_every", "must be >= 1")
     need(cfg.run.save_every_steps is None or cfg.run.save_every_steps >= 1, "run.save_every_steps", "must be >= 1")

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hiercls.train.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +30,8 @@ __all__ = [
     "all_gather_object",
     "all_reduce_sum",
     "barrier",
-    "broadcast_object",
     "cleanup_distributed",
+    "eval_loader",
     "init_distributed",
     "is_main_process",
     "resolve_device",
@@ -164,10 +167,20 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank."""
-    if not _active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+def eval_loader(dataset: Any, batch_size: int, info: DistInfo, collate: Callable[..., Any] | None = None,
+                num_workers: int = 0) -> torch.utils.data.DataLoader:
+    """This rank's evaluation loader: samples ``rank, rank + world_size, ...`` in order, unpadded.
+
+    The shards are disjoint and cover the data once, so metrics whose states are sums (the
+    :class:`hiercls.evaluation.Evaluator`) add up over ranks to the single-process result exactly.
+
+    Raises:
+        ConfigError: fewer samples than processes (every rank needs at least one).
+    """
+    if len(dataset) < info.world_size:
+        raise ConfigError(f"data.max_eval_samples: {len(dataset)} evaluation samples for {info.world_size} processes; "
+                          "every rank needs at least one")
+    shard = torch.utils.data.Subset(dataset, list(range(info.rank, len(dataset), info.world_size)))
+    per_rank = max(1, batch_size // info.world_size)
+    return torch.utils.data.DataLoader(shard, batch_size=per_rank, shuffle=False, collate_fn=collate,
+                                       num_workers=num_workers)

@@ -17,8 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.decode import DecoderSpec, parse_decoder
+from hiercls.models.classifier import move_to_device
 from hiercls.taxonomy import Taxonomy
 from hiercls.train.config import TrainConfig, load_config
+from hiercls.train.data import build_dataset, image_transform, subsample
+from hiercls.train.distributed import DistInfo, eval_loader
+from hiercls.train.loop import evaluate_model
 
 logger = logging.getLogger(__name__)
 
@@ -79,24 +84,19 @@ def evaluate_run(model: nn.Module, taxonomy: Taxonomy, cfg: TrainConfig, *, spli
         taxonomy: its taxonomy.
         cfg: the recipe (its ``data`` section says which data set).
         split: the split (default the recipe's ``data.eval_split``).
-        decoders: decoder names (default the recipe's ``eval.decoders``).
+        decoders: decoder specs for :func:`hiercls.decode.parse_decoder` (default the recipe's ``eval.decoders``).
         max_samples: evaluate a fixed subset (default the recipe's ``data.max_eval_samples``; ``0`` = all).
         batch_size: evaluation batch size.
     """
-    from hiercls.train.data import build_dataset, image_transform, subsample
-    from hiercls.train.distributed import DistInfo
-    from hiercls.train.loop import _eval_loader, evaluate_model, resolve_decoders
-
     split = split or cfg.data.eval_split or "val"
     transform = image_transform(model, train=False, image_size=cfg.data.image_size)
     ds = build_dataset(cfg.data.dataset, split, taxonomy, cfg.data.options, transform)
     limit = cfg.data.max_eval_samples if max_samples is None else (max_samples or None)
     ds = subsample(ds, limit)
     dev = torch.device(device)
-    loader = _eval_loader(ds, batch_size or cfg.data.eval_batch_size or cfg.data.batch_size, DistInfo(device=dev),
-                          getattr(model, "collate", None), 0)
-    results, _, _ = evaluate_model(model, loader, taxonomy, resolve_decoders(decoders or cfg.eval.decoders),
-                                   device=dev)
+    loader = eval_loader(ds, batch_size or cfg.data.eval_batch_size or cfg.data.batch_size, DistInfo(device=dev),
+                         getattr(model, "collate", None), 0)
+    results, _, _ = evaluate_model(model, loader, taxonomy, list(decoders or cfg.eval.decoders), device=dev)
     return {"split": split, "samples": len(ds), **results}
 
 
@@ -138,7 +138,7 @@ def read_inputs(items: Sequence[str]) -> tuple[list[Any], list[str], str]:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, decoder: str = "argmax_leaf",
+def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, decoder: str | DecoderSpec = "argmax_leaf",
             top_k: int = 5, batch_size: int = 32, device: str | torch.device = "cpu",
             image_size: int | None = None) -> list[dict[str, Any]]:
     """Predictions for raw inputs (texts or PIL images).
@@ -147,17 +147,12 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
         Per input ``{"prediction": {"id", "name", "display_name", "prob"} | {"ids", "names", ...}``,
         ``"path": [display names root -> prediction]``, ``"top_k": [{"name", "display_name", "prob"}] (leaves)}``.
     """
-    from hiercls.models.classifier import move_to_device
-    from hiercls.train.loop import _decode, resolve_decoders
-
-    ((rule, opts),) = resolve_decoders([decoder]).values()
+    spec = parse_decoder(decoder)
     modality = getattr(model, "modality", "text" if isinstance(inputs[0], str) else "image")
     if modality == "text" and not all(isinstance(x, str) for x in inputs):
         raise ValueError("this is a text model: give text inputs")
     if modality == "image" and any(isinstance(x, str) for x in inputs):
         raise ValueError("this is an image model: give image files")
-    from hiercls.train.data import image_transform
-
     transform = image_transform(model, train=False, image_size=image_size) if modality == "image" else None
     leaves = np.array(taxonomy.leaves)  # a writable copy (torch indexing warns on read-only arrays)
     k = max(1, min(top_k, len(leaves)))
@@ -169,7 +164,7 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
         batch = [(transform(x) if transform is not None else x, 0) for x in chunk]
         x, _ = model.collate(batch)
         probs = model.node_probs(model(move_to_device(x, torch.device(device)))).float().cpu()
-        pred = torch.as_tensor(_decode(probs, taxonomy, rule, opts))
+        pred = torch.as_tensor(spec(probs, taxonomy))
         top = probs[:, leaves].topk(k, dim=1)
         for i in range(len(chunk)):
             if pred.dim() == 2:

@@ -1,8 +1,9 @@
 """The training loop: ``train(config) -> final metrics``.
 
-One readable function, :func:`train`, does everything: AdamW (no weight decay on biases and normalisation
-weights) with linear warmup and cosine decay, gradient accumulation, autocast (bf16 on CUDA by default, fp16
-with a gradient scaler on request), gradient clipping, evaluation with hierarchical metrics under every
+:func:`train` runs one ``_Run``, whose methods read top to bottom (prepare the run folder, build, resume or
+start, fit = epochs of train steps, evaluate, checkpoint, finish): AdamW (no weight decay on biases and
+normalisation weights) with linear warmup and cosine decay, gradient accumulation, autocast (bf16 on CUDA by
+default, fp16 with a gradient scaler on request), gradient clipping, evaluation with hierarchical metrics under every
 configured decoder, ``best`` / ``last`` checkpoints, exact resume (model, optimizer, scheduler, scaler, RNG of
 every rank, data position, step, best metric) and DDP under ``torchrun``.
 
@@ -39,25 +40,34 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import yaml
+from safetensors.torch import load_model
 from torch import nn
+from tqdm.auto import tqdm
 
+from hiercls.data import make_loader
+from hiercls.decode import DecoderSpec, parse_decoder
+from hiercls.evaluation import Evaluator
 from hiercls.models.classifier import move_to_device
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
+from hiercls.train.data import build_dataset, dataset_taxonomy, image_transform, subsample
 from hiercls.train.distributed import (
     DistInfo,
     all_gather_object,
     all_reduce_sum,
     barrier,
     cleanup_distributed,
+    eval_loader,
     init_distributed,
 )
+from hiercls.train.plots import plot_run
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +78,6 @@ __all__ = [
     "cosine_schedule",
     "evaluate_model",
     "load_taxonomy_for",
-    "resolve_decoders",
     "train",
 ]
 
@@ -153,45 +162,6 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, min_ratio: f
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def resolve_decoders(names: Iterable[str]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Map configured decoder names to ``(hiercls.decode rule, options)``; ``optimal_hf1`` is hF-beta with beta=1.
-
-    A name may carry options after a colon: ``optimal_hfbeta:beta=2``, ``threshold:threshold=0.6``.
-
-    Raises:
-        ConfigError: an unknown rule (with the list of known rules when ``hiercls.decode`` provides it).
-    """
-    known: list[str] | None = None
-    with contextlib.suppress(ImportError, AttributeError):
-        import hiercls.decode as dec
-
-        known = list(dec.list_rules()) if hasattr(dec, "list_rules") else list(getattr(dec, "RULES", []) or [])
-    out: dict[str, tuple[str, dict[str, Any]]] = {}
-    for name in names:
-        rule, _, rest = name.partition(":")
-        opts: dict[str, Any] = {}
-        for item in filter(None, rest.split(",")):
-            k, sep, v = item.partition("=")
-            if not sep:
-                raise ConfigError(f"eval.decoders: {name!r}: options must be key=value after ':'")
-            import yaml
-
-            opts[k.strip()] = yaml.safe_load(v)
-        if rule in ("optimal_hf1", "optimal_hfbeta1"):
-            rule, opts = "optimal_hfbeta", {"beta": 1.0, **opts}
-        if known and rule not in known:
-            import difflib
-
-            close = difflib.get_close_matches(rule, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"eval.decoders: unknown decoder {rule!r}{hint}; valid: {', '.join(sorted(known))}, "
-                              "optimal_hf1")
-        out[name] = (rule, opts)
-    return out
-
-
-
-
 def _num_samples(targets: Any) -> int:
     """Samples a micro-batch's mean loss averages over (1-D targets: the non-ignored ones)."""
     if isinstance(targets, torch.Tensor):
@@ -213,10 +183,6 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
             raise ConfigError("run.precision: fp16 needs a CUDA device (on CPU use bf16 or fp32)")
         return torch.float16
     return torch.bfloat16
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def _seed_everything(seed: int) -> None:
@@ -265,8 +231,6 @@ def _checkpoint_dir(out_dir: Path, which: str) -> Path | None:
 
 
 def _load_model_weights(model: nn.Module, ckpt: Path) -> None:
-    from safetensors.torch import load_model
-
     path = ckpt / "model.safetensors"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(ckpt)!r} has no model.safetensors")
@@ -291,36 +255,22 @@ def _config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: 
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-def _eval_loader(dataset: Any, batch_size: int, info: DistInfo, collate: Callable[..., Any],
-                 num_workers: int) -> torch.utils.data.DataLoader:
-    # Evaluation shards are disjoint and unpadded (rank r takes r, r+w, ...): metrics sum exactly over ranks.
-    if len(dataset) < info.world_size:
-        raise ConfigError(f"data.max_eval_samples: {len(dataset)} evaluation samples for {info.world_size} processes; "
-                          "every rank needs at least one")
-    shard = torch.utils.data.Subset(dataset, list(range(info.rank, len(dataset), info.world_size)))
-    per_rank = max(1, batch_size // info.world_size)
-    return torch.utils.data.DataLoader(shard, batch_size=per_rank, shuffle=False, collate_fn=collate,
-                                       num_workers=num_workers)
-
-
 @torch.no_grad()
-def evaluate_model(model: nn.Module, loader: Iterable[Any], taxonomy: Taxonomy, decoders: dict[str, tuple[str, dict]],
-                   *, device: torch.device, amp_dtype: torch.dtype | None = None, progress: bool = False,
+def evaluate_model(model: nn.Module, loader: Iterable[Any], taxonomy: Taxonomy,
+                   decoders: Sequence[str | DecoderSpec], *, device: torch.device,
+                   amp_dtype: torch.dtype | None = None, progress: bool = False,
                    keep_probs: bool = False) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray | None]:
-    """Hierarchical metrics of ``model`` on ``loader`` under each decoder (all-reduced over DDP ranks).
+    """Hierarchical metrics of ``model`` on ``loader`` under each decoder (exact over DDP ranks).
+
+    The node probabilities go through one :class:`hiercls.evaluation.Evaluator`, the same code as
+    ``hiercls evaluate --probs`` and ``hiercls decode --labels``.
 
     Returns:
-        ``({"<decoder>/<metric>": value, ..., "eval_loss": mean loss}, probs, labels)``; ``probs``/``labels``
+        ``({"<decoder label>/<metric>": value, ..., "eval_loss": mean loss}, probs, labels)``; ``probs``/``labels``
         (this rank's, numpy) only with ``keep_probs``.
     """
-    from tqdm.auto import tqdm
-
-    from hiercls.metrics import HierarchicalMetrics, NestedDice
-
     model.eval()
-    # Built at the first batch: set-valued decoders (boolean node sets) need the multi-label metric set.
-    metrics: dict[str, Any] = {}
-    top_k = tuple(k for k in (1, 5) if k <= taxonomy.num_leaves)
+    evaluator = Evaluator(taxonomy, decoders)
     loss_sum = torch.zeros(2, dtype=torch.float64)
     kept_p, kept_y = [], []
     for inputs, targets in tqdm(loader, desc="eval", disable=not progress, leave=False):
@@ -330,69 +280,19 @@ def evaluate_model(model: nn.Module, loader: Iterable[Any], taxonomy: Taxonomy, 
             loss = model.loss(output, targets)
         n = _num_samples(targets)
         loss_sum += torch.tensor([float(loss) * n, n], dtype=torch.float64)
-        probs = model.node_probs(output).float()
+        probs = model.node_probs(output).float().cpu()
         y = targets.cpu()
-        for name, (rule, opts) in decoders.items():
-            if probs.dim() > 2:
-                # Dense output [B, N, *spatial]: decode every voxel, score nested regions with Dice.
-                flat = probs.movedim(1, -1).reshape(-1, probs.shape[1])
-                pred = torch.as_tensor(_decode(flat, taxonomy, rule, opts)).cpu()
-                if pred.dim() != 1:
-                    raise ConfigError(f"eval.decoders: {name!r} returns node sets; dense outputs need a "
-                                      "single-node rule (e.g. threshold)")
-                if name not in metrics:
-                    metrics[name] = NestedDice(taxonomy)
-                metrics[name].update(y, pred.reshape(y.shape))
-                continue
-            pred = _decode(probs, taxonomy, rule, opts)
-            pred = pred.cpu() if isinstance(pred, torch.Tensor) else torch.as_tensor(pred)
-            if name not in metrics:
-                sets = pred.dim() == 2
-                metrics[name] = HierarchicalMetrics(taxonomy, k=() if sets else top_k, multilabel=sets)
-            metrics[name].update(y, pred, scores=None if pred.dim() == 2 else probs.cpu())
+        evaluator.update(probs, y)
         if keep_probs:
-            kept_p.append(probs.cpu().numpy())
+            kept_p.append(probs.numpy())
             kept_y.append(y.numpy())
-    results: dict[str, Any] = {}
-    for name, m in metrics.items():
-        for key, value in m.compute().items():
-            results[f"{name}/{key}"] = _plain(value)
-        if isinstance(m, NestedDice) and m.regions is not None:
-            results[f"{name}/regions"] = [taxonomy.display_names[int(r)] for r in m.regions]
+    results = evaluator.compute()
     all_reduce_sum(loss_sum)
     results["eval_loss"] = float(loss_sum[0] / loss_sum[1]) if loss_sum[1] > 0 else float("nan")
     model.train()
     if keep_probs:
         return results, np.concatenate(kept_p) if kept_p else None, np.concatenate(kept_y) if kept_y else None
     return results, None, None
-
-
-def _decode(probs: torch.Tensor, taxonomy: Taxonomy, rule: str, opts: dict[str, Any]) -> Any:
-    import hiercls.decode as dec
-
-    if hasattr(dec, "decode"):
-        return dec.decode(probs, taxonomy, rule=rule, **opts)
-    fn = getattr(dec, rule, None)
-    if fn is not None:
-        return fn(probs, taxonomy, **opts)
-    if rule == "argmax_leaf":
-        leaves = torch.as_tensor(np.array(taxonomy.leaves), device=probs.device)
-        return leaves[probs[:, leaves].argmax(dim=1)]
-    raise ConfigError(f"eval.decoders: decoder {rule!r} is not available in hiercls.decode")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else value.tolist()
-    if isinstance(value, np.ndarray):
-        return value.item() if value.size == 1 else value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _best_metric_key(cfg: TrainConfig, results: dict[str, Any]) -> str:
@@ -402,10 +302,10 @@ def _best_metric_key(cfg: TrainConfig, results: dict[str, Any]) -> str:
             raise ConfigError(f"eval.best_metric: {cfg.eval.best_metric!r} is not among the evaluation results; "
                               f"valid: {', '.join(scalar)}")
         return cfg.eval.best_metric
-    first = cfg.eval.decoders[0]
-    for key in ("hF1_micro", "hF1_samples", "accuracy", "mean_dice"):
-        if f"{first}/{key}" in results:
-            return f"{first}/{key}"
+    first = parse_decoder(cfg.eval.decoders[0])
+    for key in (first.judged_on, "hF1_micro", "hF1_samples", "accuracy", "mean_dice"):
+        if f"{first.label}/{key}" in results:
+            return f"{first.label}/{key}"
     return "eval_loss"
 
 
@@ -429,298 +329,367 @@ def train(config: TrainConfig | dict[str, Any], *, callbacks: Iterable[Callable[
     cfg = config if isinstance(config, TrainConfig) else config_from_dict(config)
     info = init_distributed(cfg.run.device)
     try:
-        return _train(cfg, info, list(callbacks))
+        return _Run(cfg, info, list(callbacks)).run()
     finally:
         cleanup_distributed(info)
 
 
-def _train(cfg: TrainConfig, info: DistInfo, callbacks: list[Callable[[dict[str, Any]], None]]) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+class _Run:
+    """One training run, in reading order: :meth:`run` = prepare the folder, build, resume or start, fit, finish.
 
-    from hiercls.data import make_loader
-    from hiercls.train.data import build_dataset, dataset_taxonomy, image_transform, subsample
+    The state that changes while training (step, epoch, best metric) lives on the object, so the steps are
+    plain methods instead of closures.
+    """
 
-    if not cfg.data.dataset:
-        raise ConfigError("data.dataset: required, e.g. wordnet_gloss, fashion_mnist, image_folder, synthetic")
-    out_dir, device, main = cfg.out_dir, info.device, info.is_main
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    if cfg.run.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    amp_dtype = _autocast_dtype(cfg.run.precision, device)
-    if cfg.data.batch_size % info.world_size:
-        raise ConfigError(f"data.batch_size: the global batch {cfg.data.batch_size} must be divisible by the "
-                          f"{info.world_size} processes")
+    def __init__(self, cfg: TrainConfig, info: DistInfo, callbacks: list[Callable[[dict[str, Any]], None]]) -> None:
+        if not cfg.data.dataset:
+            raise ConfigError("data.dataset: required, e.g. wordnet_gloss, fashion_mnist, image_folder, synthetic")
+        self.cfg, self.info, self.callbacks = cfg, info, callbacks
+        self.out_dir, self.device, self.main = cfg.out_dir, info.device, info.is_main
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.amp_dtype = _autocast_dtype(cfg.run.precision, self.device)
+        if cfg.data.batch_size % info.world_size:
+            raise ConfigError(f"data.batch_size: the global batch {cfg.data.batch_size} must be divisible by the "
+                              f"{info.world_size} processes")
+        self.step, self.epoch = 0, 0
+        self.best_value: float | None = None
+        self.best_key: str | None = None
+        self.history_loss: list[float] = []
+        self.at_epoch_start = False
+        self.log_file: Any = None
 
-    # --- resume decision (before touching the run folder)
-    last_dir = _checkpoint_dir(out_dir, "last")
-    resume_file = last_dir / "resume.pt" if last_dir else None
-    has_state = resume_file is not None and resume_file.is_file()
-    if cfg.run.resume is True and not has_state:
-        raise ConfigError(f"run.resume: true but {str(out_dir / 'checkpoints' / 'last' / 'resume.pt')!r} does not "
-                          "exist (use run.resume=auto to start fresh when there is nothing to resume)")
-    resuming = has_state and cfg.run.resume in (True, "auto")
-    if resuming and (out_dir / "config.yaml").is_file():
-        import yaml
+    def run(self) -> dict[str, Any]:
+        """Train (or resume) to the end or to an interruption; returns the final results."""
+        last_dir = self.prepare_run_folder()
+        self.build()
+        if last_dir is not None:
+            self.resume(last_dir)
+        else:
+            self.start()
+        self.train_model: nn.Module = self.model
+        if self.info.distributed:
+            self.train_model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=self.cfg.run.find_unused_parameters)
+        self.log_file = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if self.main else None
+        try:
+            results, interrupted = self.fit()
+        finally:
+            if self.log_file is not None:
+                self.log_file.close()
+        return self.finish(results, interrupted)
 
-        saved = yaml.safe_load((out_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-        diffs = _config_differences(saved, config_to_dict(cfg))
-        if diffs:
-            raise ConfigError(f"{out_dir / 'config.yaml'}: the run in {str(out_dir)!r} was started with a different "
-                              f"config ({'; '.join(diffs[:5])}); resume with the same config, or pass "
-                              "--set run.resume=false to start over, or choose another run.out_dir")
-    barrier()  # every rank has read the saved config before rank 0 may overwrite it
-    if main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out_dir / "config.yaml")
+    # ------------------------------------------------------------------ setup
+    def prepare_run_folder(self) -> Path | None:
+        """Decide whether to resume (before touching the run folder) and write ``config.yaml``.
 
-    # --- taxonomy, model, data (the model init uses the same seed on every rank)
-    _seed_everything(cfg.run.seed)
-    taxonomy = load_taxonomy_for(cfg) or dataset_taxonomy(cfg.data.dataset)
-    if taxonomy is None:
-        # The data set brings its own taxonomy (e.g. nested image folders).
-        probe = build_dataset(cfg.data.dataset, cfg.data.train_split, None, cfg.data.options)
-        taxonomy = getattr(probe, "taxonomy", None)
+        Returns:
+            The checkpoint folder to resume from, or ``None`` to start fresh.
+        """
+        cfg, out_dir = self.cfg, self.out_dir
+        last_dir = _checkpoint_dir(out_dir, "last")
+        has_state = last_dir is not None and (last_dir / "resume.pt").is_file()
+        if cfg.run.resume is True and not has_state:
+            raise ConfigError(f"run.resume: true but {str(out_dir / 'checkpoints' / 'last' / 'resume.pt')!r} does "
+                              "not exist (use run.resume=auto to start fresh when there is nothing to resume)")
+        resuming = has_state and cfg.run.resume in (True, "auto")
+        if resuming and (out_dir / "config.yaml").is_file():
+            saved = yaml.safe_load((out_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+            diffs = _config_differences(saved, config_to_dict(cfg))
+            if diffs:
+                raise ConfigError(f"{out_dir / 'config.yaml'}: the run in {str(out_dir)!r} was started with a "
+                                  f"different config ({'; '.join(diffs[:5])}); resume with the same config, or pass "
+                                  "--set run.resume=false to start over, or choose another run.out_dir")
+        barrier()  # every rank has read the saved config before rank 0 may overwrite it
+        if self.main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, out_dir / "config.yaml")
+        return last_dir if resuming else None
+
+    def build(self) -> None:
+        """Taxonomy, model, data sets and loaders, optimizer, scheduler, scaler (the same init on every rank)."""
+        cfg, info, device = self.cfg, self.info, self.device
+        _seed_everything(cfg.run.seed)
+        taxonomy = load_taxonomy_for(cfg) or dataset_taxonomy(cfg.data.dataset)
         if taxonomy is None:
-            raise ConfigError(f"taxonomy: required for data set {cfg.data.dataset!r} (a shipped name or a file)")
-    model = build_model(cfg, taxonomy).to(device)
-    transform_eval = image_transform(model, train=False, image_size=cfg.data.image_size)
-    transform_train = (image_transform(model, train=True, image_size=cfg.data.image_size) if cfg.data.augment
-                       else transform_eval)
-    train_set = subsample(build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options,
-                                        transform_train), cfg.data.max_train_samples)
-    eval_set = None
-    if cfg.data.eval_split:
-        eval_set = subsample(build_dataset(cfg.data.dataset, cfg.data.eval_split, taxonomy, cfg.data.options,
-                                           transform_eval), cfg.data.max_eval_samples)
-    decoders = resolve_decoders(cfg.eval.decoders)
-    collate = getattr(model, "collate", None)
-    per_rank = cfg.data.batch_size // info.world_size
-    loader = make_loader(train_set, per_rank, shuffle=cfg.data.shuffle, seed=cfg.run.seed, rank=info.rank,
-                         world_size=info.world_size, collate_fn=collate, drop_last=cfg.data.drop_last,
-                         num_workers=cfg.data.num_workers, pin_memory=device.type == "cuda")
-    eval_loader = (_eval_loader(eval_set, cfg.data.eval_batch_size or cfg.data.batch_size, info, collate,
-                                cfg.data.num_workers) if eval_set is not None else None)
+            # The data set brings its own taxonomy (e.g. nested image folders).
+            probe = build_dataset(cfg.data.dataset, cfg.data.train_split, None, cfg.data.options)
+            taxonomy = getattr(probe, "taxonomy", None)
+            if taxonomy is None:
+                raise ConfigError(f"taxonomy: required for data set {cfg.data.dataset!r} (a shipped name or a file)")
+        self.taxonomy = taxonomy
+        self.model = model = build_model(cfg, taxonomy).to(device)
+        transform_eval = image_transform(model, train=False, image_size=cfg.data.image_size)
+        transform_train = (image_transform(model, train=True, image_size=cfg.data.image_size) if cfg.data.augment
+                           else transform_eval)
+        train_set = subsample(build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options,
+                                            transform_train), cfg.data.max_train_samples)
+        eval_set = None
+        if cfg.data.eval_split:
+            eval_set = subsample(build_dataset(cfg.data.dataset, cfg.data.eval_split, taxonomy, cfg.data.options,
+                                               transform_eval), cfg.data.max_eval_samples)
+        self.decoders = [parse_decoder(d) for d in cfg.eval.decoders]
+        collate = getattr(model, "collate", None)
+        per_rank = cfg.data.batch_size // info.world_size
+        self.loader = make_loader(train_set, per_rank, shuffle=cfg.data.shuffle, seed=cfg.run.seed, rank=info.rank,
+                                  world_size=info.world_size, collate_fn=collate, drop_last=cfg.data.drop_last,
+                                  num_workers=cfg.data.num_workers, pin_memory=device.type == "cuda")
+        self.eval_loader = (eval_loader(eval_set, cfg.data.eval_batch_size or cfg.data.batch_size, info, collate,
+                                        cfg.data.num_workers) if eval_set is not None else None)
 
-    batches_per_epoch = len(loader)
-    if batches_per_epoch == 0:
-        raise ConfigError(f"data.batch_size: {len(train_set)} training samples give no batch of {cfg.data.batch_size} "
-                          f"(drop_last={cfg.data.drop_last})")
-    accum = cfg.optim.grad_accum
-    steps_per_epoch = math.ceil(batches_per_epoch / accum)
-    total_steps = cfg.schedule.max_steps or cfg.schedule.epochs * steps_per_epoch
-    warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_ratio * total_steps)
+        batches_per_epoch = len(self.loader)
+        if batches_per_epoch == 0:
+            raise ConfigError(f"data.batch_size: {len(train_set)} training samples give no batch of "
+                              f"{cfg.data.batch_size} (drop_last={cfg.data.drop_last})")
+        steps_per_epoch = math.ceil(batches_per_epoch / cfg.optim.grad_accum)
+        self.total_steps = total = cfg.schedule.max_steps or cfg.schedule.epochs * steps_per_epoch
+        warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_ratio * total)
+        self.optimizer = build_optimizer(model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: cosine_schedule(s, total, warmup, cfg.optim.min_lr_ratio))
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
 
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: cosine_schedule(s, total_steps, warmup, cfg.optim.min_lr_ratio))
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-
-    # --- resume
-    step, epoch, best_value, best_key = 0, 0, None, None
-    history_loss: list[float] = []
-    if resuming:
-        assert last_dir is not None and resume_file is not None
+    def resume(self, last_dir: Path) -> None:
+        """Restore weights, optimizer, scheduler, scaler, data position, step, best metric and every rank's RNG."""
+        cfg, info, taxonomy = self.cfg, self.info, self.taxonomy
+        resume_file = last_dir / "resume.pt"
         state = torch.load(resume_file, map_location="cpu", weights_only=False)
         if state.get("taxonomy_fingerprint") not in (None, taxonomy.fingerprint):
             raise ConfigError(f"{resume_file}: saved for taxonomy fingerprint {state['taxonomy_fingerprint']} but the "
                               f"config's taxonomy {taxonomy.name!r} has {taxonomy.fingerprint}")
-        _load_model_weights(model, last_dir)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        loader.load_state_dict(state["data"])
-        step, epoch = int(state["step"]), int(state["data"]["epoch"])
-        best_value, best_key = state.get("best_value"), state.get("best_key")
+        _load_model_weights(self.model, last_dir)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.loader.load_state_dict(state["data"])
+        self.step, self.epoch = int(state["step"]), int(state["data"]["epoch"])
+        self.best_value, self.best_key = state.get("best_value"), state.get("best_key")
         rngs = state["rng"]
         if len(rngs) == info.world_size:
             _set_rng_state(rngs[info.rank])
         else:
             logger.warning("resuming %d-rank state on %d ranks: RNG streams are reseeded", len(rngs), info.world_size)
-            _seed_everything(cfg.run.seed + info.rank + 7919 * step)
-        if main:
-            _truncate_log(out_dir / "metrics.jsonl", step)
-            logger.info("resumed from %s at step %d (epoch %d, sample %d)", last_dir, step, epoch,
+            _seed_everything(cfg.run.seed + info.rank + 7919 * self.step)
+        if self.main:
+            _truncate_log(self.out_dir / "metrics.jsonl", self.step)
+            logger.info("resumed from %s at step %d (epoch %d, sample %d)", last_dir, self.step, self.epoch,
                         state["data"]["index"])
-    else:
-        _seed_everything(cfg.run.seed + info.rank)
-        if main:
-            (out_dir / "metrics.jsonl").write_text("", encoding="utf-8")
-    train_model: nn.Module = model
-    if info.distributed:
-        train_model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=cfg.run.find_unused_parameters)
-    log_file = (out_dir / "metrics.jsonl").open("a", encoding="utf-8") if main else None
 
-    def log(record: dict[str, Any]) -> None:
-        if log_file is not None:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
+    def start(self) -> None:
+        """A fresh run: per-rank RNG streams and an empty log."""
+        _seed_everything(self.cfg.run.seed + self.info.rank)
+        if self.main:
+            (self.out_dir / "metrics.jsonl").write_text("", encoding="utf-8")
 
-    def save_last() -> None:
-        rngs = all_gather_object(_rng_state())
-        if main:
-            data_state = loader.state_dict()
-            if at_epoch_start:
-                # Between epochs the loader still reports the end of the previous one.
-                data_state = {**data_state, "epoch": epoch, "index": 0}
-            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                     "scaler": scaler.state_dict(), "data": data_state, "step": step, "rng": rngs,
-                     "best_value": best_value, "best_key": best_key, "world_size": info.world_size,
-                     "taxonomy_fingerprint": taxonomy.fingerprint}
+    # ------------------------------------------------------------------ training
+    def fit(self) -> tuple[dict[str, Any], bool]:
+        """The epochs: optimizer steps, evaluation at the end of (every ``eval.every``-th) epoch, checkpoints.
 
-            def write(d: Path) -> None:
-                model.save_pretrained(d)
-                torch.save(state, d / "resume.pt")
+        Returns:
+            ``(last evaluation results, interrupted)``.
+        """
+        cfg = self.cfg
+        self.model.train()
+        self.steps_this_run, interrupted, results = 0, False, {}
+        self.bar = tqdm(total=self.total_steps, initial=self.step, desc="train",
+                        disable=not (self.main and cfg.run.progress), dynamic_ncols=True)
+        self.log_acc = torch.zeros(2, dtype=torch.float64)
+        self.t_log, self.samples_since_log = time.perf_counter(), 0
+        self.at_epoch_start = False
+        if self.step >= self.total_steps and self.eval_loader is not None:
+            # A finished run started again (run.resume=auto): report its results instead of training.
+            done = self.out_dir / "results.json"
+            results = ({k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items() if "/" in k}
+                       if done.is_file() else self.evaluate())
+        while self.step < self.total_steps and not interrupted:
+            consumed, remaining, interrupted = self.train_epoch()
+            if interrupted:
+                break
+            # End of the epoch (or of training): evaluate, then save the resumable state.
+            epoch_done, last = consumed >= remaining, self.step >= self.total_steps
+            if (epoch_done or last) and (last or (cfg.eval.every and (self.epoch + 1) % cfg.eval.every == 0)):
+                results = self.evaluate()
+            if epoch_done:
+                self.epoch += 1
+                self.at_epoch_start = True
+            self.save_last()
+        self.bar.close()
+        return results, interrupted
 
-            _save_dir_atomically(out_dir / "checkpoints" / "last", write)
-        barrier()
-
-    def run_eval() -> dict[str, Any]:
-        nonlocal best_value, best_key
-        if eval_loader is None:
-            return {}
-        results, probs, labels = evaluate_model(model, eval_loader, taxonomy, decoders, device=device,
-                                                amp_dtype=amp_dtype, progress=main and cfg.run.progress,
-                                                keep_probs=cfg.eval.save_probs)
-        if cfg.eval.save_probs:
-            gathered = all_gather_object((probs, labels))
-            if main:
-                # Ranks hold interleaved shards (r, r + w, ...): restore the data set order.
-                n = sum(len(y) for _, y in gathered if y is not None)
-                p_all = np.zeros((n, taxonomy.num_nodes) + (() if probs is None else probs.shape[2:]), np.float32)
-                y_all = np.zeros(n, np.int64) if labels is None or labels.ndim == 1 else None
-                for r, (p, y) in enumerate(gathered):
-                    if p is not None:
-                        p_all[r::info.world_size] = p
-                        if y_all is not None:
-                            y_all[r::info.world_size] = y
-                np.save(out_dir / "eval_probs.npy", p_all)
-                if y_all is not None:
-                    np.save(out_dir / "eval_labels.npy", y_all)
-        key = best_key or _best_metric_key(cfg, results)
-        best_key = key
-        value = results.get(key)
-        improved = isinstance(value, (int, float)) and (
-            best_value is None or (value > best_value if cfg.eval.best_mode == "max" else value < best_value))
-        if improved:
-            best_value = float(value)
-            if main:
-                _save_dir_atomically(out_dir / "checkpoints" / "best", model.save_pretrained)
-            barrier()
-        log({"type": "eval", "step": step, "epoch": epoch, **results, "best_key": key, "best_value": best_value})
-        logger.info("eval after step %d: %s", step, ", ".join(
-            f"{k}={v:.4f}" for k, v in results.items()
-            if isinstance(v, float) and k.rsplit("/", 1)[-1] in ("accuracy", "hF1_micro", "mean_dice", "eval_loss")))
-        return results
-
-    # --- the loop
-    model.train()
-    max_this_run = cfg.schedule.max_steps_this_run
-    steps_this_run, interrupted, results = 0, False, {}
-    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not (main and cfg.run.progress),
-               dynamic_ncols=True)
-    log_acc = torch.zeros(2, dtype=torch.float64)
-    t_log, samples_since_log = time.perf_counter(), 0
-    at_epoch_start = False
-    if step >= total_steps and eval_loader is not None:
-        # A finished run started again (run.resume=auto): report its results instead of training.
-        done = out_dir / "results.json"
-        results = ({k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items() if "/" in k}
-                   if done.is_file() else run_eval())
-    while step < total_steps and not interrupted:
-        loader.set_epoch(epoch)
-        remaining, consumed = len(loader), 0
-        batches = iter(loader)
-        at_epoch_start = False
-        while step < total_steps:
+    def train_epoch(self) -> tuple[int, int, bool]:
+        """Optimizer steps over (the rest of) this epoch; returns ``(batches consumed, batches in the epoch,
+        interrupted)``."""
+        cfg, accum = self.cfg, self.cfg.optim.grad_accum
+        self.loader.set_epoch(self.epoch)
+        remaining, consumed = len(self.loader), 0
+        batches = iter(self.loader)
+        self.at_epoch_start = False
+        while self.step < self.total_steps:
             # One optimizer step = up to `accum` micro-batches; fetch them first to know the global sample count.
             window = [b for _, b in zip(range(accum), batches, strict=False)]
             if not window:
                 break
             consumed += len(window)
-            local_n = sum(_num_samples(t) for _, t in window)
-            global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
-            step_loss = 0.0
-            for i, (inputs, targets) in enumerate(window):
-                inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-                n = _num_samples(targets)
-                sync = i == len(window) - 1 or not info.distributed
-                with contextlib.nullcontext() if sync else train_model.no_sync():
-                    with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                        output = train_model(inputs)
-                        loss = model.loss(output, targets)
-                    # Weight = this micro-batch's share of the global step; x world size undoes DDP's mean.
-                    weight = n / global_n * info.world_size if global_n > 0 else 0.0
-                    scaled = loss * weight if n > 0 else sum(p.sum() for p in model.parameters()) * 0.0
-                    scaler.scale(scaled).backward()
-                if n > 0:
-                    step_loss += float(loss.detach()) * n / global_n
-            if cfg.optim.clip_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            step += 1
-            steps_this_run += 1
-            samples_since_log += int(global_n)
-            log_acc += torch.tensor([step_loss, 1.0], dtype=torch.float64)
-            bar.update(1)
-            lr = scheduler.get_last_lr()[0]
-            if step % cfg.run.log_every == 0 or step == total_steps:
-                # Each rank holds its share of every step's global mean loss; the step count is the same.
-                mean_loss = float(all_reduce_sum(log_acc[:1].clone())[0] / log_acc[1])
-                elapsed = time.perf_counter() - t_log
-                history_loss.append(mean_loss)
-                log({"type": "train", "step": step, "epoch": epoch, "loss": mean_loss, "lr": lr,
-                     "samples_per_s": samples_since_log / elapsed if elapsed > 0 else None})
-                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-                log_acc.zero_()
-                t_log, samples_since_log = time.perf_counter(), 0
+            step_loss, global_n = self.train_step(window)
+            self.step += 1
+            self.steps_this_run += 1
+            lr = self.scheduler.get_last_lr()[0]
+            self.log_train(step_loss, global_n, lr)
             stop = False
-            for cb in callbacks:
+            for cb in self.callbacks:
                 try:
-                    cb({"step": step, "epoch": epoch, "loss": step_loss, "lr": lr})
+                    cb({"step": self.step, "epoch": self.epoch, "loss": step_loss, "lr": lr})
                 except StopTraining:
                     stop = True
-            if max_this_run is not None and steps_this_run >= max_this_run and step < total_steps:
+            max_this_run = cfg.schedule.max_steps_this_run
+            if max_this_run is not None and self.steps_this_run >= max_this_run and self.step < self.total_steps:
                 stop = True
-            if stop or (cfg.run.save_every_steps and step % cfg.run.save_every_steps == 0):
-                save_last()
+            if stop or (cfg.run.save_every_steps and self.step % cfg.run.save_every_steps == 0):
+                self.save_last()
             if stop:
-                interrupted = True
-                break
-        if interrupted:
-            break
-        # End of the epoch (or of training): evaluate, then save the resumable state.
-        epoch_done, last = consumed >= remaining, step >= total_steps
-        if (epoch_done or last) and (last or (cfg.eval.every and (epoch + 1) % cfg.eval.every == 0)):
-            results = run_eval()
-        if epoch_done:
-            epoch += 1
-            at_epoch_start = True
-        save_last()
-    bar.close()
-    if log_file is not None:
-        log_file.close()
+                return consumed, remaining, True
+        return consumed, remaining, False
 
-    final = {"step": step, "epoch": epoch, "out_dir": str(out_dir), "interrupted": interrupted,
-             "train_loss": history_loss[-1] if history_loss else None, "taxonomy": taxonomy.name,
-             "head": cfg.model.head, "best_key": best_key, "best_value": best_value, **results}
-    if main and not interrupted:
-        (out_dir / "results.json").write_text(json.dumps(final, indent=2), encoding="utf-8")
-        if cfg.run.plot:
-            try:
-                from hiercls.train.plots import plot_run
+    def train_step(self, window: list[Any]) -> tuple[float, float]:
+        """One optimizer step over the micro-batches of ``window``; returns ``(mean loss, global sample count)``.
 
-                plot_run(out_dir / "metrics.jsonl", out_dir / "curves.png")
-            except Exception as err:  # a plotting problem must not lose a finished run
-                logger.warning("could not write %s: %s", out_dir / "curves.png", err)
-    barrier()
-    return final
+        Each micro-batch loss is weighted by its share of the step's global sample count (times the world size,
+        undoing DDP's mean), so the gradient is the global-batch mean as in one process.
+        """
+        cfg, info, model, device, amp_dtype = self.cfg, self.info, self.model, self.device, self.amp_dtype
+        local_n = sum(_num_samples(t) for _, t in window)
+        global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
+        step_loss = 0.0
+        for i, (inputs, targets) in enumerate(window):
+            inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
+            n = _num_samples(targets)
+            sync = i == len(window) - 1 or not info.distributed
+            with contextlib.nullcontext() if sync else self.train_model.no_sync():
+                with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                    output = self.train_model(inputs)
+                    loss = model.loss(output, targets)
+                weight = n / global_n * info.world_size if global_n > 0 else 0.0
+                scaled = loss * weight if n > 0 else sum(p.sum() for p in model.parameters()) * 0.0
+                self.scaler.scale(scaled).backward()
+            if n > 0:
+                step_loss += float(loss.detach()) * n / global_n
+        if cfg.optim.clip_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return step_loss, global_n
+
+    def log_train(self, step_loss: float, global_n: float, lr: float) -> None:
+        """Accumulate the step's loss; every ``run.log_every`` steps log the mean over ranks and steps."""
+        self.samples_since_log += int(global_n)
+        self.log_acc += torch.tensor([step_loss, 1.0], dtype=torch.float64)
+        self.bar.update(1)
+        if self.step % self.cfg.run.log_every == 0 or self.step == self.total_steps:
+            # Each rank holds its share of every step's global mean loss; the step count is the same.
+            mean_loss = float(all_reduce_sum(self.log_acc[:1].clone())[0] / self.log_acc[1])
+            elapsed = time.perf_counter() - self.t_log
+            self.history_loss.append(mean_loss)
+            self.log({"type": "train", "step": self.step, "epoch": self.epoch, "loss": mean_loss, "lr": lr,
+                      "samples_per_s": self.samples_since_log / elapsed if elapsed > 0 else None})
+            self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+            self.log_acc.zero_()
+            self.t_log, self.samples_since_log = time.perf_counter(), 0
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One JSON line in ``metrics.jsonl`` (rank 0)."""
+        if self.log_file is not None:
+            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.flush()
+
+    # ------------------------------------------------------------------ evaluation and checkpoints
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluate, keep ``checkpoints/best`` on the best metric, log; optionally save the probabilities."""
+        cfg = self.cfg
+        if self.eval_loader is None:
+            return {}
+        results, probs, labels = evaluate_model(self.model, self.eval_loader, self.taxonomy, self.decoders,
+                                                device=self.device, amp_dtype=self.amp_dtype,
+                                                progress=self.main and cfg.run.progress,
+                                                keep_probs=cfg.eval.save_probs)
+        if cfg.eval.save_probs:
+            self.save_probs(probs, labels)
+        key = self.best_key or _best_metric_key(cfg, results)
+        self.best_key = key
+        value = results.get(key)
+        improved = isinstance(value, (int, float)) and (
+            self.best_value is None
+            or (value > self.best_value if cfg.eval.best_mode == "max" else value < self.best_value))
+        if improved:
+            self.best_value = float(value)
+            if self.main:
+                _save_dir_atomically(self.out_dir / "checkpoints" / "best", self.model.save_pretrained)
+            barrier()
+        self.log({"type": "eval", "step": self.step, "epoch": self.epoch, **results, "best_key": key,
+                  "best_value": self.best_value})
+        shown = ("accuracy", "hF1_micro", "mean_dice", "eval_loss", key.rsplit("/", 1)[-1])
+        logger.info("eval after step %d: %s", self.step, ", ".join(
+            f"{k}={v:.4f}" for k, v in results.items() if isinstance(v, float) and k.rsplit("/", 1)[-1] in shown))
+        return results
+
+    def save_probs(self, probs: np.ndarray | None, labels: np.ndarray | None) -> None:
+        """``eval_probs.npy`` / ``eval_labels.npy`` in data set order, gathered from every rank."""
+        gathered = all_gather_object((probs, labels))
+        if not self.main:
+            return
+        world = self.info.world_size
+        # Ranks hold interleaved shards (r, r + w, ...): restore the data set order.
+        n = sum(len(y) for _, y in gathered if y is not None)
+        p_all = np.zeros((n, self.taxonomy.num_nodes) + (() if probs is None else probs.shape[2:]), np.float32)
+        y_all = np.zeros(n, np.int64) if labels is None or labels.ndim == 1 else None
+        for r, (p, y) in enumerate(gathered):
+            if p is not None:
+                p_all[r::world] = p
+                if y_all is not None:
+                    y_all[r::world] = y
+        np.save(self.out_dir / "eval_probs.npy", p_all)
+        if y_all is not None:
+            np.save(self.out_dir / "eval_labels.npy", y_all)
+
+    def save_last(self) -> None:
+        """``checkpoints/last``: the weights and everything exact resumption needs (written atomically)."""
+        rngs = all_gather_object(_rng_state())
+        if self.main:
+            data_state = self.loader.state_dict()
+            if self.at_epoch_start:
+                # Between epochs the loader still reports the end of the previous one.
+                data_state = {**data_state, "epoch": self.epoch, "index": 0}
+            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "scaler": self.scaler.state_dict(), "data": data_state, "step": self.step, "rng": rngs,
+                     "best_value": self.best_value, "best_key": self.best_key, "world_size": self.info.world_size,
+                     "taxonomy_fingerprint": self.taxonomy.fingerprint}
+
+            def write(d: Path) -> None:
+                self.model.save_pretrained(d)
+                torch.save(state, d / "resume.pt")
+
+            _save_dir_atomically(self.out_dir / "checkpoints" / "last", write)
+        barrier()
+
+    def finish(self, results: dict[str, Any], interrupted: bool) -> dict[str, Any]:
+        """The final results; a finished run also writes ``results.json`` and ``curves.png``."""
+        final = {"step": self.step, "epoch": self.epoch, "out_dir": str(self.out_dir), "interrupted": interrupted,
+                 "train_loss": self.history_loss[-1] if self.history_loss else None, "taxonomy": self.taxonomy.name,
+                 "head": self.cfg.model.head, "best_key": self.best_key, "best_value": self.best_value, **results}
+        if self.main and not interrupted:
+            (self.out_dir / "results.json").write_text(json.dumps(final, indent=2), encoding="utf-8")
+            if self.cfg.run.plot:
+                try:
+                    plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
+                except Exception as err:  # a plotting problem must not lose a finished run
+                    logger.warning("could not write %s: %s", self.out_dir / "curves.png", err)
+        barrier()
+        return final
 
 
 def _truncate_log(path: Path, step: int) -> None:

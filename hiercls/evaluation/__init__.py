@@ -1,0 +1,17 @@
+"""Evaluation: decode node probabilities with decoder specs and score them with one vocabulary of metric names.
+
+It sits above :mod:`hiercls.decode` and :mod:`hiercls.metrics` and below :mod:`hiercls.train` and the CLI.
+
+* :class:`Evaluator` (``update`` / ``compute`` / ``reset``, exact under DDP) and :func:`evaluate_probabilities`;
+* :func:`format_results`, the one result table;
+* :func:`load_probabilities` / :func:`load_labels`, saved probabilities and labels from files.
+"""
+
+from hiercls.evaluation.evaluator import DEFAULT_DECODERS, Evaluator, evaluate_probabilities, to_plain
+from hiercls.evaluation.files import load_labels, load_probabilities
+from hiercls.evaluation.report import decoders_in, format_results, format_table
+
+__all__ = [
+    "DEFAULT_DECODERS", "Evaluator", "decoders_in", "evaluate_probabilities", "format_results", "format_table",
+    "load_labels", "load_probabilities", "to_plain",
+]

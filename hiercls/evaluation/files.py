@@ -1,0 +1,180 @@
+"""Saved probabilities and labels from files: the input of ``hiercls decode`` and ``hiercls evaluate --probs``.
+
+``load_probabilities`` reads ``.npy`` / ``.npz`` / ``.pt`` (never a pickle); ``load_labels`` reads node ids
+(``.npy`` ...) or a text/CSV file of node names, label paths or ids.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hiercls._checks import to_numpy
+from hiercls.data.labels import LabelEncoder
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+
+__all__ = ["load_labels", "load_probabilities"]
+
+_ARRAY_KEYS = ("probs", "node_probs", "probabilities", "leaf_probs", "scores", "arr_0")
+_LABEL_KEYS = ("labels", "targets", "y", "y_true", "arr_0")
+
+
+def _pick(obj: Mapping[str, Any], keys: Sequence[str], key: str | None, path: str, what: str) -> Any:
+    names = list(obj.keys())
+    if key is not None:
+        if key not in obj:
+            raise ValueError(f"{path}: no array named {key!r} (has: {', '.join(map(str, names)) or 'nothing'})")
+        return obj[key]
+    if len(names) == 1:
+        return obj[names[0]]
+    for k in keys:
+        if k in obj:
+            return obj[k]
+    raise ValueError(f"{path}: holds several arrays ({', '.join(map(str, names))}); say which {what} with "
+                     f"key= (one of the names)")
+
+
+def _load_array(path: str | os.PathLike, key: str | None, keys: Sequence[str], what: str) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".npy":
+            return np.load(p, allow_pickle=False)
+        if suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                return np.asarray(_pick(dict(z.items()), keys, key, str(p), what))
+        if suffix in (".pt", ".pth"):
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+            if isinstance(obj, Mapping):
+                obj = _pick(obj, keys, key, str(p), what)
+            if isinstance(obj, (list, tuple)) and obj and hasattr(obj[0], "detach"):
+                obj = torch.cat([o.reshape(-1, *o.shape[-1:]) if o.ndim else o.reshape(1) for o in obj])
+            return to_numpy(obj)
+    except (ValueError, OSError, RuntimeError, EOFError) as err:
+        if isinstance(err, ValueError) and str(err).startswith(str(p)):
+            raise
+        raise ValueError(f"{p}: cannot read {what} ({type(err).__name__}: {err})") from err
+    raise ValueError(f"{p}: unsupported {what} file type {suffix or '(none)'!r}; expected .npy, .npz or .pt")
+
+
+def load_probabilities(path: str | os.PathLike, *, key: str | None = None) -> np.ndarray:
+    """Saved probabilities ``[B, N]`` (node or leaf) from ``.npy``, ``.npz`` or ``.pt`` (tensor or dict of tensors).
+
+    Args:
+        path: the file.
+        key: the array to take from an ``.npz`` or a ``.pt`` dict (default: the only one, or the first of
+            ``probs``, ``node_probs``, ``probabilities``, ``leaf_probs``, ``scores``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unknown format, unreadable file, ambiguous key, or not a 2-D float array.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp(); f = os.path.join(d, "p.npy")
+        >>> np.save(f, np.eye(2, dtype=np.float32))
+        >>> load_probabilities(f).shape
+        (2, 2)
+    """
+    arr = _load_array(path, key, _ARRAY_KEYS, "probabilities")
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{path}: probabilities must be numeric; got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise ValueError(f"{path}: probabilities must be a 2-D array [samples, nodes]; got shape {list(arr.shape)}")
+    return arr
+
+
+def load_labels(path: str | os.PathLike, taxonomy: Taxonomy, *, key: str | None = None,
+                column: str | int | None = None) -> np.ndarray:
+    """Labels as node ids ``[B]`` (``-1`` = ignore) from a saved array or a text file.
+
+    * ``.npy`` / ``.npz`` / ``.pt``: integer node ids (or an array of node-name strings).
+    * any other file: one label per line, as a node name, a label path (``animal/cat``, also ``>`` or ``|``
+      separated; every step must be a parent-child chain) or a node id (``-1`` = ignore), read by
+      :class:`hiercls.data.LabelEncoder` with ``label_format="auto"``. ``.csv`` / ``.tsv`` files take the
+      column named ``label`` (or ``column``), else the last one. Blank lines and lines starting with ``#`` are
+      skipped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TaxonomyError: an unknown label, naming the file and line.
+        ValueError: an id out of range or a malformed array.
+
+    Example:
+        >>> import tempfile, os
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> f = os.path.join(tempfile.mkdtemp(), "labels.txt")
+        >>> _ = open(f, "w").write("x\\na/y\\nb\\n")
+        >>> load_labels(f, tax).tolist()
+        [2, 3, 4]
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file")
+    encoder = LabelEncoder(taxonomy)
+    if p.suffix.lower() in (".npy", ".npz", ".pt", ".pth"):
+        arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()
+        if arr.dtype.kind in "US":
+            out = np.empty(len(arr), dtype=np.int64)
+            for i, name in enumerate(arr.tolist()):
+                out[i] = _encode(encoder, str(name), str(p), None)
+            return out
+        if not (np.issubdtype(arr.dtype, np.integer) or (np.issubdtype(arr.dtype, np.floating)
+                                                          and np.all(arr == np.round(arr)))):
+            raise ValueError(f"{p}: labels must be integer node ids; got dtype {arr.dtype}")
+        ids = arr.astype(np.int64)
+        bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
+        if bad.size:
+            raise ValueError(f"{p}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
+                             f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})")
+        return ids
+    text = p.read_text(encoding="utf-8-sig")
+    rows: list[tuple[int, str]] = []
+    if p.suffix.lower() in (".csv", ".tsv"):
+        delim = "\t" if p.suffix.lower() == ".tsv" else ","
+        reader = list(csv.reader(io.StringIO(text), delimiter=delim))
+        col = -1
+        start = 0
+        if reader:
+            header = [h.strip() for h in reader[0]]
+            wanted = column if isinstance(column, str) else "label"
+            if isinstance(column, int):
+                col = column
+            if wanted in header:
+                col, start = header.index(wanted), 1
+            elif isinstance(column, str):
+                raise ValueError(f"{p}: no column {column!r} in header {header}")
+        for i, fields in enumerate(reader[start:], start=start + 1):
+            if not fields or not "".join(fields).strip() or fields[0].startswith("#"):
+                continue
+            try:
+                rows.append((i, fields[col].strip()))
+            except IndexError:
+                raise TaxonomyError(f"row has {len(fields)} fields, no column {col}", source=str(p), line=i) from None
+    else:
+        for i, line in enumerate(text.splitlines(), start=1):
+            s = line.strip()
+            if s and not s.startswith("#"):
+                rows.append((i, s))
+    out = np.empty(len(rows), dtype=np.int64)
+    for j, (line_no, label) in enumerate(rows):
+        out[j] = _encode(encoder, label, str(p), line_no)
+    return out
+
+
+def _encode(encoder: LabelEncoder, label: str, source: str, line: int | None) -> int:
+    if label.strip() == "-1":  # the ignore label
+        return -1
+    return encoder.encode(label, "auto", source=source, line=line)
