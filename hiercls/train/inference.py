@@ -6,7 +6,6 @@ A *run folder* (``config.yaml`` + ``checkpoints/{best,last}``) or a *model folde
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.models import HierarchicalClassifier
 from hiercls.taxonomy import Taxonomy
 from hiercls.train.config import TrainConfig, load_config
 
@@ -53,19 +53,14 @@ def resolve_model_dir(path: str | os.PathLike[str], which: str = "best") -> tupl
 
 
 def load_trained_model(path: str | os.PathLike[str], *, which: str = "best", device: str | torch.device = "cpu"
-                       ) -> tuple[nn.Module, Taxonomy, TrainConfig | None]:
-    """``(model in eval mode, its taxonomy, the run config or None)`` for a run or model folder."""
+                       ) -> tuple[HierarchicalClassifier, Taxonomy, TrainConfig | None]:
+    """``(model in eval mode, its taxonomy, the run config or None)`` for a run or model folder.
+
+    Every saved model loads through :meth:`HierarchicalClassifier.from_pretrained` (``conv3d`` run folders
+    written before the model classes were merged included).
+    """
     d, cfg = resolve_model_dir(path, which)
-    meta = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    if meta.get("model_class") == "hiercls.train.synthetic.DenseConvClassifier":
-        from hiercls.train.synthetic import DenseConvClassifier
-
-        model: Any = DenseConvClassifier.from_pretrained(d)
-    else:
-        from hiercls.models import HierarchicalClassifier
-
-        model = HierarchicalClassifier.from_pretrained(d, map_location=device)
-    model = model.to(device).eval()
+    model = HierarchicalClassifier.from_pretrained(d, map_location=device).eval()
     return model, model.taxonomy, cfg
 
 
@@ -83,7 +78,7 @@ def evaluate_run(model: nn.Module, taxonomy: Taxonomy, cfg: TrainConfig, *, spli
         max_samples: evaluate a fixed subset (default the recipe's ``data.max_eval_samples``; ``0`` = all).
         batch_size: evaluation batch size.
     """
-    from hiercls.train.data import build_dataset, image_transform, subsample
+    from hiercls.data import build_dataset, image_transform, subsample
     from hiercls.train.distributed import DistInfo
     from hiercls.train.loop import _eval_loader, evaluate_model, resolve_decoders
 
@@ -156,7 +151,7 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
         raise ValueError("this is a text model: give text inputs")
     if modality == "image" and any(isinstance(x, str) for x in inputs):
         raise ValueError("this is an image model: give image files")
-    from hiercls.train.data import image_transform
+    from hiercls.data import image_transform
 
     transform = image_transform(model, train=False, image_size=image_size) if modality == "image" else None
     leaves = np.array(taxonomy.leaves)  # a writable copy (torch indexing warns on read-only arrays)
