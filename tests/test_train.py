@@ -189,7 +189,7 @@ def test_bad_configs_fail_clearly_at_train_time(taxonomy_file: Path, tmp_path: P
         train(image_recipe(taxonomy_file, tmp_path / "c", **{"model.head": "no_such_head"}))
     with pytest.raises(ValueError, match="unknown data set 'synthetik' \\(did you mean 'synthetic'\\?\\)"):
         train(image_recipe(taxonomy_file, tmp_path / "d", **{"data.dataset": "synthetik"}))
-    with pytest.raises(ValueError, match="data.options: unknown option\\(s\\) 'colour'"):
+    with pytest.raises(ValueError, match=r"data\.options: unknown option\(s\) 'colour'"):
         train(image_recipe(taxonomy_file, tmp_path / "e", **{"data.options.colour": "red"}))
     with pytest.raises(ConfigError, match="unknown decoder 'argmax_leef'"):
         train(image_recipe(taxonomy_file, tmp_path / "f", **{"eval.decoders": "[argmax_leef]"}))
