@@ -1,4 +1,5 @@
-"""Tests of hiercls.data: label encoding, image/text datasets, Fashion-MNIST, the WordNet gloss set, the sampler."""
+"""Tests of hiercls.data: label encoding, image/text datasets, Fashion-MNIST, the WordNet gloss set, the sampler,
+the dataset registry and the synthetic sets."""
 
 from __future__ import annotations
 
@@ -13,17 +14,28 @@ import torch
 from PIL import Image
 
 from hiercls.data import (
+    DATASETS,
     FASHION_MNIST_CLASSES,
     FashionMNIST,
     HierImageFolder,
     HierTextDataset,
+    ImageModeTransform,
     LabelEncoder,
+    NestedBlobs3D,
     ResumableDistributedSampler,
+    SyntheticHierarchy,
+    build_dataset,
+    dataset_taxonomy,
     fashion_mnist_taxonomy,
     gloss_split_of,
+    image_transform,
+    list_datasets,
     load_timm_glosses,
     make_loader,
+    nested_blobs_taxonomy,
     read_idx,
+    register_dataset,
+    subsample,
     wordnet_gloss_dataset,
 )
 from hiercls.taxonomy import Taxonomy, TaxonomyError
@@ -445,3 +457,129 @@ def test_state_right_after_set_epoch_points_at_the_new_epoch_start() -> None:
     loader.load_state_dict({"epoch": 1, "index": 5})
     loader.set_epoch(1)
     assert loader.state_dict()["index"] == 5 and len(loader) == 1
+
+
+# ---------------------------------------------------------------------------------------------- dataset registry
+def test_dataset_registry_names_and_errors(tax: Taxonomy) -> None:
+    assert list_datasets() == DATASETS.names() == sorted(
+        ["fashion_mnist", "image_folder", "nested_blobs_3d", "synthetic", "text_csv", "text_jsonl", "wordnet_gloss"])
+    with pytest.raises(ValueError, match=r"unknown data set 'synthetik' \(did you mean 'synthetic'\?\); registered: "):
+        build_dataset("synthetik", "train", tax)
+    with pytest.raises(ValueError, match="unknown data set 'blobs'"):
+        dataset_taxonomy("blobs")
+    with pytest.raises(ValueError, match=r"data.options: unknown option\(s\) 'colour' for data set 'synthetic'"):
+        build_dataset("synthetic", "train", tax, {"colour": "red"})
+    with pytest.raises(ValueError, match=r"data.options.val_samples: expected a positive integer, got 0"):
+        build_dataset("synthetic", "val", tax, {"val_samples": 0})
+    with pytest.raises(ValueError, match="'synthetic' needs taxonomy"):
+        build_dataset("synthetic", "train", None)
+    with pytest.raises(ValueError, match=r"data.options.root: the 'image_folder' data set needs root"):
+        build_dataset("image_folder", "train", tax)
+    with pytest.raises(ValueError, match="needs train_path"):
+        build_dataset("text_csv", "train", tax, {"text_column": "t", "label_column": "l"})
+
+
+def test_register_dataset_and_its_taxonomy(tax: Taxonomy) -> None:
+    seen = []
+
+    def build(split: str, taxonomy: Taxonomy | None, options: dict, transform: object) -> list:
+        seen.append((split, taxonomy, options, transform))
+        return [("x", 1)] * options.get("n", 1)
+
+    register_dataset("test_registry_kind", build, taxonomy=lambda: tax)
+    try:
+        assert "test_registry_kind" in list_datasets() and dataset_taxonomy("test_registry_kind") is tax
+        opts = {"n": 3}
+        assert build_dataset("test_registry_kind", "val", tax, opts, transform=str) == [("x", 1)] * 3
+        assert seen == [("val", tax, {"n": 3}, str)] and seen[0][2] is not opts  # the builder gets a copy
+        with pytest.raises(ValueError, match="already registered"):
+            register_dataset("test_registry_kind", build)
+    finally:
+        DATASETS.unregister("test_registry_kind")
+    assert "test_registry_kind" not in list_datasets()
+    assert dataset_taxonomy("synthetic") is None
+    assert dataset_taxonomy("nested_blobs_3d") == nested_blobs_taxonomy()
+
+
+def test_subsample_is_a_fixed_sorted_subset(tax: Taxonomy) -> None:
+    ds = build_dataset("synthetic", "train", tax, {"num_samples": 20, "kind": "features", "dim": 3})
+    sub = subsample(ds, 7, seed=1)
+    assert len(sub) == 7 and sub.taxonomy is tax
+    assert list(sub.indices) == sorted(sub.indices) and len(set(sub.indices)) == 7
+    assert list(subsample(ds, 7, seed=1).indices) == list(sub.indices)
+    assert subsample(ds, 20) is ds and subsample(ds, None) is ds
+    torch.testing.assert_close(sub[0][0], ds[sub.indices[0]][0])
+
+
+# ---------------------------------------------------------------------------------------------- synthetic sets
+def test_synthetic_inputs_are_path_prototype_sums(tax: Taxonomy) -> None:
+    ds = SyntheticHierarchy(tax, 12, kind="features", dim=5, noise=0.0, labels="classes", seed=3)
+    assert ds.prototypes.shape == (tax.num_nodes, 5)
+    for i in range(len(ds)):
+        x, y = ds[i]
+        want = sum(ds.prototypes[n] for n in tax.path(y))  # root .. label, root included
+        np.testing.assert_allclose(x.numpy(), want, rtol=1e-6, atol=1e-6)
+        assert tax.class_mask[y]
+    # deeper prototypes are weaker: their scale is 1 / (1 + depth)
+    stds = [float(np.std(SyntheticHierarchy(tax, 1, kind="image", image_size=32, seed=s).prototypes[n]))
+            for s in range(3) for n in (tax.index("animal"), tax.index("cat"))]
+    assert all(a > b for a, b in zip(stds[::2], stds[1::2], strict=True))
+    text, y = SyntheticHierarchy(tax, 2, kind="text")[1]
+    assert {f"node{n}" for n in tax.path(y)[1:]} <= set(text.split())
+
+
+def test_synthetic_splits_share_prototypes_not_samples(tax: Taxonomy) -> None:
+    opts = {"kind": "features", "dim": 4, "num_samples": 30, "seed": 2}
+    train, val = build_dataset("synthetic", "train", tax, opts), build_dataset("synthetic", "val", tax, opts)
+    np.testing.assert_array_equal(train.prototypes, val.prototypes)
+    assert not np.array_equal(train.targets, val.targets)
+    again = build_dataset("synthetic", "train", tax, opts)
+    assert all(torch.equal(again[i][0], train[i][0]) for i in range(len(train)))  # deterministic
+    other = build_dataset("synthetic", "train", tax, {**opts, "seed": 3})
+    assert not np.array_equal(other.prototypes, train.prototypes)
+    with pytest.raises(ValueError, match=r"prototypes must have shape \(7, 4\)"):
+        SyntheticHierarchy(tax, 2, kind="features", dim=4, prototypes=np.zeros((7, 5)))
+
+
+def test_nested_blobs_are_nested_and_deterministic() -> None:
+    ds = build_dataset("nested_blobs_3d", "train", None, {"num_samples": 3, "size": 12, "noise": 0.0})
+    assert isinstance(ds, NestedBlobs3D) and ds.taxonomy == nested_blobs_taxonomy()
+    chain = ds.taxonomy
+    assert [chain.names[n] for n in chain.path(chain.index("inner"))] == ["volume", "outer", "middle", "inner"]
+    for i in range(len(ds)):
+        vol, labels = ds[i]
+        assert vol.shape == (1, 12, 12, 12) and labels.dtype == torch.int64
+        assert set(labels.unique().tolist()) == {0, 1, 2, 3}  # every region is present
+        # noise 0: intensity identifies the region (inner 2.0, middle 1.0 +- 0.5, outer 0.8, background 0)
+        v = vol[0]
+        assert bool((v[labels == 3] == 2.0).all()) and bool((v[labels == 0] == 0.0).all())
+        assert bool((v[labels == 1] == 0.8).all()) and set(v[labels == 2].unique().tolist()) <= {0.5, 1.5}
+    val = build_dataset("nested_blobs_3d", "val", None, {"num_samples": 3, "size": 12, "noise": 0.0})
+    assert not torch.equal(val[0][1], ds[0][1])
+    assert torch.equal(NestedBlobs3D(1, size=12, noise=0.0)[0][1], NestedBlobs3D(1, size=12, noise=0.0)[0][1])
+    with pytest.raises(TaxonomyError, match="does not fit"):
+        build_dataset("nested_blobs_3d", "train", Taxonomy([("r", "a")]), {"num_samples": 1})
+
+
+# ---------------------------------------------------------------------------------------------- model transforms
+def test_image_transform_converts_modes_and_skips_other_modalities() -> None:
+    class Model:
+        modality = "image"
+
+        def __init__(self, channels: int) -> None:
+            self.channels = channels
+
+        def transform(self, *, train: bool, image_size: int | None) -> object:
+            return lambda im: (im.mode, im.size, train, image_size)
+
+        def data_config(self, image_size: int | None) -> dict:
+            return {"input_size": (self.channels, 8, 8)}
+
+    grey = Image.new("L", (3, 2))
+    assert image_transform(Model(3), train=True, image_size=8)(grey) == ("RGB", (3, 2), True, 8)
+    assert image_transform(Model(1), train=False, image_size=None)(Image.new("RGB", (3, 2)))[0] == "L"
+    assert isinstance(image_transform(Model(3), train=False, image_size=None), ImageModeTransform)
+    for modality in ("text", "volume"):
+        other = Model(3)
+        other.modality = modality
+        assert image_transform(other, train=False, image_size=None) is None

@@ -11,10 +11,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hiercls.data import nested_blobs_taxonomy
 from hiercls.heads import list_heads
-from hiercls.models import HFBackbone, HierarchicalClassifier, TimmBackbone, create_model, parse_backbone
+from hiercls.heads.pooling import masked_mean
+from hiercls.models import (
+    BACKBONES,
+    Backbone,
+    HFBackbone,
+    HierarchicalClassifier,
+    HierarchicalModel,
+    TimmBackbone,
+    TinySegNet3D,
+    create_model,
+    parse_backbone,
+)
 from hiercls.models import weights as weights_mod
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.train.config import config_from_dict
+from hiercls.train.inference import load_trained_model
+from hiercls.train.loop import build_model
 
 torch.set_num_threads(1)
 
@@ -54,9 +69,40 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---------------------------------------------------------------------------------------------- specs and errors
 def test_parse_backbone_errors() -> None:
     assert parse_backbone("hf:/x/y") == ("hf", "/x/y")
-    for bad in ("resnet18", "tf:foo", "timm:", 3):
+    assert parse_backbone("conv3d") == ("conv3d", "") and parse_backbone("conv3d:8") == ("conv3d", "8")
+    for bad in ("resnet18", "tf:foo", "timm:", "hf:", 3, ""):
         with pytest.raises(ValueError, match="timm:<model name>"):
             parse_backbone(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"unknown kind 'conv'.*did you mean 'conv3d'"):
+        parse_backbone("conv:16")
+
+
+def test_conv3d_spec_errors(tax: Taxonomy) -> None:
+    chain = nested_blobs_taxonomy()
+    with pytest.raises(ValueError, match=r"'conv3d:wide'.*positive integer"):
+        create_model("conv3d:wide", chain, head="nested_sigmoid")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'depth'.*valid: in_channels"):
+        create_model("conv3d:4", chain, head="nested_sigmoid", depth=3)
+    with pytest.raises(ValueError, match="no offline weight package exists for the conv3d"):
+        create_model("conv3d:4", chain, head="nested_sigmoid", weights="package")
+    with pytest.raises(ValueError, match=r"'conv3d:4' gives per-voxel features but head 'flat' does not accept"):
+        create_model("conv3d:4", tax, head="flat")
+    with pytest.raises(ValueError, match=r"'transhp' prompts a timm ViT or a Hugging Face encoder"):
+        create_model("conv3d:4", chain, head="transhp")
+    with pytest.raises(ValueError, match=r"dense=True needs a backbone with feature maps.*'hf:"):
+        HierarchicalClassifier(_FakeText(), tax, head="flat", dense=True)
+    with pytest.raises(ValueError, match=r"volumes must be \[B, 2, D, H, W\]; got \(1, 1, 8, 8, 8\)"):
+        create_model("conv3d:4", chain, head="nested_sigmoid", in_channels=2)(torch.zeros(1, 1, 8, 8, 8))
+
+
+class _FakeText(torch.nn.Module):
+    """The class facts of a text backbone without loading one (dense checks happen before the head is built)."""
+
+    kind, modality, needs_name, supports_dense, always_dense = "hf", "text", True, False, False
+    num_features = 4
+
+    def spec(self) -> dict:
+        return {"backbone": "hf:fake"}
 
 
 def test_unknown_timm_model_and_bad_weights(tax: Taxonomy, tmp_path: Path) -> None:
@@ -465,3 +511,142 @@ def test_fashion_mnist_through_transform_loader_and_model() -> None:
     loss = model.loss(model(inputs), targets)
     loss.backward()
     assert torch.isfinite(loss)
+
+
+# ---------------------------------------------------------------------------------------------- the model contract
+def _contract_cases(tax: Taxonomy, tiny_bert: Path) -> dict[str, tuple[HierarchicalClassifier, list]]:
+    """One model per backbone kind and model family hiercls builds, with two dataset items for it."""
+    chain = nested_blobs_taxonomy()
+    images = [(torch.randn(3, 32, 32), tax.index("cat")), (torch.randn(3, 32, 32), tax.index("boat"))]
+    texts = [("the cat purrs", tax.index("cat")), ("a boat sails", tax.index("boat"))]
+    volumes = [(torch.randn(1, 8, 8, 8), torch.randint(0, 4, (8, 8, 8))) for _ in range(2)]
+    return {
+        "timm": (create_model("timm:test_efficientnet", tax, head="hxe"), images),
+        "timm-dense": (create_model("timm:test_efficientnet", chain, head="nested_sigmoid", dense=True),
+                       [(torch.randn(3, 32, 32), torch.randint(0, 4, (1, 1))) for _ in range(2)]),
+        "timm-transhp": (create_model("timm:test_vit", tax, head="transhp", head_options={"prompt_blocks": [0]}),
+                         [(torch.randn(3, 160, 160), 2), (torch.randn(3, 160, 160), 5)]),
+        "hf": (create_model(f"hf:{tiny_bert}", tax, head="semantic_softmax"), texts),
+        "hf-transhp": (create_model(f"hf:{tiny_bert}", tax, head="transhp", head_options={"prompt_layers": [1]}),
+                       texts),
+        "conv3d": (create_model("conv3d:4", chain, head="nested_sigmoid"), volumes),
+    }
+
+
+def test_every_model_follows_the_contract(tax: Taxonomy, tiny_bert: Path, tmp_path: Path) -> None:
+    torch.manual_seed(11)
+    cases = _contract_cases(tax, tiny_bert)
+    assert {name.split("-")[0] for name in cases} == set(BACKBONES.names())  # a new backbone kind needs a case
+    for name, (model, items) in cases.items():
+        assert isinstance(model, HierarchicalModel), name
+        assert isinstance(model.backbone, Backbone) and type(model.backbone) is BACKBONES.get(model.backbone.kind)
+        inputs, targets = model.collate(items)
+        output = model(inputs)
+        loss = model.loss(output, targets)
+        assert loss.dim() == 0 and torch.isfinite(loss), name
+        probs = model.node_probs(output)
+        assert probs.shape[:2] == (2, model.taxonomy.num_nodes) and probs.dtype == torch.float32, name
+        torch.testing.assert_close(probs[:, 0], torch.ones_like(probs[:, 0]))
+        par = torch.as_tensor(model.taxonomy.parent[1:].copy())
+        assert bool((probs[:, par] + 1e-6 >= probs[:, 1:]).all()), name
+        back = HierarchicalClassifier.from_pretrained(model.save_pretrained(tmp_path / name))
+        assert isinstance(back, HierarchicalModel) and back.modality == model.modality, name
+        model.eval()
+        back.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(back.node_probs(back(inputs)), model.node_probs(model(inputs)), rtol=0,
+                                       atol=0)
+
+
+def test_contract_refuses_incomplete_models(tax: Taxonomy) -> None:
+    model = create_model("timm:test_efficientnet", tax, head="flat")
+
+    class NoCollate(torch.nn.Module):
+        taxonomy, modality = tax, "image"
+
+        def loss(self, output, targets): ...
+        def node_probs(self, output): ...
+        def save_pretrained(self, directory): ...
+        @classmethod
+        def from_pretrained(cls, directory, taxonomy=None, *, map_location="cpu"): ...
+
+    assert isinstance(model, HierarchicalModel) and not isinstance(NoCollate(), HierarchicalModel)
+    NoCollate.collate = lambda self, batch: batch
+    assert isinstance(NoCollate(), HierarchicalModel)
+    assert not isinstance(torch.nn.Linear(2, 2), Backbone)
+
+
+def test_recipe_conv3d_model_is_a_hierarchical_classifier(tmp_path: Path) -> None:
+    cfg = config_from_dict({"model": {"backbone": "conv3d:4", "head": "nested_sigmoid",
+                                      "backbone_options": {"in_channels": 2}},
+                            "data": {"dataset": "nested_blobs_3d"}})
+    model = build_model(cfg, nested_blobs_taxonomy())
+    assert type(model) is HierarchicalClassifier and isinstance(model.backbone, TinySegNet3D)
+    assert model.dense and model.modality == "volume" and model.backbone.in_channels == 2
+    assert model.config()["backbone"] == "conv3d:4" and model.config()["backbone_kwargs"] == {"in_channels": 2}
+    assert model.node_probs(model(torch.zeros(1, 2, 8, 8, 8))).shape == (1, 4, 8, 8, 8)
+    with pytest.raises(TypeError, match="volume models have no image transform"):
+        model.transform()
+
+
+def test_conv3d_weights_from_a_file(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(12)
+    net = TinySegNet3D(1, 4)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "net.safetensors"))
+    model = create_model("conv3d:4", nested_blobs_taxonomy(), head="nested_sigmoid",
+                         weights=tmp_path / "net.safetensors")
+    x = torch.randn(1, 1, 8, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_features(x), net(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        create_model("conv3d:8", nested_blobs_taxonomy(), head="nested_sigmoid", weights=tmp_path / "net.safetensors")
+
+
+def test_old_dense_conv_classifier_folders_still_load(tmp_path: Path) -> None:
+    """Run folders saved by the former ``hiercls.train.synthetic.DenseConvClassifier`` (its config.json form)."""
+    torch.manual_seed(13)
+    chain = nested_blobs_taxonomy()
+    model = create_model("conv3d:4", chain, head="nested_sigmoid", head_options={"loss": "bce"}, in_channels=2).eval()
+    run = tmp_path / "run"
+    d = model.save_pretrained(run / "checkpoints" / "best")
+    old = {"format": "hiercls.model", "model_class": "hiercls.train.synthetic.DenseConvClassifier",
+           "backbone": "conv3d:4", "in_channels": 2, "head": "nested_sigmoid", "head_options": {"loss": "bce"},
+           "taxonomy_name": chain.name, "taxonomy_fingerprint": chain.fingerprint}
+    (d / "config.json").write_text(json.dumps(old, indent=2))
+    back, taxonomy, cfg = load_trained_model(run)
+    assert taxonomy == chain and cfg is None and back.dense and back.head_options == {"loss": "bce"}
+    x = torch.randn(2, 2, 8, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------- text pooling
+def test_masked_mean_against_a_loop() -> None:
+    rng = np.random.default_rng(0)
+    hidden = torch.as_tensor(rng.standard_normal((4, 5, 3)), dtype=torch.float32)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 0]])
+    want = torch.zeros(4, 3)
+    for b in range(4):
+        rows = [hidden[b, s] for s in range(5) if mask[b, s]]
+        want[b] = torch.stack(rows).mean(0) if rows else 0.0
+    torch.testing.assert_close(masked_mean(hidden, mask), want)
+    soft = torch.tensor([[0.5, 0.25, 0.0, 0.0, 0.0]] * 4)  # a fractional mask: the weighted mean
+    torch.testing.assert_close(masked_mean(hidden, soft), (0.5 * hidden[:, 0] + 0.25 * hidden[:, 1]) / 0.75)
+    torch.testing.assert_close(masked_mean(hidden, None), hidden.mean(1))
+    half = masked_mean(hidden.half(), mask)  # all-masked row: zeros, not NaN, also in fp16
+    assert torch.isfinite(half).all() and not half[2].any()
+    with pytest.raises(ValueError, match=r"attention_mask must be \[B, S\] = \(4, 5\)"):
+        masked_mean(hidden, mask[:, :3])
+
+
+def test_prompted_text_pooling_is_the_backbone_pooling(tax: Taxonomy, tiny_bert: Path) -> None:
+    """The prompting text encoder pools its final token states with the same masked mean as the plain backbone."""
+    torch.manual_seed(14)
+    prompted = create_model(f"hf:{tiny_bert}", tax, head="transhp", head_options={"prompt_layers": [1]}).eval()
+    enc = prompted.backbone.tokenize(["the cat purrs on the road", "a dog"])
+    assert not enc["attention_mask"].all()  # the second text is padded
+    with torch.no_grad():
+        feats = prompted.forward_features(enc)
+    torch.testing.assert_close(feats["features"], masked_mean(feats["hidden_states"], enc["attention_mask"]))

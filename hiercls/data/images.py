@@ -2,10 +2,12 @@
 
 Every dataset yields ``(image, node_id)``. Without a ``transform`` the image is a float tensor ``[C, H, W]``
 in ``[0, 1]``; with one, ``transform`` receives the RGB ``PIL.Image`` (Fashion-MNIST: ``L`` with ``rgb=False``).
+:func:`image_transform` is the transform of a model (its timm preprocessing, after a colour-mode conversion).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
 import os
@@ -15,13 +17,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.registry import load_taxonomy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FASHION_MNIST_CLASSES", "IMAGE_EXTENSIONS", "FashionMNIST", "HierImageFolder", "read_idx"]
+__all__ = ["FASHION_MNIST_CLASSES", "IMAGE_EXTENSIONS", "FashionMNIST", "HierImageFolder", "ImageModeTransform",
+           "image_transform", "read_idx"]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -143,8 +148,6 @@ class HierImageFolder(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        from PIL import Image
-
         path, target = self.samples[index]
         try:
             with Image.open(path) as im:
@@ -227,14 +230,9 @@ def fashion_mnist_taxonomy() -> Taxonomy:
 
 def _default_fashion_taxonomy() -> Taxonomy:
     try:
-        from hiercls.taxonomy.registry import load_taxonomy
-    except ImportError:
-        load_taxonomy = None
-    if load_taxonomy is not None:
-        try:
-            return load_taxonomy("fashion_mnist")
-        except (FileNotFoundError, KeyError, TaxonomyError) as err:
-            logger.warning("shipped fashion_mnist taxonomy unavailable (%s); using the built-in one", err)
+        return load_taxonomy("fashion_mnist")
+    except (FileNotFoundError, KeyError, TaxonomyError) as err:
+        logger.warning("shipped fashion_mnist taxonomy unavailable (%s); using the built-in one", err)
     return fashion_mnist_taxonomy()
 
 
@@ -297,9 +295,40 @@ class FashionMNIST(Dataset):
         arr = self.images[index]
         target = int(self.targets[index])
         if self.transform is not None:
-            from PIL import Image
-
             img = Image.fromarray(arr)  # 2-D uint8 -> mode "L"
             return self.transform(img.convert("RGB") if self.rgb else img), target
         x = torch.from_numpy(arr.astype(np.float32) / 255.0)[None]
         return (x.expand(3, -1, -1).contiguous() if self.rgb else x), target
+
+
+class ImageModeTransform:
+    """Convert PIL images to the colour mode the backbone expects before its transform (grey -> RGB).
+
+    Fashion-MNIST images are greyscale while ImageNet backbones take 3 channels; timm's transforms do not
+    convert modes. A module-level class, so that DataLoader workers can pickle it.
+    """
+
+    def __init__(self, transform: Callable[[Any], Any], mode: str = "RGB") -> None:
+        self.transform, self.mode = transform, mode
+
+    def __call__(self, image: Any) -> Any:
+        if hasattr(image, "mode") and image.mode != self.mode:
+            image = image.convert(self.mode)
+        return self.transform(image)
+
+    def __repr__(self) -> str:
+        return f"ImageModeTransform({self.mode}, {self.transform!r})"
+
+
+def image_transform(model: Any, *, train: bool, image_size: int | None) -> Any:
+    """The model's timm transform for ``train``/eval at ``image_size``, preceded by a colour-mode conversion.
+
+    Returns ``None`` for models without image preprocessing (``model.modality`` ``"text"`` or ``"volume"``).
+    """
+    if getattr(model, "modality", None) != "image" or not hasattr(model, "transform"):
+        return None
+    transform = model.transform(train=train, image_size=image_size)
+    channels = 3
+    with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+        channels = int(model.data_config(image_size)["input_size"][0])
+    return ImageModeTransform(transform, "RGB" if channels == 3 else "L")

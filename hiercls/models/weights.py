@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -127,8 +128,6 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     if not p.is_file():
         raise FileNotFoundError(f"weights file {str(p)!r} does not exist")
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         return dict(load_file(str(p), device="cpu"))
     try:
         obj = torch.load(str(p), map_location="cpu", weights_only=True)

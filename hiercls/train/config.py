@@ -61,7 +61,7 @@ class ModelConfig:
 
     Attributes:
         backbone: ``"timm:<model name>"``, ``"hf:<path or package>"`` (see ``hiercls.models.create_model``)
-            or ``"conv3d:<width>"`` for the small 3-D segmentation network of :mod:`hiercls.train.synthetic`.
+            or ``"conv3d:<width>"`` for the small 3-D segmentation network :class:`hiercls.models.TinySegNet3D`.
         head: registry name of the head (``flat``, ``semantic_softmax``, ``conditional_softmax``, ...,
             ``transhp``).
         head_options: keyword options of the head (for example ``{"alpha": 0.1}`` for ``hxe``).
@@ -81,7 +81,7 @@ class DataConfig:
     """The data set and how it is batched.
 
     Attributes:
-        dataset: name of a data set kind, see :func:`hiercls.train.data.list_datasets` (``wordnet_gloss``,
+        dataset: name of a data set kind, see :func:`hiercls.data.list_datasets` (``wordnet_gloss``,
             ``fashion_mnist``, ``image_folder``, ``text_csv``, ``text_jsonl``, ``nested_blobs_3d``,
             ``synthetic``).
         options: keyword options of that data set (paths, columns, sizes...).

@@ -6,7 +6,6 @@ A *run folder* (``config.yaml`` + ``checkpoints/{best,last}``) or a *model folde
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -17,11 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.data import build_dataset, image_transform, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
-from hiercls.models.classifier import move_to_device
+from hiercls.models import HierarchicalClassifier, move_to_device
 from hiercls.taxonomy import Taxonomy
 from hiercls.train.config import TrainConfig, load_config
-from hiercls.train.data import build_dataset, image_transform, subsample
 from hiercls.train.distributed import DistInfo, eval_loader
 from hiercls.train.loop import evaluate_model
 
@@ -58,19 +57,14 @@ def resolve_model_dir(path: str | os.PathLike[str], which: str = "best") -> tupl
 
 
 def load_trained_model(path: str | os.PathLike[str], *, which: str = "best", device: str | torch.device = "cpu"
-                       ) -> tuple[nn.Module, Taxonomy, TrainConfig | None]:
-    """``(model in eval mode, its taxonomy, the run config or None)`` for a run or model folder."""
+                       ) -> tuple[HierarchicalClassifier, Taxonomy, TrainConfig | None]:
+    """``(model in eval mode, its taxonomy, the run config or None)`` for a run or model folder.
+
+    Every saved model loads through :meth:`HierarchicalClassifier.from_pretrained` (``conv3d`` run folders
+    written before the model classes were merged included).
+    """
     d, cfg = resolve_model_dir(path, which)
-    meta = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    if meta.get("model_class") == "hiercls.train.synthetic.DenseConvClassifier":
-        from hiercls.train.synthetic import DenseConvClassifier
-
-        model: Any = DenseConvClassifier.from_pretrained(d)
-    else:
-        from hiercls.models import HierarchicalClassifier
-
-        model = HierarchicalClassifier.from_pretrained(d, map_location=device)
-    model = model.to(device).eval()
+    model = HierarchicalClassifier.from_pretrained(d, map_location=device).eval()
     return model, model.taxonomy, cfg
 
 

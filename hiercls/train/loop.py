@@ -51,13 +51,12 @@ from safetensors.torch import load_model
 from torch import nn
 from tqdm.auto import tqdm
 
-from hiercls.data import make_loader
+from hiercls.data import build_dataset, dataset_taxonomy, image_transform, make_loader, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
-from hiercls.models.classifier import move_to_device
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.models import HierarchicalClassifier, create_model, move_to_device
+from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
-from hiercls.train.data import build_dataset, dataset_taxonomy, image_transform, subsample
 from hiercls.train.distributed import (
     DistInfo,
     all_gather_object,
@@ -101,26 +100,14 @@ def load_taxonomy_for(cfg: TrainConfig) -> Taxonomy | None:
     """
     if cfg.taxonomy is None:
         return None
-    try:
-        from hiercls.taxonomy import load_taxonomy  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - the registry is part of the package
-        raise TaxonomyError(f"taxonomy {cfg.taxonomy!r}: hiercls.taxonomy.load_taxonomy is not available") from None
     return load_taxonomy(cfg.taxonomy, **cfg.taxonomy_options)
 
 
-def build_model(cfg: TrainConfig, taxonomy: Taxonomy) -> nn.Module:
-    """The model of ``cfg.model`` for ``taxonomy`` (``hiercls.models.create_model``, or the 3-D conv net)."""
-    spec = cfg.model.backbone
-    if not spec:
-        raise ConfigError("model.backbone: required, e.g. 'timm:efficientnet_lite0' or 'hf:minilm'")
-    if spec.startswith("conv3d"):
-        from hiercls.train.synthetic import DenseConvClassifier
-
-        return DenseConvClassifier.from_spec(spec, taxonomy, head=cfg.model.head, head_options=cfg.model.head_options,
-                                             **cfg.model.backbone_options)
-    from hiercls.models import create_model
-
-    return create_model(spec, taxonomy, head=cfg.model.head, weights=cfg.model.weights,
+def build_model(cfg: TrainConfig, taxonomy: Taxonomy) -> HierarchicalClassifier:
+    """The model of ``cfg.model`` for ``taxonomy``: :func:`hiercls.models.create_model` of its fields."""
+    if not cfg.model.backbone:
+        raise ConfigError("model.backbone: required, e.g. 'timm:efficientnet_lite0', 'hf:minilm' or 'conv3d:16'")
+    return create_model(cfg.model.backbone, taxonomy, head=cfg.model.head, weights=cfg.model.weights,
                         head_options=dict(cfg.model.head_options), **cfg.model.backbone_options)
 
 

@@ -1,6 +1,7 @@
 """Data sets by name for recipes: ``data.dataset`` + ``data.options`` -> a ``(input, node_id)`` data set.
 
-Kinds (``data.options`` in brackets):
+The kinds live in one registry, :data:`DATASETS` (add one with :func:`register_dataset`). Built-in kinds
+(``data.options`` in brackets):
 
 * ``wordnet_gloss`` — the WordNet-definitions text set (``hiercls.data.wordnet_gloss_dataset``;
   options ``include_lemma``, ``label``, ``classes_only``); splits ``train`` / ``val`` / ``test``.
@@ -8,33 +9,79 @@ Kinds (``data.options`` in brackets):
 * ``image_folder`` — ``hiercls.data.HierImageFolder`` on ``<root>/<split>`` (``root``).
 * ``text_csv`` / ``text_jsonl`` — ``HierTextDataset.from_csv/from_jsonl`` (``<split>_path`` or ``path`` with
   ``{split}`` in it, ``text_column``, ``label_column``, ``label_format``, ``separator``...).
-* ``synthetic`` — :class:`hiercls.train.synthetic.SyntheticHierarchy` (``kind``, ``num_samples``,
-  ``<split>_samples``, ``image_size``, ``dim``, ``noise``, ``labels``); the split changes the seed.
-* ``nested_blobs_3d`` — :class:`hiercls.train.synthetic.NestedBlobs3D` (``num_samples``, ``<split>_samples``,
-  ``size``, ``noise``); comes with its own region taxonomy.
+* ``synthetic`` — :class:`hiercls.data.synthetic.SyntheticHierarchy` (``kind``, ``num_samples``,
+  ``<split>_samples``, ``image_size``, ``dim``, ``noise``, ``labels``, ``seed``); the split changes the seed.
+* ``nested_blobs_3d`` — :class:`hiercls.data.synthetic.NestedBlobs3D` (``num_samples``, ``<split>_samples``,
+  ``size``, ``noise``, ``seed``); comes with its own region taxonomy (:func:`dataset_taxonomy`).
 
 Example:
     >>> "wordnet_gloss" in list_datasets()
     True
+    >>> ds = build_dataset("nested_blobs_3d", "val", None, {"num_samples": 2, "size": 8})
+    >>> len(ds), ds.taxonomy.name == dataset_taxonomy("nested_blobs_3d").name
+    (2, True)
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from hiercls._registry import Registry
+from hiercls.data.images import FashionMNIST, HierImageFolder
+from hiercls.data.synthetic import NestedBlobs3D, SyntheticHierarchy, nested_blobs_taxonomy
+from hiercls.data.text import HierTextDataset
+from hiercls.data.wordnet_gloss import wordnet_gloss_dataset
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.train.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ImageModeTransform", "build_dataset", "dataset_taxonomy", "image_transform", "list_datasets", "subsample"]
+__all__ = ["DATASETS", "DatasetBuilder", "DatasetKind", "build_dataset", "dataset_taxonomy", "list_datasets",
+           "register_dataset", "subsample"]
+
+#: ``builder(split, taxonomy or None, options, transform) -> dataset`` (``options`` is a fresh dict to consume).
+DatasetBuilder = Callable[[str, Taxonomy | None, dict[str, Any], Any], Any]
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """One entry of :data:`DATASETS`.
+
+    Attributes:
+        build: makes the split's data set (raises ``ValueError`` naming ``data.options.<key>`` on bad options).
+        taxonomy: the kind's own taxonomy, for kinds that come with one (``None``: the recipe names one, or
+            the data set builds it, as nested image folders do).
+    """
+
+    build: DatasetBuilder
+    taxonomy: Callable[[], Taxonomy] | None = None
+
+
+#: Data set kind name -> :class:`DatasetKind`.
+DATASETS: Registry[DatasetKind] = Registry("data set")
+
+
+def register_dataset(name: str, build: DatasetBuilder, *, taxonomy: Callable[[], Taxonomy] | None = None,
+                     overwrite: bool = False) -> DatasetKind:
+    """Make ``data.dataset: <name>`` build data sets with ``build`` (see :data:`DatasetBuilder`).
+
+    Raises:
+        ValueError: ``name`` is taken (pass ``overwrite=True`` to replace it).
+
+    Example:
+        >>> kind = register_dataset("doc_example", lambda split, tax, opts, tf: [("text", 1)], overwrite=True)
+        >>> build_dataset("doc_example", "train", None)
+        [('text', 1)]
+        >>> DATASETS.unregister("doc_example")
+    """
+    return DATASETS.register(name, DatasetKind(build, taxonomy), overwrite=overwrite)
 
 _SPLIT_SEED = {"train": 0, "val": 1, "test": 2}
 
@@ -42,7 +89,7 @@ _SPLIT_SEED = {"train": 0, "val": 1, "test": 2}
 def _opts(options: dict[str, Any], allowed: set[str], kind: str) -> dict[str, Any]:
     unknown = sorted(set(options) - allowed)
     if unknown:
-        raise ConfigError(f"data.options: unknown option(s) {', '.join(map(repr, unknown))} for data set {kind!r}; "
+        raise ValueError(f"data.options: unknown option(s) {', '.join(map(repr, unknown))} for data set {kind!r}; "
                           f"valid options: {', '.join(sorted(allowed))}")
     return dict(options)
 
@@ -50,43 +97,33 @@ def _opts(options: dict[str, Any], allowed: set[str], kind: str) -> dict[str, An
 def _split_count(opts: dict[str, Any], split: str, default: int) -> int:
     n = opts.get(f"{split}_samples", opts.get("num_samples", default))
     if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"data.options.{split}_samples: expected a positive integer, got {n!r}")
+        raise ValueError(f"data.options.{split}_samples: expected a positive integer, got {n!r}")
     return n
 
 
 def _wordnet_gloss(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    from hiercls.data import wordnet_gloss_dataset
-
     opts = _opts(options, {"include_lemma", "label", "classes_only"}, "wordnet_gloss")
     if taxonomy is None:
-        raise ConfigError("data.dataset 'wordnet_gloss' needs a WordNet taxonomy: set taxonomy: imagenet21k_winter21 "
+        raise ValueError("data.dataset 'wordnet_gloss' needs a WordNet taxonomy: set taxonomy: imagenet21k_winter21 "
                           "(or another taxonomy whose node names are WordNet ids)")
     return wordnet_gloss_dataset(split, taxonomy, **opts)
 
 
 def _fashion_mnist(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    from hiercls.data import FashionMNIST
-
     opts = _opts(options, {"root"}, "fashion_mnist")
     return FashionMNIST(split, taxonomy=taxonomy, transform=transform, **opts)
 
 
 def _image_folder(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    from pathlib import Path
-
-    from hiercls.data import HierImageFolder
-
     opts = _opts(options, {"root", "name"}, "image_folder")
     if "root" not in opts:
-        raise ConfigError("data.options.root: the 'image_folder' data set needs root: <folder with one sub-folder "
+        raise ValueError("data.options.root: the 'image_folder' data set needs root: <folder with one sub-folder "
                           "per split>")
     return HierImageFolder(Path(opts["root"]) / split, taxonomy, transform, name=opts.get("name"))
 
 
 def _text_file(fmt: str) -> Callable[..., Any]:
     def build(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-        from hiercls.data import HierTextDataset
-
         reader = HierTextDataset.from_csv if fmt == "csv" else HierTextDataset.from_jsonl
         params = set(inspect.signature(reader).parameters) - {"path", "taxonomy", "cls"}
         opts = _opts(options, params | {"path", "train_path", "val_path", "test_path"}, f"text_{fmt}")
@@ -97,42 +134,37 @@ def _text_file(fmt: str) -> Callable[..., Any]:
         if path is None and template is not None:
             path = template.replace("{split}", split)
         if path is None:
-            raise ConfigError(f"data.options: the 'text_{fmt}' data set needs {split}_path: <file> (or path: with "
+            raise ValueError(f"data.options: the 'text_{fmt}' data set needs {split}_path: <file> (or path: with "
                               "'{split}' in it)")
         if taxonomy is None:
-            raise ConfigError(f"data.dataset 'text_{fmt}' needs taxonomy: <name or file>")
+            raise ValueError(f"data.dataset 'text_{fmt}' needs taxonomy: <name or file>")
         missing = [k for k in ("text_column", "label_column") if k not in opts]
         if missing:
-            raise ConfigError(f"data.options: the 'text_{fmt}' data set needs {' and '.join(missing)}")
+            raise ValueError(f"data.options: the 'text_{fmt}' data set needs {' and '.join(missing)}")
         return reader(path, opts.pop("text_column"), opts.pop("label_column"), taxonomy, **opts)
 
     return build
 
 
 def _synthetic(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    from hiercls.train.synthetic import SyntheticHierarchy
-
     allowed = {"kind", "num_samples", "train_samples", "val_samples", "test_samples", "image_size", "dim", "noise",
                "labels", "seed"}
     opts = _opts(options, allowed, "synthetic")
     if taxonomy is None:
-        raise ConfigError("data.dataset 'synthetic' needs taxonomy: <name or file>")
+        raise ValueError("data.dataset 'synthetic' needs taxonomy: <name or file>")
     n = _split_count(opts, split, 64)
     seed = int(opts.get("seed", 0)) * 10 + _SPLIT_SEED.get(split, 3)
-    # The prototypes must be shared by the splits, only the samples differ: seed the prototypes with the
-    # base seed and draw the split's labels/noise from a dataset with a split-specific seed.
+    # The prototypes must be shared by the splits, only the samples differ: draw the prototypes with the
+    # base seed and the split's labels/noise with a split-specific seed.
     base = SyntheticHierarchy(taxonomy, 1, kind=opts.get("kind", "image"), labels=opts.get("labels", "leaves"),
                               image_size=opts.get("image_size", 16), dim=opts.get("dim", 16),
                               noise=opts.get("noise", 0.5), seed=int(opts.get("seed", 0)))
-    ds = SyntheticHierarchy(taxonomy, n, kind=base.kind, labels=opts.get("labels", "leaves"),
-                            image_size=base.image_size, dim=base.dim, noise=base.noise, seed=seed)
-    ds._protos = base._protos
-    return ds
+    return SyntheticHierarchy(taxonomy, n, kind=base.kind, labels=opts.get("labels", "leaves"),
+                              image_size=base.image_size, dim=base.dim, noise=base.noise, seed=seed,
+                              prototypes=base.prototypes)
 
 
 def _nested_blobs(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    from hiercls.train.synthetic import NestedBlobs3D
-
     opts = _opts(options, {"num_samples", "train_samples", "val_samples", "test_samples", "size", "noise", "seed"},
                  "nested_blobs_3d")
     n = _split_count(opts, split, 32)
@@ -147,78 +179,39 @@ def _nested_blobs(split: str, taxonomy: Taxonomy | None, options: dict[str, Any]
     return ds
 
 
-_DATASETS: dict[str, Callable[..., Any]] = {
-    "wordnet_gloss": _wordnet_gloss,
-    "fashion_mnist": _fashion_mnist,
-    "image_folder": _image_folder,
-    "text_csv": _text_file("csv"),
-    "text_jsonl": _text_file("jsonl"),
-    "synthetic": _synthetic,
-    "nested_blobs_3d": _nested_blobs,
-}
-
-
-class ImageModeTransform:
-    """Convert PIL images to the colour mode the backbone expects before its transform (grey -> RGB).
-
-    Fashion-MNIST images are greyscale while ImageNet backbones take 3 channels; timm's transforms do not
-    convert modes. A module-level class, so that DataLoader workers can pickle it.
-    """
-
-    def __init__(self, transform: Callable[[Any], Any], mode: str = "RGB") -> None:
-        self.transform, self.mode = transform, mode
-
-    def __call__(self, image: Any) -> Any:
-        if hasattr(image, "mode") and image.mode != self.mode:
-            image = image.convert(self.mode)
-        return self.transform(image)
-
-    def __repr__(self) -> str:
-        return f"ImageModeTransform({self.mode}, {self.transform!r})"
-
-
-def image_transform(model: Any, *, train: bool, image_size: int | None) -> Any:
-    """The model's timm transform for ``train``/eval at ``image_size``, preceded by a colour-mode conversion.
-
-    Returns ``None`` for models without image preprocessing (text models, the 3-D conv net).
-    """
-    if getattr(model, "modality", None) != "image" or not hasattr(model, "transform"):
-        return None
-    transform = model.transform(train=train, image_size=image_size)
-    channels = 3
-    with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
-        channels = int(model.data_config(image_size)["input_size"][0])
-    return ImageModeTransform(transform, "RGB" if channels == 3 else "L")
+register_dataset("wordnet_gloss", _wordnet_gloss)
+register_dataset("fashion_mnist", _fashion_mnist)
+register_dataset("image_folder", _image_folder)
+register_dataset("text_csv", _text_file("csv"))
+register_dataset("text_jsonl", _text_file("jsonl"))
+register_dataset("synthetic", _synthetic)
+register_dataset("nested_blobs_3d", _nested_blobs, taxonomy=nested_blobs_taxonomy)
 
 
 def list_datasets() -> list[str]:
-    """Names accepted by ``data.dataset``."""
-    return sorted(_DATASETS)
+    """Names accepted by ``data.dataset`` (the kinds of :data:`DATASETS`)."""
+    return DATASETS.names()
 
 
 def dataset_taxonomy(kind: str) -> Taxonomy | None:
-    """The built-in taxonomy of a data set kind that has one (``nested_blobs_3d``), else ``None``."""
-    if kind == "nested_blobs_3d":
-        from hiercls.train.synthetic import nested_blobs_taxonomy
+    """The built-in taxonomy of data set ``kind`` (``nested_blobs_3d``'s region chain), else ``None``.
 
-        return nested_blobs_taxonomy()
-    return None
+    Raises:
+        ValueError: unknown kind (with close matches and the registered kinds).
+    """
+    own = DATASETS.get(kind).taxonomy
+    return own() if own is not None else None
 
 
 def build_dataset(kind: str, split: str, taxonomy: Taxonomy | None, options: dict[str, Any] | None = None,
                   transform: Any = None) -> Any:
-    """The ``split`` of data set ``kind``.
+    """The ``split`` of data set ``kind`` (``options``: the kind's ``data.options``; ``transform``: for images).
 
     Raises:
-        ConfigError: unknown kind (with a suggestion) or invalid options.
+        ValueError: unknown kind (with close matches) or invalid options (naming ``data.options.<key>``).
+        TaxonomyError: a taxonomy that does not fit the data set.
     """
-    if kind not in _DATASETS:
-        import difflib
-
-        close = difflib.get_close_matches(kind, list(_DATASETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"data.dataset: unknown data set {kind!r}{hint}; valid: {', '.join(list_datasets())}")
-    return _DATASETS[kind](split, taxonomy, dict(options or {}), transform)
+    return DATASETS.get(kind).build(split, taxonomy, dict(options or {}), transform)
 
 
 def subsample(dataset: Any, max_samples: int | None, seed: int = 0) -> Any:
