@@ -25,7 +25,6 @@ from hiercls.decode._common import (
     prepare,
     restore_ids,
     restore_values,
-    taxonomy_cache,
 )
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -147,7 +146,7 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
             raise ValueError(f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
                              "matrix; convert with to_tree() first")
         key = ("cost", cost)
-        cache = taxonomy_cache(tax)
+        cache = tax.namespace_cache(__name__)
         if key not in cache and tax.num_nodes ** 2 <= _CACHE_LIMIT:
             cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
         mat = cache[key][:, targets] if key in cache else tax.distance_matrix(cost, targets=targets)

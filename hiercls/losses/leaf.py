@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hiercls._checks import check_finite_number
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import DistanceKind, Taxonomy
 from hiercls.taxonomy.ops import TreeOps, as_tensor, leaf_ranges, require_tree
@@ -206,9 +207,7 @@ class SoftLabelLoss(_LeafBase):
         super().__init__(taxonomy)
         if kind not in self._KINDS:
             raise ValueError(f"kind must be one of {', '.join(self._KINDS)}; got {kind!r}")
-        if not (math.isfinite(beta) and beta >= 0):
-            raise ValueError(f"beta must be a finite number >= 0; got {beta!r}")
-        self.beta, self.kind = float(beta), kind
+        self.beta, self.kind = check_finite_number(beta, "beta", minimum=0.0), kind
         self.use_table = taxonomy.num_nodes * taxonomy.num_leaves <= table_limit
         if self.use_table:
             table = soft_label_targets(taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind)

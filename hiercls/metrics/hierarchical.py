@@ -23,15 +23,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hiercls._checks import check_beta, check_choice, to_numpy
 from hiercls.metrics._validation import (
     Labels,
     ancestors_int32,
-    check_beta,
-    check_choice,
     check_zero_division,
     prepare_pair,
     safe_divide,
-    to_numpy,
     weighted_sum,
 )
 from hiercls.taxonomy import Taxonomy
@@ -180,7 +178,7 @@ def hierarchical_precision_recall_fscore(
         >>> hierarchical_precision_recall_fscore(["x", "x"], ["y", "a"], taxonomy=tax)
         (0.6666666666666666, 0.5, 0.5714285714285714)
     """
-    check_choice(average, "average", ("micro", "macro", "samples"))
+    check_choice(average, ("micro", "macro", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
@@ -288,7 +286,7 @@ def hierarchical_recall_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, a
 
 
 def _path_name_sets(y: Any, name: str) -> list[set[str]]:
-    arr = to_numpy(y)
+    arr = to_numpy(y, passthrough=True)
     rows = arr.tolist() if isinstance(arr, np.ndarray) else list(arr)
     out = []
     for i, row in enumerate(rows):
@@ -329,7 +327,7 @@ def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1
         >>> hiclass_precision_recall_fscore([["animal", "cat"]], [["animal", "dog"]])
         (0.5, 0.5, 0.5)
     """
-    check_choice(average, "average", ("micro", "macro"))
+    check_choice(average, ("micro", "macro"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")

@@ -20,10 +20,9 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 
+from hiercls._checks import check_beta, check_choice
 from hiercls.metrics._validation import (
     Labels,
-    check_beta,
-    check_choice,
     check_zero_division,
     prepare_pair,
     safe_divide,
@@ -96,7 +95,7 @@ def node_precision_recall_fscore_support(
         >>> f.tolist(), s.tolist()  # nodes a, x, y, b
         ([1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 1.0])
     """
-    check_choice(average, "average", (None, "micro", "macro"))
+    check_choice(average, (None, "micro", "macro"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
@@ -231,7 +230,7 @@ def path_constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy,
         >>> path_constrained_f1_score([["x"]], [["x"]], taxonomy=tax, zero_division=0.0)
         0.0
     """
-    check_choice(average, "average", ("micro", "macro"))
+    check_choice(average, ("micro", "macro"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     good = consistent_subsets(ps, taxonomy).multiply(ts)
@@ -253,7 +252,7 @@ def constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, averag
         >>> constrained_f1_score([["x"], ["b"]], [["a", "y"], ["x"]], taxonomy=tax)  # tp=1 (a), fp=1, fn=2
         0.4
     """
-    check_choice(average, "average", ("micro", "macro"))
+    check_choice(average, ("micro", "macro"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     kept = Labels(None, consistent_subsets(ps, taxonomy), taxonomy.num_nodes)

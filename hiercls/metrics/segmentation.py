@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls.metrics._validation import check_taxonomy, check_weights, to_numpy
+from hiercls._checks import check_taxonomy, to_numpy
+from hiercls.metrics._validation import check_weights
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["dice_counts", "nested_dice_score", "region_masks"]

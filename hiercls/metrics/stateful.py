@@ -20,17 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiercls._checks import check_beta, check_choice, check_taxonomy, to_numpy
 from hiercls.metrics._validation import (
     Labels,
-    check_beta,
-    check_choice,
-    check_taxonomy,
     check_weights,
     check_zero_division,
     prepare_pair,
     safe_divide,
     to_labels,
-    to_numpy,
 )
 from hiercls.metrics.distance import (
     DISTANCES,
@@ -195,7 +192,7 @@ class HierarchicalFBeta(Metric):
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.beta2 = check_beta(beta) ** 2
-        self.average = check_choice(average, "average", ("micro", "macro", "samples"))
+        self.average = check_choice(average, ("micro", "macro", "samples"), "average")
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
         self.mask = _labels_mask(labels, taxonomy, include_root)
@@ -327,7 +324,7 @@ class MistakeSeverity(Metric):
     def __init__(self, taxonomy: Taxonomy, *, distance: str = "lca_height", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
-        self.distance = check_choice(distance, "distance", DISTANCES)
+        self.distance = check_choice(distance, DISTANCES, "distance")
         for name in ("dist_sum", "mistakes", "total"):
             self.add_state(name)
 
@@ -369,7 +366,7 @@ class TopKMetrics(Metric):
         self.k = tuple(int(x) for x in k)
         if not self.k or any(x < 1 for x in self.k):
             raise ValueError(f"k must be positive integers; got {k!r}")
-        self.distance = check_choice(distance, "distance", DISTANCES)
+        self.distance = check_choice(distance, DISTANCES, "distance")
         self.candidates = candidates
         self.add_state("hits", len(self.k))
         self.add_state("dist", len(self.k))
@@ -421,7 +418,7 @@ class LevelAccuracy(Metric):
     def __init__(self, taxonomy: Taxonomy, *, levels: str = "depth", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
-        self.levels = check_choice(levels, "levels", ("depth", "semantic"))
+        self.levels = check_choice(levels, ("depth", "semantic"), "levels")
         n = num_levels(taxonomy, levels)
         for name in ("correct", "both", "valid"):
             self.add_state(name, n)
