@@ -26,6 +26,7 @@ from hiercls.decode._common import (
     restore_ids,
     restore_values,
 )
+from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost"]
@@ -94,9 +95,7 @@ def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
         # distance(n, n) is 0, not H - depth(n): take the label-equals-prediction term back out.
         out = h * mass - _path_sum_t(big_p * not_root, tax) - pt * (h - depth)[:, None]
     elif kind == "wu_palmer":
-        from hiercls.decode.hfbeta import _tree_tables
-
-        tab = _tree_tables(tax)
+        tab = tree_tables(tax)
         cs = np.zeros((n + 1, pt.shape[1]))
         np.cumsum(pt[tab["order"]], axis=0, out=cs[1:])
         r = cs[tab["seg_hi"]] - cs[tab["seg_lo"]]  # [H+1, B] label mass by depth

@@ -270,7 +270,8 @@ def _solve(q: np.ndarray, lv: np.ndarray, valid: np.ndarray, r: np.ndarray, p_em
 
 
 # ---------------------------------------------------------------------------------------------- trees
-def _tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
+def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
+    """Per-taxonomy tables of the tree decoder (DFS order, depth segments, subtree ranges), cached."""
     cache = taxonomy.namespace_cache(__name__)
     if "hf_tree" not in cache:
         n = taxonomy.num_nodes
@@ -318,7 +319,7 @@ def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray
 
 def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool,
                c0: int) -> tuple[np.ndarray, np.ndarray]:
-    tab = _tree_tables(taxonomy)
+    tab = tree_tables(taxonomy)
     g, n = node.shape
     first = 0 if include_root else 1
     off = 1 if include_root else 0

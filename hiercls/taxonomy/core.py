@@ -7,6 +7,7 @@ node ``n`` are exactly the id range ``[n, n + subtree_size[n])``.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -319,8 +320,6 @@ class Taxonomy:
         try:
             return self._index[name]
         except KeyError:
-            import difflib
-
             close = difflib.get_close_matches(str(name), self._names, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise TaxonomyError(f"unknown label {name!r} for taxonomy {self.name!r}{hint}", label=str(name)) from None

@@ -38,6 +38,8 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from json import decoder as jdec
+from json import scanner as jscan
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,9 +184,6 @@ def _json_with_lines(text: str) -> Any:
 
     Only used to say where a problem is, after the fast parse found one.
     """
-    from json import decoder as jdec
-    from json import scanner as jscan
-
     newlines = [i for i, ch in enumerate(text) if ch == "\n"]
 
     def line_at(offset: int) -> int:
