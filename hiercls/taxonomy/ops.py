@@ -177,8 +177,8 @@ class TreeOps(nn.Module):
     def bottom_up(self, leaf_values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         """Node values from leaf values ``[B, num_leaves, *rest]`` (leaf order = ``taxonomy.leaves``).
 
-        ``reduce="sum"`` gives marginal probabilities from leaf probabilities; ``"logsumexp"`` gives log-marginals
-        from leaf log-probabilities (stable in the tails).
+        ``reduce="sum"`` gives marginal probabilities from leaf probabilities (:meth:`marginals`);
+        ``"logsumexp"`` gives log-marginals from leaf log-probabilities (stable in the tails).
         """
         self._need_tree()
         if reduce not in ("sum", "logsumexp"):
@@ -192,12 +192,7 @@ class TreeOps(nn.Module):
             parts = [leaf.index_select(0, self._buf(f"leafpos_{d}"))]
             n_internal = self.level_sizes[d] - self.level_num_leaves[d]
             if n_internal:
-                group = self._buf(f"pgroup_{d + 1}")
-                if reduce == "sum":
-                    shape = (n_internal, *below.shape[1:])
-                    parts.append(below.new_zeros(shape).scatter_add(0, _expand_index(group, below, 0), below))
-                else:
-                    parts.append(segment_logsumexp(below, group, n_internal, dim=0))
+                parts.append(segment_logsumexp(below, self._buf(f"pgroup_{d + 1}"), n_internal, dim=0))
             below = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
             out[d] = below
         return self._assemble0(out)
