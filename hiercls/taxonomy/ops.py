@@ -337,10 +337,12 @@ def leaf_marginals(taxonomy: Taxonomy, leaf_probs: Any) -> Any:
     if x.dim() < 1 or x.shape[-1] != taxonomy.num_leaves:
         raise ValueError(f"leaf_probs must have shape [..., {taxonomy.num_leaves}] (one entry per leaf of taxonomy "
                          f"{taxonomy.name!r}, in taxonomy.leaves order); got {list(x.shape)}")
-    lead = x.shape[:-1]
-    out = tree_ops(taxonomy, x.device).marginals(x.reshape(-1, taxonomy.num_leaves))
-    out = out.reshape(*lead, taxonomy.num_nodes)
-    return out if is_torch else out.numpy().astype(out_dtype, copy=False)
+    lead, ops = x.shape[:-1], tree_ops(taxonomy, x.device)
+    if is_torch:
+        return ops.marginals(x.reshape(-1, taxonomy.num_leaves)).reshape(*lead, taxonomy.num_nodes)
+    # NumPy: a transposed (Fortran-order) view of the node-major result saves a copy as large as the output.
+    out = ops._marginals_node_major(x.reshape(-1, taxonomy.num_leaves)).numpy().T
+    return out.reshape(*lead, taxonomy.num_nodes).astype(out_dtype, copy=False)
 
 
 def node_probs_from_leaves(taxonomy: Taxonomy, leaf_probs: torch.Tensor) -> torch.Tensor:
