@@ -79,14 +79,15 @@ def check_taxonomy(taxonomy: Any, name: str = "taxonomy") -> Any:
     return taxonomy
 
 
-def to_numpy(x: Any) -> Any:
+def to_numpy(x: Any, *, passthrough: bool = False) -> Any:
     """A NumPy array of ``x``: torch tensors detached and copied to the host (float16/bfloat16 as float32);
-    NumPy arrays and scipy sparse matrices unchanged; anything else through ``np.asarray``."""
+    NumPy arrays and scipy sparse matrices unchanged; anything else through ``np.asarray``, or returned as is
+    with ``passthrough=True`` (ragged label lists, sets of names, which ``np.asarray`` would mangle)."""
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
         x = x.detach().cpu()
         if x.dtype.is_floating_point and x.element_size() < 4:  # numpy has no bfloat16
             x = x.float()
         return x.numpy()
-    if isinstance(x, np.ndarray) or hasattr(x, "tocsr"):
+    if passthrough or isinstance(x, np.ndarray) or hasattr(x, "tocsr"):
         return x
     return np.asarray(x)

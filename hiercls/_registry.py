@@ -106,6 +106,13 @@ class Registry(Generic[T]):
         known = [*self._entries, *self._aliases]
         raise self._error(f"unknown {self.kind} {name!r}{did_you_mean(name, known)}; registered: {self.describe()}")
 
+    def find(self, name: str) -> T | None:
+        """The object registered as ``name`` (or an alias) so far, or ``None``.
+
+        Never runs ``populate``: for registration code that runs while the built-in entries are being imported.
+        """
+        return self._entries.get(self._aliases.get(name, name)) if isinstance(name, str) else None
+
     def get(self, name: str) -> T:
         """The object registered as ``name`` (or under an alias of it)."""
         return self._entries[self.canonical(name)]

@@ -550,8 +550,11 @@ def test_detect_format_and_write_by_extension(tmp_path: Path) -> None:
         write_taxonomy(tax, tmp_path / f"{fmt}.json", format=fmt)
         assert detect_format(tmp_path / f"{fmt}.json") == fmt
         assert read_taxonomy(tmp_path / f"{fmt}.json") == tax
-    with pytest.raises(ValueError, match="format must be one of"):
+    with pytest.raises(ValueError, match=r"unknown taxonomy format 'xml'; registered: edges .*json .*tsv"):
         read_taxonomy(tmp_path / "t.tsv", format="xml")
+    with pytest.raises(ValueError, match=r"unknown taxonomy format 'nestd' \(did you mean 'nested'"):
+        write_taxonomy(tax, tmp_path / "t.json", format="nestd")
+    assert read_taxonomy(tmp_path / "nested.json", format="nested") == tax
     with pytest.raises(ValueError, match="cannot tell the format"):
         write_taxonomy(tax, tmp_path / "t.xml")
     with pytest.raises(ValueError, match="takes no options"):

@@ -17,10 +17,10 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from hiercls._checks import check_taxonomy
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["Batch", "chunked", "label_distribution", "prepare", "restore_ids", "restore_sets", "restore_values",
-           "taxonomy_cache"]
+__all__ = ["Batch", "chunked", "label_distribution", "prepare", "restore_ids", "restore_sets", "restore_values"]
 
 ROW_CHUNK = 2048
 """Most rows decoded at a time; fewer on wide taxonomies (see ``CHUNK_ELEMENTS``)."""
@@ -57,11 +57,6 @@ def chunked(fn: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
-def taxonomy_cache(taxonomy: Taxonomy) -> dict[str, Any]:
-    """Per-taxonomy scratch space for derived arrays (see :attr:`Taxonomy.derived_cache`)."""
-    return taxonomy.derived_cache.setdefault(__name__.rsplit(".", 1)[0], {})  # one namespace per package
-
-
 @dataclass
 class Batch:
     """Decoder input as float64 NumPy plus what is needed to hand results back.
@@ -88,12 +83,6 @@ class Batch:
         return self._label
 
 
-def _check_taxonomy(taxonomy: Any) -> Taxonomy:
-    if not isinstance(taxonomy, Taxonomy):
-        raise TypeError(f"taxonomy must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
-    return taxonomy
-
-
 def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs",
             exact: bool = True) -> Batch:
     """Validate ``probs`` against ``taxonomy`` and convert it to a float64 NumPy :class:`Batch`.
@@ -112,7 +101,7 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
         TypeError: ``taxonomy`` is not a Taxonomy, or ``probs`` is not numeric.
         ValueError: wrong shape, NaN/inf or negative probabilities.
     """
-    taxonomy = _check_taxonomy(taxonomy)
+    taxonomy = check_taxonomy(taxonomy)
     device = dtype = None
     torch = sys.modules.get("torch")  # a tensor implies torch is imported; never pay its import otherwise
     if torch is not None and isinstance(probs, torch.Tensor):
@@ -151,7 +140,7 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
 
 def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:
     """``C[u, c] = 1`` for every child ``c`` of ``u``: ``C @ P`` sums each node's children (node-major ``P``)."""
-    cache = taxonomy_cache(taxonomy)
+    cache = taxonomy.namespace_cache(__name__)
     if "child_csr" not in cache:
         n = taxonomy.num_nodes
         par = taxonomy.primary_parent

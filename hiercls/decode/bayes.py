@@ -25,8 +25,8 @@ from hiercls.decode._common import (
     prepare,
     restore_ids,
     restore_values,
-    taxonomy_cache,
 )
+from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost"]
@@ -95,9 +95,7 @@ def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
         # distance(n, n) is 0, not H - depth(n): take the label-equals-prediction term back out.
         out = h * mass - _path_sum_t(big_p * not_root, tax) - pt * (h - depth)[:, None]
     elif kind == "wu_palmer":
-        from hiercls.decode.hfbeta import _tree_tables
-
-        tab = _tree_tables(tax)
+        tab = tree_tables(tax)
         cs = np.zeros((n + 1, pt.shape[1]))
         np.cumsum(pt[tab["order"]], axis=0, out=cs[1:])
         r = cs[tab["seg_hi"]] - cs[tab["seg_lo"]]  # [H+1, B] label mass by depth
@@ -147,7 +145,7 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
             raise ValueError(f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
                              "matrix; convert with to_tree() first")
         key = ("cost", cost)
-        cache = taxonomy_cache(tax)
+        cache = tax.namespace_cache(__name__)
         if key not in cache and tax.num_nodes ** 2 <= _CACHE_LIMIT:
             cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
         mat = cache[key][:, targets] if key in cache else tax.distance_matrix(cost, targets=targets)

@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from hiercls._checks import check_beta
 from hiercls.decode._common import (
     Batch,
     chunked,
@@ -76,7 +77,6 @@ from hiercls.decode._common import (
     prepare,
     restore_sets,
     restore_values,
-    taxonomy_cache,
 )
 from hiercls.taxonomy import Taxonomy
 
@@ -89,16 +89,9 @@ _CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
 
 
-def _check_beta(beta: float) -> float:
-    b = float(beta)
-    if not np.isfinite(b) or b < 0:
-        raise ValueError(f"beta must be a finite number >= 0; got {beta!r}")
-    return b
-
-
 def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
     """``|Y|`` of every node as a label under the root convention."""
-    cache = taxonomy_cache(taxonomy)
+    cache = taxonomy.namespace_cache(__name__)
     key = ("label_sizes", include_root)
     if key not in cache:
         counts = np.diff(taxonomy.ancestors_sparse.indptr).astype(np.int64)  # ancestors-or-self, root included
@@ -129,7 +122,7 @@ def expected_hfbeta(sets: Any, probs: Any, taxonomy: Taxonomy, beta: float = 1.0
         >>> round(float(expected_hfbeta(s, probs, tax)[0]), 4)  # 0.5*2/3 + 0.3*2/3 + 0.2*0
         0.5333
     """
-    b2 = _check_beta(beta) ** 2
+    b2 = check_beta(beta) ** 2
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     s = _as_sets(sets, taxonomy, batch.node.shape[0])
     s[:, 0] = include_root
@@ -277,8 +270,9 @@ def _solve(q: np.ndarray, lv: np.ndarray, valid: np.ndarray, r: np.ndarray, p_em
 
 
 # ---------------------------------------------------------------------------------------------- trees
-def _tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
-    cache = taxonomy_cache(taxonomy)
+def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
+    """Per-taxonomy tables of the tree decoder (DFS order, depth segments, subtree ranges), cached."""
+    cache = taxonomy.namespace_cache(__name__)
     if "hf_tree" not in cache:
         n = taxonomy.num_nodes
         depth = taxonomy.depth
@@ -325,7 +319,7 @@ def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray
 
 def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool,
                c0: int) -> tuple[np.ndarray, np.ndarray]:
-    tab = _tree_tables(taxonomy)
+    tab = tree_tables(taxonomy)
     g, n = node.shape
     first = 0 if include_root else 1
     off = 1 if include_root else 0
@@ -383,7 +377,7 @@ def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) 
     first = 0 if include_root else 1
     lnode = _label_sizes(taxonomy, include_root)
     lv = np.arange(int(lnode.max()) + 1)
-    cache = taxonomy_cache(taxonomy)
+    cache = taxonomy.namespace_cache(__name__)
     if "desc64" not in cache:
         d = taxonomy.descendants_sparse.astype(np.float64).tocsr()
         d.sort_indices()  # ascending summation order per row keeps q monotone along ancestry
@@ -448,7 +442,7 @@ def optimal_hfbeta(probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include
         >>> [tax.name_of(n) for n in np.flatnonzero(optimal_hfbeta(probs, tax, beta=3.0)[0])]
         ['r', 'a', 'x', 'y', 'b']
     """
-    b2 = _check_beta(beta) ** 2
+    b2 = check_beta(beta) ** 2
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
     batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode._common import Batch, chunked, prepare, restore_ids, taxonomy_cache
+from hiercls.decode._common import Batch, chunked, prepare, restore_ids
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["argmax_leaf", "calibrate_info_gain", "hie", "info_gain", "majority", "max_info", "plurality",
@@ -45,7 +45,7 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
 
 
 def _padded_children(taxonomy: Taxonomy) -> np.ndarray:
-    cache = taxonomy_cache(taxonomy)
+    cache = taxonomy.namespace_cache(__name__)
     if "child_pad" not in cache:
         nc = taxonomy.num_children
         width = max(int(nc.max(initial=0)), 1)

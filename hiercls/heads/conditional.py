@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from hiercls.heads.base import HierarchicalHead
-from hiercls.heads.flat import _LeafMarginals
 from hiercls.heads.registry import register_head
 from hiercls.losses.conditional import ConditionalSoftmax, huffman_tree
 from hiercls.losses.leaf import LeafCrossEntropy
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.ops import TreeOps
 
 __all__ = ["ConditionalSoftmaxHead"]
 
@@ -62,7 +62,7 @@ class ConditionalSoftmaxHead(HierarchicalHead):
                                      name=f"{taxonomy.name}-huffman")
             # Huffman node id of each taxonomy leaf, in taxonomy.leaves order.
             self.register_index("huffman_leaf_ids", self.tree.ids([taxonomy.name_of(i) for i in taxonomy.leaves]))
-            self.marginals = _LeafMarginals(taxonomy)
+            self.tree_ops = TreeOps(taxonomy)
             self.leaf_ce = LeafCrossEntropy(taxonomy)
         else:
             self.tree = taxonomy
@@ -93,7 +93,7 @@ class ConditionalSoftmaxHead(HierarchicalHead):
 
     def node_probs(self, output: torch.Tensor) -> torch.Tensor:
         if self.huffman:
-            return self.marginals(self._leaf_log_probs(output).exp())
+            return self.tree_ops.node_probs(self._leaf_log_probs(output).exp().float())
         p = self.softmax.node_log_probs(output).exp().float().clamp(0.0, 1.0)
         p[:, 0] = 1.0
         return p

@@ -10,57 +10,34 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from scipy import sparse
 
 from hiercls.heads.base import HierarchicalHead
 from hiercls.heads.registry import register_head
 from hiercls.losses.leaf import HXELoss, LeafCrossEntropy, SoftLabelLoss
-from hiercls.losses.tree_ops import TreeOps
 from hiercls.taxonomy import DistanceKind, Taxonomy
+from hiercls.taxonomy.ops import TreeOps, node_probs_from_leaves
 
 __all__ = ["FlatSoftmaxHead", "HXEHead", "SoftLabelHead", "leaf_probs_to_node_probs"]
 
 
-class _LeafMarginals(torch.nn.Module):
-    """Leaf probabilities ``[B, L]`` -> node probabilities ``[B, N]`` (trees: depth-wise sums; DAGs: sparse)."""
-
-    def __init__(self, taxonomy: Taxonomy) -> None:
-        super().__init__()
-        self.is_tree = taxonomy.is_tree
-        if self.is_tree:
-            self.ops = TreeOps(taxonomy)
-        else:
-            m = sparse.coo_matrix(taxonomy.ancestors_sparse[taxonomy.leaves].T)  # [N, L]
-            idx = torch.as_tensor(list(zip(m.row, m.col, strict=True)), dtype=torch.long).T.reshape(2, -1)
-            self.register_buffer("matrix", torch.sparse_coo_tensor(idx, torch.ones(m.nnz), m.shape,
-                                                                         check_invariants=True).coalesce(),
-                                 persistent=False)
-
-    def forward(self, leaf_probs: torch.Tensor) -> torch.Tensor:
-        p = leaf_probs.float()
-        out = self.ops.bottom_up(p, "sum") if self.is_tree else torch.sparse.mm(self.matrix.float(), p.T).T
-        # Rounding can leave the root a hair off 1 and sums a hair above 1; the contract wants both exact.
-        out = out.clamp(0.0, 1.0)
-        out[:, 0] = 1.0
-        return out
-
-
 def leaf_probs_to_node_probs(taxonomy: Taxonomy, leaf_probs: torch.Tensor) -> torch.Tensor:
     """Node probabilities ``[B, N]`` (float32) from leaf probabilities ``[B, num_leaves]``.
+
+    The node-probability contract of the heads (see :meth:`hiercls.taxonomy.ops.TreeOps.node_probs`).
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> leaf_probs_to_node_probs(tax, torch.tensor([[0.5, 0.25, 0.25]])).tolist()
         [[1.0, 0.75, 0.5, 0.25, 0.25]]
     """
-    return _LeafMarginals(taxonomy).to(leaf_probs.device)(leaf_probs)
+    return node_probs_from_leaves(taxonomy, leaf_probs)
 
 
 class _LeafSoftmaxHead(HierarchicalHead):
     def __init__(self, taxonomy: Taxonomy, in_features: int, *, bias: bool = True, **options: Any) -> None:
         super().__init__(taxonomy, in_features, **options)
         self.num_outputs = taxonomy.num_leaves
-        self.marginals = _LeafMarginals(taxonomy)
+        self.tree_ops = TreeOps(taxonomy)
         self._build_linear(bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -69,7 +46,7 @@ class _LeafSoftmaxHead(HierarchicalHead):
 
     def node_probs(self, output: torch.Tensor) -> torch.Tensor:
         """Marginals of the leaf softmax: ``P(n) = sum of softmax(logits)`` over the leaves below ``n``."""
-        return self.marginals(torch.softmax(output.float(), dim=1))
+        return self.tree_ops.node_probs(torch.softmax(output.float(), dim=1))
 
 
 @register_head("flat")

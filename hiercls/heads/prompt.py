@@ -54,6 +54,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hiercls.heads.pooling import TextPooling, masked_mean
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.ops import TreeOps, leaf_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -239,20 +240,10 @@ class HierarchicalPromptPool(nn.Module):
             anc = paths[:, lvl]
             table = np.where(anc >= 0, pos[np.maximum(anc, 0)], -1)
             self.register_buffer(f"coarse_target_{lvl}", torch.from_numpy(table), persistent=False)
-        # Subtrees are contiguous id ranges and leaves are sorted by id, so the leaves under node t are the
-        # leaf positions [leaf_lo[t], leaf_hi[t]).
-        leaves = taxonomy.leaves
-        size = taxonomy.subtree_size
-        lo = np.searchsorted(leaves, np.arange(n))
-        hi = np.searchsorted(leaves, np.arange(n) + size)
-        self.register_buffer("leaf_lo", torch.from_numpy(lo.astype(np.int64)), persistent=False)
-        self.register_buffer("leaf_hi", torch.from_numpy(hi.astype(np.int64)), persistent=False)
-        self.register_buffer("leaves", torch.from_numpy(leaves.astype(np.int64)), persistent=False)
-        parent = taxonomy.parent
-        for d, lv in enumerate(taxonomy.levels):
-            lv = np.array(lv, dtype=np.int64)
-            self.register_buffer(f"level_nodes_{d}", torch.from_numpy(lv), persistent=False)
-            self.register_buffer(f"level_parents_{d}", torch.from_numpy(parent[lv].copy()), persistent=False)
+        lo, hi = leaf_ranges(taxonomy)  # the leaves under node t are the leaf positions [lo[t], hi[t])
+        self.register_buffer("leaf_lo", torch.from_numpy(lo), persistent=False)
+        self.register_buffer("leaf_hi", torch.from_numpy(hi), persistent=False)
+        self.tree_ops = TreeOps(taxonomy)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -338,21 +329,9 @@ class HierarchicalPromptPool(nn.Module):
 
         Float64 logits give float64 probabilities (for gradient checks); every other dtype gives float32.
 
-        Each parent is the float sum of its children's non-negative values, so ``parent >= child`` holds
-        exactly in floating point (unlike a leaves-to-nodes matrix product with a different summation order).
+        ``parent >= child`` holds exactly in floating point (:meth:`hiercls.taxonomy.ops.TreeOps.node_probs`).
         """
-        leaf_p = torch.softmax(_at_least_f32(fine_logits), dim=-1)
-        b, n = leaf_p.shape[0], self.taxonomy.num_nodes
-        probs = leaf_p.new_zeros(b, n)
-        probs[:, self.leaves] = leaf_p
-        dev = leaf_p.device
-        for d in range(self.taxonomy.height, 0, -1):
-            nodes, parents = getattr(self, f"level_nodes_{d}"), getattr(self, f"level_parents_{d}")
-            probs.index_add_(1, parents, probs[:, nodes])
-        probs = probs.clamp(max=1.0)
-        root = torch.zeros(n, dtype=torch.bool, device=dev)
-        root[0] = True
-        return torch.where(root, torch.ones((), dtype=probs.dtype, device=dev), probs)
+        return self.tree_ops.node_probs(torch.softmax(_at_least_f32(fine_logits), dim=-1))
 
 
 # ---------------------------------------------------------------------------------------------- shared model base

@@ -1,17 +1,23 @@
-"""Registry of heads by name: :func:`register_head`, :func:`create_head`, :func:`list_heads`."""
+"""Registry of heads by name: :func:`register_head`, :func:`create_head`, :func:`list_heads`.
+
+The table is a :class:`hiercls._registry.Registry` (``HEADS``): one message form for unknown names, with close
+matches and the full list.
+"""
 
 from __future__ import annotations
 
-import difflib
+import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hiercls._registry import Registry
 from hiercls.heads.base import HierarchicalHead
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["create_head", "get_head_class", "list_heads", "register_head"]
+__all__ = ["HEADS", "create_head", "get_head_class", "list_heads", "register_head", "unregister_head"]
 
-_HEADS: dict[str, type[HierarchicalHead]] = {}
+HEADS: Registry[type[HierarchicalHead]] = Registry("head", populate=lambda: importlib.import_module("hiercls.heads"))
+"""Every registered head class by name (importing :mod:`hiercls.heads` registers the built-in ones)."""
 H = TypeVar("H", bound=type[HierarchicalHead])
 
 
@@ -36,10 +42,10 @@ def register_head(name: str, *, overwrite: bool = False) -> Callable[[H], H]:
     def deco(cls: H) -> H:
         if not (isinstance(cls, type) and issubclass(cls, HierarchicalHead)):
             raise TypeError(f"register_head({name!r}) must decorate a HierarchicalHead subclass; got {cls!r}")
-        old = _HEADS.get(name)
+        old = HEADS.find(name)
         if old is not None and old is not cls and not overwrite and old.__qualname__ != cls.__qualname__:
             raise ValueError(f"head name {name!r} is already registered to {old.__module__}.{old.__qualname__}")
-        _HEADS[name] = cls
+        HEADS.register(name, cls, overwrite=True)  # same qualified name: a reloaded module replaces its class
         if not cls.__dict__.get("head_name"):
             cls.head_name = name
         return cls
@@ -53,9 +59,7 @@ def unregister_head(name: str) -> None:
     Raises:
         ValueError: ``name`` is not registered.
     """
-    if name not in _HEADS:
-        raise ValueError(f"head {name!r} is not registered; registered: {', '.join(sorted(_HEADS))}")
-    del _HEADS[name]
+    HEADS.unregister(name)
 
 
 def list_heads() -> list[str]:
@@ -65,9 +69,7 @@ def list_heads() -> list[str]:
         >>> {"flat", "hxe", "soft_labels"} <= set(list_heads())
         True
     """
-    import hiercls.heads  # noqa: F401  (importing the package registers the built-in heads)
-
-    return sorted(_HEADS)
+    return HEADS.names()
 
 
 def get_head_class(name: str) -> type[HierarchicalHead]:
@@ -76,14 +78,7 @@ def get_head_class(name: str) -> type[HierarchicalHead]:
     Raises:
         ValueError: unknown name (the message lists close names and all registered ones).
     """
-    import hiercls.heads  # noqa: F401
-
-    try:
-        return _HEADS[name]
-    except KeyError:
-        close = difflib.get_close_matches(str(name), list(_HEADS), n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise ValueError(f"unknown head {name!r}{hint}; registered heads: {', '.join(sorted(_HEADS))}") from None
+    return HEADS.get(name)
 
 
 def create_head(name: str, taxonomy: Taxonomy, in_features: int, **options: Any) -> HierarchicalHead:
@@ -97,4 +92,3 @@ def create_head(name: str, taxonomy: Taxonomy, in_features: int, **options: Any)
         torch.Size([2, 5])
     """
     return get_head_class(name)(taxonomy, in_features, **options)
-

@@ -5,8 +5,8 @@ from hiercls.losses.leaf import HXELoss, LeafCrossEntropy, SoftLabelLoss, hxe_we
 from hiercls.losses.multilabel import HierarchicalBCELoss, close_targets, mcm_logits
 from hiercls.losses.nested import NestedRegionLoss, NestedSigmoid, node_ids_to_regions, soft_dice_loss
 from hiercls.losses.semantic import SemanticKDLoss, SemanticLayout, SemanticSoftmaxLoss, semantic_level_weights
-from hiercls.losses.tree_ops import TreeOps, segment_logsumexp
 from hiercls.losses.validation import check_features, check_node_targets
+from hiercls.taxonomy.ops import TreeOps, segment_logsumexp
 
 __all__ = [
     "ConditionalSoftmax",

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from hiercls.losses.tree_ops import TreeOps, as_tensor, require_tree, segment_logsumexp
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.ops import TreeOps, as_tensor, require_tree, segment_logsumexp
 
 __all__ = ["ConditionalSoftmax", "ConditionalSoftmaxLoss", "huffman_tree"]
 

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiercls.losses.tree_ops import TreeOps, as_tensor, require_tree
+from hiercls._checks import check_finite_number
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import DistanceKind, Taxonomy
+from hiercls.taxonomy.ops import TreeOps, as_tensor, leaf_ranges, require_tree
 
 __all__ = ["HXELoss", "LeafCrossEntropy", "SoftLabelLoss", "hxe_weights", "soft_label_targets"]
 
@@ -39,10 +40,7 @@ class _LeafBase(nn.Module):
         self.num_nodes = taxonomy.num_nodes
         self.register_buffer("leaf_index", as_tensor(taxonomy.leaf_index), persistent=False)
         if taxonomy.is_tree:
-            # On a tree the leaves below a node are a contiguous range of leaf positions (DFS pre-order).
-            leaves = taxonomy.leaves
-            lo = np.searchsorted(leaves, np.arange(self.num_nodes))
-            hi = np.searchsorted(leaves, np.arange(self.num_nodes) + taxonomy.subtree_size)
+            lo, hi = leaf_ranges(taxonomy)  # the leaves below a node are leaf positions [lo, hi)
             self.register_buffer("leaf_lo", as_tensor(lo), persistent=False)
             self.register_buffer("leaf_hi", as_tensor(hi), persistent=False)
         else:
@@ -209,9 +207,7 @@ class SoftLabelLoss(_LeafBase):
         super().__init__(taxonomy)
         if kind not in self._KINDS:
             raise ValueError(f"kind must be one of {', '.join(self._KINDS)}; got {kind!r}")
-        if not (math.isfinite(beta) and beta >= 0):
-            raise ValueError(f"beta must be a finite number >= 0; got {beta!r}")
-        self.beta, self.kind = float(beta), kind
+        self.beta, self.kind = check_finite_number(beta, "beta", minimum=0.0), kind
         self.use_table = taxonomy.num_nodes * taxonomy.num_leaves <= table_limit
         if self.use_table:
             table = soft_label_targets(taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind)

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiercls.losses.tree_ops import TreeOps, as_tensor
 from hiercls.losses.validation import upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.ops import TreeOps, as_tensor
 
 __all__ = ["HierarchicalBCELoss", "close_targets", "mcm_logits"]
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiercls.losses.tree_ops import TreeOps, require_tree
 from hiercls.losses.validation import upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.ops import TreeOps, require_tree
 
 __all__ = ["NestedRegionLoss", "NestedSigmoid", "node_ids_to_regions", "soft_dice_loss"]
 

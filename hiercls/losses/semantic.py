@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiercls.losses.tree_ops import as_tensor, require_tree
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.ops import as_tensor, require_tree
 
 __all__ = ["SemanticKDLoss", "SemanticLayout", "SemanticSoftmaxLoss", "semantic_level_weights"]
 

@@ -19,32 +19,22 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hiercls._checks import check_choice, check_taxonomy, to_numpy
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
-__all__ = ["Labels", "UndefinedMetricWarning", "check_taxonomy", "to_labels"]
+__all__ = ["Labels", "UndefinedMetricWarning", "to_labels"]
 
 
 class UndefinedMetricWarning(UserWarning):
     """A ratio was 0/0 and ``zero_division="warn"`` replaced it by 0 (as scikit-learn does)."""
 
 
-def taxonomy_cache(taxonomy: Taxonomy) -> dict[str, Any]:
-    """Per-taxonomy scratch space for derived arrays (see :attr:`Taxonomy.derived_cache`)."""
-    return taxonomy.derived_cache.setdefault(__name__.rsplit(".", 1)[0], {})  # one namespace per package
-
-
 def ancestors_int32(taxonomy: Taxonomy) -> sp.csr_matrix:
     """``ancestors_sparse`` as int32: products of int8 matrices overflow once 128 descendants are summed."""
-    cache = taxonomy_cache(taxonomy)
+    cache = taxonomy.namespace_cache(__name__)
     if "anc32" not in cache:
         cache["anc32"] = taxonomy.ancestors_sparse.astype(np.int32)
     return cache["anc32"]
-
-
-def check_taxonomy(taxonomy: Any) -> Taxonomy:
-    if not isinstance(taxonomy, Taxonomy):
-        raise TypeError(f"taxonomy must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
-    return taxonomy
 
 
 @dataclass(frozen=True)
@@ -72,13 +62,6 @@ class Labels:
         if self.ids is not None:
             return Labels(self.ids[mask], None, self.num_nodes)
         return Labels(None, self.sets[np.flatnonzero(mask)], self.num_nodes)
-
-
-def to_numpy(x: Any) -> Any:
-    """numpy view of torch tensors (detached, on CPU); other inputs unchanged."""
-    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    return x
 
 
 def close_sets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
@@ -151,7 +134,7 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         TypeError: unsupported input type or dtype.
     """
     n = taxonomy.num_nodes
-    y = to_numpy(y)
+    y = to_numpy(y, passthrough=True)
     if sp.issparse(y):
         m = sp.csr_matrix(y)
         if m.ndim != 2 or m.shape[1] != n:
@@ -166,7 +149,7 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         return Labels(None, close_sets(m, taxonomy) if close else _sorted(m), n)
     if isinstance(y, list | tuple):
         if len(y) and all(isinstance(r, list | tuple | set | frozenset | np.ndarray) or _is_tensor(r) for r in y):
-            rows = [to_numpy(r) for r in y]
+            rows = [to_numpy(r, passthrough=True) for r in y]
             dense = None
             if all(not isinstance(r, set | frozenset) and len(r) == n for r in rows):
                 # Every row has N entries: a [B, N] 0/1 node-set matrix written as nested lists.
@@ -281,16 +264,9 @@ def prepare_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: An
     return (t, p, w, keep) if return_keep else (t, p, w)
 
 
-def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
-    choices = tuple(choices)
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-    return value
-
-
 def check_zero_division(zero_division: Any) -> Any:
     if isinstance(zero_division, str):
-        return check_choice(zero_division, "zero_division", ("warn",))
+        return check_choice(zero_division, ("warn",), "zero_division")
     if isinstance(zero_division, numbers.Real) and (math.isnan(zero_division) or zero_division in (0, 1)):
         return float(zero_division)
     raise ValueError(f"zero_division must be 'warn', 0.0, 1.0 or nan; got {zero_division!r}")
@@ -312,12 +288,6 @@ def safe_divide(num: Any, den: Any, zero_division: Any, what: str) -> Any:
             fill = zero_division
         out = np.where(zero, fill, out)
     return out if out.ndim else float(out)
-
-
-def check_beta(beta: Any) -> float:
-    if not isinstance(beta, numbers.Real) or not beta > 0 or math.isinf(beta):
-        raise ValueError(f"beta must be a positive finite number; got {beta!r}")
-    return float(beta)
 
 
 def weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:

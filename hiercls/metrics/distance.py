@@ -18,17 +18,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hiercls._checks import check_choice, check_taxonomy, to_numpy
 from hiercls.metrics._validation import (
     Labels,
-    check_choice,
-    check_taxonomy,
     check_weights,
     check_zero_division,
     prepare_pair,
     safe_divide,
-    taxonomy_cache,
     to_labels,
-    to_numpy,
 )
 from hiercls.taxonomy import Taxonomy
 
@@ -59,7 +56,7 @@ def node_heights(taxonomy: Taxonomy) -> np.ndarray:
         >>> node_heights(Taxonomy([("r", "a"), ("a", "x"), ("r", "b")])).tolist()
         [2, 1, 0, 0]
     """
-    cache = taxonomy_cache(taxonomy)
+    cache = taxonomy.namespace_cache(__name__)
     if "heights" not in cache:
         desc = taxonomy.descendants_sparse
         depth = taxonomy.max_depth
@@ -70,7 +67,7 @@ def node_heights(taxonomy: Taxonomy) -> np.ndarray:
 
 def pairwise_distance(a: np.ndarray, b: np.ndarray, taxonomy: Taxonomy, distance: str) -> np.ndarray:
     """``Taxonomy.distance`` plus ``"lca_node_height"`` (the LCA's own height, for unbalanced trees)."""
-    check_choice(distance, "distance", DISTANCES)
+    check_choice(distance, DISTANCES, "distance")
     if distance == "lca_node_height":
         lca = np.asarray(taxonomy.lca(a, b))
         return np.where(a == b, 0.0, node_heights(taxonomy)[lca].astype(np.float64))
@@ -178,7 +175,7 @@ def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tupl
             raise ValueError(f"scores has {width} columns; expected {taxonomy.num_leaves} (one per leaf) or {n} "
                              f"(one per node) for taxonomy {taxonomy.name!r}, or pass candidates=")
     if isinstance(candidates, str):
-        check_choice(candidates, "candidates", ("leaves", "classes", "nodes"))
+        check_choice(candidates, ("leaves", "classes", "nodes"), "candidates")
         ids = {"leaves": taxonomy.leaves, "classes": taxonomy.classes,
                "nodes": np.arange(n)}[candidates]
     else:
@@ -280,7 +277,7 @@ def average_hierarchical_distance_at_k(y_true: Any, scores: Any, *, taxonomy: Ta
 
 def _node_levels(taxonomy: Taxonomy, levels: str) -> np.ndarray:
     """Level of every node (``-1``: not on any level): depth (root excluded) or semantic level."""
-    check_choice(levels, "levels", ("depth", "semantic"))
+    check_choice(levels, ("depth", "semantic"), "levels")
     if levels == "depth":
         lv = taxonomy.depth.astype(np.int64) - 1
         return lv

@@ -23,15 +23,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hiercls._checks import check_beta, check_choice, to_numpy
 from hiercls.metrics._validation import (
     Labels,
     ancestors_int32,
-    check_beta,
-    check_choice,
     check_zero_division,
     prepare_pair,
     safe_divide,
-    to_numpy,
     weighted_sum,
 )
 from hiercls.taxonomy import Taxonomy
@@ -50,7 +48,8 @@ __all__ = [
 Average = Literal["micro", "macro", "samples"]
 
 
-def _root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample ``(|T ∩ P|, |P|, |T|)`` of the ancestor-closed label sets, root left out, as float64."""
     if t.is_ids and p.is_ids:
         if taxonomy.is_tree:
             # On a tree anc(a) ∩ anc(b) = anc(lca(a, b)), and |anc(n)| without the root is depth(n).
@@ -82,7 +81,7 @@ def hierarchical_counts(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, include
         [[1.0, 0.0], [2.0, 1.0], [2.0, 2.0]]
     """
     t, p, _ = prepare_pair(y_true, y_pred, taxonomy, close=close)
-    inter, npred, ntrue = _root_free_counts(t, p, taxonomy)
+    inter, npred, ntrue = root_free_counts(t, p, taxonomy)
     extra = 1.0 if include_root else 0.0
     return inter + extra, npred + extra, ntrue + extra
 
@@ -113,26 +112,29 @@ def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | Non
     return tp, pos_p - tp, pos_t - tp
 
 
-def _fbeta_from_counts(inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str) -> Any:
+def fbeta_from_counts(inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str) -> Any:
+    """``(1 + β²) |T ∩ P| / (β² |T| + |P|)`` elementwise, ``zero_division`` where the denominator is 0."""
     return safe_divide((1.0 + beta2) * np.asarray(inter, dtype=np.float64),
                        beta2 * np.asarray(ntrue, dtype=np.float64) + np.asarray(npred, dtype=np.float64),
                        zero_division, what)
 
 
-def _macro_mean(values: np.ndarray) -> float:
+def macro_mean(values: np.ndarray) -> float:
+    """Mean of the non-NaN entries (NaN when none)."""
     # zero_division=nan marks undefined labels to leave out of the mean (scikit-learn >= 1.4 semantics).
     finite = values[~np.isnan(values)]
     return float(finite.mean()) if finite.size else float("nan")
 
 
-def _present(mask: np.ndarray, labels: Any, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+def present_mask(mask: np.ndarray, labels: Any, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
     """With ``labels="present"``, keep only the nodes that are true or predicted somewhere."""
     if isinstance(labels, str) and labels == "present":
         return mask & ((tp + fp + fn) > 0)
     return mask
 
 
-def _labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
+def labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
+    """Boolean ``[N]`` mask of the nodes a macro average runs over (``labels``: ids, names, ``"present"`` or None)."""
     if labels is None or (isinstance(labels, str) and labels == "present"):
         mask = np.ones(taxonomy.num_nodes, dtype=bool)
         mask[0] = include_root
@@ -180,28 +182,28 @@ def hierarchical_precision_recall_fscore(
         >>> hierarchical_precision_recall_fscore(["x", "x"], ["y", "a"], taxonomy=tax)
         (0.6666666666666666, 0.5, 0.5714285714285714)
     """
-    check_choice(average, "average", ("micro", "macro", "samples"))
+    check_choice(average, ("micro", "macro", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     if average == "macro":
         tp, fp, fn = node_confusion(t, p, taxonomy, w)
-        mask = _labels_mask(labels, taxonomy, include_root)
+        mask = labels_mask(labels, taxonomy, include_root)
         if include_root:
             # The root belongs to every set, true and predicted.
             total = float(len(t) if w is None else w.sum())
             tp, fp, fn = tp.copy(), fp.copy(), fn.copy()
             tp[0], fp[0], fn[0] = total, 0.0, 0.0
-        mask = _present(mask, labels, tp, fp, fn)
+        mask = present_mask(mask, labels, tp, fp, fn)
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
         prec = safe_divide(tp, tp + fp, zero_division, "macro hierarchical precision of a node without predictions")
         rec = safe_divide(tp, tp + fn, zero_division, "macro hierarchical recall of a node without true samples")
-        f = _fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
+        f = fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
                                "macro hierarchical F of a node absent from both")
-        return _macro_mean(np.atleast_1d(prec)), _macro_mean(np.atleast_1d(rec)), _macro_mean(np.atleast_1d(f))
+        return macro_mean(np.atleast_1d(prec)), macro_mean(np.atleast_1d(rec)), macro_mean(np.atleast_1d(f))
     if labels is not None:
         raise ValueError("labels is only used with average='macro'")
-    inter, npred, ntrue = _root_free_counts(t, p, taxonomy)
+    inter, npred, ntrue = root_free_counts(t, p, taxonomy)
     if include_root:
         inter, npred, ntrue = inter + 1.0, npred + 1.0, ntrue + 1.0
     if len(t) == 0:
@@ -210,10 +212,10 @@ def hierarchical_precision_recall_fscore(
         si, sp_, st = weighted_sum(inter, w), weighted_sum(npred, w), weighted_sum(ntrue, w)
         return (safe_divide(si, sp_, zero_division, "hierarchical precision with no predicted node"),
                 safe_divide(si, st, zero_division, "hierarchical recall with no true node"),
-                _fbeta_from_counts(si, st, sp_, beta2, zero_division, "hierarchical F with no node at all"))
+                fbeta_from_counts(si, st, sp_, beta2, zero_division, "hierarchical F with no node at all"))
     prec = safe_divide(inter, npred, zero_division, "per-sample hierarchical precision")
     rec = safe_divide(inter, ntrue, zero_division, "per-sample hierarchical recall")
-    f = _fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "per-sample hierarchical F")
+    f = fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "per-sample hierarchical F")
     total = float(len(t) if w is None else w.sum())
     if total == 0:
         raise ValueError("sample_weight sums to 0")
@@ -288,7 +290,7 @@ def hierarchical_recall_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, a
 
 
 def _path_name_sets(y: Any, name: str) -> list[set[str]]:
-    arr = to_numpy(y)
+    arr = to_numpy(y, passthrough=True)
     rows = arr.tolist() if isinstance(arr, np.ndarray) else list(arr)
     out = []
     for i, row in enumerate(rows):
@@ -329,7 +331,7 @@ def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1
         >>> hiclass_precision_recall_fscore([["animal", "cat"]], [["animal", "dog"]])
         (0.5, 0.5, 0.5)
     """
-    check_choice(average, "average", ("micro", "macro"))
+    check_choice(average, ("micro", "macro"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")
@@ -345,7 +347,7 @@ def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1
     prec = np.mean(safe_divide(inter, npred, zero_division, "hiclass precision"))
     rec = np.mean(safe_divide(inter, ntrue, zero_division, "hiclass recall"))
     if average == "micro":
-        f = _fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "hiclass F")
+        f = fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "hiclass F")
     else:
         # hiclass averages the per-sample F computed from per-sample precision and recall.
         pr, rc = (safe_divide(inter, npred, zero_division, "hiclass precision"),

@@ -20,15 +20,14 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 
+from hiercls._checks import check_beta, check_choice
 from hiercls.metrics._validation import (
     Labels,
-    check_beta,
-    check_choice,
     check_zero_division,
     prepare_pair,
     safe_divide,
 )
-from hiercls.metrics.hierarchical import _fbeta_from_counts, _labels_mask, _macro_mean, _present, node_confusion
+from hiercls.metrics.hierarchical import fbeta_from_counts, labels_mask, macro_mean, node_confusion, present_mask
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
@@ -52,15 +51,15 @@ def _reduce(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, mask: np.ndarray, be
         stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
         return (safe_divide(stp, stp + sfp, zero_division, "micro precision with no predicted node"),
                 safe_divide(stp, stp + sfn, zero_division, "micro recall with no true node"),
-                _fbeta_from_counts(stp, stp + sfn, stp + sfp, beta2, zero_division, "micro F with no node"),
+                fbeta_from_counts(stp, stp + sfn, stp + sfp, beta2, zero_division, "micro F with no node"),
                 float(support.sum()))
     prec = np.atleast_1d(safe_divide(tp, tp + fp, zero_division, "precision of a node never predicted"))
     rec = np.atleast_1d(safe_divide(tp, tp + fn, zero_division, "recall of a node never true"))
-    f = np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
+    f = np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
                                          "F of a node neither true nor predicted"))
     if average is None:
         return prec, rec, f, support
-    return _macro_mean(prec), _macro_mean(rec), _macro_mean(f), float(support.sum())
+    return macro_mean(prec), macro_mean(rec), macro_mean(f), float(support.sum())
 
 
 def node_precision_recall_fscore_support(
@@ -96,12 +95,12 @@ def node_precision_recall_fscore_support(
         >>> f.tolist(), s.tolist()  # nodes a, x, y, b
         ([1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 1.0])
     """
-    check_choice(average, "average", (None, "micro", "macro"))
+    check_choice(average, (None, "micro", "macro"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     tp, fp, fn = node_confusion(t, p, taxonomy, w)
-    mask = _present(_labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
+    mask = present_mask(labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, beta2, average, zero_division)
 
 
@@ -137,12 +136,12 @@ def hamming_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, labels: Any = 
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     tp, fp, fn = node_confusion(t, p, taxonomy, w)
-    mask = _labels_mask(labels, taxonomy, include_root)
+    mask = labels_mask(labels, taxonomy, include_root)
     total = float(len(t) if w is None else w.sum())
     if include_root:
         fp, fn = fp.copy(), fn.copy()
         fp[0] = fn[0] = 0.0  # the root is in every set
-    mask = _present(mask, labels, tp, fp, fn)
+    mask = present_mask(mask, labels, tp, fp, fn)
     return float((fp[mask].sum() + fn[mask].sum()) / (total * mask.sum()))
 
 
@@ -231,14 +230,14 @@ def path_constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy,
         >>> path_constrained_f1_score([["x"]], [["x"]], taxonomy=tax, zero_division=0.0)
         0.0
     """
-    check_choice(average, "average", ("micro", "macro"))
+    check_choice(average, ("micro", "macro"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     good = consistent_subsets(ps, taxonomy).multiply(ts)
     tp = _column_sums(good, w)
     fp = _column_sums(ps, w) - tp
     fn = _column_sums(ts, w) - tp
-    mask = _present(_labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
+    mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]
 
 
@@ -253,10 +252,10 @@ def constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, averag
         >>> constrained_f1_score([["x"], ["b"]], [["a", "y"], ["x"]], taxonomy=tax)  # tp=1 (a), fp=1, fn=2
         0.4
     """
-    check_choice(average, "average", ("micro", "macro"))
+    check_choice(average, ("micro", "macro"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     kept = Labels(None, consistent_subsets(ps, taxonomy), taxonomy.num_nodes)
     tp, fp, fn = node_confusion(Labels(None, ts, taxonomy.num_nodes), kept, taxonomy, w)
-    mask = _present(_labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
+    mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]

@@ -18,13 +18,15 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls.metrics._validation import check_taxonomy, check_weights, to_numpy
+from hiercls._checks import check_taxonomy, to_numpy
+from hiercls.metrics._validation import check_weights
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["dice_counts", "nested_dice_score", "region_masks"]
 
 
-def _regions(taxonomy: Taxonomy, regions: Any) -> np.ndarray:
+def region_ids(taxonomy: Taxonomy, regions: Any) -> np.ndarray:
+    """The region node ids ``regions`` names (ids or names; default: every node but the root), validated."""
     if regions is None:
         return np.arange(1, taxonomy.num_nodes, dtype=np.int64)
     ids = np.asarray(to_numpy(regions))
@@ -46,7 +48,7 @@ def region_masks(label_map: Any, *, taxonomy: Taxonomy, regions: Any = None) -> 
         [[[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]]]
     """
     lab = _label_map(label_map, taxonomy, "label_map", allow_ignore=True)
-    reg = _regions(taxonomy, regions)
+    reg = region_ids(taxonomy, regions)
     under = taxonomy.ancestors_sparse[:, reg].toarray().astype(bool)  # [N, R]: node under region r
     safe = np.where(lab < 0, 0, lab)
     masks = under[safe] & (lab >= 0)[..., None]  # [B, *spatial, R]
@@ -101,7 +103,7 @@ def dice_counts(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy | None = None,
     p = _label_map(y_pred, taxonomy, "y_pred", allow_ignore=False)
     if t.shape != p.shape:
         raise ValueError(f"y_true has shape {t.shape} but y_pred has {p.shape}; expected equal [B, *spatial]")
-    reg = _regions(taxonomy, regions)
+    reg = region_ids(taxonomy, regions)
     b, n = t.shape[0], taxonomy.num_nodes
     tf, pf = t.reshape(b, -1), p.reshape(b, -1)
     valid = tf >= 0

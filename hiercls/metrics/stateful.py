@@ -20,17 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiercls._checks import check_beta, check_choice, check_taxonomy, to_numpy
 from hiercls.metrics._validation import (
     Labels,
-    check_beta,
-    check_choice,
-    check_taxonomy,
     check_weights,
     check_zero_division,
     prepare_pair,
     safe_divide,
     to_labels,
-    to_numpy,
 )
 from hiercls.metrics.distance import (
     DISTANCES,
@@ -41,14 +38,14 @@ from hiercls.metrics.distance import (
     top_k_predictions,
 )
 from hiercls.metrics.hierarchical import (
-    _fbeta_from_counts,
-    _labels_mask,
-    _macro_mean,
-    _present,
-    _root_free_counts,
+    fbeta_from_counts,
+    labels_mask,
+    macro_mean,
     node_confusion,
+    present_mask,
+    root_free_counts,
 )
-from hiercls.metrics.segmentation import _regions, check_dice_params, dice_counts, dice_from_counts
+from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
@@ -195,10 +192,10 @@ class HierarchicalFBeta(Metric):
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.beta2 = check_beta(beta) ** 2
-        self.average = check_choice(average, "average", ("micro", "macro", "samples"))
+        self.average = check_choice(average, ("micro", "macro", "samples"), "average")
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
-        self.mask = _labels_mask(labels, taxonomy, include_root)
+        self.mask = labels_mask(labels, taxonomy, include_root)
         self.labels = labels
         if average != "macro" and labels is not None:
             raise ValueError("labels is only used with average='macro'")
@@ -214,14 +211,14 @@ class HierarchicalFBeta(Metric):
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
         """Update from already validated labels (used by :class:`HierarchicalMetrics`)."""
-        inter, npred, ntrue = _root_free_counts(t, p, self.taxonomy)
+        inter, npred, ntrue = root_free_counts(t, p, self.taxonomy)
         if self.include_root:
             inter, npred, ntrue = inter + 1, npred + 1, ntrue + 1
         ww = np.ones(len(t)) if w is None else w
         zd = self.zero_division
         prec = np.atleast_1d(safe_divide(inter, npred, zd, "per-sample hierarchical precision"))
         rec = np.atleast_1d(safe_divide(inter, ntrue, zd, "per-sample hierarchical recall"))
-        f = np.atleast_1d(_fbeta_from_counts(inter, ntrue, npred, self.beta2, zd, "per-sample hierarchical F"))
+        f = np.atleast_1d(fbeta_from_counts(inter, ntrue, npred, self.beta2, zd, "per-sample hierarchical F"))
         self.accumulate(inter=inter @ ww, npred=npred @ ww, ntrue=ntrue @ ww, sum_p=prec @ ww, sum_r=rec @ ww,
                         sum_f=f @ ww, total=ww.sum())
         if self.average == "macro":
@@ -234,7 +231,7 @@ class HierarchicalFBeta(Metric):
         if average == "micro":
             return {"precision": safe_divide(s["inter"], s["npred"], zd, "hierarchical precision"),
                     "recall": safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall"),
-                    "fbeta": _fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F")}
+                    "fbeta": fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F")}
         if average == "samples":
             tot = float(s["total"])
             if tot == 0:
@@ -244,11 +241,11 @@ class HierarchicalFBeta(Metric):
         tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
         if self.include_root:
             tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
-        mask = _present(self.mask, self.labels, tp, fp, fn)
+        mask = present_mask(self.mask, self.labels, tp, fp, fn)
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
-        return {"precision": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
-                "recall": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
-                "fbeta": _macro_mean(np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd,
+        return {"precision": macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
+                "recall": macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
+                "fbeta": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd,
                                                                       "node F")))}
 
 
@@ -271,7 +268,7 @@ class NodeF1(Metric):
                  zero_division: Any = "warn", close: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
-        self.mask = _labels_mask(labels, taxonomy, include_root)
+        self.mask = labels_mask(labels, taxonomy, include_root)
         self.labels = labels
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
@@ -293,7 +290,7 @@ class NodeF1(Metric):
         if self.include_root:
             tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
         full = self.mask
-        mask = _present(full, self.labels, tp, fp, fn)
+        mask = present_mask(full, self.labels, tp, fp, fn)
         hamming_errors = fp[full].sum() + fn[full].sum()
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
         stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
@@ -301,10 +298,10 @@ class NodeF1(Metric):
         return {
             "micro_precision": safe_divide(stp, stp + sfp, zd, "micro precision"),
             "micro_recall": safe_divide(stp, stp + sfn, zd, "micro recall"),
-            "micro_f1": _fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, "micro F1"),
-            "macro_precision": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
-            "macro_recall": _macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
-            "macro_f1": _macro_mean(np.atleast_1d(_fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, "node F1"))),
+            "micro_f1": fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, "micro F1"),
+            "macro_precision": macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
+            "macro_recall": macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
+            "macro_f1": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, "node F1"))),
             "hamming_loss": float(hamming_errors / total) if total else math.nan,
         }
 
@@ -327,7 +324,7 @@ class MistakeSeverity(Metric):
     def __init__(self, taxonomy: Taxonomy, *, distance: str = "lca_height", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
-        self.distance = check_choice(distance, "distance", DISTANCES)
+        self.distance = check_choice(distance, DISTANCES, "distance")
         for name in ("dist_sum", "mistakes", "total"):
             self.add_state(name)
 
@@ -369,7 +366,7 @@ class TopKMetrics(Metric):
         self.k = tuple(int(x) for x in k)
         if not self.k or any(x < 1 for x in self.k):
             raise ValueError(f"k must be positive integers; got {k!r}")
-        self.distance = check_choice(distance, "distance", DISTANCES)
+        self.distance = check_choice(distance, DISTANCES, "distance")
         self.candidates = candidates
         self.add_state("hits", len(self.k))
         self.add_state("dist", len(self.k))
@@ -421,7 +418,7 @@ class LevelAccuracy(Metric):
     def __init__(self, taxonomy: Taxonomy, *, levels: str = "depth", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
-        self.levels = check_choice(levels, "levels", ("depth", "semantic"))
+        self.levels = check_choice(levels, ("depth", "semantic"), "levels")
         n = num_levels(taxonomy, levels)
         for name in ("correct", "both", "valid"):
             self.add_state(name, n)
@@ -459,7 +456,7 @@ class NestedDice(Metric):
         self.taxonomy = None if taxonomy is None else check_taxonomy(taxonomy)
         self.smooth, self.empty_score = check_dice_params(smooth, empty_score)
         if taxonomy is not None:
-            self.regions = _regions(taxonomy, regions)
+            self.regions = region_ids(taxonomy, regions)
             r = len(self.regions)
         else:
             if num_regions is None or int(num_regions) < 1:
@@ -486,7 +483,7 @@ class NestedDice(Metric):
         cnt = s["sample_count"]
         with np.errstate(invalid="ignore", divide="ignore"):
             per = np.where(cnt > 0, s["sample_dice"] / np.where(cnt > 0, cnt, 1.0), np.nan)
-        return {"dice": dice.tolist(), "dice_per_sample": per.tolist(), "mean_dice": _macro_mean(dice)}
+        return {"dice": dice.tolist(), "dice_per_sample": per.tolist(), "mean_dice": macro_mean(dice)}
 
 
 class HierarchicalMetrics(Metric):

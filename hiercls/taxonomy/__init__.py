@@ -15,6 +15,7 @@ from typing import Any
 from hiercls.taxonomy.core import DistanceKind, Taxonomy, TaxonomyError, TreeStrategy
 from hiercls.taxonomy.io import (
     FORMATS,
+    TAXONOMY_FORMATS,
     detect_format,
     label_paths,
     read_edge_list,
@@ -58,7 +59,8 @@ _IMAGENET_NAMES = (
 )
 
 __all__ = [
-    "FORMATS", "DistanceKind", "NestedRegions", "Taxonomy", "TaxonomyError", "TreeStrategy", "brats_regions",
+    "FORMATS", "TAXONOMY_FORMATS", "DistanceKind", "NestedRegions", "Taxonomy", "TaxonomyError", "TreeStrategy",
+    "brats_regions",
     "detect_format", "label_paths", "list_taxonomies", "load_taxonomy", "nested_regions", "read_edge_list",
     "read_folders", "read_json", "read_label_paths", "read_nested_json", "read_node_link", "read_taxonomy",
     "read_tsv", "taxonomy_from_dict", "taxonomy_from_label_paths", "taxonomy_from_nested", "taxonomy_path",

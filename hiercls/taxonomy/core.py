@@ -7,6 +7,7 @@ node ``n`` are exactly the id range ``[n, n + subtree_size[n])``.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -319,8 +320,6 @@ class Taxonomy:
         try:
             return self._index[name]
         except KeyError:
-            import difflib
-
             close = difflib.get_close_matches(str(name), self._names, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise TaxonomyError(f"unknown label {name!r} for taxonomy {self.name!r}{hint}", label=str(name)) from None
@@ -652,39 +651,17 @@ class Taxonomy:
     def marginals(self, leaf_probs: Any) -> Any:
         """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (numpy or torch).
 
-        A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes).
+        A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes), with
+        ``P(parent) >= P(child)`` exactly; see :func:`hiercls.taxonomy.ops.leaf_marginals`.
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
             >>> tax.marginals(np.array([0.5, 0.2, 0.3])).round(3).tolist()
             [1.0, 0.7, 0.5, 0.2, 0.3]
         """
-        m = self._leaf_ancestors
-        if isinstance(leaf_probs, np.ndarray):
-            flat = leaf_probs.reshape(-1, self.num_leaves)
-            return np.asarray(m.T.dot(flat.T).T, dtype=np.result_type(leaf_probs, np.float32)).reshape(
-                *leaf_probs.shape[:-1], self.num_nodes)
-        import torch
+        from hiercls.taxonomy.ops import leaf_marginals  # ops imports this module (and torch)
 
-        # float32 at least: the node-probability contract is float32 even under fp16/bf16 autocast.
-        dtype = torch.float64 if leaf_probs.dtype == torch.float64 else torch.float32
-        flat = leaf_probs.reshape(-1, self.num_leaves).to(dtype)
-        out = torch.sparse.mm(self._torch_marginal_matrix(leaf_probs.device, dtype), flat.t()).t()
-        return out.reshape(*leaf_probs.shape[:-1], self.num_nodes)
-
-    def _torch_marginal_matrix(self, device: Any, dtype: Any) -> Any:
-        """The ``[N, L]`` node-from-leaf summation matrix as a torch sparse tensor, cached per device and dtype."""
-        import torch
-
-        cache = self.derived_cache
-        key = ("marginals", str(device), dtype)
-        if key not in cache:
-            coo = self._leaf_ancestors.T.tocoo()
-            idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
-            mat = torch.sparse_coo_tensor(idx, torch.ones(coo.nnz, dtype=dtype), (self.num_nodes, self.num_leaves),
-                                          check_invariants=False).coalesce()
-            cache[key] = mat.to(device)
-        return cache[key]
+        return leaf_marginals(self, leaf_probs)
 
     @property
     def derived_cache(self) -> dict[Any, Any]:
@@ -693,6 +670,17 @@ class Taxonomy:
         The taxonomy is immutable, so entries never go stale; the cache is not pickled.
         """
         return self.__dict__.setdefault("_derived_cache", {})
+
+    def namespace_cache(self, namespace: str) -> dict[Any, Any]:
+        """One module's own dict inside :attr:`derived_cache` (pass ``__name__``), so keys never collide.
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("r", "b")])
+            >>> tax.namespace_cache("my.module")["table"] = 1
+            >>> tax.namespace_cache("my.module")
+            {'table': 1}
+        """
+        return self.derived_cache.setdefault(("namespace", namespace), {})
 
     def as_tensor(self, attribute: str, device: Any = None) -> Any:
         """A torch copy of one of the index arrays (``"depth"``, ``"leaves"``, ``"paths"``, ...) on ``device``.
@@ -711,10 +699,6 @@ class Taxonomy:
             raise ValueError(f"attribute must name an index array of Taxonomy; {attribute!r} is "
                              f"{type(value).__name__}")
         return torch.tensor(np.array(value), device=device)
-
-    @cached_property
-    def _leaf_ancestors(self) -> sp.csr_matrix:
-        return self.ancestors_sparse[self.leaves].astype(np.float32)  # [L, N]
 
     # ------------------------------------------------------------------ derived taxonomies
     def to_tree(self, strategy: TreeStrategy = "first") -> Taxonomy:

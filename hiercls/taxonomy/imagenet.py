@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 from collections.abc import Sequence
 from functools import cache, lru_cache
@@ -75,8 +76,6 @@ def _subset_key(subset: str) -> str:
 
 @cache
 def _timm_info_lines(filename: str) -> tuple[str, ...]:
-    import importlib.resources
-
     try:
         text = importlib.resources.files("timm.data").joinpath("_info", filename).read_text(encoding="utf-8")
     except (FileNotFoundError, ModuleNotFoundError) as err:

@@ -31,27 +31,32 @@ from __future__ import annotations
 import bisect
 import difflib
 import gzip
+import inspect
 import io
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from json import decoder as jdec
+from json import scanner as jscan
 from pathlib import Path
 from typing import Any, Literal
 
+from hiercls._registry import Registry
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
 
 Format = Literal["json", "edges", "tsv", "nested", "nodelink", "paths", "folders"]
-FORMATS: tuple[str, ...] = ("json", "edges", "tsv", "nested", "nodelink", "paths", "folders")
 JSON_FORMAT_ID = "hiercls.taxonomy"
 JSON_FORMAT_VERSION = 1
 
 PathLike = str | os.PathLike
 
 __all__ = [
-    "FORMATS", "detect_format", "read_edge_list", "read_folders", "read_json", "read_label_paths",
+    "FORMATS", "TAXONOMY_FORMATS", "TaxonomyFormat", "detect_format", "read_edge_list",
+    "read_folders", "read_json", "read_label_paths",
     "read_nested_json", "read_node_link", "read_taxonomy", "read_tsv", "taxonomy_from_label_paths",
     "taxonomy_from_nested", "write_edge_list", "write_folders", "write_json", "write_label_paths",
     "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
@@ -179,9 +184,6 @@ def _json_with_lines(text: str) -> Any:
 
     Only used to say where a problem is, after the fast parse found one.
     """
-    from json import decoder as jdec
-    from json import scanner as jscan
-
     newlines = [i for i, ch in enumerate(text) if ch == "\n"]
 
     def line_at(offset: int) -> int:
@@ -1056,19 +1058,34 @@ def detect_format(path: PathLike) -> str:
     return "edges"
 
 
-_READERS = {"json": read_json, "edges": read_edge_list, "tsv": read_tsv, "nested": read_nested_json,
-            "nodelink": read_node_link, "paths": read_label_paths, "folders": read_folders}
-_WRITERS = {"json": write_json, "edges": write_edge_list, "tsv": write_tsv, "nested": write_nested_json,
-            "nodelink": write_node_link, "paths": write_label_paths, "folders": write_folders}
+@dataclass(frozen=True)
+class TaxonomyFormat:
+    """How one file format is read (``reader(path, **options)``) and written (``writer(tax, path, **options)``)."""
+
+    reader: Callable[..., Taxonomy]
+    writer: Callable[..., None]
+
+
+TAXONOMY_FORMATS: Registry[TaxonomyFormat] = Registry("taxonomy format")
+"""Every file format of :func:`read_taxonomy` / :func:`write_taxonomy` by name (with aliases)."""
+for _name, _reader, _writer, _aliases in (
+        ("json", read_json, write_json, ("hiercls",)),
+        ("edges", read_edge_list, write_edge_list, ("edgelist", "edge_list")),
+        ("tsv", read_tsv, write_tsv, ("hiagm",)),
+        ("nested", read_nested_json, write_nested_json, ()),
+        ("nodelink", read_node_link, write_node_link, ("node_link",)),
+        ("paths", read_label_paths, write_label_paths, ("label_paths",)),
+        ("folders", read_folders, write_folders, ("folder",))):
+    TAXONOMY_FORMATS.register(_name, TaxonomyFormat(_reader, _writer), aliases=_aliases)
+FORMATS = tuple(name for name, _ in TAXONOMY_FORMATS.items())
+"""The format names, in the order the documentation lists them."""
 
 
 _TAXONOMY_OPTIONS = ("classes", "display_names", "metadata", "name", "virtual_root")
 
 
 def _check_reader_options(fmt: str, kwargs: Mapping[str, Any]) -> None:
-    import inspect
-
-    own = [p for p in inspect.signature(_READERS[fmt]).parameters if p not in ("path", "kwargs")]
+    own = [p for p in inspect.signature(TAXONOMY_FORMATS[fmt].reader).parameters if p not in ("path", "kwargs")]
     allowed = dict.fromkeys([*own, *_TAXONOMY_OPTIONS])
     unknown = [k for k in kwargs if k not in allowed]
     if unknown:
@@ -1076,11 +1093,7 @@ def _check_reader_options(fmt: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def _check_format(fmt: str) -> str:
-    fmt = {"edgelist": "edges", "edge_list": "edges", "hiagm": "tsv", "node_link": "nodelink", "label_paths": "paths",
-           "folder": "folders", "hiercls": "json"}.get(fmt, fmt)
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
-    return fmt
+    return TAXONOMY_FORMATS.canonical(fmt)
 
 
 def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> Taxonomy:
@@ -1108,7 +1121,7 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
         kind = _json_kind(obj)
         if kind != "json":
             _check_reader_options(kind, kwargs)
-            return _READERS[kind](path, **kwargs)
+            return TAXONOMY_FORMATS[kind].reader(path, **kwargs)
         if kwargs:
             raise ValueError(f"read_json takes no options; got {', '.join(kwargs)}")
         try:
@@ -1119,7 +1132,7 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
         return taxonomy_from_dict(_json_with_lines(text), source=str(path))
     if fmt == "json" and kwargs:
         raise ValueError(f"read_json takes no options; got {', '.join(kwargs)}")
-    return _READERS[fmt](path, **kwargs)
+    return TAXONOMY_FORMATS[fmt].reader(path, **kwargs)
 
 
 def _format_for_writing(path: PathLike) -> str:
@@ -1148,4 +1161,4 @@ def write_taxonomy(tax: Taxonomy, path: PathLike, format: str | None = None, **k
     fmt = _check_format(format) if format is not None else _format_for_writing(path)
     if fmt == "edges" and "delimiter" not in kwargs and str(path).lower().removesuffix(".gz").endswith(".csv"):
         kwargs["delimiter"] = ","
-    _WRITERS[fmt](tax, path, **kwargs)
+    TAXONOMY_FORMATS[fmt].writer(tax, path, **kwargs)

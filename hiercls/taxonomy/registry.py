@@ -17,10 +17,12 @@ import json
 import logging
 import os
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
+from hiercls.taxonomy.io import read_json, read_taxonomy
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +36,6 @@ def shipped_taxonomy_dirs() -> list[Path]:
     ``taxonomies/`` folder (for an editable install or a source tree), without duplicates."""
     dirs: list[Path] = []
     try:
-        from importlib.resources import files
-
         res = files("hiercls.taxonomies")
         # Namespace packages (no __init__.py, as here) may span several folders.
         for p in getattr(res, "_paths", None) or [res]:
@@ -85,8 +85,6 @@ def taxonomy_path(name: str) -> Path:
 
 @lru_cache(maxsize=32)
 def _load_shipped(path: str, mtime_ns: int) -> Taxonomy:
-    from hiercls.taxonomy.io import read_json
-
     return read_json(path)
 
 
@@ -110,8 +108,6 @@ def load_taxonomy(name_or_path: str | os.PathLike, **kwargs: Any) -> Taxonomy:
         FileNotFoundError: a path that does not exist.
         ValueError: options for a shipped name, or options the file's format does not take.
     """
-    from hiercls.taxonomy.io import read_taxonomy
-
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, os.PathLike) or (_looks_like_path(text) and text not in _shipped_files()):
         if not os.path.exists(text):

@@ -1,21 +1,31 @@
-"""Vectorised tree recursions on ``[B, N, *rest]`` tensors (node axis 1), built once per taxonomy.
+"""The one home of taxonomy tensor operations (torch): leaf->node marginals, depth-wise recursions, index tables.
 
-Every recursion loops over depths (about a dozen on WordNet) and never over samples or nodes. Nodes of one
-depth are stored leaves-first so that the internal nodes of a depth are a contiguous block: sums over the
-children of a node are segment reductions into that block.
+Every head, loss and decoder that needs these goes through this module, so there is one definition of each.
+Recursions work on ``[B, N, *rest]`` tensors (node axis 1), are built once per taxonomy, and loop over depths
+(about a dozen on WordNet), never over samples or nodes. Nodes of one depth are stored leaves-first so that the
+internal nodes of a depth are a contiguous block: sums over the children of a node are segment reductions into
+that block.
+
+Marginals are exactly monotone in floating point: on a tree every parent is computed as a float sum of
+non-negative terms that include each child's already-rounded value, and rounding is monotone, so
+``P(parent) >= P(child)`` holds bit for bit (a leaves-to-nodes matrix product sums in another order per node
+and can break it by one ulp). On a DAG, where summing children would count shared descendants twice, the
+leaf sums are followed by a max pass up the edges, which only moves values by rounding.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
-__all__ = ["TreeOps", "as_tensor", "require_tree", "segment_logsumexp"]
+__all__ = ["TreeOps", "as_tensor", "leaf_marginals", "leaf_ranges", "node_probs_from_leaves", "require_tree",
+           "segment_logsumexp", "tree_ops"]
 
 
 def as_tensor(array: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -100,6 +110,8 @@ class TreeOps(nn.Module):
                     ppos = pos[parent[lv]]
                     reg(f"ppos_{d}", ppos)
                     reg(f"pgroup_{d}", ppos - self.level_num_leaves[d - 1])
+                    reg(f"parents_{d}", parent[lv])
+            reg("leaves", taxonomy.leaves)
             reg("assemble_index", np.argsort(np.concatenate(level_lists), kind="stable"))
         # Edges grouped by the child's longest-path depth: pushing values up level by level from the deepest
         # makes every node final before it is pushed (its children are all strictly deeper).
@@ -113,6 +125,13 @@ class TreeOps(nn.Module):
                 reg(f"edge_child_{d}", children[sel])
                 reg(f"edge_parent_{d}", parents[sel])
                 self.edge_levels.append(d)
+        if not self.is_tree:
+            # DAG marginals: a node's leaves are summed once each (summing children would count shared ones twice).
+            coo = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocoo()  # [N, L]
+            idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+            self.register_buffer("leaf_to_node", torch.sparse_coo_tensor(
+                idx, torch.ones(coo.nnz), (self.num_nodes, self.num_leaves), check_invariants=True).coalesce(),
+            persistent=False)
 
     def _reg(self, name: str, array: np.ndarray) -> None:
         self.register_buffer(name, as_tensor(array), persistent=False)
@@ -158,12 +177,14 @@ class TreeOps(nn.Module):
     def bottom_up(self, leaf_values: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
         """Node values from leaf values ``[B, num_leaves, *rest]`` (leaf order = ``taxonomy.leaves``).
 
-        ``reduce="sum"`` gives marginal probabilities from leaf probabilities; ``"logsumexp"`` gives log-marginals
-        from leaf log-probabilities (stable in the tails).
+        ``reduce="sum"`` gives marginal probabilities from leaf probabilities (:meth:`marginals`);
+        ``"logsumexp"`` gives log-marginals from leaf log-probabilities (stable in the tails).
         """
         self._need_tree()
         if reduce not in ("sum", "logsumexp"):
             raise ValueError(f"reduce must be 'sum' or 'logsumexp'; got {reduce!r}")
+        if reduce == "sum":
+            return self.marginals(leaf_values)
         leaf = _node_major(leaf_values)
         out: list[torch.Tensor] = [leaf.new_empty(0)] * (self.height + 1)
         below = None
@@ -171,15 +192,56 @@ class TreeOps(nn.Module):
             parts = [leaf.index_select(0, self._buf(f"leafpos_{d}"))]
             n_internal = self.level_sizes[d] - self.level_num_leaves[d]
             if n_internal:
-                group = self._buf(f"pgroup_{d + 1}")
-                if reduce == "sum":
-                    shape = (n_internal, *below.shape[1:])
-                    parts.append(below.new_zeros(shape).scatter_add(0, _expand_index(group, below, 0), below))
-                else:
-                    parts.append(segment_logsumexp(below, group, n_internal, dim=0))
+                parts.append(segment_logsumexp(below, self._buf(f"pgroup_{d + 1}"), n_internal, dim=0))
             below = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
             out[d] = below
         return self._assemble0(out)
+
+    def marginals(self, leaf_probs: torch.Tensor) -> torch.Tensor:
+        """``P(n) = sum of leaf_probs over the leaves below n``: ``[B, num_leaves, *rest]`` -> ``[B, N, *rest]``.
+
+        Trees and DAGs; ``P(parent) >= P(child)`` holds exactly in floating point for non-negative input (see
+        the module docstring). Differentiable; computes in the input's dtype.
+
+        Example:
+            >>> ops = TreeOps(Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")]))
+            >>> ops.marginals(torch.tensor([[0.5, 0.25, 0.25]])).tolist()
+            [[1.0, 0.75, 0.5, 0.25, 0.25]]
+        """
+        return self._marginals_node_major(leaf_probs).transpose(0, 1).contiguous()
+
+    def _marginals_node_major(self, leaf_probs: torch.Tensor) -> torch.Tensor:
+        # [B, L, *rest] -> [N, B, *rest]: whole-row gathers and adds, much faster than columns on CPU.
+        if leaf_probs.dim() < 2 or leaf_probs.shape[1] != self.num_leaves:
+            raise ValueError(f"leaf_probs must have shape [B, {self.num_leaves}, ...] (one entry per leaf, in "
+                             f"taxonomy.leaves order); got {list(leaf_probs.shape)}")
+        leaf = _node_major(leaf_probs)
+        if self.is_tree:
+            # In place, deepest level first: each parent's row gets every child's final row added.
+            out = leaf.new_zeros(self.num_nodes, *leaf.shape[1:])
+            out.index_copy_(0, self._buf("leaves"), leaf)
+            for d in range(self.height, 0, -1):
+                out.index_add_(0, self._buf(f"parents_{d}"), out.index_select(0, self._buf(f"nodes_{d}")))
+            return out
+        sums = torch.sparse.mm(self._buf("leaf_to_node").to(leaf.dtype), leaf.reshape(self.num_leaves, -1))
+        return self._edge_max(sums.reshape(self.num_nodes, *leaf.shape[1:]), dim=0)
+
+    def node_probs(self, leaf_probs: torch.Tensor) -> torch.Tensor:
+        """Node probabilities ``[B, N]`` as every head returns them, from leaf probabilities ``[B, num_leaves]``.
+
+        The contract: float32 (float64 input stays float64, for gradient checks), :meth:`marginals` clamped to
+        ``[0, 1]`` (rounding can push a sum a hair above 1) and the root exactly 1; clamping is monotone, so
+        ``parent >= child`` still holds exactly.
+
+        Example:
+            >>> ops = TreeOps(Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")]))
+            >>> ops.node_probs(torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float16)).dtype
+            torch.float32
+        """
+        p = leaf_probs if leaf_probs.dtype == torch.float64 else leaf_probs.float()
+        out = self._marginals_node_major(p).clamp_(0.0, 1.0)
+        out[0] = 1.0  # the root (id 0)
+        return out.transpose(0, 1).contiguous()
 
     def descendant_max(self, values: torch.Tensor) -> torch.Tensor:
         """``out[n] = max(values[d] for d descendant-or-self of n)`` along axis 1 (trees and DAGs).
@@ -188,11 +250,15 @@ class TreeOps(nn.Module):
         """
         if self.is_tree:
             return self._tree_descendant_max(values)
+        return self._edge_max(values, dim=1)
+
+    def _edge_max(self, values: torch.Tensor, dim: int) -> torch.Tensor:
+        # Edges by decreasing child depth (longest path): a child is final before it is pushed to its parents.
         out = values
         for d in self.edge_levels:
             child, parent = self._buf(f"edge_child_{d}"), self._buf(f"edge_parent_{d}")
-            src = out.index_select(1, child)
-            out = out.scatter_reduce(1, _expand_index(parent, src), src, reduce="amax", include_self=True)
+            src = out.index_select(dim, child)
+            out = out.scatter_reduce(dim, _expand_index(parent, src, dim), src, reduce="amax", include_self=True)
         return out
 
     @torch.no_grad()
@@ -233,3 +299,76 @@ class TreeOps(nn.Module):
     def _tree_descendant_max(self, values: torch.Tensor) -> torch.Tensor:
         # The argmax is found without autograd; gathering it keeps the (sub)gradient of the max, cheaply.
         return values.gather(1, self.descendant_argmax(values))
+
+
+def tree_ops(taxonomy: Taxonomy, device: torch.device | str | None = None) -> TreeOps:
+    """The :class:`TreeOps` of ``taxonomy`` on ``device`` (default CPU), built once and cached on the taxonomy.
+
+    For callers without a module of their own to hold the buffers (functions, decoders, ``Taxonomy.marginals``);
+    a head or loss holds its own ``TreeOps`` so that ``.to(device)`` moves it.
+    """
+    dev = torch.device("cpu" if device is None else device)
+    cache = taxonomy.namespace_cache(__name__)
+    if dev not in cache:
+        cache[dev] = TreeOps(taxonomy).to(dev)
+    return cache[dev]
+
+
+def leaf_marginals(taxonomy: Taxonomy, leaf_probs: Any) -> Any:
+    """:meth:`TreeOps.marginals` of ``[..., num_leaves]`` leaf probabilities: numpy in, numpy out; torch in,
+    torch out on the same device.
+
+    Torch results are float32 (float64 input stays float64), even under fp16/bf16 autocast; numpy results have
+    ``np.result_type(leaf_probs, np.float32)``.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> leaf_marginals(tax, np.array([0.5, 0.2, 0.3])).round(3).tolist()
+        [1.0, 0.7, 0.5, 0.2, 0.3]
+    """
+    is_torch = isinstance(leaf_probs, torch.Tensor)
+    if is_torch:
+        x = leaf_probs.to(torch.float64 if leaf_probs.dtype == torch.float64 else torch.float32)
+    else:
+        arr = np.asarray(leaf_probs)
+        out_dtype = np.result_type(arr, np.float32)
+        work = np.float32 if out_dtype == np.float32 else np.float64
+        x = torch.from_numpy(np.ascontiguousarray(arr, dtype=work))
+    if x.dim() < 1 or x.shape[-1] != taxonomy.num_leaves:
+        raise ValueError(f"leaf_probs must have shape [..., {taxonomy.num_leaves}] (one entry per leaf of taxonomy "
+                         f"{taxonomy.name!r}, in taxonomy.leaves order); got {list(x.shape)}")
+    lead, ops = x.shape[:-1], tree_ops(taxonomy, x.device)
+    if is_torch:
+        return ops.marginals(x.reshape(-1, taxonomy.num_leaves)).reshape(*lead, taxonomy.num_nodes)
+    # NumPy: a transposed (Fortran-order) view of the node-major result saves a copy as large as the output.
+    out = ops._marginals_node_major(x.reshape(-1, taxonomy.num_leaves)).numpy().T
+    return out.reshape(*lead, taxonomy.num_nodes).astype(out_dtype, copy=False)
+
+
+def node_probs_from_leaves(taxonomy: Taxonomy, leaf_probs: torch.Tensor) -> torch.Tensor:
+    """:meth:`TreeOps.node_probs` (the heads' node-probability contract) of leaf probabilities ``[B, num_leaves]``.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> node_probs_from_leaves(tax, torch.tensor([[0.5, 0.25, 0.25]])).tolist()
+        [[1.0, 0.75, 0.5, 0.25, 0.25]]
+    """
+    return tree_ops(taxonomy, leaf_probs.device).node_probs(leaf_probs)
+
+
+def leaf_ranges(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` per node of a tree: the leaves below node ``n`` are leaf positions ``lo[n] <= i < hi[n]``.
+
+    Subtrees are contiguous id ranges (DFS pre-order) and ``taxonomy.leaves`` is sorted by id, so each node's
+    leaves are one contiguous block of leaf positions.
+
+    Example:
+        >>> lo, hi = leaf_ranges(Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")]))
+        >>> lo.tolist(), hi.tolist()
+        ([0, 0, 0, 1, 2], [3, 2, 1, 2, 3])
+    """
+    require_tree(taxonomy, "leaf_ranges")
+    ids = np.arange(taxonomy.num_nodes)
+    lo = np.searchsorted(taxonomy.leaves, ids)
+    hi = np.searchsorted(taxonomy.leaves, ids + taxonomy.subtree_size)
+    return lo.astype(np.int64), hi.astype(np.int64)
