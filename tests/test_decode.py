@@ -217,8 +217,8 @@ def test_torch_in_torch_out_and_dtypes() -> None:
                 np.testing.assert_array_equal(got, ref, err_msg=rule)
 
 
-def test_input_validation_messages() -> None:
-    tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+def test_input_validation_messages(small_tree: Taxonomy) -> None:
+    tax = small_tree
     with pytest.raises(ValueError, match=r"unknown decoder 'nope'; valid: argmax_leaf"):
         decode(np.ones((1, 5)), tax, "nope")
     with pytest.raises(ValueError, match=r"\[B, 5\]"):

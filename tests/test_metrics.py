@@ -743,13 +743,3 @@ def test_zero_division_warn():
         warnings.simplefilter("error")
         assert M.hierarchical_precision_score([0], [0], taxonomy=tax, zero_division=1.0) == 1.0
         assert M.hierarchical_precision_score([0], [0], taxonomy=tax, include_root=True) == 1.0
-
-
-def test_docstring_examples_run():
-    import doctest
-    import importlib
-
-    for name in ("__init__", "_validation", "hierarchical", "nodes", "distance", "segmentation", "stateful", "report"):
-        module = importlib.import_module("hiercls.metrics" if name == "__init__" else f"hiercls.metrics.{name}")
-        failed, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert failed == 0, name

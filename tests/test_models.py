@@ -45,27 +45,6 @@ def other_tax() -> Taxonomy:
     return Taxonomy([("root", "a"), ("root", "b")], name="other")
 
 
-# ---------------------------------------------------------------------------------------------- tiny HF BERT
-WORDS = ["the", "a", "cat", "dog", "car", "bike", "purrs", "barks", "drives", "fast", "slow", "on", "road", "sea",
-         "boat", "sails", "."]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    d = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(d / "vocab.txt"), do_lower_case=True)
-    tok.save_pretrained(str(d))
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
-    BertModel(cfg).save_pretrained(str(d))
-    return d
-
-
 # ---------------------------------------------------------------------------------------------- specs and errors
 def test_parse_backbone_errors() -> None:
     assert parse_backbone("hf:/x/y") == ("hf", "/x/y")
@@ -371,7 +350,8 @@ def test_encoder_decoder_model_uses_its_encoder(tax: Taxonomy, tiny_bert: Path, 
         if "token" in f.name or f.name == "vocab.txt":
             shutil.copy(f, d / f.name)
     torch.manual_seed(9)
-    T5Model(T5Config(vocab_size=len(WORDS) + 5, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    vocab_size = len((tiny_bert / "vocab.txt").read_text().split())
+    T5Model(T5Config(vocab_size=vocab_size, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
             ).save_pretrained(str(d))
     model = create_model(f"hf:{d}", tax, head="flat").eval()
     assert model.num_features == 16 and type(model.backbone.model).__name__ == "T5Stack"
@@ -384,7 +364,6 @@ def test_encoder_decoder_model_uses_its_encoder(tax: Taxonomy, tiny_bert: Path, 
 
 # ---------------------------------------------------------------------------------------------- prompting heads
 def test_transhp_on_timm_vit_and_text(tax: Taxonomy, tiny_bert: Path) -> None:
-    pytest.importorskip("hiercls.heads.prompt")
     torch.manual_seed(4)
     vit = create_model("timm:test_vit", tax, head="transhp", head_options={"prompt_blocks": [0]})
     assert vit.is_prompted and not list(vit.backbone.parameters())  # the ViT lives in the prompting model
@@ -401,7 +380,6 @@ def test_transhp_on_timm_vit_and_text(tax: Taxonomy, tiny_bert: Path) -> None:
 
 
 def test_transhp_save_load_and_reset(tax: Taxonomy, tmp_path: Path) -> None:
-    pytest.importorskip("hiercls.heads.prompt")
     torch.manual_seed(8)
     vit = create_model("timm:test_vit", tax, head="transhp", head_options={"prompt_blocks": {1: 1}}).eval()
     x = torch.randn(2, 3, 160, 160)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import timm
 import torch
+from _tiny import build_tiny_bert
 from _trees import random_tree
-from transformers import BertConfig, BertModel
 
 from hiercls.heads.prompt import (
     HierarchicalPromptPool,
@@ -483,20 +483,12 @@ def test_reset_head(tax):
     assert auto.positions == {1: 1, 2: 2}
     auto.reset_head(small)
     assert auto.positions == {2: 1}
-    text = PromptedTextEncoder(tiny_bert(), tax, prompt_layers={0: 1})
+    text = PromptedTextEncoder(build_tiny_bert(), tax, prompt_layers={0: 1})
     text.reset_head(small, prompt_layers={1: 1}, pooling="cls")
     assert text.positions == {1: 1} and text.pooling == "cls" and text.num_outputs == 3
 
 
 # ---------------------------------------------------------------------------------------------- text encoder
-def tiny_bert(seed=0, attn="eager"):
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
-                     max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    cfg._attn_implementation = attn
-    return BertModel(cfg).eval()
-
-
 def text_batch(b=3, s=7, seed=2):
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(1, 64, (b, s), generator=g)
@@ -508,7 +500,7 @@ def text_batch(b=3, s=7, seed=2):
 
 
 def make_text(tax, layers, seed=0, attn="eager", **kw):
-    model = PromptedTextEncoder(tiny_bert(seed, attn), tax, prompt_layers=layers, **kw).eval()
+    model = PromptedTextEncoder(build_tiny_bert(seed, attn), tax, prompt_layers=layers, **kw).eval()
     with torch.no_grad():
         for p in model.pool.prompts.values():
             p.normal_(0, 1.0)
@@ -517,7 +509,7 @@ def make_text(tax, layers, seed=0, attn="eager", **kw):
 
 def test_text_layers_before_prompting_unchanged_and_padding_ignored(tax):
     ids_, mask = text_batch()
-    bert = tiny_bert(0)
+    bert = build_tiny_bert(0)
     ref = bert(input_ids=ids_, attention_mask=mask, output_hidden_states=True).hidden_states
     model = make_text(tax, {1: 1}, pooling="cls")
     outs = []
@@ -570,7 +562,7 @@ def test_text_prompting_layer_matches_hand_assembled_forward(tax):
 @pytest.mark.parametrize("pooling", ["mean", "cls", "pooler"])
 def test_text_reduces_to_plain_encoder(tax, pooling):
     ids_, mask = text_batch()
-    bert = tiny_bert(0)
+    bert = build_tiny_bert(0)
     res = bert(input_ids=ids_, attention_mask=mask)
     h = res.last_hidden_state
     if pooling == "mean":
@@ -579,7 +571,7 @@ def test_text_reduces_to_plain_encoder(tax, pooling):
         ref = h[:, 0]
     else:
         ref = res.pooler_output
-    plain = PromptedTextEncoder(tiny_bert(0), tax, prompt_layers={}, pooling=pooling).eval()
+    plain = PromptedTextEncoder(build_tiny_bert(0), tax, prompt_layers={}, pooling=pooling).eval()
     torch.testing.assert_close(plain(input_ids=ids_, attention_mask=mask)["features"], ref, rtol=1e-5, atol=1e-6)
     uncond = make_text(tax, {0: 1, 2: 2}, pooling=pooling, condition=False)
     out = uncond({"input_ids": ids_, "attention_mask": mask})
@@ -615,9 +607,9 @@ def test_text_errors_and_training(tax):
     with pytest.raises(TypeError, match="BERT-like"):
         PromptedTextEncoder(torch.nn.Linear(2, 2), tax)
     with pytest.raises(ValueError, match="pooling"):
-        PromptedTextEncoder(tiny_bert(), tax, prompt_layers={0: 1}, pooling="max")
+        PromptedTextEncoder(build_tiny_bert(), tax, prompt_layers={0: 1}, pooling="max")
     with pytest.raises(ValueError, match="outside"):
-        PromptedTextEncoder(tiny_bert(), tax, prompt_layers={3: 1})
+        PromptedTextEncoder(build_tiny_bert(), tax, prompt_layers={3: 1})
     model = make_text(tax, {0: 1, 1: 2}).train()
     with pytest.raises(ValueError, match="exactly one"):
         model()
@@ -625,7 +617,7 @@ def test_text_errors_and_training(tax):
         model(input_ids=torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match="unexpected keys"):
         model({"input_ids": torch.ones(2, 3, dtype=torch.long), "labels": torch.zeros(2)})
-    assert isinstance(create_prompt_model(tiny_bert(), tax, prompt_positions={0: 1}), PromptedTextEncoder)
+    assert isinstance(create_prompt_model(build_tiny_bert(), tax, prompt_positions={0: 1}), PromptedTextEncoder)
     ids_, mask = text_batch(4)
     t = ids(tax, "a1x", "B", "c", "b1y")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -601,17 +601,6 @@ def test_docs_examples(k: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     exec(compile(doc_blocks()[k], f"{DOC}:block{k}", "exec"), {"__name__": "__doc_example__"})
 
 
-@pytest.mark.parametrize("module", ["hiercls.taxonomy", "hiercls.taxonomy.io", "hiercls.taxonomy.registry",
-                                    "hiercls.taxonomy.regions", "hiercls.cli.taxonomy_cmd"])
-def test_docstring_examples(module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import doctest
-    import importlib
-
-    monkeypatch.chdir(tmp_path)
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
-
-
 def test_package_exports() -> None:
     import importlib
     import importlib.util

@@ -38,25 +38,6 @@ def taxonomy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random 3-layer BERT with a WordPiece vocabulary covering the synthetic texts."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    d = tmp_path_factory.mktemp("tiny_bert")
-    words = [f"node{i}" for i in range(12)] + [f"noise{i}" for i in range(50)]
-    vocab = d / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n", encoding="utf-8")
-    tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
-    tok.save_pretrained(d)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(words) + 5, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    BertModel(cfg).save_pretrained(d)
-    return d
-
-
 def image_recipe(taxonomy_file: Path, out_dir: Path, **overrides: object) -> TrainConfig:
     """A tiny ViT (no batch norm, no dropout: DDP and resume are exactly comparable) on synthetic images."""
     data = {
