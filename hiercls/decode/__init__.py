@@ -5,7 +5,7 @@ optimality and their tie-breaking.
 """
 
 from hiercls.decode.api import RULES, SET_RULES, decode
-from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost
+from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost, prediction_expected_cost
 from hiercls.decode.hfbeta import expected_hfbeta, optimal_hfbeta
 from hiercls.decode.rules import (
     argmax_leaf,
@@ -22,5 +22,5 @@ from hiercls.decode.rules import (
 __all__ = [
     "COST_KINDS", "RULES", "SET_RULES", "argmax_leaf", "bayes_node", "calibrate_info_gain", "crm", "decode",
     "expected_cost", "expected_hfbeta", "hie", "info_gain", "majority", "max_info", "optimal_hfbeta",
-    "plurality", "threshold", "top_down",
+    "plurality", "prediction_expected_cost", "threshold", "top_down",
 ]

@@ -238,7 +238,7 @@ def prediction_expected_cost(probs: Any, predictions: Any, taxonomy: Taxonomy, c
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> p = np.array([[1.0, 0.6, 0.3, 0.3, 0.4]])
-        >>> prediction_expected_cost(p, [4], tax, "lca_height").tolist()  # 0.6 * 2: wrong under a
+        >>> prediction_expected_cost(p, [4], tax, "lca_height").round(6).tolist()  # 0.6 * 2: wrong under a
         [1.2]
     """
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
