@@ -92,7 +92,8 @@ class SemanticSoftmaxHead(HierarchicalHead):
         """Per-level argmax as node ids ``[B, num_levels]`` (the published per-level inference).
 
         Score them with :func:`hiercls.metrics.level_argmax_accuracy_score` (the published semantic accuracy,
-        which does not close the per-level predictions under ancestors). Ties: the first logit of the level.
+        which does not close the per-level predictions under ancestors). Ties: the smallest node id (a level's
+        logits are in id order and ``argmax`` takes the first maximum).
         """
         ids = self.layout.class_ids
         preds = [ids[s][z.argmax(1)] for s, z in zip(self.layout.slices, self.layout.split(output), strict=True)]

@@ -219,7 +219,7 @@ class SemanticSoftmaxLoss(nn.Module):
             raise ValueError(f"drop_deepest_level=True needs at least two semantic levels; taxonomy "
                              f"{taxonomy.name!r} has {self.layout.num_levels}")
         # The weights the loss applies: the deepest level's is 0 when it is dropped.
-        self._loss_weights = self.level_weights[:-1] + [0.0] if self.drop_deepest_level else self.level_weights
+        self._loss_weights = [*self.level_weights[:-1], 0.0] if self.drop_deepest_level else self.level_weights
         self._bounds = tuple((sl.start, sl.stop) for sl in self.layout.slices)
         self.register_buffer("_offsets", torch.tensor([sl.start for sl in self.layout.slices]), persistent=False)
 

@@ -39,10 +39,10 @@ __all__ = [
     "DISTANCES",
     "average_hierarchical_distance_at_k",
     "hierarchical_distance_loss",
+    "level_argmax_accuracy_score",
     "mistake_severity",
     "node_heights",
     "pairwise_distance",
-    "level_argmax_accuracy_score",
     "per_level_accuracy_score",
     "realized_cost",
     "semantic_accuracy_score",
@@ -318,8 +318,8 @@ def top_k_accuracy_score(y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int
                          sample_weight: Any = None) -> float:
     """Fraction of samples whose true node is among the ``k`` best-scored candidates.
 
-    Ties at the k-th score: the smaller node id is taken (:func:`top_k_predictions`). A true node that is not a candidate
-    (an internal node when the candidates are the leaves) is never a hit.
+    Ties at the k-th score: the smaller node id is taken (:func:`top_k_predictions`). A true node that is not a
+    candidate (an internal node when the candidates are the leaves) is never a hit.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
