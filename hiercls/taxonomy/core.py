@@ -263,17 +263,63 @@ class Taxonomy:
         return cls(edges, nodes=nodes, **kwargs)
 
     @classmethod
+    def from_children(cls, children: Mapping[str, Sequence[str] | None], **kwargs: Any) -> Taxonomy:
+        """Build from a ``parent -> [children]`` mapping, the way many research repositories ship a hierarchy.
+
+        A node listed under several parents makes a DAG; ``None`` or ``[]`` marks a node without children.
+        Node order: the keys, then the children, in order of appearance.
+
+        Raises:
+            TaxonomyError: a value is not a list of names (the error names the key), or the edges do not form
+                a taxonomy (cycle, several roots without ``virtual_root=``...).
+
+        Example:
+            >>> tax = Taxonomy.from_children({"root": ["animal", "car"], "animal": ["cat", "dog"]})
+            >>> tax.names, tax.num_leaves
+            (('root', 'animal', 'cat', 'dog', 'car'), 3)
+        """
+        if not isinstance(children, Mapping):
+            raise TypeError(f"children must be a mapping parent -> [children]; got {type(children).__name__}")
+        edges: list[tuple[str, str]] = []
+        nodes: list[str] = []
+        for parent, kids in children.items():
+            if not isinstance(parent, str) or not parent.strip():
+                raise TaxonomyError(f"parent names must be non-empty strings; got key {parent!r}", label=str(parent))
+            nodes.append(parent)
+            if kids is None:
+                continue
+            if isinstance(kids, str) or not isinstance(kids, Sequence):
+                raise TaxonomyError(f"the children of {parent!r} must be a list of names; got {kids!r}", label=parent)
+            for kid in kids:
+                if not isinstance(kid, str) or not kid.strip():
+                    raise TaxonomyError(f"the children of {parent!r} must be non-empty names; got {kid!r}",
+                                        label=parent)
+                edges.append((parent, kid))
+        nodes = list(dict.fromkeys(nodes + [c for _, c in edges]))
+        return cls(edges, nodes=nodes, **kwargs)
+
+    @classmethod
     def from_networkx(cls, graph: nx.DiGraph, *, display_attr: str = "display_name", **kwargs: Any) -> Taxonomy:
         """Build from a ``networkx.DiGraph`` whose edges point parent -> child (node keys become names).
+
+        Keys are converted with ``str``; two keys with the same string (``1`` and ``"1"``) are refused.
 
         Example:
             >>> g = nx.DiGraph([("r", "a"), ("r", "b")])
             >>> Taxonomy.from_networkx(g).leaves.tolist()
             [1, 2]
         """
+        if not isinstance(graph, nx.Graph) or not graph.is_directed():
+            raise TypeError(f"graph must be a networkx.DiGraph with parent -> child edges; got {type(graph).__name__}"
+                            + (" (undirected: the edge directions are unknown)" if isinstance(graph, nx.Graph) else ""))
+        names: dict[str, Any] = {}
+        for n in graph.nodes:
+            first = names.setdefault(str(n), n)
+            if first is not n and first != n:
+                raise TaxonomyError(f"nodes {first!r} and {n!r} have the same name {str(n)!r}", label=str(n))
         display = {str(n): str(d[display_attr]) for n, d in graph.nodes(data=True) if display_attr in d}
         kwargs.setdefault("display_names", display or None)
-        return cls(graph.edges(), nodes=[str(n) for n in graph.nodes], **kwargs)
+        return cls([(str(u), str(v)) for u, v in graph.edges()], nodes=list(names), **kwargs)
 
     def to_networkx(self) -> nx.DiGraph:
         """A fresh ``DiGraph`` (parent -> child) keyed by node name, with ``id`` and ``display_name`` attributes."""
