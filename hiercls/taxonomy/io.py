@@ -54,8 +54,8 @@ PathLike = str | os.PathLike
 __all__ = [
     "FORMATS", "detect_format", "read_children_json", "read_edge_list", "read_folders", "read_json", "read_label_paths",
     "read_nested_json", "read_node_link", "read_taxonomy", "read_tsv", "taxonomy_from_label_paths",
-    "taxonomy_from_nested", "write_children_json", "write_edge_list", "write_folders", "write_json", "write_label_paths",
-    "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
+    "taxonomy_from_nested", "write_children_json", "write_edge_list", "write_folders", "write_json",
+    "write_label_paths", "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
 ]
 
 
