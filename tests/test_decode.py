@@ -68,15 +68,18 @@ def ref_top_down(tax, row, t=0.0):
 
 
 def ref_plurality(tax, row, stop):
-    cur = 0
+    # Plaud et al.'s recursion: running max of the second-best child probability along the greedy path.
+    cur, m = 0, 0.0
     while tax.children(cur):
         kids = sorted(tax.children(cur))
         c = max(kids, key=lambda k: (row[k], -k))
-        others = [row[k] for k in kids if k != c]
-        if all(row[c] > o + 1e-9 for o in others) and row[c] > stop[cur] + 1e-9:
-            cur = c
-        else:
+        if len(kids) > 1:
+            m = max(m, max(row[k] for k in kids if k != c))
+            if row[c] < m - 1e-9:
+                break
+        if row[c] <= 0:
             break
+        cur = c
     return cur
 
 
@@ -117,8 +120,13 @@ def nx_tree_distance(tax: Taxonomy, kind: str) -> np.ndarray:
                 out[a, b] = depth[a] + depth[b] - 2 * depth[lca]
             elif kind == "lca_height":
                 out[a, b] = h - depth[lca]
-            elif kind == "wu_palmer":
+            elif kind == "wu_palmer":  # Plaud et al.: root at depth 0
+                out[a, b] = 1 - 2 * depth[lca] / (depth[a] + depth[b])
+            elif kind == "wu_palmer_root1":
                 out[a, b] = 1 - 2 * (depth[lca] + 1) / (depth[a] + depth[b] + 2)
+            elif kind == "zhao":  # Plaud et al.: 1 - 2 IC(lca) / (IC(a) + IC(b)); 0 between IC-0 nodes
+                den = ic[a] + ic[b]
+                out[a, b] = 1 - 2 * ic[lca] / den if den > 1e-12 else 0.0
             else:
                 out[a, b] = ic[a] + ic[b] - 2 * ic[lca]
     return out
@@ -258,7 +266,8 @@ def test_leaf_probs_equal_marginalised_node_probs() -> None:
 
 
 # ------------------------------------------------------------------------------------------ Bayes
-@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "zhao"])
+@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
+                                  "ic_distance"])
 def test_bayes_node_matches_brute_force(kind: str) -> None:
     rng = np.random.default_rng(hash(kind) % 1000)
     for _ in range(300):
@@ -279,7 +288,8 @@ def test_bayes_node_on_dags_and_custom_matrices() -> None:
     rng = np.random.default_rng(8)
     for _ in range(150):
         tax, _, p, node = sample_case(rng, dag=True)
-        kind = str(rng.choice(["shortest_path", "lca_height", "wu_palmer", "zhao"]))
+        kind = str(rng.choice(["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
+                               "ic_distance"]))
         dist = np.array([[float(tax.distance(a, b, kind)) for b in range(tax.num_nodes)]
                          for a in range(tax.num_nodes)])
         _, cost = bayes_node(node, tax, kind, return_cost=True)

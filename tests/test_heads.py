@@ -37,7 +37,7 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
     "flat": ("flat", {}, "sum"),
     "flat_smooth": ("flat", {"label_smoothing": 0.1}, "sum"),
     "hxe": ("hxe", {"alpha": 0.5}, "sum"),
-    "soft_labels": ("soft_labels", {"beta": 5.0}, "sum"),
+    "soft_labels": ("soft_labels", {"beta": 15.0}, "sum"),  # the paper's beta: distances over d_max = 3
     "semantic_softmax": ("semantic_softmax", {}, "sum"),
     "conditional_softmax": ("conditional_softmax", {}, "sum"),
     "conditional_stop": ("conditional_softmax", {"stop": True}, "ge_sum"),

@@ -151,7 +151,8 @@ def test_hxe_brute_force(alpha):
 
 
 # ---------------------------------------------------------------------------------------------- soft labels
-@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "zhao"])
+@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
+                                  "ic_distance"])
 def test_soft_labels_table_and_on_the_fly_agree(kind):
     tax = random_tree(30, 5)
     y = torch.arange(tax.num_nodes)
@@ -166,13 +167,16 @@ def test_soft_labels_table_and_on_the_fly_agree(kind):
 
 
 def test_soft_labels_hand_and_limits():
-    # label x in SMALL, lca_height (H = 2): d(x, x) = 0, d(x, y) = 1, d(x, b) = 2
+    # label x in SMALL, lca_height (H = 2): d(x, x) = 0, d(x, y) = 1, d(x, b) = 2; Bertinetto et al. divide
+    # by the largest leaf-to-leaf distance, 2
     beta = 1.5
-    q = np.exp(-beta * np.array([0.0, 1.0, 2.0]))
-    q /= q.sum()
     logits = torch.tensor([[0.2, -0.4, 1.0]])
-    want = -(q * F.log_softmax(logits, 1).numpy()).sum()
-    assert math.isclose(SoftLabelLoss(SMALL, beta=beta)(logits, torch.tensor([2])).item(), want, rel_tol=1e-6)
+    for scale, options in ((2.0, {}), (1.0, {"normalize_distances": False})):
+        q = np.exp(-beta * np.array([0.0, 1.0, 2.0]) / scale)
+        q /= q.sum()
+        want = -(q * F.log_softmax(logits, 1).numpy()).sum()
+        got = SoftLabelLoss(SMALL, beta=beta, **options)(logits, torch.tensor([2])).item()
+        assert math.isclose(got, want, rel_tol=1e-6)
     assert torch.allclose(SoftLabelLoss(SMALL, beta=0.0).soft_targets(torch.tensor([2])), torch.full((1, 3), 1 / 3))
     with pytest.raises(ValueError, match="kind"):
         SoftLabelLoss(SMALL, kind="euclid")

@@ -245,12 +245,20 @@ def test_hand_computed_distances_levels_nodes():
     assert M.hamming_loss(HAND_TRUE, HAND_PRED, **kw) == pytest.approx(8 / 24)
     assert M.exact_match_score(HAND_TRUE, HAND_PRED, **kw) == 0.0
     assert M.node_f1_score(HAND_TRUE, HAND_PRED, **kw) == 0.5
-    # Wu-Palmer with WordNet's root depth 1: cat/dog: 1 - 2*2/(3+3); puppy/dog: 1 - 2*3/(4+3);
-    # car/cat: 1 - 2*1/(3+3); animal/cat: 1 - 2*2/(2+3)
-    expected = np.mean([1 - 4 / 6, 1 - 6 / 7, 1 - 2 / 6, 1 - 4 / 5])
+    # Wu-Palmer of Plaud et al. (root depth 0): cat/dog: 1 - 2*1/(2+2); puppy/dog: 1 - 2*2/(3+2);
+    # car/cat: 1 - 0; animal/cat: 1 - 2*1/(1+2)
+    expected = np.mean([1 - 2 / 4, 1 - 4 / 5, 1.0, 1 - 2 / 3])
     assert M.wu_palmer_loss(HAND_TRUE, HAND_PRED, **kw) == pytest.approx(expected)
-    # Zhao (intrinsic IC = -log(leaves under / 3 leaves)): cat/dog: IC 1og3 + log3 - 2 log(3/2)
-    assert M.zhao_loss(["cat"], ["dog"], **kw) == pytest.approx(2 * math.log(3) - 2 * math.log(1.5))
+    # WordNet's root depth 1: cat/dog: 1 - 2*2/(3+3); puppy/dog: 1 - 2*3/(4+3); car/cat: 1 - 2*1/(3+3);
+    # animal/cat: 1 - 2*2/(2+3)
+    expected = np.mean([1 - 4 / 6, 1 - 6 / 7, 1 - 2 / 6, 1 - 4 / 5])
+    got = M.hierarchical_distance_loss(HAND_TRUE, HAND_PRED, distance="wu_palmer_root1", **kw)
+    assert got == pytest.approx(expected)
+    # Zhao (IC = log2(3 leaves / leaves under)): cat/dog: 1 - 2 log2(3/2) / (log2 3 + log2 3)
+    assert M.zhao_loss(["cat"], ["dog"], **kw) == pytest.approx(1 - 2 * math.log2(1.5) / (2 * math.log2(3)))
+    # the unnormalised information-content distance: log 3 + log 3 - 2 log(3/2)
+    got = M.hierarchical_distance_loss(["cat"], ["dog"], distance="ic_distance", **kw)
+    assert got == pytest.approx(2 * math.log(3) - 2 * math.log(1.5))
 
 
 def test_dag_ancestors_by_identity_through_all_parents():
@@ -444,10 +452,14 @@ def test_distances_levels_topk_match_reference():
         assert np.allclose(got, ref_per_level(tax, t.tolist(), p.tolist()), equal_nan=True)
         # the general (node set) path of per-level accuracy agrees with the tree fast path
         assert np.allclose(M.per_level_accuracy_score(tax.ancestor_matrix(t), p, taxonomy=tax), got, equal_nan=True)
-        # Wu-Palmer from the reference depths (root depth 1)
+        # Wu-Palmer from the reference depths (root depth 0, and WordNet's root depth 1)
+        wup = [0.0 if a == b else 1 - 2 * ref_depth_of(tax, ref_deepest_common(tax, a, b))
+               / (ref_depth_of(tax, a) + ref_depth_of(tax, b)) for a, b in zip(t.tolist(), p.tolist(), strict=True)]
+        assert M.wu_palmer_loss(t, p, taxonomy=tax) == pytest.approx(np.mean(wup))
         wup = [0.0 if a == b else 1 - 2 * (ref_depth_of(tax, ref_deepest_common(tax, a, b)) + 1)
                / (ref_depth_of(tax, a) + ref_depth_of(tax, b) + 2) for a, b in zip(t.tolist(), p.tolist(), strict=True)]
-        assert M.wu_palmer_loss(t, p, taxonomy=tax) == pytest.approx(np.mean(wup))
+        got = M.hierarchical_distance_loss(t, p, taxonomy=tax, distance="wu_palmer_root1")
+        assert got == pytest.approx(np.mean(wup))
         # top-k and hdist@k over leaf scores
         leaves = tax.leaves
         y = rng.choice(leaves, 25)

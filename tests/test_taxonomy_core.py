@@ -171,7 +171,8 @@ def test_distances_match_formulas(seed: int, dag: bool) -> None:
     depth = nx.single_source_shortest_path_length(g, root_of(g))
     height = max(tax.max_depth)
     a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    dist = {k: tax.distance(a, b, k) for k in ("shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath")}
+    dist = {k: tax.distance(a, b, k) for k in ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
+                                               "ic_distance", "jiang_conrath")}
     for x in range(n):
         for y in range(n):
             nx_, ny_ = tax.names[x], tax.names[y]
@@ -183,10 +184,14 @@ def test_distances_match_formulas(seed: int, dag: bool) -> None:
                 assert dist["shortest_path"][x, y] == nx.shortest_path_length(und, nx_, ny_)
             assert dist["shortest_path"][x, y] == depth[nx_] + depth[ny_] - 2 * depth[lca]
             assert dist["lca_height"][x, y] == height - depth[lca]
-            wp = 2 * (depth[lca] + 1) / (depth[nx_] + depth[ny_] + 2)
+            wp = 2 * depth[lca] / (depth[nx_] + depth[ny_])  # Plaud et al.: root at depth 0
             assert dist["wu_palmer"][x, y] == pytest.approx(1 - wp)
-            assert dist["zhao"][x, y] == pytest.approx(ic[nx_] + ic[ny_] - 2 * ic[lca])
-            assert dist["jiang_conrath"][x, y] == dist["zhao"][x, y]
+            wp1 = 2 * (depth[lca] + 1) / (depth[nx_] + depth[ny_] + 2)
+            assert dist["wu_palmer_root1"][x, y] == pytest.approx(1 - wp1)
+            den = ic[nx_] + ic[ny_]
+            assert dist["zhao"][x, y] == pytest.approx(1 - 2 * ic[lca] / den if den > 1e-12 else 0.0)
+            assert dist["ic_distance"][x, y] == pytest.approx(ic[nx_] + ic[ny_] - 2 * ic[lca])
+            assert dist["jiang_conrath"][x, y] == dist["ic_distance"][x, y]
     np.testing.assert_allclose(tax.information_content, [ic[nm] for nm in tax.names])
     m = tax.distance_matrix("shortest_path")
     assert m.shape == (n, tax.num_leaves)

@@ -550,7 +550,7 @@ def test_detect_format_and_write_by_extension(tmp_path: Path) -> None:
         write_taxonomy(tax, tmp_path / f"{fmt}.json", format=fmt)
         assert detect_format(tmp_path / f"{fmt}.json") == fmt
         assert read_taxonomy(tmp_path / f"{fmt}.json") == tax
-    with pytest.raises(ValueError, match=r"unknown taxonomy format 'xml'; registered: edges .*json .*tsv"):
+    with pytest.raises(ValueError, match=r"unknown taxonomy format 'xml'; registered: children, edges .*json .*tsv"):
         read_taxonomy(tmp_path / "t.tsv", format="xml")
     with pytest.raises(ValueError, match=r"unknown taxonomy format 'nestd' \(did you mean 'nested'"):
         write_taxonomy(tax, tmp_path / "t.json", format="nestd")

@@ -5,7 +5,7 @@ One front door, :func:`decode`, one function per rule, and one spec parser, :fun
 """
 
 from hiercls.decode.api import RULES, SET_RULES, decode
-from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost
+from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost, prediction_expected_cost
 from hiercls.decode.hfbeta import expected_hfbeta, optimal_hfbeta
 from hiercls.decode.rules import (
     argmax_leaf,
@@ -23,5 +23,6 @@ from hiercls.decode.spec import DECODER_ALIASES, DecoderSpec, parse_decoder, rul
 __all__ = [
     "COST_KINDS", "DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "argmax_leaf", "bayes_node",
     "calibrate_info_gain", "crm", "decode", "expected_cost", "expected_hfbeta", "hie", "info_gain", "majority",
-    "max_info", "optimal_hfbeta", "parse_decoder", "plurality", "rule_options", "threshold", "top_down",
+    "max_info", "optimal_hfbeta", "parse_decoder", "plurality", "prediction_expected_cost", "rule_options",
+    "threshold", "top_down",
 ]

@@ -2,14 +2,17 @@
 
 ``bayes_node`` returns ``argmin_n E_y[cost(n, y)]`` under the label distribution implied by the node
 probabilities: the optimal decision for mistake severity (``"lca_height"``), hierarchical distance
-(``"shortest_path"``), Wu-Palmer (``"wu_palmer"``) and Zhao's information-content cost (``"zhao"``), or any cost
-matrix. ``crm`` is the same restricted to leaves (Karthik et al. 2021).
+(``"shortest_path"``), Wu-Palmer (``"wu_palmer"``) and Zhao's normalised information-content cost (``"zhao"``),
+or any cost matrix (e.g. the node-to-leaf costs of Plaud et al., ICML 2025). ``crm`` is the same restricted to
+leaves (Karthik et al. 2021). :func:`prediction_expected_cost` scores the predictions of *any* decoder under
+the same expectation, and :func:`hiercls.metrics.realized_cost` under the true labels.
 
-For trees and the kinds ``shortest_path``, ``lca_height``, ``zhao`` the expectation is computed without any
-``N x L`` matrix, from ``d(n, y) = f(n) + f(y) - 2 f(lca(n, y))``: ``E[f(lca(n, y))]`` is the sum over the
+For trees and the kinds ``shortest_path``, ``lca_height``, ``ic_distance`` the expectation is computed without
+any ``N x L`` matrix, from ``d(n, y) = f(n) + f(y) - 2 f(lca(n, y))``: ``E[f(lca(n, y))]`` is the sum over the
 ancestors ``a`` of ``n`` of ``(f(a) - f(parent a)) * P(a)`` (``a`` is above the LCA exactly when it is above
-both), a running sum down the tree, O(N) per sample. ``wu_palmer`` also splits the labels by depth,
-O(N * height) per sample. Other costs (and DAGs) use the dense matrix.
+both), a running sum down the tree, O(N) per sample. ``wu_palmer`` (either root convention) also splits the
+labels by depth, O(N * height) per sample. Other costs (``zhao``, whose denominator depends on the label's IC,
+and DAGs) use the dense matrix, built in blocks of labels.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from hiercls.decode._common import (
 )
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.core import DISTANCE_KINDS
 
-__all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost"]
+__all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost", "prediction_expected_cost"]
 
-COST_KINDS = ("shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath")
+COST_KINDS = DISTANCE_KINDS
+_STRUCTURED = ("shortest_path", "lca_height", "ic_distance", "jiang_conrath", "wu_palmer", "wu_palmer_root1")
 _DENSE_LIMIT = 1 << 26  # entries of a dense cost matrix we are willing to build
 _CACHE_LIMIT = 1 << 22  # entries of a node-to-node matrix worth keeping per taxonomy (32 MB)
 
@@ -85,7 +90,7 @@ def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
     del cs
     depth = tax.depth.astype(np.float64)
     not_root = (ids > 0).astype(np.float64)[:, None]
-    if kind in ("shortest_path", "zhao", "jiang_conrath"):
+    if kind in ("shortest_path", "ic_distance", "jiang_conrath"):
         f = depth if kind == "shortest_path" else tax.information_content.astype(np.float64)
         delta = f - np.where(tax.parent >= 0, f[np.maximum(tax.parent, 0)], 0.0)
         e_lca = _path_sum_t(big_p * delta[:, None], tax)
@@ -94,7 +99,8 @@ def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
         h = float(tax.height)
         # distance(n, n) is 0, not H - depth(n): take the label-equals-prediction term back out.
         out = h * mass - _path_sum_t(big_p * not_root, tax) - pt * (h - depth)[:, None]
-    elif kind == "wu_palmer":
+    elif kind in ("wu_palmer", "wu_palmer_root1"):
+        c = 1.0 if kind == "wu_palmer_root1" else 0.0  # the depth of the root
         tab = tree_tables(tax)
         cs = np.zeros((n + 1, pt.shape[1]))
         np.cumsum(pt[tab["order"]], axis=0, out=cs[1:])
@@ -103,11 +109,14 @@ def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
         for m in range(r.shape[0]):
             if not r[m].any():
                 continue
-            # Sum over labels y at depth m of p(y) (depth(lca) + 1) = r_m + the sum over the non-root
+            # Sum over labels y at depth m of p(y) (depth(lca) + c) = c r_m + the sum over the non-root
             # ancestors a of n of P(a in Y, depth(y) = m).
             q = cs[tab["hi"][:, m]] - cs[tab["lo"][:, m]]
-            out += (r[m][None, :] + _path_sum_t(q * not_root, tax)) / (depth[:, None] + m + 2.0)
+            den = depth[:, None] + m + 2.0 * c
+            out += (c * r[m][None, :] + _path_sum_t(q * not_root, tax)) / np.where(den > 0, den, 1.0)
         out = mass - 2.0 * out
+        if c == 0.0:
+            out[0] -= pt[0]  # distance(root, root) is 0, where the formula reads 1 - 0/0
     else:
         raise ValueError(f"no structured form for cost {kind!r}")
     return np.ascontiguousarray(out.T)
@@ -118,9 +127,11 @@ def expected_cost(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *
 
     Args:
         probs: node probabilities ``[B, N]`` (or leaf probabilities with ``leaf_probs=True``).
-        cost: a distance kind of :meth:`Taxonomy.distance` (``"shortest_path"``, ``"lca_height"``,
-            ``"wu_palmer"``, ``"zhao"``), or a matrix: ``[N, L]`` node-to-leaf (labels must then be leaves) or
-            ``[N, N]`` node-to-label.
+        cost: a distance kind of :meth:`Taxonomy.distance` (:data:`COST_KINDS`: ``"shortest_path"``,
+            ``"lca_height"``, ``"wu_palmer"``, ``"wu_palmer_root1"``, ``"zhao"``, ``"ic_distance"``), or a
+            matrix ``cost[n, y]`` = cost of predicting node ``n`` when the label is ``y``: ``[N, L]`` node-to-leaf
+            (columns in the order of ``taxonomy.leaves``; labels must then be leaves) or ``[N, N]``
+            node-to-label.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -138,18 +149,24 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
     if isinstance(cost, str):
         if cost not in COST_KINDS:
             raise ValueError(f"cost must be one of {', '.join(COST_KINDS)} or a cost matrix; got {cost!r}")
-        if tax.is_tree and tax.num_nodes > 1:
+        if tax.is_tree and tax.num_nodes > 1 and cost in _STRUCTURED:
             return _structured_cost(batch, cost)
         targets = np.flatnonzero(p.any(0)) if p.shape[0] else np.zeros(0, dtype=np.int64)
-        if tax.num_nodes * len(targets) > _DENSE_LIMIT:
+        if not tax.is_tree and tax.num_nodes * len(targets) > _DENSE_LIMIT:
             raise ValueError(f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
                              "matrix; convert with to_tree() first")
         key = ("cost", cost)
         cache = tax.namespace_cache(__name__)
         if key not in cache and tax.num_nodes ** 2 <= _CACHE_LIMIT:
             cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
-        mat = cache[key][:, targets] if key in cache else tax.distance_matrix(cost, targets=targets)
-        return p[:, targets] @ mat.T
+        if key in cache:
+            return p[:, targets] @ cache[key][:, targets].T
+        out = np.zeros((p.shape[0], tax.num_nodes))
+        step = max(1, _CACHE_LIMIT // tax.num_nodes)  # label blocks keep the matrix near 32 MB
+        for s in range(0, len(targets), step):
+            cols = targets[s:s + step]
+            out += p[:, cols] @ tax.distance_matrix(cost, targets=cols).T
+        return out
     mat = np.asarray(cost.detach().cpu().numpy() if hasattr(cost, "detach") else cost, dtype=np.float64)
     n, nl = tax.num_nodes, tax.num_leaves
     if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
@@ -196,6 +213,42 @@ def bayes_node(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, c
     if return_cost:
         return out, restore_values(exp[np.arange(len(ids)), ids], batch)
     return out
+
+
+def prediction_expected_cost(probs: Any, predictions: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *,
+                             leaf_probs: bool = False) -> Any:
+    """Expected cost ``E_y[cost(pred, y)]`` of given single-node predictions under the model's probabilities.
+
+    Scores the output of *any* decoder with the objective :func:`bayes_node` minimises: for every sample the
+    expected cost of its prediction is at least that of ``bayes_node(probs, taxonomy, cost)``. The realised
+    counterpart (under the true labels) is :func:`hiercls.metrics.realized_cost`.
+
+    Args:
+        probs: node probabilities ``[B, N]`` (or leaf probabilities with ``leaf_probs=True``).
+        predictions: predicted node ids ``[B]`` (names are accepted too).
+        cost: distance kind or cost matrix, as in :func:`expected_cost`.
+
+    Returns:
+        ``[B]`` expected costs, in the input's framework.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.6, 0.3, 0.3, 0.4]])
+        >>> prediction_expected_cost(p, [4], tax, "lca_height").round(6).tolist()  # 0.6 * 2: wrong under a
+        [1.2]
+    """
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    pred = predictions.detach().cpu().numpy() if hasattr(predictions, "detach") else predictions
+    ids = np.array([taxonomy.index(x) if isinstance(x, str) else int(x) for x in np.asarray(pred).ravel()],
+                   dtype=np.int64)
+    if ids.shape[0] != batch.node.shape[0]:
+        raise ValueError(f"predictions has {ids.shape[0]} entries but probs has {batch.node.shape[0]} rows")
+    if ids.size and (ids.min() < 0 or ids.max() >= taxonomy.num_nodes):
+        raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got "
+                            f"{ids.min()}..{ids.max()}")
+    exp = _expected_cost(batch, cost)
+    return restore_values(exp[np.arange(len(ids)), ids], batch)
 
 
 @chunked

@@ -116,31 +116,44 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
 
 @chunked
 def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
-    """Descend while one child holds a strict plurality of its parent's outcomes.
+    """Plurality inference: the deepest node more probable than every node off its path.
 
-    At node ``u`` the outcomes are "the label is ``u`` itself" (probability ``P(u) - sum of P(children)`` on a
-    tree) and "the label is under child ``c``" (``P(c)``). The rule moves to the most probable child only when
-    it beats every other child *and* the stop outcome strictly; a tie means there is no plurality, so the rule
-    stops and hedges at ``u``. Differences below ``1e-9`` count as ties, so that round-off in ``P`` (and in
-    the stop probabilities derived from it) cannot flip the decision. With labels only at leaves this is
-    :func:`top_down` except on ties.
+    Valmadre, "Hierarchical classification at multiple operating points" (NeurIPS 2022), as implemented by
+    Plaud et al., "To Each Metric Its Decoding" (ICML 2025): descend greedily from the root to the most
+    probable child, keeping the running threshold ``m`` = the largest *second-best* child probability over
+    the families visited so far; move to the best child ``c`` while ``P(c) >= m`` (a single child is always
+    entered, as in the authors' code). On a tree with labels at leaves, ``m`` is the largest probability of
+    any node that is neither an ancestor nor a descendant of the current one, so the answer is the deepest
+    node whose probability is at least that of every incomparable node.
+
+    Ties: ``P(c) = m`` moves (the reference's ``>=``; differences below ``1e-9`` count as equal so that
+    round-off cannot flip a decision); among equally probable children the smallest id is taken. A child of
+    probability 0 is never entered (it cannot happen on the path with leaf labels; with a label known to stop
+    at an internal node it keeps the rule there, as :func:`top_down` does).
+
+    Earlier hiercls versions compared the best child with its siblings *and* the "label stops here" mass instead;
+    with labels only at leaves that rule was :func:`top_down` except on ties, so it is not kept.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
-        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-        >>> plurality(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # x/y tie: stop at a
-        [1]
+        >>> tax = Taxonomy([("R", "X"), ("X", "Y"), ("Y", "a1"), ("Y", "a2"), ("X", "b"), ("R", "c"),
+        ...                 ("R", "d")])
+        >>> leaf = np.array([[0.23, 0.29, 0.15, 0.31, 0.02]])  # a1, a2, b, c, d
+        >>> tax.name_of(int(plurality(leaf, tax, leaf_probs=True)[0]))  # a2 (.29) < c (.31): stop at Y
+        'Y'
     """
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
-    stop = batch.label
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
+    runner_max = np.zeros(batch.node.shape[0])  # m, per row; a row that stops revisits the same family
 
     def step(cur: np.ndarray, kids: np.ndarray, vals: np.ndarray, best: np.ndarray) -> np.ndarray:
         rows = np.arange(len(cur))
         top = vals[rows, best]
         others = vals.copy()
         others[rows, best] = -np.inf
-        runner_up = others.max(1) if vals.shape[1] > 1 else np.full(len(cur), -np.inf)
-        return (top > runner_up + _TIE_TOL) & (top > stop[rows, cur] + _TIE_TOL)
+        second = others.max(1) if vals.shape[1] > 1 else np.full(len(cur), -np.inf)
+        single = np.isneginf(second)
+        np.maximum(runner_max, np.where(single, 0.0, second), out=runner_max)
+        return (single | (top >= runner_max - _TIE_TOL)) & (top > 0)
 
     return restore_ids(_descend(batch, step), batch)
 

@@ -20,7 +20,8 @@ class SemanticSoftmaxHead(HierarchicalHead):
     """A linear layer over all classes read as one softmax per semantic level.
 
     Training uses :class:`~hiercls.losses.SemanticSoftmaxLoss` (label smoothing 0.2, level weights
-    ``min(C / #classes at level >= l, 20)``, every level trained). :meth:`distillation_loss` is semantic KD.
+    ``min(C / #classes at level >= l, 20)``, every level trained; ``drop_deepest_level=True`` for the published
+    loss, without the deepest level). :meth:`distillation_loss` is semantic KD.
 
     Node probabilities chain the level softmaxes top-down: ``P(c) = P(q) * softmax_l(z)[c]`` renormalised over
     the classes sharing ``c``'s nearest class ancestor ``q``; so a class's class-children sum to it (no stop
@@ -33,6 +34,7 @@ class SemanticSoftmaxHead(HierarchicalHead):
         label_smoothing: per-level label smoothing (default 0.2).
         max_weight: cap of the level weights (default 20).
         normalize: ``"none"`` (published weighting) or ``"present"`` (see the loss).
+        drop_deepest_level: leave the deepest level out of the loss, as the published code does.
         bias: linear layer bias.
 
     Example:
@@ -44,10 +46,11 @@ class SemanticSoftmaxHead(HierarchicalHead):
     """
 
     def __init__(self, taxonomy: Taxonomy, in_features: int, *, label_smoothing: float = 0.2,
-                 max_weight: float = 20.0, normalize: str = "none", bias: bool = True, **options: Any) -> None:
+                 max_weight: float = 20.0, normalize: str = "none", drop_deepest_level: bool = False,
+                 bias: bool = True, **options: Any) -> None:
         super().__init__(taxonomy, in_features, **options)
         self.criterion = SemanticSoftmaxLoss(taxonomy, label_smoothing=label_smoothing, max_weight=max_weight,
-                                             normalize=normalize)
+                                             normalize=normalize, drop_deepest_level=drop_deepest_level)
         self.layout = self.criterion.layout
         self.num_outputs = self.layout.num_classes
         self._fill_nonclass = not self.layout.all_nodes_are_classes
@@ -86,7 +89,12 @@ class SemanticSoftmaxHead(HierarchicalHead):
         return [torch.softmax(z.float(), dim=1) for z in self.layout.split(output)]
 
     def predict_levels(self, output: torch.Tensor) -> torch.Tensor:
-        """Per-level argmax as node ids ``[B, num_levels]`` (the published per-level inference)."""
+        """Per-level argmax as node ids ``[B, num_levels]`` (the published per-level inference).
+
+        Score them with :func:`hiercls.metrics.level_argmax_accuracy_score` (the published semantic accuracy,
+        which does not close the per-level predictions under ancestors). Ties: the smallest node id (a level's
+        logits are in id order and ``argmax`` takes the first maximum).
+        """
         ids = self.layout.class_ids
         preds = [ids[s][z.argmax(1)] for s, z in zip(self.layout.slices, self.layout.split(output), strict=True)]
         return torch.stack(preds, dim=1)

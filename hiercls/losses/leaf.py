@@ -18,7 +18,7 @@ from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import DistanceKind, Taxonomy
 from hiercls.taxonomy.ops import TreeOps, as_tensor, leaf_ranges, require_tree
 
-__all__ = ["HXELoss", "LeafCrossEntropy", "SoftLabelLoss", "hxe_weights", "soft_label_targets"]
+__all__ = ["HXELoss", "LeafCrossEntropy", "SoftLabelLoss", "hxe_weights", "max_leaf_distance", "soft_label_targets"]
 
 
 def _check_leaf_logits(logits: torch.Tensor, num_leaves: int) -> None:
@@ -161,16 +161,70 @@ class HXELoss(_LeafBase):
         return _masked_mean(-terms.sum(1), valid)
 
 
+def max_leaf_distance(taxonomy: Taxonomy, kind: DistanceKind = "lca_height", *, block: int = 1 << 22) -> float:
+    """The largest distance between two leaves, ``max_{l, l'} d(l, l')``: the normaliser of Bertinetto et al.
+
+    On trees ``lca_height`` and ``shortest_path`` take O(N) (the shallowest branching node; the longest
+    leaf-to-leaf path); other kinds (and DAGs) scan the leaf-to-leaf distances in blocks of ``block`` entries.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> max_leaf_distance(tax, "lca_height"), max_leaf_distance(tax, "shortest_path")
+        (2.0, 3.0)
+    """
+    leaves = taxonomy.leaves
+    if len(leaves) < 2:
+        return 0.0
+    depth = taxonomy.depth
+    if taxonomy.is_tree and kind == "lca_height":
+        # Two leaves have their shallowest LCA at the first node below the root with two children.
+        branching = np.flatnonzero(taxonomy.num_children >= 2)
+        return float(taxonomy.height - depth[branching].min())
+    if taxonomy.is_tree and kind == "shortest_path":
+        # Deepest leaf below every node, then at each node the two deepest child subtrees meet.
+        deepest = np.where(taxonomy.is_leaf, depth, -1).astype(np.int64)
+        par = taxonomy.parent
+        best = 0
+        first = deepest.copy()
+        second = np.full(taxonomy.num_nodes, -1, dtype=np.int64)
+        for lvl in reversed(taxonomy.levels[1:]):
+            for n in lvl:  # ids of one level; the loop is O(N) in total
+                u, d = int(par[n]), int(first[n])
+                if d > first[u]:
+                    first[u], second[u] = d, first[u]
+                elif d > second[u]:
+                    second[u] = d
+        internal = second >= 0
+        if internal.any():
+            best = int((first[internal] + second[internal] - 2 * depth[internal]).max())
+        return float(best)
+    out = 0.0
+    step = max(1, block // len(leaves))
+    for s in range(0, len(leaves), step):
+        out = max(out, float(taxonomy.distance_matrix(kind, nodes=leaves[s:s + step], targets=leaves).max()))
+    return out
+
+
 def soft_label_targets(taxonomy: Taxonomy, targets: np.ndarray, beta: float,
-                       kind: DistanceKind = "lca_height") -> np.ndarray:
-    """Reference soft labels ``softmax(-beta * d(leaf, y))`` over the leaves (numpy, for checks and small trees).
+                       kind: DistanceKind = "lca_height", *, normalize_distances: bool = True) -> np.ndarray:
+    """Reference soft labels ``softmax(-beta * d(leaf, y) / d_max)`` over the leaves (numpy, for small trees).
+
+    ``d_max`` is :func:`max_leaf_distance`, as in Bertinetto et al.'s code, so ``beta`` is the paper's
+    hardness; ``normalize_distances=False`` uses the raw distances (``d_max = 1``, hiercls's earlier scale,
+    where the paper's ``beta`` is ``beta / d_max``).
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> soft_label_targets(tax, np.array([2]), beta=0.0).round(3).tolist()
         [[0.333, 0.333, 0.333]]
+        >>> q = soft_label_targets(tax, np.array([2]), beta=2.0)  # lca_height 0, 1, 2 over d_max = 2
+        >>> bool(np.allclose(q, np.exp([0.0, -1.0, -2.0]) / np.exp([0.0, -1.0, -2.0]).sum()))
+        True
     """
     d = taxonomy.distance_matrix(kind, nodes=np.asarray(targets), targets=taxonomy.leaves)
+    if normalize_distances:
+        d_max = max_leaf_distance(taxonomy, kind)
+        d = d / d_max if d_max > 0 else d
     z = -beta * d
     z = z - z.max(1, keepdims=True)
     e = np.exp(z)
@@ -178,10 +232,13 @@ def soft_label_targets(taxonomy: Taxonomy, targets: np.ndarray, beta: float,
 
 
 class SoftLabelLoss(_LeafBase):
-    """Soft-label cross-entropy (Bertinetto et al. 2020): targets ``q = softmax(-beta * d(leaf, y))``.
+    """Soft-label cross-entropy (Bertinetto et al. 2020): targets ``q = softmax(-beta * d(leaf, y) / d_max)``.
 
     ``loss = -sum_leaves q(leaf) log p(leaf)``, averaged over non-ignored samples; ``d`` is
-    :meth:`Taxonomy.distance` of ``kind`` (default ``lca_height``, the paper's height of the LCA). The
+    :meth:`Taxonomy.distance` of ``kind`` (default ``lca_height``, the paper's height of the LCA) and ``d_max``
+    the largest leaf-to-leaf distance (:func:`max_leaf_distance`), as in the authors' code, so ``beta`` is
+    the paper's hardness (``beta = 4`` in the paper is ``beta = 4`` here). ``normalize_distances=False``
+    keeps the raw distances (hiercls's earlier scale: the paper's ``beta`` is then ``beta / d_max``). The
     ``[N, num_leaves]`` target table is precomputed when it has at most ``table_limit`` entries; on larger trees
     the distances of each batch are computed on the device from the root paths (same formulas) in
     ``O(B * (num_leaves + height))``.
@@ -191,6 +248,7 @@ class SoftLabelLoss(_LeafBase):
         beta: sharpness (large beta -> one-hot cross-entropy).
         kind: distance kind.
         table_limit: largest table to precompute.
+        normalize_distances: divide the distances by ``d_max`` (the reference's convention).
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -200,17 +258,21 @@ class SoftLabelLoss(_LeafBase):
         True
     """
 
-    _KINDS = ("shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath")
+    _KINDS = ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath")
 
     def __init__(self, taxonomy: Taxonomy, beta: float = 10.0, kind: DistanceKind = "lca_height",
-                 table_limit: int = 1 << 22) -> None:
+                 table_limit: int = 1 << 22, *, normalize_distances: bool = True) -> None:
         super().__init__(taxonomy)
         if kind not in self._KINDS:
             raise ValueError(f"kind must be one of {', '.join(self._KINDS)}; got {kind!r}")
         self.beta, self.kind = check_finite_number(beta, "beta", minimum=0.0), kind
+        self.normalize_distances = bool(normalize_distances)
+        d_max = max_leaf_distance(taxonomy, kind) if self.normalize_distances else 1.0
+        self.distance_scale = d_max if d_max > 0 else 1.0  # the divisor of the distances
         self.use_table = taxonomy.num_nodes * taxonomy.num_leaves <= table_limit
         if self.use_table:
-            table = soft_label_targets(taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind)
+            table = soft_label_targets(taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind,
+                                       normalize_distances=self.normalize_distances)
             self.register_buffer("table", as_tensor(table, dtype=torch.float32), persistent=False)
         else:
             require_tree(taxonomy, f"SoftLabelLoss on a taxonomy this large ({taxonomy.num_nodes} nodes)")
@@ -239,13 +301,20 @@ class SoftLabelLoss(_LeafBase):
             d = dy + dl - 2 * dlca
         elif self.kind == "lca_height":
             d = float(self.taxonomy.height) - dlca
-        elif self.kind == "wu_palmer":
-            d = 1.0 - 2.0 * (dlca + 1) / (dy + dl + 2)
+        elif self.kind in ("wu_palmer", "wu_palmer_root1"):
+            c = 1.0 if self.kind == "wu_palmer_root1" else 0.0
+            den = dy + dl + 2 * c
+            d = 1.0 - 2.0 * (dlca + c) / torch.where(den > 0, den, torch.ones_like(den))
+        elif self.kind == "zhao":
+            lca = py.gather(1, lca_depth)
+            den = self.ic[targets][:, None] + self.ic[self.leaves][None, :]
+            ratio = 2 * self.ic[lca] / torch.where(den > 0, den, torch.ones_like(den))
+            d = torch.where(den > 0, 1.0 - ratio, torch.zeros_like(den))
         else:
             lca = py.gather(1, lca_depth)
             d = self.ic[targets][:, None] + self.ic[self.leaves][None, :] - 2 * self.ic[lca]
         d = torch.where(targets[:, None] == self.leaves[None, :], torch.zeros_like(d), d)
-        return torch.softmax(-self.beta * d, dim=1)
+        return torch.softmax(-self.beta * d / self.distance_scale, dim=1)
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)

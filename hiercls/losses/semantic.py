@@ -179,14 +179,18 @@ class SemanticSoftmaxLoss(nn.Module):
     ``loss = sum_l w_l * mean_b CE_l(b)`` with ``CE_l(b) = 0`` where sample ``b`` has no level-``l`` target,
     ``w_l`` from :func:`semantic_level_weights` and the mean over the non-ignored samples (as the published code,
     which averages over the whole batch). Unlike the published code every level is trained, the deepest
-    included. With ``normalize="present"`` each sample's weighted sum is instead divided by the sum of the
-    weights of the levels it has, so that shallow-labelled samples are not down-weighted.
+    included; ``drop_deepest_level=True`` reproduces the published loss, which leaves the deepest semantic
+    level out (its logits get no gradient) while the level weights stay those computed over all levels, as in
+    the authors' code. With ``normalize="present"`` each sample's weighted sum is instead divided by the sum of
+    the weights of the levels it has, so that shallow-labelled samples are not down-weighted.
 
     Args:
         taxonomy: a tree (use ``to_tree`` for WordNet).
         label_smoothing: per-level smoothing (default 0.2, as published).
         max_weight: cap of the level weights (default 20).
         normalize: ``"none"`` (published) or ``"present"``.
+        drop_deepest_level: leave the deepest level out of the loss (the published loss); needs at least two
+            levels.
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -198,7 +202,7 @@ class SemanticSoftmaxLoss(nn.Module):
     """
 
     def __init__(self, taxonomy: Taxonomy, label_smoothing: float = 0.2, max_weight: float = 20.0,
-                 normalize: str = "none") -> None:
+                 normalize: str = "none", *, drop_deepest_level: bool = False) -> None:
         super().__init__()
         if not 0.0 <= float(label_smoothing) < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing!r}")
@@ -210,6 +214,12 @@ class SemanticSoftmaxLoss(nn.Module):
         self.layout = SemanticLayout(taxonomy)
         self.label_smoothing, self.normalize = float(label_smoothing), normalize
         self.level_weights = semantic_level_weights(self.layout.level_sizes, max_weight).tolist()
+        self.drop_deepest_level = bool(drop_deepest_level)
+        if self.drop_deepest_level and self.layout.num_levels < 2:
+            raise ValueError(f"drop_deepest_level=True needs at least two semantic levels; taxonomy "
+                             f"{taxonomy.name!r} has {self.layout.num_levels}")
+        # The weights the loss applies: the deepest level's is 0 when it is dropped.
+        self._loss_weights = [*self.level_weights[:-1], 0.0] if self.drop_deepest_level else self.level_weights
         self._bounds = tuple((sl.start, sl.stop) for sl in self.layout.slices)
         self.register_buffer("_offsets", torch.tensor([sl.start for sl in self.layout.slices]), persistent=False)
 
@@ -219,7 +229,7 @@ class SemanticSoftmaxLoss(nn.Module):
         level_t = self.layout.targets(t)  # [B, K] positions within each level, -1 = none
         z = upcast(logits)
         present = (level_t >= 0).to(z.dtype)
-        coef = present * torch.tensor(self.level_weights, dtype=z.dtype, device=z.device)
+        coef = present * torch.tensor(self._loss_weights, dtype=z.dtype, device=z.device)
         if self.normalize == "present":
             coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
         coef = coef / (t >= 0).sum().clamp(min=1).to(z.dtype)  # mean over the kept samples

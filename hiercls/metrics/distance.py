@@ -4,8 +4,11 @@
   *mistakes only*; by default the height of the LCA (``"lca_height"``, ``H - depth(lca)``).
 * Average hierarchical distance@k (same paper): the mean, over samples and the top-k predictions, of their
   distance to the truth.
-* Wu-Palmer and Zhao costs: the mean over *all* samples (a correct prediction costs 0) of
-  ``Taxonomy.distance(kind="wu_palmer")`` / ``kind="zhao"``.
+* Wu-Palmer and Zhao costs (Plaud et al., ICML 2025): the mean over *all* samples (a correct prediction costs
+  0) of ``Taxonomy.distance(kind="wu_palmer")`` / ``kind="zhao"``; the other conventions are
+  ``hierarchical_distance_loss(distance="wu_palmer_root1" / "ic_distance")``.
+* Realised cost: the mean of any cost, named or an ``[N, L]`` / ``[N, N]`` matrix, between predictions and
+  truths (:func:`realized_cost`), to score every decoder under every cost.
 * Per-level accuracy: for each depth ``d``, the prediction's ancestor at ``d`` against the truth's, over the
   samples where both exist; also per semantic level (ImageNet-21K).
 * Semantic accuracy (Ridnik et al. 2021, "ImageNet-21K Pretraining for the Masses"): micro over all valid
@@ -33,10 +36,12 @@ __all__ = [
     "DISTANCES",
     "average_hierarchical_distance_at_k",
     "hierarchical_distance_loss",
+    "level_argmax_accuracy_score",
     "mistake_severity",
     "node_heights",
     "pairwise_distance",
     "per_level_accuracy_score",
+    "realized_cost",
     "semantic_accuracy_score",
     "top_k_accuracy_score",
     "top_k_predictions",
@@ -44,7 +49,8 @@ __all__ = [
     "zhao_loss",
 ]
 
-DISTANCES = ("lca_height", "shortest_path", "wu_palmer", "zhao", "jiang_conrath", "lca_node_height")
+DISTANCES = ("lca_height", "shortest_path", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath",
+             "lca_node_height")
 LevelKind = Literal["depth", "semantic"]
 
 
@@ -105,8 +111,11 @@ def mistake_severity(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, distance: 
         y_pred: node ids or names ``[B]``.
         taxonomy: the taxonomy.
         distance: ``"lca_height"`` (default, ``H - depth(lca)``), ``"lca_node_height"`` (height of the LCA
-            node itself: the same on trees whose leaves are all at depth ``H``), ``"shortest_path"``,
-            ``"wu_palmer"``, ``"zhao"`` (= ``"jiang_conrath"``).
+            node itself: the same on trees whose leaves are all at depth ``H``), or any kind of
+            :meth:`Taxonomy.distance` (``"shortest_path"``, ``"wu_palmer"``, ``"zhao"``, ...). This is
+            Bertinetto et al.'s mistake severity (CVPR 2020): an average over the mistakes only. Plaud et al.
+            (ICML 2025) call "mistake severity" the mean shortest-path distance over *all* samples, which is
+            :func:`hierarchical_distance_loss` (or :func:`realized_cost` with ``cost="shortest_path"``).
         sample_weight: optional weight per sample.
         zero_division: value when there is no mistake at all.
 
@@ -141,29 +150,88 @@ def hierarchical_distance_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, 
 
 
 def wu_palmer_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None) -> float:
-    """Mean Wu-Palmer cost ``1 - 2 (d(lca) + 1) / (d(a) + d(b) + 2)`` (root at depth 1, as WordNet counts).
+    """Mean Wu-Palmer cost ``1 - 2 d(lca) / (d(a) + d(b))``, root at depth 0 (Plaud et al., ICML 2025).
+
+    WordNet's (NLTK's) convention counts the root at depth 1:
+    ``hierarchical_distance_loss(..., distance="wu_palmer_root1")``.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-        >>> round(wu_palmer_loss(["x"], ["y"], taxonomy=tax), 6)  # 1 - 2*2 / (3 + 3)
-        0.333333
+        >>> round(wu_palmer_loss(["x"], ["y"], taxonomy=tax), 6)  # 1 - 2*1 / (2 + 2)
+        0.5
     """
     return hierarchical_distance_loss(y_true, y_pred, taxonomy=taxonomy, distance="wu_palmer",
                                       sample_weight=sample_weight)
 
 
 def zhao_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None) -> float:
-    """Mean information-content cost ``IC(a) + IC(b) - 2 IC(lca)`` (intrinsic IC, ``Taxonomy.distance("zhao")``).
+    """Mean Zhao cost ``1 - 2 IC(lca) / (IC(a) + IC(b))``, ``IC(n) = log2(L / leaves under n)`` (Plaud et al.).
+
+    The unnormalised Jiang-Conrath form ``IC(a) + IC(b) - 2 IC(lca)`` (nats) is
+    ``hierarchical_distance_loss(..., distance="ic_distance")``.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-        >>> round(zhao_loss(["x"], ["y"], taxonomy=tax), 6)  # 2 (log 3 - log 3/2)
-        1.386294
+        >>> round(zhao_loss(["x"], ["y"], taxonomy=tax), 6)  # 1 - 2 log2(3/2) / (2 log2 3)
+        0.63093
     """
     return hierarchical_distance_loss(y_true, y_pred, taxonomy=taxonomy, distance="zhao",
                                       sample_weight=sample_weight)
+
+
+def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> np.ndarray:
+    """``cost(p[i], t[i])`` per sample, for a distance name or a cost matrix ``[N, L]`` / ``[N, N]``."""
+    if isinstance(cost, str):
+        return pairwise_distance(t, p, taxonomy, cost)
+    mat = np.asarray(to_numpy(cost), dtype=np.float64)
+    n, nl = taxonomy.num_nodes, taxonomy.num_leaves
+    if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
+        raise ValueError(f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf, columns in the order of "
+                         f"taxonomy.leaves) or [N, N] = [{n}, {n}] (node to label); got shape {list(mat.shape)}")
+    if not np.isfinite(mat).all():
+        raise ValueError("cost matrix contains NaN or infinite values")
+    if mat.shape[1] == n:
+        return mat[p, t]
+    col = taxonomy.leaf_index[t]
+    if (col < 0).any():
+        bad = int(t[np.flatnonzero(col < 0)[0]])
+        raise ValueError(f"a node-to-leaf cost [N, L] needs leaf labels; y_true holds internal node "
+                         f"{taxonomy.name_of(bad)!r} (id {bad}); pass an [N, N] node-to-label cost")
+    return mat[p, col]
+
+
+def realized_cost(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, cost: Any = "shortest_path",
+                  sample_weight: Any = None) -> float:
+    """Mean cost ``cost[pred, true]`` of single-node predictions against the true labels (lower is better).
+
+    The realised counterpart of the expected cost that :func:`hiercls.decode.bayes_node` minimises
+    (:func:`hiercls.decode.prediction_expected_cost`): any decoder can be scored under any cost, including the
+    node-to-leaf cost matrices of Plaud et al. (ICML 2025).
+
+    Args:
+        y_true: node ids or names ``[B]`` (``-1`` ignored).
+        y_pred: node ids or names ``[B]``.
+        taxonomy: the taxonomy.
+        cost: a distance name (:data:`DISTANCES`) or a matrix ``cost[n, y]`` = cost of predicting ``n`` for
+            label ``y``: ``[N, L]`` node-to-leaf (columns in the order of ``taxonomy.leaves``; the labels must
+            be leaves) or ``[N, N]`` node-to-label.
+        sample_weight: optional weight per sample.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax)  # a is 1 edge above x; b is right
+        0.5
+        >>> c = np.arange(15.0).reshape(5, 3)  # [N, L]: leaves x, y, b
+        >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
+        8.5
+    """
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    _nonempty(t)
+    d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
+    return float(np.average(d, weights=w)) if w is not None else float(d.mean())
 
 
 def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -195,6 +263,8 @@ def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tupl
 def top_k_predictions(scores: Any, k: int, *, taxonomy: Taxonomy, candidates: Any = None) -> np.ndarray:
     """Node ids of the ``k`` highest-scoring candidates per sample, best first, ``[B, k]``.
 
+    Ties: among equal scores the smaller node id comes first (the decoders' rule).
+
     Args:
         scores: ``[B, num_leaves]`` leaf scores, ``[B, N]`` node scores (then ``candidates`` selects the
             columns; default the leaves, since node probabilities always rank ancestors first), or
@@ -219,9 +289,12 @@ def top_k_predictions(scores: Any, k: int, *, taxonomy: Taxonomy, candidates: An
         raise ValueError(f"k must be an integer in [1, {len(ids)}] (the number of candidates); got {k!r}")
     import torch
 
-    # torch's partial sort is several times faster than numpy's argpartition on [10k, 1k] scores.
+    # Ties: the smallest node id wins, as in the decoders. A stable descending sort over the columns in id
+    # order gives exactly that (torch.topk's order among equal scores is unspecified).
+    order = np.argsort(ids, kind="stable")
+    ids, s = ids[order], s[:, order]
     scores_t = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64 if s.dtype == np.float64 else np.float32))
-    top = scores_t.topk(k, dim=1, largest=True, sorted=True).indices.numpy()
+    top = torch.sort(scores_t, dim=1, descending=True, stable=True).indices[:, :k].numpy()
     return ids[top]
 
 
@@ -242,8 +315,8 @@ def top_k_accuracy_score(y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int
                          sample_weight: Any = None) -> float:
     """Fraction of samples whose true node is among the ``k`` best-scored candidates.
 
-    Ties at the k-th score are broken arbitrarily (by ``torch.topk``). A true node that is not a candidate
-    (an internal node when the candidates are the leaves) is never a hit.
+    Ties at the k-th score: the smaller node id is taken (:func:`top_k_predictions`). A true node that is not a
+    candidate (an internal node when the candidates are the leaves) is never a hit.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -261,6 +334,8 @@ def average_hierarchical_distance_at_k(y_true: Any, scores: Any, *, taxonomy: Ta
                                        distance: str = "lca_height", candidates: Any = None,
                                        sample_weight: Any = None) -> float:
     """Mean distance between the truth and each of the top-k predictions (Bertinetto et al. 2020).
+
+    Ties among the scores: the smaller node id ranks first (:func:`top_k_predictions`).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -371,3 +446,71 @@ def semantic_accuracy_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, lev
     if valid.sum() == 0:
         raise ValueError("no (sample, level) pair is valid: no true label lies on a level")
     return float(correct.sum() / valid.sum())
+
+
+def semantic_level_table(taxonomy: Taxonomy) -> np.ndarray:
+    """``[N, K]``: the class ancestor-or-self of each node at each semantic level, ``-1`` where there is none."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "semantic_level_table" not in cache:
+        if not taxonomy.is_tree:
+            raise ValueError(f"per-level semantic targets need a tree; taxonomy {taxonomy.name!r} is a DAG "
+                             "(use to_tree())")
+        level = taxonomy.semantic_level
+        k = int(level.max()) + 1 if (level >= 0).any() else 0
+        table = np.full((taxonomy.num_nodes, k), -1, dtype=np.int64)
+        paths = taxonomy.paths
+        rows, cols = np.nonzero(paths >= 0)
+        anc = paths[rows, cols]
+        keep = taxonomy.class_mask[anc]
+        table[rows[keep], level[anc[keep]]] = anc[keep]
+        cache["semantic_level_table"] = table
+    return cache["semantic_level_table"]
+
+
+def level_argmax_accuracy_score(y_true: Any, level_pred: Any, *, taxonomy: Taxonomy,
+                                sample_weight: Any = None) -> float:
+    """Semantic accuracy of independent per-level predictions, as Ridnik et al. (2021) score them.
+
+    ``level_pred[b, l]`` is the class predicted at semantic level ``l`` (e.g. the per-level argmax of
+    :meth:`hiercls.heads.SemanticSoftmaxHead.predict_levels`); the predictions of different levels need not
+    lie on one root path and are *not* closed under ancestors. Micro accuracy over every ``(sample, level)``
+    pair at which the truth has a class, like :func:`semantic_accuracy_score` (which scores one node per
+    sample, read as the whole chain of its class ancestors). Trees only.
+
+    Args:
+        y_true: node ids or names ``[B]`` (``-1`` ignored).
+        level_pred: node ids ``[B, K]``, ``K`` = the number of semantic levels (``-1`` = no prediction).
+        taxonomy: the taxonomy.
+        sample_weight: optional weight per sample.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "z")])
+        >>> # truth x has level targets (a, x); the level argmaxes (b, x) disagree with each other
+        >>> level_argmax_accuracy_score(["x"], np.array([[4, 2]]), taxonomy=tax)
+        0.5
+    """
+    check_taxonomy(taxonomy)
+    table = semantic_level_table(taxonomy)
+    t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True)
+    ids = _ids(t, "y_true")
+    lp = np.asarray(to_numpy(level_pred))
+    if lp.ndim != 2 or lp.shape != (len(ids), table.shape[1]):
+        raise ValueError(f"level_pred must be node ids [B, K] = [{len(ids)}, {table.shape[1]}] (one per semantic "
+                         f"level); got shape {list(lp.shape)}")
+    if lp.dtype.kind not in "iu":
+        raise TypeError(f"level_pred must hold integer node ids; got dtype {lp.dtype}")
+    if ((lp < -1) | (lp >= taxonomy.num_nodes)).any():
+        raise ValueError(f"level_pred must be node ids in [0, {taxonomy.num_nodes}) or -1")
+    w = check_weights(sample_weight, len(ids))
+    keep = ids >= 0
+    ids, lp = ids[keep], lp[keep]
+    ww = np.ones(len(ids)) if w is None else w[keep]
+    if len(ids) == 0:
+        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    truth = table[ids]
+    valid = truth >= 0
+    if not valid.any():
+        raise ValueError("no (sample, level) pair is valid: no true label lies on a level")
+    correct = valid & (lp == truth)
+    return float(ww @ correct.sum(1) / (ww @ valid.sum(1)))

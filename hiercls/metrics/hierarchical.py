@@ -294,10 +294,10 @@ def _path_name_sets(y: Any, name: str) -> list[set[str]]:
     rows = arr.tolist() if isinstance(arr, np.ndarray) else list(arr)
     out = []
     for i, row in enumerate(rows):
-        if isinstance(row, str):
-            row = [row]
-        if not isinstance(row, list | tuple):
+        if isinstance(row, dict | set):
             raise TypeError(f"{name}[{i}] must be a label path (a sequence of level names); got {row!r}")
+        if not isinstance(row, list | tuple):
+            row = [row]  # 1-D input, one label per sample: a one-node path, as hiclass reads it
         labels = set()
         for v in row:
             # A label path may itself be a list of paths (hiclass multi-label, 3-D input).
@@ -320,8 +320,12 @@ def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1
     parents) count as the same label here, unlike :func:`hierarchical_precision_recall_fscore`, which compares
     nodes by identity.
 
+    Micro hF is hiclass's harmonic mean of the micro hP and hR, so when no predicted label is right at all
+    (``hP = hR = 0``) it is ``zero_division``, as in hiclass, not 0.
+
     Args:
-        y_true: ``[B, L]`` label paths (or ``[B, k, L]`` for several paths per sample).
+        y_true: ``[B, L]`` label paths (or ``[B, k, L]`` for several paths per sample, or ``[B]`` with one
+            label per sample, read as one-node paths as hiclass does).
         y_pred: the same.
         beta: weight of recall.
         average: ``"micro"`` (dataset sums) or ``"macro"`` (hiclass's per-sample mean).
@@ -344,13 +348,9 @@ def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1
     npred = np.array([len(b) for b in ps], dtype=np.float64)
     if average == "micro":
         inter, ntrue, npred = inter.sum(), ntrue.sum(), npred.sum()
-    prec = np.mean(safe_divide(inter, npred, zero_division, "hiclass precision"))
-    rec = np.mean(safe_divide(inter, ntrue, zero_division, "hiclass recall"))
-    if average == "micro":
-        f = fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "hiclass F")
-    else:
-        # hiclass averages the per-sample F computed from per-sample precision and recall.
-        pr, rc = (safe_divide(inter, npred, zero_division, "hiclass precision"),
-                  safe_divide(inter, ntrue, zero_division, "hiclass recall"))
-        f = np.mean(safe_divide((1 + beta2) * pr * rc, beta2 * pr + rc, zero_division, "hiclass F"))
-    return float(prec), float(rec), float(f)
+    # hiclass computes F from precision and recall (per sample for "macro", then averaged), never from the
+    # counts: hP = hR = 0 is then a 0/0 that takes zero_division.
+    pr, rc = (safe_divide(inter, npred, zero_division, "hiclass precision"),
+              safe_divide(inter, ntrue, zero_division, "hiclass recall"))
+    f = np.mean(safe_divide((1 + beta2) * np.asarray(pr) * rc, beta2 * np.asarray(pr) + rc, zero_division, "hiclass F"))
+    return float(np.mean(pr)), float(np.mean(rc)), float(f)

@@ -22,10 +22,14 @@ import scipy.sparse as sp
 
 logger = logging.getLogger(__name__)
 
-DistanceKind = Literal["shortest_path", "lca_height", "wu_palmer", "zhao", "jiang_conrath"]
+DistanceKind = Literal["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance",
+                       "jiang_conrath"]
+DISTANCE_KINDS: tuple[str, ...] = ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
+                                   "ic_distance", "jiang_conrath")
+"""Every ``kind`` of :meth:`Taxonomy.distance` (``jiang_conrath`` is another name for ``ic_distance``)."""
 TreeStrategy = Literal["first", "shortest", "longest"]
 
-__all__ = ["DistanceKind", "Taxonomy", "TaxonomyError", "TreeStrategy"]
+__all__ = ["DISTANCE_KINDS", "DistanceKind", "Taxonomy", "TaxonomyError", "TreeStrategy"]
 
 
 class TaxonomyError(ValueError):
@@ -260,17 +264,63 @@ class Taxonomy:
         return cls(edges, nodes=nodes, **kwargs)
 
     @classmethod
+    def from_children(cls, children: Mapping[str, Sequence[str] | None], **kwargs: Any) -> Taxonomy:
+        """Build from a ``parent -> [children]`` mapping, the way many research repositories ship a hierarchy.
+
+        A node listed under several parents makes a DAG; ``None`` or ``[]`` marks a node without children.
+        Node order: the keys, then the children, in order of appearance.
+
+        Raises:
+            TaxonomyError: a value is not a list of names (the error names the key), or the edges do not form
+                a taxonomy (cycle, several roots without ``virtual_root=``...).
+
+        Example:
+            >>> tax = Taxonomy.from_children({"root": ["animal", "car"], "animal": ["cat", "dog"]})
+            >>> tax.names, tax.num_leaves
+            (('root', 'animal', 'cat', 'dog', 'car'), 3)
+        """
+        if not isinstance(children, Mapping):
+            raise TypeError(f"children must be a mapping parent -> [children]; got {type(children).__name__}")
+        edges: list[tuple[str, str]] = []
+        nodes: list[str] = []
+        for parent, kids in children.items():
+            if not isinstance(parent, str) or not parent.strip():
+                raise TaxonomyError(f"parent names must be non-empty strings; got key {parent!r}", label=str(parent))
+            nodes.append(parent)
+            if kids is None:
+                continue
+            if isinstance(kids, str) or not isinstance(kids, Sequence):
+                raise TaxonomyError(f"the children of {parent!r} must be a list of names; got {kids!r}", label=parent)
+            for kid in kids:
+                if not isinstance(kid, str) or not kid.strip():
+                    raise TaxonomyError(f"the children of {parent!r} must be non-empty names; got {kid!r}",
+                                        label=parent)
+                edges.append((parent, kid))
+        nodes = list(dict.fromkeys(nodes + [c for _, c in edges]))
+        return cls(edges, nodes=nodes, **kwargs)
+
+    @classmethod
     def from_networkx(cls, graph: nx.DiGraph, *, display_attr: str = "display_name", **kwargs: Any) -> Taxonomy:
         """Build from a ``networkx.DiGraph`` whose edges point parent -> child (node keys become names).
+
+        Keys are converted with ``str``; two keys with the same string (``1`` and ``"1"``) are refused.
 
         Example:
             >>> g = nx.DiGraph([("r", "a"), ("r", "b")])
             >>> Taxonomy.from_networkx(g).leaves.tolist()
             [1, 2]
         """
+        if not isinstance(graph, nx.Graph) or not graph.is_directed():
+            raise TypeError(f"graph must be a networkx.DiGraph with parent -> child edges; got {type(graph).__name__}"
+                            + (" (undirected: the edge directions are unknown)" if isinstance(graph, nx.Graph) else ""))
+        names: dict[str, Any] = {}
+        for n in graph.nodes:
+            first = names.setdefault(str(n), n)
+            if first is not n and first != n:
+                raise TaxonomyError(f"nodes {first!r} and {n!r} have the same name {str(n)!r}", label=str(n))
         display = {str(n): str(d[display_attr]) for n, d in graph.nodes(data=True) if display_attr in d}
         kwargs.setdefault("display_names", display or None)
-        return cls(graph.edges(), nodes=[str(n) for n in graph.nodes], **kwargs)
+        return cls([(str(u), str(v)) for u, v in graph.edges()], nodes=list(names), **kwargs)
 
     def to_networkx(self) -> nx.DiGraph:
         """A fresh ``DiGraph`` (parent -> child) keyed by node name, with ``id`` and ``display_name`` attributes."""
@@ -611,10 +661,19 @@ class Taxonomy:
         * ``"shortest_path"``: edges between ``a`` and ``b`` through their LCA, ``d(a) + d(b) - 2 d(lca)``.
         * ``"lca_height"``: ``H - d(lca)``, the mistake severity of Bertinetto et al. "Making better mistakes"
           (2020) (height of the LCA in a tree whose leaves all sit at depth ``H``).
-        * ``"wu_palmer"``: ``1 - 2 (d(lca) + 1) / (d(a) + d(b) + 2)``, one minus the Wu-Palmer similarity with
-          WordNet's convention that the root has depth 1.
-        * ``"zhao"``: ``IC(a) + IC(b) - 2 IC(lca)`` with intrinsic IC, the information-content (Jiang-Conrath
-          form) cost used by Zhao et al. for hierarchical mistakes; ``"jiang_conrath"`` is the same.
+        * ``"wu_palmer"``: ``1 - 2 d(lca) / (d(a) + d(b))`` with the root at depth 0, one minus the Wu-Palmer
+          similarity in the form of Plaud et al., "To Each Metric Its Decoding" (ICML 2025).
+        * ``"wu_palmer_root1"``: ``1 - 2 (d(lca) + 1) / (d(a) + d(b) + 2)``, the same with WordNet's (NLTK's)
+          convention that the root has depth 1 (hiercls's ``"wu_palmer"`` before the paper form became it).
+        * ``"zhao"``: ``1 - 2 IC(lca) / (IC(a) + IC(b))``, the normalised information-content cost of Plaud
+          et al. (after Zhao et al.), with ``IC(n) = log2(L / leaves under n)`` (the base cancels in the ratio).
+        * ``"ic_distance"``: ``IC(a) + IC(b) - 2 IC(lca)`` in nats, the Jiang-Conrath information-content
+          distance (hiercls's ``"zhao"`` before the paper form became it); ``"jiang_conrath"`` is the same.
+
+        Every kind is 0 when ``a == b``. The ratios are 0/0 only there for ``wu_palmer`` (``a == b`` = root)
+        and, for ``zhao``, also between distinct nodes that both cover every leaf (the root and a chain of
+        single children below it, all with ``IC = 0``): such nodes cannot be told apart by their leaves, so
+        their ``zhao`` distance is defined as 0.
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -628,15 +687,19 @@ class Taxonomy:
             out = (d[a_arr] + d[b_arr] - 2 * d[lca]).astype(np.float64)
         elif kind == "lca_height":
             out = (self.height - self.depth[lca]).astype(np.float64)
-        elif kind == "wu_palmer":
-            d = self.depth + 1.0
-            out = 1.0 - 2.0 * d[lca] / (d[a_arr] + d[b_arr])
-        elif kind in ("zhao", "jiang_conrath"):
+        elif kind in ("wu_palmer", "wu_palmer_root1"):
+            d = self.depth + (1.0 if kind == "wu_palmer_root1" else 0.0)
+            den = d[a_arr] + d[b_arr]
+            out = 1.0 - 2.0 * d[lca] / np.where(den > 0, den, 1.0)  # den = 0 only for a == b == root
+        elif kind == "zhao":
+            ic = self.information_content
+            den = ic[a_arr] + ic[b_arr]
+            out = np.where(den > 0, 1.0 - 2.0 * ic[lca] / np.where(den > 0, den, 1.0), 0.0)
+        elif kind in ("ic_distance", "jiang_conrath"):
             ic = self.information_content
             out = ic[a_arr] + ic[b_arr] - 2.0 * ic[lca]
         else:
-            raise ValueError(f"kind must be one of shortest_path, lca_height, wu_palmer, zhao, jiang_conrath; "
-                             f"got {kind!r}")
+            raise ValueError(f"kind must be one of {', '.join(DISTANCE_KINDS)}; got {kind!r}")
         out = np.where(a_arr == b_arr, 0.0, out)
         return out[()] if out.ndim == 0 else out  # a numpy scalar for scalar inputs, like lca
 

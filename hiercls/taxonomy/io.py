@@ -5,6 +5,7 @@ Formats (``format=`` names for :func:`read_taxonomy` / :func:`write_taxonomy`):
 * ``"json"``: the hiercls format (lossless: node order, display names, classes, virtual root, metadata).
 * ``"edges"``: an edge list, one ``parent<TAB|comma|spaces>child`` per line, ``#`` comments.
 * ``"tsv"``: HiAGM-style ``parent<TAB>child1<TAB>child2...`` lines (HiAGM names its root ``Root``).
+* ``"children"``: a JSON ``{parent: [children]}`` mapping (:meth:`Taxonomy.from_children`).
 * ``"nested"``: a nested JSON object ``{"root": {"a": {"x": {}}, "b": ["leaf1", "leaf2"]}}``.
 * ``"nodelink"``: networkx node-link JSON (``networkx.node_link_data(g, edges="edges")``, or ``"links"``).
 * ``"paths"``: label paths such as ``Science/Physics/Optics``, one per line (or a JSON list of paths).
@@ -48,18 +49,18 @@ from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
 
-Format = Literal["json", "edges", "tsv", "nested", "nodelink", "paths", "folders"]
+Format = Literal["json", "edges", "tsv", "children", "nested", "nodelink", "paths", "folders"]
 JSON_FORMAT_ID = "hiercls.taxonomy"
 JSON_FORMAT_VERSION = 1
 
 PathLike = str | os.PathLike
 
 __all__ = [
-    "FORMATS", "TAXONOMY_FORMATS", "TaxonomyFormat", "detect_format", "read_edge_list",
+    "FORMATS", "TAXONOMY_FORMATS", "TaxonomyFormat", "detect_format", "read_children_json", "read_edge_list",
     "read_folders", "read_json", "read_label_paths",
     "read_nested_json", "read_node_link", "read_taxonomy", "read_tsv", "taxonomy_from_label_paths",
-    "taxonomy_from_nested", "write_edge_list", "write_folders", "write_json", "write_label_paths",
-    "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
+    "taxonomy_from_nested", "write_children_json", "write_edge_list", "write_folders", "write_json",
+    "write_label_paths", "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
 ]
 
 
@@ -779,6 +780,47 @@ def write_node_link(tax: Taxonomy, path: PathLike, *, edges_key: Literal["edges"
         f.write("\n")
 
 
+# ---------------------------------------------------------------------------------------------- children JSON
+def _is_children_mapping(obj: Any) -> bool:
+    """``{parent: [names]}`` with at least two keys and a key that is someone's child (else it is nested)."""
+    if not isinstance(obj, Mapping) or len(obj) < 2:
+        return False
+    if not all(v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in obj.values()):
+        return False
+    kids = {x for v in obj.values() if v for x in v}
+    return any(k in kids for k in obj)
+
+
+def read_children_json(path: PathLike, *, virtual_root: str | None = None, name: str | None = None,
+                       **kwargs: Any) -> Taxonomy:
+    """Read a JSON ``{parent: [children]}`` mapping (:meth:`Taxonomy.from_children`); never unpickles.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "h.json")
+        >>> _ = open(p, "w").write('{"root": ["animal", "car"], "animal": ["cat", "dog"]}')
+        >>> read_children_json(p).names
+        ('root', 'animal', 'cat', 'dog', 'car')
+    """
+    obj, _ = _parse_json_file(path)
+    if not isinstance(obj, Mapping):
+        raise TaxonomyError(f"expected a JSON object parent -> [children], got {type(obj).__name__}", source=str(path))
+    try:
+        return Taxonomy.from_children(obj, virtual_root=virtual_root, name=name or _base_name(path), **kwargs)
+    except TaxonomyError as err:
+        raise TaxonomyError(err.reason, source=str(path), line=err.line, label=err.label) from None
+
+
+def write_children_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 1) -> None:
+    """Write the ``{parent: [children]}`` mapping of every node with children (names only)."""
+    obj = {tax.names[n]: [tax.names[c] for c in tax.children(n)] for n in range(tax.num_nodes) if tax.children(n)}
+    if not obj:
+        obj = {tax.names[0]: []}
+    with _open_write(path) as f:
+        json.dump(obj, f, ensure_ascii=False, indent=indent)
+        f.write("\n")
+
+
 # ---------------------------------------------------------------------------------------------- label paths
 def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator: str = "/",
                               root: str = "root", source: str = "<paths>",
@@ -1015,7 +1057,7 @@ def _json_kind(obj: Any) -> str:
         if isinstance(obj.get("nodes"), list) and ("edges" in obj or "links" in obj) and (
                 "directed" in obj or all(isinstance(n, Mapping) for n in obj["nodes"][:10])):
             return "nodelink"
-        return "nested"
+        return "children" if _is_children_mapping(obj) else "nested"
     if isinstance(obj, list):
         return "paths"
     return "json"
@@ -1072,6 +1114,7 @@ for _name, _reader, _writer, _aliases in (
         ("json", read_json, write_json, ("hiercls",)),
         ("edges", read_edge_list, write_edge_list, ("edgelist", "edge_list")),
         ("tsv", read_tsv, write_tsv, ("hiagm",)),
+        ("children", read_children_json, write_children_json, ()),
         ("nested", read_nested_json, write_nested_json, ()),
         ("nodelink", read_node_link, write_node_link, ("node_link",)),
         ("paths", read_label_paths, write_label_paths, ("label_paths",)),
@@ -1101,7 +1144,9 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
 
     Args:
         path: a file (``.gz`` allowed) or a folder.
-        format: one of ``json``, ``edges``, ``tsv``, ``nested``, ``nodelink``, ``paths``, ``folders``.
+        format: one of ``json``, ``edges``, ``tsv``, ``children``, ``nested``, ``nodelink``, ``paths``,
+            ``folders``. A ``.json`` file is read by its content: hiercls JSON, node-link, a
+            ``{parent: [children]}`` mapping (two or more keys, list values, some key a child) or nested.
         **kwargs: passed to the reader (``virtual_root=``, ``separator=``, ``name=``...).
 
     Example:
