@@ -35,8 +35,10 @@ from hiercls.taxonomy import Taxonomy
 
 logger = logging.getLogger("bench_decode")
 
-TREES = {"imagenet1k": ("imagenet1k_tree", "imagenet_synsets.txt", 1860, 18),
-         "imagenet21k": ("imagenet21k_winter21", "imagenet21k_goog_synsets.txt", 23547, 19)}
+TREES = {
+    "imagenet1k": ("imagenet1k_tree", "imagenet_synsets.txt", 1860, 18),
+    "imagenet21k": ("imagenet21k_winter21", "imagenet21k_goog_synsets.txt", 23547, 19),
+}
 
 
 # ---------------------------------------------------------------------------------------------- trees
@@ -100,7 +102,7 @@ def posteriors(tax: Taxonomy, batch: int, rng: np.random.Generator) -> np.ndarra
         z = logits / temp
         z -= z.max(1, keepdims=True)
         e = np.exp(z)
-        out[s:s + b] = e / e.sum(1, keepdims=True)
+        out[s : s + b] = e / e.sum(1, keepdims=True)
     return out
 
 
@@ -199,8 +201,15 @@ def bench_tree(key: str, args: argparse.Namespace, rng: np.random.Generator) -> 
     tax, source = load_tree(key, rng, args.quick)
     build_s = time.perf_counter() - t0
     base = Baselines(tax)
-    out: dict[str, Any] = {"source": source, "nodes": tax.num_nodes, "leaves": tax.num_leaves, "height": tax.height,
-                           "batch": args.batch, "tree_build_s": round(build_s, 2), "rules": {}}
+    out: dict[str, Any] = {
+        "source": source,
+        "nodes": tax.num_nodes,
+        "leaves": tax.num_leaves,
+        "height": tax.height,
+        "batch": args.batch,
+        "tree_build_s": round(build_s, 2),
+        "rules": {},
+    }
     rules = [r for r in RULES if r not in ("threshold", "max_info", "plurality")]  # same profiles as majority
     seconds = dict.fromkeys(rules, 0.0)
     first: dict[str, Any] = {}
@@ -222,8 +231,10 @@ def bench_tree(key: str, args: argparse.Namespace, rng: np.random.Generator) -> 
     n_base = min(args.baseline_samples, len(node0))
     rows = node0[:n_base].astype(np.float64).tolist()
     for rule in rules:
-        entry: dict[str, Any] = {"samples_per_s": round(args.batch / seconds[rule], 1),
-                                 "seconds": round(seconds[rule], 3)}
+        entry: dict[str, Any] = {
+            "samples_per_s": round(args.batch / seconds[rule], 1),
+            "seconds": round(seconds[rule], 3),
+        }
         fn = getattr(base, rule, None)
         if rule in ("crm", "bayes_node"):
             base.cost("lca_height" if rule == "crm" else "shortest_path")  # build the matrix outside the timing

@@ -111,9 +111,14 @@ def _peak_mib(step: Callable[[], torch.Tensor], device: torch.device) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def measure_pair(step: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...],
-                 base_step: Callable[[], torch.Tensor], base_inputs: tuple[torch.Tensor, ...], repeat: int,
-                 device: torch.device) -> tuple[dict[str, float], dict[str, float]]:
+def measure_pair(
+    step: Callable[[], torch.Tensor],
+    inputs: tuple[torch.Tensor, ...],
+    base_step: Callable[[], torch.Tensor],
+    base_inputs: tuple[torch.Tensor, ...],
+    repeat: int,
+    device: torch.device,
+) -> tuple[dict[str, float], dict[str, float]]:
     """Time ``step`` and the baseline alternately (so that load drift on a shared machine hits both alike)."""
     for _ in range(2):  # warm-up (allocator, lazy buffers)
         step().backward()
@@ -192,19 +197,29 @@ def main(argv: list[str] | None = None) -> int:
         ):
             m, b = measure_pair(step, inputs, *baselines[setting], repeat, device)
             baseline_runs[setting].append(b)
-            row[setting] = {**{k: round(v, 3) for k, v in m.items()},
-                            "baseline_ms": round(b["ms"], 3),
-                            "time_ratio": round(m["ms"] / b["ms"], 3),
-                            "median_time_ratio": round(m["median_ms"] / b["median_ms"], 3),
-                            "saved_ratio": round(m["saved_mib"] / max(b["saved_mib"], 1e-9), 3)}
+            row[setting] = {
+                **{k: round(v, 3) for k, v in m.items()},
+                "baseline_ms": round(b["ms"], 3),
+                "time_ratio": round(m["ms"] / b["ms"], 3),
+                "median_time_ratio": round(m["median_ms"] / b["median_ms"], 3),
+                "saved_ratio": round(m["saved_mib"] / max(b["saved_mib"], 1e-9), 3),
+            }
             if "peak_mib" in m:
                 row[setting]["peak_ratio"] = round(m["peak_mib"] / max(b["peak_mib"], 1e-9), 3)
         results[key] = row
     baseline = {k: {kk: statistics.median(r[kk] for r in runs) for kk in runs[0]} for k, runs in baseline_runs.items()}
     report = {
-        "taxonomy": {"name": tax.name, "nodes": tax.num_nodes, "leaves": tax.num_leaves, "classes": num_classes,
-                     "height": tax.height},
-        "batch": batch, "features": args.features, "device": str(device), "repeat": repeat,
+        "taxonomy": {
+            "name": tax.name,
+            "nodes": tax.num_nodes,
+            "leaves": tax.num_leaves,
+            "classes": num_classes,
+            "height": tax.height,
+        },
+        "batch": batch,
+        "features": args.features,
+        "device": str(device),
+        "repeat": repeat,
         "torch_threads": torch.get_num_threads(),
         "baseline_flat_ce_over_classes": {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in baseline.items()},
         "losses": results,

@@ -198,27 +198,44 @@ def bench_tree(tax: Taxonomy, source: str, n: int, n_scores: int, rng: np.random
     leaves = tax.leaves.tolist()
     cases = {
         "hF1_micro": (lambda: M.hierarchical_f1_score(t, p, **kw), lambda: py_hf(py, tl, pl, "micro")),
-        "hF1_samples": (lambda: M.hierarchical_f1_score(t, p, average="samples", zero_division=0.0, **kw),
-                        lambda: py_hf(py, tl, pl, "samples")),
-        "hF1_micro_multilabel_sets": (lambda: M.hierarchical_f1_score(mt, mp, **kw),
-                                      lambda: py_hf_sets(py, mt, mp)),
-        "node_macro_f1": (lambda: M.node_f1_score(t, p, average="macro", zero_division=0.0, **kw),
-                          lambda: py_node_macro_f1(py, tl, pl)),
+        "hF1_samples": (
+            lambda: M.hierarchical_f1_score(t, p, average="samples", zero_division=0.0, **kw),
+            lambda: py_hf(py, tl, pl, "samples"),
+        ),
+        "hF1_micro_multilabel_sets": (lambda: M.hierarchical_f1_score(mt, mp, **kw), lambda: py_hf_sets(py, mt, mp)),
+        "node_macro_f1": (
+            lambda: M.node_f1_score(t, p, average="macro", zero_division=0.0, **kw),
+            lambda: py_node_macro_f1(py, tl, pl),
+        ),
         "mistake_severity": (lambda: M.mistake_severity(t, p, **kw), lambda: py_severity(py, tl, pl)),
-        "per_level_accuracy": (lambda: M.per_level_accuracy_score(t, p, **kw).tolist(),
-                               lambda: py_per_level(py, tl, pl)),
+        "per_level_accuracy": (
+            lambda: M.per_level_accuracy_score(t, p, **kw).tolist(),
+            lambda: py_per_level(py, tl, pl),
+        ),
         f"hdist@5 ({n_scores} samples)": (
             lambda: M.average_hierarchical_distance_at_k(ts, scores, k=5, **kw),
-            lambda: py_hdist_at_k(py, ts.tolist(), scores, leaves, 5)),
+            lambda: py_hdist_at_k(py, ts.tolist(), scores, leaves, 5),
+        ),
     }
-    out: dict[str, Any] = {"taxonomy": tax.name, "source": source, "nodes": tax.num_nodes,
-                           "leaves": tax.num_leaves, "height": tax.height, "samples": n, "metrics": {}}
+    out: dict[str, Any] = {
+        "taxonomy": tax.name,
+        "source": source,
+        "nodes": tax.num_nodes,
+        "leaves": tax.num_leaves,
+        "height": tax.height,
+        "samples": n,
+        "metrics": {},
+    }
     for name, (vec, ref) in cases.items():
         vec()  # warm the per-taxonomy caches (paths, ancestor matrix), as a training loop would
         v, tv = timed(vec, repeat=3)
         r, tr = timed(ref)
-        out["metrics"][name] = {"vectorised_s": round(tv, 5), "python_s": round(tr, 4),
-                                "speedup": round(tr / tv, 1), "max_abs_diff": diff(v, r)}
+        out["metrics"][name] = {
+            "vectorised_s": round(tv, 5),
+            "python_s": round(tr, 4),
+            "speedup": round(tr / tv, 1),
+            "max_abs_diff": diff(v, r),
+        }
     return out
 
 
@@ -227,8 +244,9 @@ def bench_million(tax: Taxonomy, n: int, rng: np.random.Generator) -> dict[str, 
     kw = {"taxonomy": tax}
     runs = {
         "hF1_micro": lambda: M.hierarchical_f1_score(t, p, **kw),
-        "hP_hR_hF1_samples": lambda: M.hierarchical_precision_recall_fscore(t, p, average="samples",
-                                                                            zero_division=0.0, **kw),
+        "hP_hR_hF1_samples": lambda: M.hierarchical_precision_recall_fscore(
+            t, p, average="samples", zero_division=0.0, **kw
+        ),
         "hF1_macro_nodes": lambda: M.hierarchical_f1_score(t, p, average="macro", zero_division=0.0, **kw),
         "mistake_severity": lambda: M.mistake_severity(t, p, **kw),
         "per_level_accuracy": lambda: M.per_level_accuracy_score(t, p, **kw),
@@ -244,7 +262,7 @@ def bench_million(tax: Taxonomy, n: int, rng: np.random.Generator) -> dict[str, 
 def _collection(tax: Taxonomy, t: np.ndarray, p: np.ndarray) -> dict[str, Any]:
     m = M.HierarchicalMetrics(tax, k=())
     for s in range(0, len(t), 1 << 17):
-        m.update(t[s:s + (1 << 17)], p[s:s + (1 << 17)])
+        m.update(t[s : s + (1 << 17)], p[s : s + (1 << 17)])
     return m.compute()
 
 
@@ -257,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     n = args.samples or (1000 if args.quick else 10_000)
     big = args.million or (50_000 if args.quick else 1_000_000)
-    result: dict[str, Any] = {"benchmark": "hiercls.metrics vs per-sample Python", "quick": args.quick,
-                              "trees": [], "large": []}
+    result: dict[str, Any] = {
+        "benchmark": "hiercls.metrics vs per-sample Python",
+        "quick": args.quick,
+        "trees": [],
+        "large": [],
+    }
     for which in ("imagenet1k", "imagenet21k"):
         tax, source = load_tree(which, args.quick, rng)
         n_scores = n if which == "imagenet1k" else max(100, n // 10)  # [n, 17k] float32 scores are large

@@ -54,8 +54,11 @@ def bench_sampler(n: int, repeats: int) -> dict[str, Any]:
 
     ours = ResumableDistributedSampler(n, batch_size=64, seed=0, rank=1, world_size=4)
     base = DistributedSampler(_Len(), num_replicas=4, rank=1, seed=0)  # type: ignore[arg-type]
-    return _entry(*_pair(lambda: sum(1 for _ in ours), lambda: sum(1 for _ in base), repeats),
-                  dataset_len=n, baseline="torch DistributedSampler")
+    return _entry(
+        *_pair(lambda: sum(1 for _ in ours), lambda: sum(1 for _ in base), repeats),
+        dataset_len=n,
+        baseline="torch DistributedSampler",
+    )
 
 
 def bench_loader(n: int, repeats: int) -> dict[str, Any]:
@@ -66,8 +69,11 @@ def bench_loader(n: int, repeats: int) -> dict[str, Any]:
     ds = TensorDataset(torch.randn(n, 16), torch.randint(0, 10, (n,)))
     ours = make_loader(ds, 128, seed=0, rank=0, world_size=2)
     base = DataLoader(ds, batch_size=128, sampler=DistributedSampler(ds, num_replicas=2, rank=0, seed=0))
-    return _entry(*_pair(lambda: sum(1 for _ in ours), lambda: sum(1 for _ in base), repeats),
-                  dataset_len=n, baseline="DataLoader + DistributedSampler")
+    return _entry(
+        *_pair(lambda: sum(1 for _ in ours), lambda: sum(1 for _ in base), repeats),
+        dataset_len=n,
+        baseline="DataLoader + DistributedSampler",
+    )
 
 
 def bench_image_model(name: str, batch: int, size: int, repeats: int) -> dict[str, Any]:
@@ -83,8 +89,14 @@ def bench_image_model(name: str, batch: int, size: int, repeats: int) -> dict[st
     with torch.inference_mode():
         model(x), plain(x)  # warm-up
         ours, base = _pair(lambda: model.node_probs(model(x)), lambda: plain(x).softmax(-1), repeats)
-    return _entry(ours, base, model=name, batch=batch, image_size=size,
-                  baseline="timm model + softmax (same backbone, flat classifier)")
+    return _entry(
+        ours,
+        base,
+        model=name,
+        batch=batch,
+        image_size=size,
+        baseline="timm model + softmax (same backbone, flat classifier)",
+    )
 
 
 def bench_text_model(num_texts: int, repeats: int) -> dict[str, Any]:
@@ -97,6 +109,7 @@ def bench_text_model(num_texts: int, repeats: int) -> dict[str, Any]:
     texts = sorted(load_timm_glosses()[0].values())[:num_texts]
     ours_bb = HFBackbone("minilm", normalize=True).eval()
     st = SentenceTransformer(str(get_model_path()), device="cpu")
+
     def run_ours() -> Any:
         with torch.inference_mode():
             return ours_bb(ours_bb.tokenize(texts))
@@ -122,11 +135,19 @@ def bench_fashion_mnist(repeats: int) -> dict[str, Any]:
         for f in root.glob("*.gz"):
             with gzip.open(f, "rb") as src, open(raw / f.name[:-3], "wb") as dst:
                 shutil.copyfileobj(src, dst)
-        ours, base = _pair(lambda: FashionMNIST("train", root=raw, taxonomy=tax),
-                           lambda: torchvision.datasets.FashionMNIST(tmp, train=True, download=False), repeats)
+        ours, base = _pair(
+            lambda: FashionMNIST("train", root=raw, taxonomy=tax),
+            lambda: torchvision.datasets.FashionMNIST(tmp, train=True, download=False),
+            repeats,
+        )
         ours_gz = _best(lambda: FashionMNIST("train", root=root, taxonomy=tax), repeats)
-    return _entry(ours, base, samples=60000, hiercls_from_gz_s=round(ours_gz, 5),
-                  baseline="torchvision.datasets.FashionMNIST (same uncompressed IDX files)")
+    return _entry(
+        ours,
+        base,
+        samples=60000,
+        hiercls_from_gz_s=round(ours_gz, 5),
+        baseline="torchvision.datasets.FashionMNIST (same uncompressed IDX files)",
+    )
 
 
 def bench_gloss_set(repeats: int) -> dict[str, Any]:
@@ -164,8 +185,9 @@ def main() -> None:
     out: dict[str, Any] = {"quick": q, "threads": torch.get_num_threads()}
     out["sampler"] = bench_sampler(100_000 if q else 1_281_167, 2 if q else 3)
     out["loader"] = bench_loader(20_000 if q else 200_000, 2 if q else 3)
-    out["image_model"] = (bench_image_model("test_efficientnet", 8, 64, 3) if q
-                          else bench_image_model("efficientnet_lite0", 16, 224, 3))
+    out["image_model"] = (
+        bench_image_model("test_efficientnet", 8, 64, 3) if q else bench_image_model("efficientnet_lite0", 16, 224, 3)
+    )
     try:
         out["text_model"] = bench_text_model(16 if q else 128, 2 if q else 3)
     except ImportError as err:

@@ -66,8 +66,9 @@ def saved_activation_bytes(step: Callable[[], torch.Tensor]) -> int:
     return int(sum(seen.values()))
 
 
-def time_steps(step: Callable[[], torch.Tensor], params: list[torch.nn.Parameter], repeats: int,
-               device: torch.device) -> list[float]:
+def time_steps(
+    step: Callable[[], torch.Tensor], params: list[torch.nn.Parameter], repeats: int, device: torch.device
+) -> list[float]:
     times = []
     for _ in range(repeats):
         for p in params:
@@ -82,8 +83,12 @@ def time_steps(step: Callable[[], torch.Tensor], params: list[torch.nn.Parameter
     return times
 
 
-def measure(models: dict[str, tuple[torch.nn.Module, Callable[[], torch.Tensor]]], repeats: int, warmup: int,
-            device: torch.device) -> dict[str, Any]:
+def measure(
+    models: dict[str, tuple[torch.nn.Module, Callable[[], torch.Tensor]]],
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, (model, step) in models.items():
         model.train()
@@ -111,11 +116,16 @@ def measure(models: dict[str, tuple[torch.nn.Module, Callable[[], torch.Tensor]]
 
 
 def bench_vit(cfg: dict[str, Any], tax: Taxonomy, repeats: int, warmup: int, device: torch.device) -> dict[str, Any]:
-    vit_kw = {"img_size": cfg["img"], "patch_size": cfg["patch"], "depth": cfg["depth"], "embed_dim": cfg["dim"],
-              "num_heads": cfg["heads"], "drop_path_rate": 0.0}
+    vit_kw = {
+        "img_size": cfg["img"],
+        "patch_size": cfg["patch"],
+        "depth": cfg["depth"],
+        "embed_dim": cfg["dim"],
+        "num_heads": cfg["heads"],
+        "drop_path_rate": 0.0,
+    }
     torch.manual_seed(0)
-    plain = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=tax.num_leaves,
-                              **vit_kw).to(device)
+    plain = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=tax.num_leaves, **vit_kw).to(device)
     torch.manual_seed(0)
     transhp = TransHPViT(timm.create_model("vit_tiny_patch16_224", pretrained=False, **vit_kw), tax).to(device)
     g = torch.Generator().manual_seed(0)
@@ -123,18 +133,34 @@ def bench_vit(cfg: dict[str, Any], tax: Taxonomy, repeats: int, warmup: int, dev
     leaves = torch.tensor(tax.leaves)
     t = leaves[torch.randint(0, len(leaves), (cfg["batch"],), generator=g)].to(device)
     leaf_t = torch.tensor(tax.leaf_index).to(device)[t]
-    res = measure({"plain": (plain, lambda: F.cross_entropy(plain(x), leaf_t)),
-                   "transhp": (transhp, lambda: transhp.loss(transhp(x), t))}, repeats, warmup, device)
-    res["config"] = {**cfg, "prompt_blocks": transhp.positions,
-                     "prompts_per_level": {lvl: len(tax.levels[lvl]) for lvl in transhp.prompt_levels}}
+    res = measure(
+        {
+            "plain": (plain, lambda: F.cross_entropy(plain(x), leaf_t)),
+            "transhp": (transhp, lambda: transhp.loss(transhp(x), t)),
+        },
+        repeats,
+        warmup,
+        device,
+    )
+    res["config"] = {
+        **cfg,
+        "prompt_blocks": transhp.positions,
+        "prompts_per_level": {lvl: len(tax.levels[lvl]) for lvl in transhp.prompt_levels},
+    }
     return res
 
 
 def bench_text(cfg: dict[str, Any], tax: Taxonomy, repeats: int, warmup: int, device: torch.device) -> dict[str, Any]:
-    bert_cfg = BertConfig(vocab_size=1000, hidden_size=cfg["dim"], num_hidden_layers=cfg["depth"],
-                          num_attention_heads=cfg["heads"], intermediate_size=4 * cfg["dim"],
-                          max_position_embeddings=max(64, cfg["seq"]), hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0)
+    bert_cfg = BertConfig(
+        vocab_size=1000,
+        hidden_size=cfg["dim"],
+        num_hidden_layers=cfg["depth"],
+        num_attention_heads=cfg["heads"],
+        intermediate_size=4 * cfg["dim"],
+        max_position_embeddings=max(64, cfg["seq"]),
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     enc = BertModel(bert_cfg, add_pooling_layer=False).to(device)
     head = torch.nn.Linear(cfg["dim"], tax.num_leaves).to(device)
@@ -144,7 +170,7 @@ def bench_text(cfg: dict[str, Any], tax: Taxonomy, repeats: int, warmup: int, de
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 1000, (cfg["batch"], cfg["seq"]), generator=g).to(device)
     mask = torch.ones_like(ids)
-    mask[: cfg["batch"] // 2, cfg["seq"] // 2:] = 0
+    mask[: cfg["batch"] // 2, cfg["seq"] // 2 :] = 0
     leaves = torch.tensor(tax.leaves)
     t = leaves[torch.randint(0, len(leaves), (cfg["batch"],), generator=g)].to(device)
     leaf_t = torch.tensor(tax.leaf_index).to(device)[t]
@@ -154,9 +180,15 @@ def bench_text(cfg: dict[str, Any], tax: Taxonomy, repeats: int, warmup: int, de
         w = mask[..., None].to(h.dtype)
         return F.cross_entropy(head((h * w).sum(1) / w.sum(1)), leaf_t)
 
-    res = measure({"plain": (plain, plain_step),
-                   "transhp": (prompted, lambda: prompted.loss(prompted(input_ids=ids, attention_mask=mask), t))},
-                  repeats, warmup, device)
+    res = measure(
+        {
+            "plain": (plain, plain_step),
+            "transhp": (prompted, lambda: prompted.loss(prompted(input_ids=ids, attention_mask=mask), t)),
+        },
+        repeats,
+        warmup,
+        device,
+    )
     res["config"] = {**cfg, "prompt_layers": prompted.positions}
     return res
 

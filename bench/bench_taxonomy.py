@@ -41,8 +41,12 @@ def fresh(tax: Taxonomy) -> Taxonomy:
 
 
 def bench_one(tax: Taxonomy, pairs: int, dag_pairs: int, baseline_sample: int, rng: np.random.Generator) -> dict:
-    out: dict[str, Any] = {"name": tax.name, "nodes": tax.num_nodes, "edges": len(tax.edge_list()),
-                           "is_tree": tax.is_tree}
+    out: dict[str, Any] = {
+        "name": tax.name,
+        "nodes": tax.num_nodes,
+        "edges": len(tax.edge_list()),
+        "is_tree": tax.is_tree,
+    }
     edges, nodes = tax.edge_list(names=True), list(tax.names)
     vr = tax.virtual_root
     if vr is not None:
@@ -52,8 +56,17 @@ def bench_one(tax: Taxonomy, pairs: int, dag_pairs: int, baseline_sample: int, r
     t_nx, graph = timed(lambda: nx.DiGraph(tax.edge_list()))
     out["construct_s"] = t
     out["construct_networkx_digraph_s"] = t_nx
-    for attr in ("depth", "levels", "leaves", "ancestors_sparse", "descendants_sparse", "subtree_size",
-                 "semantic_level", "fingerprint", *(("paths",) if tax.is_tree else ())):
+    for attr in (
+        "depth",
+        "levels",
+        "leaves",
+        "ancestors_sparse",
+        "descendants_sparse",
+        "subtree_size",
+        "semantic_level",
+        "fingerprint",
+        *(("paths",) if tax.is_tree else ()),
+    ):
         times = []
         for _ in range(3):
             copy = fresh(tax)  # outside the timing
@@ -92,8 +105,7 @@ def bench_one(tax: Taxonomy, pairs: int, dag_pairs: int, baseline_sample: int, r
         m = 200
         # networkx picks *a* lowest common ancestor; on a DAG several may tie, so compare depths.
         d = warm.depth
-        out["lca_depth_agrees_with_networkx"] = bool(all(
-            d[ref[p]] <= d[got[i]] for i, p in enumerate(pair_list[:200])))
+        out["lca_depth_agrees_with_networkx"] = bool(all(d[ref[p]] <= d[got[i]] for i, p in enumerate(pair_list[:200])))
     out["lca_networkx_per_pair_us"] = t_nx / m * 1e6
     out["lca_speedup"] = out["lca_networkx_per_pair_us"] / out["lca_per_pair_us"]
 

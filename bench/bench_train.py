@@ -117,14 +117,30 @@ def main() -> int:
     results = {}
     for head in heads:
         t = statistics.median(times[head])
-        results[head] = {"step_s": t, "samples_per_s": batch / t, "overhead_vs_flat": t / flat - 1.0,
-                         "params": sum(p.numel() for p in setups[head][0].parameters())}
+        results[head] = {
+            "step_s": t,
+            "samples_per_s": batch / t,
+            "overhead_vs_flat": t / flat - 1.0,
+            "params": sum(p.numel() for p in setups[head][0].parameters()),
+        }
     out = {
-        "bench": "train_step_throughput", "quick": args.quick, "backbone": backbone, "backbone_options": bb_opts,
-        "image_size": size, "batch_size": batch, "rounds": rounds, "steps_per_round": steps,
-        "taxonomy": taxonomy.name, "num_nodes": taxonomy.num_nodes, "num_leaves": taxonomy.num_leaves,
-        "height": taxonomy.height, "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "machine": platform.machine(), "baseline": "flat", "heads": results,
+        "bench": "train_step_throughput",
+        "quick": args.quick,
+        "backbone": backbone,
+        "backbone_options": bb_opts,
+        "image_size": size,
+        "batch_size": batch,
+        "rounds": rounds,
+        "steps_per_round": steps,
+        "taxonomy": taxonomy.name,
+        "num_nodes": taxonomy.num_nodes,
+        "num_leaves": taxonomy.num_leaves,
+        "height": taxonomy.height,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "baseline": "flat",
+        "heads": results,
         "target": "overhead_vs_flat < 0.05 for every head except transhp",
         "within_target": {h: r["overhead_vs_flat"] < 0.05 for h, r in results.items() if h not in ("flat", "transhp")},
     }

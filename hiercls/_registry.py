@@ -38,8 +38,9 @@ class Registry(Generic[T]):
             type that takes one message argument).
     """
 
-    def __init__(self, kind: str, *, populate: Callable[[], Any] | None = None,
-                 error: type[Exception] = ValueError) -> None:
+    def __init__(
+        self, kind: str, *, populate: Callable[[], Any] | None = None, error: type[Exception] = ValueError
+    ) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
@@ -52,14 +53,14 @@ class Registry(Generic[T]):
             populate()
 
     @overload
-    def register(self, name: str, obj: None = None, *, aliases: Iterable[str] = (),
-                 overwrite: bool = False) -> Callable[[T], T]: ...
+    def register(
+        self, name: str, obj: None = None, *, aliases: Iterable[str] = (), overwrite: bool = False
+    ) -> Callable[[T], T]: ...
 
     @overload
     def register(self, name: str, obj: T, *, aliases: Iterable[str] = (), overwrite: bool = False) -> T: ...
 
-    def register(self, name: str, obj: T | None = None, *, aliases: Iterable[str] = (),
-                 overwrite: bool = False) -> Any:
+    def register(self, name: str, obj: T | None = None, *, aliases: Iterable[str] = (), overwrite: bool = False) -> Any:
         """Register ``obj`` as ``name`` (and ``aliases``); without ``obj``, return a decorator that does.
 
         Raises:
@@ -125,8 +126,9 @@ class Registry(Generic[T]):
         aliases: dict[str, list[str]] = {}
         for alias, target in self._aliases.items():
             aliases.setdefault(target, []).append(alias)
-        return ", ".join(n + (f" (aliases: {', '.join(sorted(aliases[n]))})" if n in aliases else "")
-                         for n in sorted(self._entries))
+        return ", ".join(
+            n + (f" (aliases: {', '.join(sorted(aliases[n]))})" if n in aliases else "") for n in sorted(self._entries)
+        )
 
     def names(self) -> list[str]:
         """Registered names (not aliases), sorted."""

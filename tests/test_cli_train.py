@@ -22,10 +22,16 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("cli")
     (d / "tax.txt").write_text(TAXONOMY, encoding="utf-8")
     recipe = {
-        "name": "tiny", "description": "tiny synthetic run", "taxonomy": str(d / "tax.txt"),
+        "name": "tiny",
+        "description": "tiny synthetic run",
+        "taxonomy": str(d / "tax.txt"),
         "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
-        "data": {"dataset": "synthetic", "batch_size": 8, "image_size": 16,
-                 "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 10}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "image_size": 16,
+            "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 10},
+        },
         "schedule": {"epochs": 1},
         "eval": {"decoders": DECODERS, "save_probs": True},
         "run": {"out_dir": str(d / "run"), "progress": False},
@@ -49,8 +55,9 @@ def test_train_prints_comparison_table(trained: dict[str, Path], capsys: pytest.
     assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] == 2e-3
 
 
-def test_train_errors_are_one_line(trained: dict[str, Path], tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_errors_are_one_line(
+    trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  backbone: timm:test_vit\n  haed: flat\n", encoding="utf-8")
     assert main(["train", str(bad)]) == 1
@@ -87,15 +94,16 @@ def _table_rows(text: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[1:3] == ["decoder", "accuracy"])
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip() or line.startswith("wrote"):
             break
         rows.append(line.split()[1:])
     return [lines[start].split()[1:], *rows]
 
 
-def test_every_path_reports_the_same_metrics(trained: dict[str, Path], tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_path_reports_the_same_metrics(
+    trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Training, ``evaluate --model``, ``evaluate --probs`` and ``decode --labels``: same names, same numbers."""
     run = trained["run"]
     if not (run / "results.json").exists():
@@ -118,8 +126,14 @@ def test_every_path_reports_the_same_metrics(trained: dict[str, Path], tmp_path:
 
     probs, labels = np.load(run / "eval_probs.npy"), np.load(run / "eval_labels.npy")
     assert probs.shape == (10, 7) and labels.shape == (10,)
-    files = ["--probs", str(run / "eval_probs.npy"), "--labels", str(run / "eval_labels.npy"),
-             "--taxonomy", str(trained["dir"] / "tax.txt")]
+    files = [
+        "--probs",
+        str(run / "eval_probs.npy"),
+        "--labels",
+        str(run / "eval_labels.npy"),
+        "--taxonomy",
+        str(trained["dir"] / "tax.txt"),
+    ]
     saved_json = tmp_path / "s.json"
     assert main(["evaluate", *files, *[a for d in DECODERS for a in ("--decoder", d)], "--out", str(saved_json)]) == 0
     text = capsys.readouterr().out
@@ -138,8 +152,9 @@ def test_every_path_reports_the_same_metrics(trained: dict[str, Path], tmp_path:
     assert "--probs needs --labels" in capsys.readouterr().err
 
 
-def test_evaluate_probs_with_an_hfbeta_decoder_reports_its_hfbeta(trained: dict[str, Path], tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_evaluate_probs_with_an_hfbeta_decoder_reports_its_hfbeta(
+    trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = trained["dir"]
     rng = np.random.default_rng(0)
     leaf = rng.dirichlet(np.ones(4), size=6)
@@ -147,14 +162,44 @@ def test_evaluate_probs_with_an_hfbeta_decoder_reports_its_hfbeta(trained: dict[
     np.save(tmp_path / "p.npy", np.asarray(tax.marginals(leaf), dtype=np.float32))
     np.save(tmp_path / "y.npy", np.asarray(tax.leaves)[[0, 1, 2, 3, 0, 1]])
     out = tmp_path / "r.json"
-    assert main(["evaluate", "--probs", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"),
-                 "--taxonomy", str(d / "tax.txt"), "--decoder", "optimal_hfbeta:beta=2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--probs",
+                str(tmp_path / "p.npy"),
+                "--labels",
+                str(tmp_path / "y.npy"),
+                "--taxonomy",
+                str(d / "tax.txt"),
+                "--decoder",
+                "optimal_hfbeta:beta=2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     header = capsys.readouterr().out.splitlines()[1].split()
     assert header[:5] == ["probs", "decoder", "accuracy", "hF1", "hF2"]
     res = json.loads(out.read_text())
     assert 0.0 <= res["optimal_hfbeta:beta=2/hF2_samples"] <= 1.0
-    assert main(["evaluate", "--probs", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"),
-                 "--taxonomy", str(d / "tax.txt"), "--decoder", "optimal_hfbeta:bta=2"]) == 1
+    assert (
+        main(
+            [
+                "evaluate",
+                "--probs",
+                str(tmp_path / "p.npy"),
+                "--labels",
+                str(tmp_path / "y.npy"),
+                "--taxonomy",
+                str(d / "tax.txt"),
+                "--decoder",
+                "optimal_hfbeta:bta=2",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "unknown option 'bta'" in err and "did you mean 'beta'" in err
 
@@ -203,8 +248,22 @@ def test_torchrun_two_processes_match_one_process(trained: dict[str, Path], tmp_
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "hiercls", "train", str(trained["recipe"]), "--out-dir", str(ddp), *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "hiercls",
+        "train",
+        str(trained["recipe"]),
+        "--out-dir",
+        str(ddp),
+        *overrides,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("run folder:") == 1  # only rank 0 reports

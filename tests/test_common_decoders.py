@@ -64,7 +64,7 @@ def test_torch_in_torch_out_on_the_input_device(rule: str, dtype: torch.dtype, d
 def test_rows_one_at_a_time_equal_the_batch(rule: str, tree: Taxonomy) -> None:
     probs = node_probs(tree, np.random.default_rng(2), 11)
     whole = run(rule, probs, tree)
-    rows = np.concatenate([run(rule, probs[i:i + 1], tree) for i in range(len(probs))])
+    rows = np.concatenate([run(rule, probs[i : i + 1], tree) for i in range(len(probs))])
     assert np.array_equal(rows, whole)
     perm = np.random.default_rng(3).permutation(len(probs))
     assert np.array_equal(run(rule, probs[perm], tree), whole[perm])

@@ -22,10 +22,16 @@ from hiercls.metrics import stateful
 from hiercls.taxonomy import Taxonomy
 
 METRIC_CLASSES = sorted(
-    (obj for obj in vars(stateful).values()
-     if inspect.isclass(obj) and issubclass(obj, stateful.Metric) and obj is not stateful.Metric
-     and obj.__module__ == stateful.__name__),
-    key=lambda c: c.__name__)
+    (
+        obj
+        for obj in vars(stateful).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, stateful.Metric)
+        and obj is not stateful.Metric
+        and obj.__module__ == stateful.__name__
+    ),
+    key=lambda c: c.__name__,
+)
 
 N_SAMPLES = 23
 
@@ -61,25 +67,32 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
 
         def ref(t: Any, p: Any, w: Any = None) -> dict[str, float]:
-            pr, rc, f = M.hierarchical_precision_recall_fscore(t, p, taxonomy=tax, average="samples",
-                                                               zero_division=0.0, sample_weight=w)
+            pr, rc, f = M.hierarchical_precision_recall_fscore(
+                t, p, taxonomy=tax, average="samples", zero_division=0.0, sample_weight=w
+            )
             return {"precision": pr, "recall": rc, "fbeta": f}
+
         return Case(lambda: cls(tax, average="samples", zero_division=0.0), (t, p), ref, _plain)
     if name == "NodeF1":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
 
         def ref(t: Any, p: Any, w: Any = None) -> dict[str, float]:
             kw = {"taxonomy": tax, "zero_division": 0.0, "sample_weight": w}
-            return {"micro_f1": M.node_f1_score(t, p, average="micro", **kw),
-                    "macro_f1": M.node_f1_score(t, p, average="macro", **kw),
-                    "hamming_loss": M.hamming_loss(t, p, taxonomy=tax, sample_weight=w)}
+            return {
+                "micro_f1": M.node_f1_score(t, p, average="micro", **kw),
+                "macro_f1": M.node_f1_score(t, p, average="macro", **kw),
+                "hamming_loss": M.hamming_loss(t, p, taxonomy=tax, sample_weight=w),
+            }
+
         return Case(lambda: cls(tax, zero_division=0.0), (t, p), ref, _plain)
     if name == "MistakeSeverity":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
-        return Case(lambda: cls(tax), (t, p),
-                    lambda t, p, w=None: {"mistake_severity": M.mistake_severity(t, p, taxonomy=tax,
-                                                                                 sample_weight=w)},
-                    _plain)
+        return Case(
+            lambda: cls(tax),
+            (t, p),
+            lambda t, p, w=None: {"mistake_severity": M.mistake_severity(t, p, taxonomy=tax, sample_weight=w)},
+            _plain,
+        )
     if name == "TopKMetrics":
         t = _leaf_ids(tax, rng, n)
         scores = rng.random((n, len(tax.leaves)))
@@ -90,29 +103,40 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
                 out[f"top{k}_accuracy"] = M.top_k_accuracy_score(t, s, taxonomy=tax, k=k, sample_weight=w)
                 out[f"hdist@{k}"] = M.average_hierarchical_distance_at_k(t, s, taxonomy=tax, k=k, sample_weight=w)
             return out
+
         return Case(lambda: cls(tax, k=(1, 3)), (t, scores), ref, _plain)
     if name == "LevelAccuracy":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
-        return Case(lambda: cls(tax), (t, p),
-                    lambda t, p, w=None: {"per_level_accuracy": M.per_level_accuracy_score(
-                        t, p, taxonomy=tax, levels="depth", sample_weight=w)},
-                    _plain)
+        return Case(
+            lambda: cls(tax),
+            (t, p),
+            lambda t, p, w=None: {
+                "per_level_accuracy": M.per_level_accuracy_score(t, p, taxonomy=tax, levels="depth", sample_weight=w)
+            },
+            _plain,
+        )
     if name == "NestedDice":
         t = rng.integers(0, tax.num_nodes, (n, 5, 4))
         p = rng.integers(0, tax.num_nodes, (n, 5, 4))
-        return Case(lambda: cls(tax), (t, p),
-                    lambda t, p, w=None: {"dice": M.nested_dice_score(t, p, taxonomy=tax, sample_weight=w)},
-                    _plain)
+        return Case(
+            lambda: cls(tax),
+            (t, p),
+            lambda t, p, w=None: {"dice": M.nested_dice_score(t, p, taxonomy=tax, sample_weight=w)},
+            _plain,
+        )
     if name == "HierarchicalMetrics":
         t, p = _leaf_ids(tax, rng, n), _ids(tax, rng, n)
         scores = rng.random((n, len(tax.leaves)))
 
         def update(m: stateful.Metric, t: Any, p: Any, s: Any, w: Any = None) -> None:
             m.update(t, p, scores=s, sample_weight=w)
-        return Case(lambda: cls(tax, k=(1, 2)), (t, p, scores),
-                    lambda t, p, s, w=None: M.hierarchical_report(t, p, taxonomy=tax, scores=s, k=(1, 2),
-                                                                  sample_weight=w),
-                    update)
+
+        return Case(
+            lambda: cls(tax, k=(1, 2)),
+            (t, p, scores),
+            lambda t, p, s, w=None: M.hierarchical_report(t, p, taxonomy=tax, scores=s, k=(1, 2), sample_weight=w),
+            update,
+        )
     raise KeyError(name)
 
 

@@ -45,8 +45,17 @@ FASHION_ROOT = Path("/usr/share/datasets/fashion-mnist")
 
 @pytest.fixture(scope="module")
 def tax() -> Taxonomy:
-    return Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "vehicle"),
-                     ("vehicle", "car"), ("vehicle", "bike")], name="toy")
+    return Taxonomy(
+        [
+            ("root", "animal"),
+            ("animal", "cat"),
+            ("animal", "dog"),
+            ("root", "vehicle"),
+            ("vehicle", "car"),
+            ("vehicle", "bike"),
+        ],
+        name="toy",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- LabelEncoder
@@ -62,15 +71,18 @@ def test_label_encoder_formats(tax: Taxonomy) -> None:
     assert [enc.encode(enc.path_of(n), "path") for n in range(1, tax.num_nodes)] == list(range(1, tax.num_nodes))
 
 
-@pytest.mark.parametrize(("label", "fmt", "needle"), [
-    ("vehicle/cat", "path", "'cat' is not a child of 'vehicle'"),
-    ("animal/kat", "path", "unknown label 'kat'"),
-    ("animal//cat", "path", "empty component"),
-    ("kitten", "name", "unknown label 'kitten'"),
-    ("99", "id", "out of range"),
-    ("x1", "id", "not an integer"),
-    ("root", "name", "not a class"),
-])
+@pytest.mark.parametrize(
+    ("label", "fmt", "needle"),
+    [
+        ("vehicle/cat", "path", "'cat' is not a child of 'vehicle'"),
+        ("animal/kat", "path", "unknown label 'kat'"),
+        ("animal//cat", "path", "empty component"),
+        ("kitten", "name", "unknown label 'kitten'"),
+        ("99", "id", "out of range"),
+        ("x1", "id", "not an integer"),
+        ("root", "name", "not a class"),
+    ],
+)
 def test_label_encoder_errors_name_label_and_location(tax: Taxonomy, label: str, fmt: str, needle: str) -> None:
     with pytest.raises(TaxonomyError, match=needle) as err:
         LabelEncoder(tax).encode(label, fmt, source="data.csv", line=7)  # type: ignore[arg-type]
@@ -122,8 +134,13 @@ def test_nested_image_folder_builds_taxonomy(tmp_path: Path) -> None:
     assert tx.name_of(tx.parent[tx.index("plant/tree/oak")]) == "plant/tree"
     assert len(ds) == 5
     labels = {Path(p).name: tx.name_of(t) for p, t in ds.samples}
-    assert labels == {"a.png": "animal/cat", "b.jpg": "animal/cat", "c.png": "animal/dog",
-                      "generic.png": "animal", "d.png": "plant/tree/oak"}
+    assert labels == {
+        "a.png": "animal/cat",
+        "b.jpg": "animal/cat",
+        "c.png": "animal/dog",
+        "generic.png": "animal",
+        "d.png": "plant/tree/oak",
+    }
     img, node = ds[[Path(p).name for p, _ in ds.samples].index("a.png")]
     assert img.shape == (3, 5, 6) and img.dtype == torch.float32
     assert torch.allclose(img[0], torch.ones(5, 6)) and float(img[1:].abs().max()) == 0.0
@@ -164,8 +181,9 @@ def test_flat_image_folder_with_taxonomy(tmp_path: Path, tax: Taxonomy) -> None:
 # ---------------------------------------------------------------------------------------------- text files
 def test_csv_reader_quotes_lines_and_formats(tmp_path: Path, tax: Taxonomy) -> None:
     p = tmp_path / "d.csv"
-    p.write_text('id,text,label\n1,"purrs, meows",animal/cat\n2,"two\nlines",vehicle\n\n3,barks,dog\n',
-                 encoding="utf-8")
+    p.write_text(
+        'id,text,label\n1,"purrs, meows",animal/cat\n2,"two\nlines",vehicle\n\n3,barks,dog\n', encoding="utf-8"
+    )
     ds = HierTextDataset.from_csv(p, "text", "label", tax)
     assert ds.texts == ["purrs, meows", "two\nlines", "barks"]
     assert [tax.name_of(t) for t in ds.targets] == ["cat", "vehicle", "dog"]
@@ -173,19 +191,23 @@ def test_csv_reader_quotes_lines_and_formats(tmp_path: Path, tax: Taxonomy) -> N
     ids = tmp_path / "ids.tsv"
     ids.write_text(f"text\tnode\nfoo\t{tax.index('car')}\n")
     assert HierTextDataset.from_csv(ids, "text", "node", tax, label_format="id", delimiter="\t").targets.tolist() == [
-        tax.index("car")]
+        tax.index("car")
+    ]
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ('text,label\nok,cat\n"multi\nline",cat\nbad,vehicle/cat\n', r"d\.csv:5: .*'cat' is not a child of 'vehicle'"),
-    ("text,label\nok,cat\nnope,kitten\n", r"d\.csv:3: unknown label 'kitten'"),
-    ("text,label\nok,cat,extra\n", r"d\.csv:2: 3 fields but the header has 2"),
-    ("text,label\n,cat\n", r"d\.csv:2: empty text"),
-    ("text,label\nhello,\n", r"d\.csv:2: empty label"),
-    ("words,label\nhello,cat\n", r"d\.csv:1: no column 'text'"),
-    ("", r"d\.csv: empty file"),
-    ("text,label\n", r"d\.csv: no samples"),
-])
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ('text,label\nok,cat\n"multi\nline",cat\nbad,vehicle/cat\n', r"d\.csv:5: .*'cat' is not a child of 'vehicle'"),
+        ("text,label\nok,cat\nnope,kitten\n", r"d\.csv:3: unknown label 'kitten'"),
+        ("text,label\nok,cat,extra\n", r"d\.csv:2: 3 fields but the header has 2"),
+        ("text,label\n,cat\n", r"d\.csv:2: empty text"),
+        ("text,label\nhello,\n", r"d\.csv:2: empty label"),
+        ("words,label\nhello,cat\n", r"d\.csv:1: no column 'text'"),
+        ("", r"d\.csv: empty file"),
+        ("text,label\n", r"d\.csv: no samples"),
+    ],
+)
 def test_csv_reader_errors(tmp_path: Path, tax: Taxonomy, body: str, needle: str) -> None:
     p = tmp_path / "d.csv"
     p.write_text(body)
@@ -205,14 +227,20 @@ def test_jsonl_reader(tmp_path: Path, tax: Taxonomy) -> None:
     assert HierTextDataset.from_jsonl(q, "t", "y", tax, label_format="id").targets.tolist() == [tax.index("dog")]
 
 
-@pytest.mark.parametrize(("lines", "needle"), [
-    (['{"t": "a", "y": "cat"}', '{"t": "b", "y": "cat"'], r"d\.jsonl:2: invalid JSON"),
-    (['{"t": "a", "y": "cat"}', "[1, 2]"], r"d\.jsonl:2: expected a JSON object"),
-    (['{"t": "a"}'], r"d\.jsonl:1: no key 'y'"),
-    (['{"t": 5, "y": "cat"}'], r"d\.jsonl:1: 't' must be a string"),
-    (['{"t": "a", "y": "cat"}', '{"t": "b", "y": "animal/car"}'], r"d\.jsonl:2: .*'car' is not a child of 'animal'"),
-    (['{"t": "a", "y": null}'], r"d\.jsonl:1: 'y' must be a string or an integer"),
-])
+@pytest.mark.parametrize(
+    ("lines", "needle"),
+    [
+        (['{"t": "a", "y": "cat"}', '{"t": "b", "y": "cat"'], r"d\.jsonl:2: invalid JSON"),
+        (['{"t": "a", "y": "cat"}', "[1, 2]"], r"d\.jsonl:2: expected a JSON object"),
+        (['{"t": "a"}'], r"d\.jsonl:1: no key 'y'"),
+        (['{"t": 5, "y": "cat"}'], r"d\.jsonl:1: 't' must be a string"),
+        (
+            ['{"t": "a", "y": "cat"}', '{"t": "b", "y": "animal/car"}'],
+            r"d\.jsonl:2: .*'car' is not a child of 'animal'",
+        ),
+        (['{"t": "a", "y": null}'], r"d\.jsonl:1: 'y' must be a string or an integer"),
+    ],
+)
 def test_jsonl_reader_errors(tmp_path: Path, tax: Taxonomy, lines: list[str], needle: str) -> None:
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(lines) + "\n")
@@ -329,8 +357,9 @@ def test_gloss_set_counts_split_and_determinism(flat_gloss_taxonomy: Taxonomy) -
 
 
 def test_gloss_set_restricts_to_taxonomy_and_parent_labels() -> None:
-    tx = Taxonomy([("entity", "n00021939"), ("n00021939", "n03563967"), ("entity", "n02084071"),
-                   ("n02084071", "not_a_wnid")])
+    tx = Taxonomy(
+        [("entity", "n00021939"), ("n00021939", "n03563967"), ("entity", "n02084071"), ("n02084071", "not_a_wnid")]
+    )
     ds = wordnet_gloss_dataset("all", tx)
     assert [tx.name_of(t) for t in ds.targets] == ["n00021939", "n03563967", "n02084071"]
     par = wordnet_gloss_dataset("all", tx, label="parent")
@@ -461,8 +490,13 @@ def test_state_right_after_set_epoch_points_at_the_new_epoch_start() -> None:
 
 # ---------------------------------------------------------------------------------------------- dataset registry
 def test_dataset_registry_names_and_errors(tax: Taxonomy) -> None:
-    assert list_datasets() == DATASETS.names() == sorted(
-        ["fashion_mnist", "image_folder", "nested_blobs_3d", "synthetic", "text_csv", "text_jsonl", "wordnet_gloss"])
+    assert (
+        list_datasets()
+        == DATASETS.names()
+        == sorted(
+            ["fashion_mnist", "image_folder", "nested_blobs_3d", "synthetic", "text_csv", "text_jsonl", "wordnet_gloss"]
+        )
+    )
     with pytest.raises(ValueError, match=r"unknown data set 'synthetik' \(did you mean 'synthetic'\?\); registered: "):
         build_dataset("synthetik", "train", tax)
     with pytest.raises(ValueError, match="unknown data set 'blobs'"):
@@ -521,8 +555,11 @@ def test_synthetic_inputs_are_path_prototype_sums(tax: Taxonomy) -> None:
         np.testing.assert_allclose(x.numpy(), want, rtol=1e-6, atol=1e-6)
         assert tax.class_mask[y]
     # deeper prototypes are weaker: their scale is 1 / (1 + depth)
-    stds = [float(np.std(SyntheticHierarchy(tax, 1, kind="image", image_size=32, seed=s).prototypes[n]))
-            for s in range(3) for n in (tax.index("animal"), tax.index("cat"))]
+    stds = [
+        float(np.std(SyntheticHierarchy(tax, 1, kind="image", image_size=32, seed=s).prototypes[n]))
+        for s in range(3)
+        for n in (tax.index("animal"), tax.index("cat"))
+    ]
     assert all(a > b for a, b in zip(stds[::2], stds[1::2], strict=True))
     text, y = SyntheticHierarchy(tax, 2, kind="text")[1]
     assert {f"node{n}" for n in tax.path(y)[1:]} <= set(text.split())

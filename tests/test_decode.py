@@ -143,17 +143,24 @@ def test_simple_rules_match_per_sample_references() -> None:
         t = float(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]))
         lam = float(rng.choice([0.0, 0.5, 3.0]))
         got = {
-            "argmax_leaf": argmax_leaf(node, tax), "top_down": top_down(node, tax),
-            "top_down_t": top_down(node, tax, threshold=t), "threshold": threshold(node, tax, threshold=t),
-            "majority": majority(node, tax), "max_info": max_info(node, tax, threshold=t),
-            "info_gain": info_gain(node, tax, lam=lam), "plurality": plurality(node, tax),
+            "argmax_leaf": argmax_leaf(node, tax),
+            "top_down": top_down(node, tax),
+            "top_down_t": top_down(node, tax, threshold=t),
+            "threshold": threshold(node, tax, threshold=t),
+            "majority": majority(node, tax),
+            "max_info": max_info(node, tax, threshold=t),
+            "info_gain": info_gain(node, tax, lam=lam),
+            "plurality": plurality(node, tax),
         }
         for b, row in enumerate(node):
             want = {
-                "argmax_leaf": ref_argmax_leaf(tax, row), "top_down": ref_top_down(tax, row),
-                "top_down_t": ref_top_down(tax, row, t), "threshold": ref_deepest_above(tax, row, t, depth),
+                "argmax_leaf": ref_argmax_leaf(tax, row),
+                "top_down": ref_top_down(tax, row),
+                "top_down_t": ref_top_down(tax, row, t),
+                "threshold": ref_deepest_above(tax, row, t, depth),
                 "majority": ref_deepest_above(tax, row, 0.5, depth),
-                "max_info": ref_deepest_above(tax, row, t, ic), "info_gain": ref_info_gain(tax, row, lam),
+                "max_info": ref_deepest_above(tax, row, t, ic),
+                "info_gain": ref_info_gain(tax, row, lam),
                 "plurality": ref_plurality(tax, row, p[b]),
             }
             for k in want:
@@ -219,8 +226,7 @@ def test_torch_in_torch_out_and_dtypes() -> None:
                 risk = p @ nx_tree_distance(tax, "shortest_path").T
                 np.testing.assert_allclose(risk[np.arange(8), got], risk[np.arange(8), ref], atol=1e-6)
             elif rule == "optimal_hfbeta":
-                np.testing.assert_allclose(expected_hfbeta(got, node, tax), expected_hfbeta(ref, node, tax),
-                                           atol=1e-6)
+                np.testing.assert_allclose(expected_hfbeta(got, node, tax), expected_hfbeta(ref, node, tax), atol=1e-6)
             else:
                 np.testing.assert_array_equal(got, ref, err_msg=rule)
 
@@ -266,8 +272,7 @@ def test_leaf_probs_equal_marginalised_node_probs() -> None:
 
 
 # ------------------------------------------------------------------------------------------ Bayes
-@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
-                                  "ic_distance"])
+@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance"])
 def test_bayes_node_matches_brute_force(kind: str) -> None:
     rng = np.random.default_rng(hash(kind) % 1000)
     for _ in range(300):
@@ -288,10 +293,8 @@ def test_bayes_node_on_dags_and_custom_matrices() -> None:
     rng = np.random.default_rng(8)
     for _ in range(150):
         tax, _, p, node = sample_case(rng, dag=True)
-        kind = str(rng.choice(["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
-                               "ic_distance"]))
-        dist = np.array([[float(tax.distance(a, b, kind)) for b in range(tax.num_nodes)]
-                         for a in range(tax.num_nodes)])
+        kind = str(rng.choice(["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance"]))
+        dist = np.array([[float(tax.distance(a, b, kind)) for b in range(tax.num_nodes)] for a in range(tax.num_nodes)])
         _, cost = bayes_node(node, tax, kind, return_cost=True)
         np.testing.assert_allclose(cost, (p @ dist.T).min(1), atol=1e-9)
         # an arbitrary node-to-label matrix

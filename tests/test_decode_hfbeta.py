@@ -117,8 +117,9 @@ def test_optimal_hfbeta_matches_brute_force(dag: bool) -> None:
         subsets = closed_subsets(a, include_root)
         exp = brute_expected(subsets, p, a, beta, include_root)
         best = exp.max(0)
-        sets, value = optimal_hfbeta(node_probs, tax, beta, include_root=include_root, return_value=True,
-                                     initial_candidates=c0)
+        sets, value = optimal_hfbeta(
+            node_probs, tax, beta, include_root=include_root, return_value=True, initial_candidates=c0
+        )
         ctx = f"trial {trial} n={n} beta={beta} include_root={include_root} c0={c0} p={p.round(3).tolist()}"
         assert sets.dtype == bool and sets.shape == (4, n)
         assert sets[:, 0].all(), ctx
@@ -174,8 +175,9 @@ def test_expected_hfbeta_matches_brute_force_formula() -> None:
         for include_root in (False, True):
             ref = brute_expected(subsets, p, a, 1.7, include_root)
             for b in range(2):
-                got = expected_hfbeta(subsets, np.repeat((p @ a)[b:b + 1], len(subsets), 0), tax, 1.7,
-                                      include_root=include_root)
+                got = expected_hfbeta(
+                    subsets, np.repeat((p @ a)[b : b + 1], len(subsets), 0), tax, 1.7, include_root=include_root
+                )
                 np.testing.assert_allclose(got, ref[:, b], atol=1e-9)
 
 
@@ -247,7 +249,8 @@ def test_large_tree_escalation_agrees_with_full_search() -> None:
     leaf /= leaf.sum(1, keepdims=True)
     for beta in (0.5, 1.0, 2.0):
         _, v_small = optimal_hfbeta(leaf, tax, beta, leaf_probs=True, return_value=True, initial_candidates=2)
-        s_all, v_all = optimal_hfbeta(leaf, tax, beta, leaf_probs=True, return_value=True,
-                                      initial_candidates=tax.num_nodes)
+        s_all, v_all = optimal_hfbeta(
+            leaf, tax, beta, leaf_probs=True, return_value=True, initial_candidates=tax.num_nodes
+        )
         np.testing.assert_allclose(v_small, v_all, atol=1e-10)
         np.testing.assert_allclose(expected_hfbeta(s_all, leaf, tax, beta, leaf_probs=True), v_all, atol=1e-9)

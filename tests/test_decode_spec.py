@@ -21,8 +21,13 @@ def test_every_rule_parses_to_itself() -> None:
 
 
 def test_aliases_and_spellings_of_one_decoder_share_a_label() -> None:
-    spellings = ["optimal_hf1", "optimal_hfbeta1", "optimal_hfbeta:beta=1", "optimal_hfbeta:beta=1.0",
-                 " optimal_hfbeta : beta = 1 "]
+    spellings = [
+        "optimal_hf1",
+        "optimal_hfbeta1",
+        "optimal_hfbeta:beta=1",
+        "optimal_hfbeta:beta=1.0",
+        " optimal_hfbeta : beta = 1 ",
+    ]
     specs = {parse_decoder(s) for s in spellings} | {parse_decoder("optimal_hfbeta", beta=1)}
     assert specs == {DecoderSpec("optimal_hfbeta", {"beta": 1.0}, "optimal_hf1")}
     assert set(DECODER_ALIASES) == {"optimal_hf1", "optimal_hfbeta1"}

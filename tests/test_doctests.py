@@ -20,8 +20,11 @@ def _import_error(name: str) -> None:
 
 # Every module of the package, found by walking it (a module added later is collected without editing this
 # file); each module's docstrings run once, here and nowhere else. A failing import is a failure, not a skip.
-MODULES = sorted(m.name for m in pkgutil.walk_packages(hiercls.__path__, "hiercls.", onerror=_import_error)
-                 if not m.name.endswith("__main__"))
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(hiercls.__path__, "hiercls.", onerror=_import_error)
+    if not m.name.endswith("__main__")
+)
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -37,8 +40,11 @@ def test_module_docstring_examples(module_name: str, tmp_path: Path, monkeypatch
 def test_walk_finds_every_module_file() -> None:
     """The walk misses no ``.py`` file of the package (e.g. one in a folder without ``__init__.py``)."""
     pkg = Path(hiercls.__file__).parent
-    files = {".".join(("hiercls", *p.relative_to(pkg).with_suffix("").parts)).removesuffix(".__init__")
-             for p in pkg.rglob("*.py") if p.name != "__main__.py"}
+    files = {
+        ".".join(("hiercls", *p.relative_to(pkg).with_suffix("").parts)).removesuffix(".__init__")
+        for p in pkg.rglob("*.py")
+        if p.name != "__main__.py"
+    }
     assert files - {"hiercls"} == set(MODULES)
     assert {"hiercls._checks", "hiercls._registry"} <= set(MODULES)
 

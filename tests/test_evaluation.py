@@ -17,9 +17,7 @@ from hiercls.taxonomy.io import write_json
 
 TAX = Taxonomy([("r", "animal"), ("animal", "cat"), ("animal", "dog"), ("r", "car")], name="toy")
 # ids: r 0, animal 1, cat 2, dog 3, car 4
-PROBS = np.array([[1.0, 0.6, 0.3, 0.3, 0.4],
-                  [1.0, 0.9, 0.8, 0.1, 0.1],
-                  [1.0, 0.2, 0.1, 0.1, 0.8]], dtype=np.float32)
+PROBS = np.array([[1.0, 0.6, 0.3, 0.3, 0.4], [1.0, 0.9, 0.8, 0.1, 0.1], [1.0, 0.2, 0.1, 0.1, 0.8]], dtype=np.float32)
 
 
 def test_load_probabilities_formats(tmp_path) -> None:
@@ -93,8 +91,13 @@ def _brute_force(pred: np.ndarray, labels: np.ndarray, tax: Taxonomy, beta: floa
         per_f.append((1 + b2) * i / den if den else 0.0)
         exact.append(s == t)
     den = b2 * ntrue + npred
-    return {"micro": (1 + b2) * inter / den if den else 0.0, "samples": float(np.mean(per_f)),
-            "hP_micro": inter / npred, "hR_micro": inter / ntrue, "accuracy": float(np.mean(exact))}
+    return {
+        "micro": (1 + b2) * inter / den if den else 0.0,
+        "samples": float(np.mean(per_f)),
+        "hP_micro": inter / npred,
+        "hR_micro": inter / ntrue,
+        "accuracy": float(np.mean(exact)),
+    }
 
 
 def test_evaluate_probabilities_by_hand() -> None:
@@ -177,20 +180,44 @@ def test_cli_decode_writes_json_and_prints_table(tmp_path, capsys) -> None:
     np.save(tmp_path / "p.npy", PROBS)
     (tmp_path / "y.txt").write_text("cat\ncat\ncar\n")
     out = tmp_path / "preds.json"
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--rule", "crm", "--out", str(out)])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--rule",
+            "crm",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert [p["name"] for p in data["rules"]["crm"]["predictions"]] == ["cat", "cat", "car"]
     assert "crm: 3 predictions" in capsys.readouterr().out
 
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--labels", str(tmp_path / "y.txt"), "--rule", "optimal_hfbeta", "--beta", "2",
-               "--out", str(out)])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--labels",
+            str(tmp_path / "y.txt"),
+            "--rule",
+            "optimal_hfbeta",
+            "--beta",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
-    assert printed.splitlines()[0].split() == ["probs", "decoder", "accuracy", "hF1", "hF2", "level", "1", "level",
-                                               "2"]
+    assert printed.splitlines()[0].split() == ["probs", "decoder", "accuracy", "hF1", "hF2", "level", "1", "level", "2"]
     assert "optimal_hfbeta:beta=2" in printed
     data = json.loads(out.read_text())
     sets = data["rules"]["optimal_hfbeta:beta=2"]["predictions"]
@@ -199,18 +226,41 @@ def test_cli_decode_writes_json_and_prints_table(tmp_path, capsys) -> None:
     ref = evaluate_probabilities(PROBS, load_labels(tmp_path / "y.txt", TAX), TAX, ["optimal_hfbeta:beta=2"])
     assert {k: v for k, v in data["metrics"].items() if "/" in k} == {k: v for k, v in ref.items() if "/" in k}
     # the spec string and the flag are the same decoder
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--labels", str(tmp_path / "y.txt"), "--rule", "optimal_hfbeta:beta=2", "--out", str(out)])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--labels",
+            str(tmp_path / "y.txt"),
+            "--rule",
+            "optimal_hfbeta:beta=2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0 and json.loads(out.read_text())["metrics"] == data["metrics"]
     capsys.readouterr()
 
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--labels", str(tmp_path / "y.txt"), "--rule", "all"])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--labels",
+            str(tmp_path / "y.txt"),
+            "--rule",
+            "all",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert all(r in printed for r in ("argmax_leaf", "plurality", "bayes_node", "optimal_hfbeta"))
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--rule", "all"])
+    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"), "--rule", "all"])
     assert rc == 1 and "pass --labels" in capsys.readouterr().err
 
 
@@ -218,8 +268,17 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
     write_json(TAX, tmp_path / "tax.json")
     np.save(tmp_path / "p.npy", PROBS)
     (tmp_path / "y.txt").write_text("cat\nkitten\ncar\n")
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--labels", str(tmp_path / "y.txt")])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--labels",
+            str(tmp_path / "y.txt"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "y.txt:2" in err and "kitten" in err and "Traceback" not in err
     np.save(tmp_path / "wide.npy", np.ones((2, 7)))
@@ -228,9 +287,27 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
     assert rc == 1 and "[B, 5]" in err
     rc = main(["decode", "--probs", str(tmp_path / "nope.npy"), "--taxonomy", str(tmp_path / "tax.json")])
     assert rc == 1 and "nope.npy" in capsys.readouterr().err
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--rule", "optimal_hfbeta:beta=-2"])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--rule",
+            "optimal_hfbeta:beta=-2",
+        ]
+    )
     assert rc == 1 and "beta must be a finite number >= 0; got -2" in capsys.readouterr().err
-    rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"),
-               "--rule", "crm:cots=zhao"])
+    rc = main(
+        [
+            "decode",
+            "--probs",
+            str(tmp_path / "p.npy"),
+            "--taxonomy",
+            str(tmp_path / "tax.json"),
+            "--rule",
+            "crm:cots=zhao",
+        ]
+    )
     assert rc == 1 and "unknown option 'cots'" in capsys.readouterr().err

@@ -27,8 +27,7 @@ from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 torch.set_num_threads(1)
 
-TREE = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("a", "y"), ("x", "x1"), ("x", "x2"), ("b", "z"),
-                 ("r", "c")])
+TREE = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("a", "y"), ("x", "x1"), ("x", "x2"), ("b", "z"), ("r", "c")])
 DAG = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "w")])
 D = 6
 
@@ -73,8 +72,15 @@ def check_consistent(tax: Taxonomy, p: torch.Tensor, rule: str, tol: float = 1e-
 
 
 def test_registry_lists_every_builtin_head():
-    assert set(list_heads()) >= {"flat", "semantic_softmax", "conditional_softmax", "nested_sigmoid", "multilabel",
-                                 "hxe", "soft_labels"}
+    assert set(list_heads()) >= {
+        "flat",
+        "semantic_softmax",
+        "conditional_softmax",
+        "nested_sigmoid",
+        "multilabel",
+        "hxe",
+        "soft_labels",
+    }
     assert get_head_class("flat").head_name == "flat"
     with pytest.raises(ValueError, match="did you mean 'flat'"):
         create_head("flatt", TREE, D)
@@ -82,9 +88,11 @@ def test_registry_lists_every_builtin_head():
 
 def test_register_head_rejects_duplicates_and_non_heads():
     with pytest.raises(ValueError, match="already registered"):
+
         @register_head("flat")
         class Other(HierarchicalHead):  # pragma: no cover - never instantiated
             pass
+
     with pytest.raises(TypeError, match="HierarchicalHead subclass"):
         register_head("not_a_head")(int)
 
@@ -282,11 +290,21 @@ def test_multilabel_head_probs_are_mcm():
     head = MultiLabelHead(DAG, D)
     out = head(torch.randn(3, D))
     s = torch.sigmoid(out)
-    want = torch.stack([torch.stack([s[b, torch.as_tensor(DAG.descendants(n, include_self=True) - 1)].max()
-                                     for n in range(1, DAG.num_nodes)]) for b in range(3)])
+    want = torch.stack(
+        [
+            torch.stack(
+                [
+                    s[b, torch.as_tensor(DAG.descendants(n, include_self=True) - 1)].max()
+                    for n in range(1, DAG.num_nodes)
+                ]
+            )
+            for b in range(3)
+        ]
+    )
     assert torch.allclose(head.node_probs(out)[:, 1:], want)
-    assert math.isclose(head.loss(torch.zeros(1, DAG.num_nodes - 1), torch.tensor([1])).item(), math.log(2),
-                        rel_tol=1e-6)
+    assert math.isclose(
+        head.loss(torch.zeros(1, DAG.num_nodes - 1), torch.tensor([1])).item(), math.log(2), rel_tol=1e-6
+    )
 
 
 def test_semantic_and_conditional_node_probs_hand_computed():
@@ -319,6 +337,10 @@ def test_degenerate_taxonomies_are_clear_errors():
 
 
 def test_every_builtin_head_is_covered_by_the_contract_tests():
-    builtin = {n for n in list_heads() if get_head_class(n).__module__.startswith("hiercls.heads.")
-               and get_head_class(n).__module__ != "hiercls.heads.prompt"}
+    builtin = {
+        n
+        for n in list_heads()
+        if get_head_class(n).__module__.startswith("hiercls.heads.")
+        and get_head_class(n).__module__ != "hiercls.heads.prompt"
+    }
     assert builtin <= {name for name, _, _ in VARIANTS.values()}

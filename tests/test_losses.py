@@ -62,8 +62,9 @@ def test_tree_ops_against_brute_force(seed):
     vals = torch.tensor(rng.normal(size=(3, tax.num_nodes)))
     want_sum = np.stack([[vals[b, tax.path(n)].sum().item() for n in range(tax.num_nodes)] for b in range(3)])
     np.testing.assert_allclose(ops.top_down_sum(vals).numpy(), want_sum, rtol=1e-12)
-    want_max = np.stack([[vals[b, tax.descendants(n, include_self=True)].max().item() for n in range(tax.num_nodes)]
-                         for b in range(3)])
+    want_max = np.stack(
+        [[vals[b, tax.descendants(n, include_self=True)].max().item() for n in range(tax.num_nodes)] for b in range(3)]
+    )
     np.testing.assert_allclose(ops.descendant_max(vals).numpy(), want_max)
 
 
@@ -88,8 +89,7 @@ def test_leaf_cross_entropy_matches_torch_and_marginals():
     ce = LeafCrossEntropy(TREE)
     assert torch.allclose(ce(logits, y), F.cross_entropy(logits, torch.tensor(TREE.leaf_index)[y]))
     sm = LeafCrossEntropy(TREE, label_smoothing=0.3)
-    assert torch.allclose(sm(logits, y), F.cross_entropy(logits, torch.tensor(TREE.leaf_index)[y],
-                                                         label_smoothing=0.3))
+    assert torch.allclose(sm(logits, y), F.cross_entropy(logits, torch.tensor(TREE.leaf_index)[y], label_smoothing=0.3))
     # internal labels: -log of the summed leaf probabilities (brute force)
     internal = torch.tensor([TREE.index("a"), TREE.index("x"), TREE.index("b"), 0, -1, TREE.index("x1")])
     p = torch.softmax(logits, 1).numpy()
@@ -151,8 +151,7 @@ def test_hxe_brute_force(alpha):
 
 
 # ---------------------------------------------------------------------------------------------- soft labels
-@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
-                                  "ic_distance"])
+@pytest.mark.parametrize("kind", ["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance"])
 def test_soft_labels_table_and_on_the_fly_agree(kind):
     tax = random_tree(30, 5)
     y = torch.arange(tax.num_nodes)
@@ -209,7 +208,8 @@ def test_semantic_softmax_hand_computed(eps):
     got = SemanticSoftmaxLoss(SMALL, label_smoothing=eps)(logits, torch.tensor([SMALL.index("x"), SMALL.index("b")]))
     assert math.isclose(got.item(), (l_x + l_b) / 2, rel_tol=1e-6)
     got_n = SemanticSoftmaxLoss(SMALL, label_smoothing=eps, normalize="present")(
-        logits, torch.tensor([SMALL.index("x"), SMALL.index("b")]))
+        logits, torch.tensor([SMALL.index("x"), SMALL.index("b")])
+    )
     assert math.isclose(got_n.item(), (l_x / (w0 + w1) + l_b / w0) / 2, rel_tol=1e-6)
 
 

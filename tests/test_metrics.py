@@ -28,8 +28,11 @@ def random_dag(rng: np.random.Generator, n: int, extra: int) -> Taxonomy:
     for _ in range(extra if n > 2 else 0):
         c = int(rng.integers(2, n))
         edges.add((f"n{int(rng.integers(1, c))}", f"n{c}"))
-    return Taxonomy(sorted(edges, key=lambda e: (int(e[1][1:]), int(e[0][1:]))), nodes=[f"n{i}" for i in range(n)],
-                    name="random-dag")
+    return Taxonomy(
+        sorted(edges, key=lambda e: (int(e[1][1:]), int(e[0][1:]))),
+        nodes=[f"n{i}" for i in range(n)],
+        name="random-dag",
+    )
 
 
 def ref_ancestors(tax: Taxonomy, node: int) -> set[int]:
@@ -93,8 +96,10 @@ def ref_hier_prf(tax, true_sets, pred_sets, *, average, include_root, beta=1.0, 
         tot = sum(w)
         pr = sum(wi * div(len(t & p), len(p), zd) for wi, t, p in zip(w, ts, ps, strict=True)) / tot
         rc = sum(wi * div(len(t & p), len(t), zd) for wi, t, p in zip(w, ts, ps, strict=True)) / tot
-        f = sum(wi * div((1 + b2) * len(t & p), b2 * len(t) + len(p), zd)
-                for wi, t, p in zip(w, ts, ps, strict=True)) / tot
+        f = (
+            sum(wi * div((1 + b2) * len(t & p), b2 * len(t) + len(p), zd) for wi, t, p in zip(w, ts, ps, strict=True))
+            / tot
+        )
         return pr, rc, f
     nodes = range(tax.num_nodes) if include_root else range(1, tax.num_nodes)
     prs, rcs, fs = [], [], []
@@ -165,10 +170,19 @@ def ref_constrained_f1(tax, true_sets, raw_preds, average, zd=0.0):
 # ----------------------------------------------------------------------------- fixtures
 def animal_tree() -> Taxonomy:
     """root ─┬─ animal ─┬─ cat
-             │          └─ dog ── puppy
-             └─ vehicle ── car          (ids 0..6 in this order; height 3)"""
-    return Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("dog", "puppy"),
-                     ("root", "vehicle"), ("vehicle", "car")], name="animals")
+    │          └─ dog ── puppy
+    └─ vehicle ── car          (ids 0..6 in this order; height 3)"""
+    return Taxonomy(
+        [
+            ("root", "animal"),
+            ("animal", "cat"),
+            ("animal", "dog"),
+            ("dog", "puppy"),
+            ("root", "vehicle"),
+            ("vehicle", "car"),
+        ],
+        name="animals",
+    )
 
 
 def diamond_dag() -> Taxonomy:
@@ -220,9 +234,11 @@ def test_hierarchical_prf_hand_computed_micro_samples_macro():
     assert M.hierarchical_fbeta_score(["puppy"], ["dog"], beta=2.0, **kw) == pytest.approx(5 * 2 / (4 * 3 + 2))
     # beta = 0 is hierarchical precision (the rule of scikit-learn's fbeta_score and of the hF-beta decoder)
     for average in ("micro", "macro", "samples"):
-        assert M.hierarchical_fbeta_score(HAND_TRUE, HAND_PRED, beta=0.0, average=average, zero_division=0.0,
-                                          **kw) == pytest.approx(
-            M.hierarchical_precision_score(HAND_TRUE, HAND_PRED, average=average, zero_division=0.0, **kw))
+        assert M.hierarchical_fbeta_score(
+            HAND_TRUE, HAND_PRED, beta=0.0, average=average, zero_division=0.0, **kw
+        ) == pytest.approx(
+            M.hierarchical_precision_score(HAND_TRUE, HAND_PRED, average=average, zero_division=0.0, **kw)
+        )
 
 
 def test_hand_computed_distances_levels_nodes():
@@ -284,8 +300,9 @@ def test_path_and_constrained_f1_hand_computed():
     # C-F1: kept {} and {animal, cat}: tp = 2, fp = 0, fn = 3
     assert M.constrained_f1_score(truth, raw, taxonomy=tax) == pytest.approx(4 / 7)
     # consistent_subsets on the raw sets
-    kept = M.consistent_subsets(sp.csr_matrix(sets_matrix(tax, [{ids["dog"], ids["puppy"]},
-                                                                {ids["animal"], ids["cat"], ids["car"]}])), tax)
+    kept = M.consistent_subsets(
+        sp.csr_matrix(sets_matrix(tax, [{ids["dog"], ids["puppy"]}, {ids["animal"], ids["cat"], ids["car"]}])), tax
+    )
     assert [set(np.flatnonzero(r)) for r in kept.toarray()] == [set(), {ids["animal"], ids["cat"]}]
     # closed predictions make P-F1, C-F1 and the node F1 agree
     closed = [["dog", "puppy", "animal"], ["animal", "cat"]]
@@ -299,18 +316,23 @@ def test_hiclass_mode_compares_names_not_nodes():
     yt = [["animal", "other"], ["vehicle", "other"]]
     yp = [["vehicle", "other"], ["vehicle", "car"]]
     assert M.hiclass_precision_recall_fscore(yt, yp) == (0.5, 0.5, 0.5)
-    tax = Taxonomy([("root", "animal"), ("animal", "animal/other"), ("root", "vehicle"),
-                    ("vehicle", "vehicle/other"), ("vehicle", "car")])
+    tax = Taxonomy(
+        [
+            ("root", "animal"),
+            ("animal", "animal/other"),
+            ("root", "vehicle"),
+            ("vehicle", "vehicle/other"),
+            ("vehicle", "car"),
+        ]
+    )
     nodes_t = ["animal/other", "vehicle/other"]
     nodes_p = ["vehicle/other", "car"]
     assert M.hierarchical_precision_score(nodes_t, nodes_p, taxonomy=tax) == 0.25
     # hiclass "macro" = per-sample mean = our "samples" (when names are unique)
     yt2, yp2 = [["animal", "cat"], ["vehicle", ""]], [["animal", "dog"], ["vehicle", "car"]]
     hc = M.hiclass_precision_recall_fscore(yt2, yp2, average="macro")
-    tax2 = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "vehicle"),
-                     ("vehicle", "car")])
-    ours = M.hierarchical_precision_recall_fscore(["cat", "vehicle"], ["dog", "car"], taxonomy=tax2,
-                                                  average="samples")
+    tax2 = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "vehicle"), ("vehicle", "car")])
+    ours = M.hierarchical_precision_recall_fscore(["cat", "vehicle"], ["dog", "car"], taxonomy=tax2, average="samples")
     assert hc == pytest.approx((*ours[:2], np.mean([0.5, 2 * 1 * 0.5 / 1.5])))
 
 
@@ -340,10 +362,16 @@ def test_prf_matches_set_reference(kind, multilabel):
             for include_root in (False, True):
                 beta = 0.5 if trial % 3 == 0 else 1.0
                 got = M.hierarchical_precision_recall_fscore(
-                    y_t, y_p, taxonomy=tax, average=average, include_root=include_root, beta=beta,
-                    sample_weight=w, zero_division=0.0)
-                want = ref_hier_prf(tax, tsets, psets, average=average, include_root=include_root, beta=beta,
-                                    weights=w)
+                    y_t,
+                    y_p,
+                    taxonomy=tax,
+                    average=average,
+                    include_root=include_root,
+                    beta=beta,
+                    sample_weight=w,
+                    zero_division=0.0,
+                )
+                want = ref_hier_prf(tax, tsets, psets, average=average, include_root=include_root, beta=beta, weights=w)
                 assert got == pytest.approx(want, abs=1e-12), (trial, average, include_root)
 
 
@@ -376,8 +404,13 @@ def test_hypothesis_micro_equals_node_micro_and_reference(n, seed, dag):
     hp, hr, hf = M.hierarchical_precision_recall_fscore(t, p, taxonomy=tax, zero_division=0.0)
     np_, nr, nf, _ = M.node_precision_recall_fscore_support(t, p, taxonomy=tax, average="micro", zero_division=0.0)
     assert (hp, hr, hf) == pytest.approx((np_, nr, nf))
-    want = ref_hier_prf(tax, [ref_ancestors(tax, int(a)) for a in t], [ref_ancestors(tax, int(a)) for a in p],
-                        average="micro", include_root=False)
+    want = ref_hier_prf(
+        tax,
+        [ref_ancestors(tax, int(a)) for a in t],
+        [ref_ancestors(tax, int(a)) for a in p],
+        average="micro",
+        include_root=False,
+    )
     assert (hp, hr, hf) == pytest.approx(want)
 
 
@@ -399,7 +432,8 @@ def test_node_metrics_match_sklearn_on_binarised_sets():
         assert M.hamming_loss(t, p, taxonomy=tax) == pytest.approx(skm.hamming_loss(bt, bp))
         assert M.exact_match_score(t, p, taxonomy=tax) == pytest.approx(skm.accuracy_score(bt, bp))
         assert M.exact_match_score(tax.ancestor_matrix(t), tax.ancestor_matrix(p), taxonomy=tax) == pytest.approx(
-            skm.accuracy_score(bt, bp))
+            skm.accuracy_score(bt, bp)
+        )
         # labels= restricts the macro average to a subset
         sub = [3, 5, 7]
         want = skm.f1_score(bt, bp, labels=[s - 1 for s in sub], average="macro", zero_division=0.0)
@@ -415,9 +449,11 @@ def test_present_labels_equal_sklearn_multiclass_macro_on_a_flat_taxonomy():
     p[:3] = 11  # a class only predicted
     want = skm.f1_score(t, p, average="macro")  # averages over the labels present in t or p
     assert M.node_f1_score(t, p, taxonomy=flat, average="macro", labels="present", zero_division=0.0) == pytest.approx(
-        want)
-    assert M.hierarchical_f1_score(t, p, taxonomy=flat, average="macro", labels="present",
-                                   zero_division=0.0) == pytest.approx(want)
+        want
+    )
+    assert M.hierarchical_f1_score(
+        t, p, taxonomy=flat, average="macro", labels="present", zero_division=0.0
+    ) == pytest.approx(want)
     everything = skm.f1_score(t, p, average="macro", labels=np.arange(1, 13), zero_division=0.0)
     assert M.node_f1_score(t, p, taxonomy=flat, average="macro", zero_division=0.0) == pytest.approx(everything)
     assert M.hierarchical_report(t, p, taxonomy=flat, k=())["node_macro_f1"] == pytest.approx(want)
@@ -429,12 +465,14 @@ def test_path_constrained_and_constrained_f1_match_reference():
     for dag in (False, True):
         tax = random_dag(rng, 18, 6) if dag else random_tree(18, rng)
         t = rng.integers(0, 18, 20)
-        raw = [set(rng.choice(np.arange(1, 18), size=int(rng.integers(0, 5)), replace=False).tolist())
-               for _ in range(20)]
+        raw = [
+            set(rng.choice(np.arange(1, 18), size=int(rng.integers(0, 5)), replace=False).tolist()) for _ in range(20)
+        ]
         tsets = [ref_ancestors(tax, int(a)) for a in t]
         for average in ("micro", "macro"):
-            got = M.path_constrained_f1_score(t, [sorted(r) for r in raw], taxonomy=tax, average=average,
-                                              zero_division=0.0)
+            got = M.path_constrained_f1_score(
+                t, [sorted(r) for r in raw], taxonomy=tax, average=average, zero_division=0.0
+            )
             assert got == pytest.approx(ref_path_f1(tax, tsets, raw, average))
             got = M.constrained_f1_score(t, sets_matrix(tax, raw), taxonomy=tax, average=average, zero_division=0.0)
             assert got == pytest.approx(ref_constrained_f1(tax, tsets, raw, average))
@@ -453,11 +491,23 @@ def test_distances_levels_topk_match_reference():
         # the general (node set) path of per-level accuracy agrees with the tree fast path
         assert np.allclose(M.per_level_accuracy_score(tax.ancestor_matrix(t), p, taxonomy=tax), got, equal_nan=True)
         # Wu-Palmer from the reference depths (root depth 0, and WordNet's root depth 1)
-        wup = [0.0 if a == b else 1 - 2 * ref_depth_of(tax, ref_deepest_common(tax, a, b))
-               / (ref_depth_of(tax, a) + ref_depth_of(tax, b)) for a, b in zip(t.tolist(), p.tolist(), strict=True)]
+        wup = [
+            0.0
+            if a == b
+            else 1
+            - 2 * ref_depth_of(tax, ref_deepest_common(tax, a, b)) / (ref_depth_of(tax, a) + ref_depth_of(tax, b))
+            for a, b in zip(t.tolist(), p.tolist(), strict=True)
+        ]
         assert M.wu_palmer_loss(t, p, taxonomy=tax) == pytest.approx(np.mean(wup))
-        wup = [0.0 if a == b else 1 - 2 * (ref_depth_of(tax, ref_deepest_common(tax, a, b)) + 1)
-               / (ref_depth_of(tax, a) + ref_depth_of(tax, b) + 2) for a, b in zip(t.tolist(), p.tolist(), strict=True)]
+        wup = [
+            0.0
+            if a == b
+            else 1
+            - 2
+            * (ref_depth_of(tax, ref_deepest_common(tax, a, b)) + 1)
+            / (ref_depth_of(tax, a) + ref_depth_of(tax, b) + 2)
+            for a, b in zip(t.tolist(), p.tolist(), strict=True)
+        ]
         got = M.hierarchical_distance_loss(t, p, taxonomy=tax, distance="wu_palmer_root1")
         assert got == pytest.approx(np.mean(wup))
         # top-k and hdist@k over leaf scores
@@ -472,18 +522,26 @@ def test_distances_levels_topk_match_reference():
         assert M.top_k_accuracy_score(y, node_scores, taxonomy=tax, k=k) == pytest.approx(want_acc)
         h = max(ref_depth_of(tax, n) for n in range(tax.num_nodes))
         order = np.argsort(-scores, axis=1)[:, :k]
-        ref = np.mean([np.mean([0 if leaves[j] == a else h - ref_depth_of(tax, ref_deepest_common(tax, a, leaves[j]))
-                                for j in row]) for a, row in zip(y.tolist(), order, strict=True)])
+        ref = np.mean(
+            [
+                np.mean(
+                    [0 if leaves[j] == a else h - ref_depth_of(tax, ref_deepest_common(tax, a, leaves[j])) for j in row]
+                )
+                for a, row in zip(y.tolist(), order, strict=True)
+            ]
+        )
         assert M.average_hierarchical_distance_at_k(y, scores, taxonomy=tax, k=k) == pytest.approx(ref)
 
 
 def test_semantic_levels_with_class_subset():
     # classes skip "dog": puppy's semantic level is 1 (animal is its only class ancestor)
-    tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("dog", "puppy")],
-                   classes=["animal", "cat", "puppy"])
+    tax = Taxonomy(
+        [("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("dog", "puppy")], classes=["animal", "cat", "puppy"]
+    )
     assert tax.semantic_level[tax.ids(["animal", "cat", "puppy"])].tolist() == [0, 1, 1]
-    acc = M.per_level_accuracy_score(["puppy", "puppy", "cat"], ["cat", "puppy", "dog"], taxonomy=tax,
-                                     levels="semantic")
+    acc = M.per_level_accuracy_score(
+        ["puppy", "puppy", "cat"], ["cat", "puppy", "dog"], taxonomy=tax, levels="semantic"
+    )
     # level 0: animal everywhere (3/3); level 1: puppy/cat no, puppy/puppy yes, cat/(dog: none) not valid
     assert acc.tolist() == [1.0, 0.5]
     # semantic accuracy counts the cat/dog pair at level 1 as wrong: (3 + 1) / (3 + 3)
@@ -498,10 +556,12 @@ def test_permutation_weights_and_repetition_invariance():
     perm = rng.permutation(50)
     reps = rng.integers(0, 4, 50)
     fns = [
-        lambda a, b, **k: M.hierarchical_precision_recall_fscore(a, b, taxonomy=tax, average="samples",
-                                                                 zero_division=0.0, **k),
-        lambda a, b, **k: M.hierarchical_precision_recall_fscore(a, b, taxonomy=tax, average="macro",
-                                                                 zero_division=0.0, **k),
+        lambda a, b, **k: M.hierarchical_precision_recall_fscore(
+            a, b, taxonomy=tax, average="samples", zero_division=0.0, **k
+        ),
+        lambda a, b, **k: M.hierarchical_precision_recall_fscore(
+            a, b, taxonomy=tax, average="macro", zero_division=0.0, **k
+        ),
         lambda a, b, **k: M.hierarchical_fbeta_score(a, b, taxonomy=tax, zero_division=0.0, **k),
         lambda a, b, **k: M.mistake_severity(a, b, taxonomy=tax, **k),
         lambda a, b, **k: M.per_level_accuracy_score(a, b, taxonomy=tax, **k).tolist(),
@@ -521,8 +581,7 @@ def test_ignored_targets_are_dropped():
     t = np.array([1, -1, 2, -1])
     p = np.array([2, 3, 2, 5])
     assert M.hierarchical_f1_score(t, p, taxonomy=tax) == M.hierarchical_f1_score([1, 2], [2, 2], taxonomy=tax)
-    assert M.hierarchical_report(t, p, taxonomy=tax, k=()) == M.hierarchical_report([1, 2], [2, 2], taxonomy=tax,
-                                                                                    k=())
+    assert M.hierarchical_report(t, p, taxonomy=tax, k=()) == M.hierarchical_report([1, 2], [2, 2], taxonomy=tax, k=())
 
 
 # ----------------------------------------------------------------------------- segmentation
@@ -536,12 +595,14 @@ def test_dice_masks_match_direct_formula_and_sklearn():
         assert got[r] == pytest.approx(2 * (tr & pr).sum() / (tr.sum() + pr.sum()))
         assert got[r] == pytest.approx(skm.f1_score(tr, pr))
     per = M.nested_dice_score(t, p, per_sample=True)
-    want = [np.mean([2 * (t[b, r] & p[b, r]).sum() / (t[b, r].sum() + p[b, r].sum()) for b in range(3)])
-            for r in range(4)]
+    want = [
+        np.mean([2 * (t[b, r] & p[b, r]).sum() / (t[b, r].sum() + p[b, r].sum()) for b in range(3)]) for r in range(4)
+    ]
     assert np.allclose(per, want)
     soft = rng.random((2, 1, 6))
     assert M.nested_dice_score(t[:2, :1, 0], soft)[0] == pytest.approx(
-        2 * (t[:2, :1, 0] * soft).sum() / (t[:2, :1, 0].sum() + soft.sum()))
+        2 * (t[:2, :1, 0] * soft).sum() / (t[:2, :1, 0].sum() + soft.sum())
+    )
     # the empty-empty rule and smoothing
     z = np.zeros((1, 2, 4), dtype=bool)
     assert M.nested_dice_score(z, z).tolist() == [1.0, 1.0]
@@ -604,9 +665,11 @@ def test_stateful_batches_equal_functional():
     kw = {"taxonomy": tax, "sample_weight": w}
     for avg in ("micro", "samples"):
         assert tuple(metrics[avg].compute().values()) == pytest.approx(
-            M.hierarchical_precision_recall_fscore(t, p, average=avg, zero_division=0.0, **kw))
+            M.hierarchical_precision_recall_fscore(t, p, average=avg, zero_division=0.0, **kw)
+        )
     assert tuple(metrics["macro"].compute().values()) == pytest.approx(
-        M.hierarchical_precision_recall_fscore(t, p, average="macro", include_root=True, zero_division=0.0, **kw))
+        M.hierarchical_precision_recall_fscore(t, p, average="macro", include_root=True, zero_division=0.0, **kw)
+    )
     node = metrics["node"].compute()
     assert node["macro_f1"] == pytest.approx(M.node_f1_score(t, p, average="macro", zero_division=0.0, **kw))
     assert node["hamming_loss"] == pytest.approx(M.hamming_loss(t, p, **kw))
@@ -665,8 +728,9 @@ def test_report_and_collection_agree_with_functions():
     assert r["top1_accuracy"] == pytest.approx(r["accuracy"])
     assert r["hF1_micro"] == pytest.approx(M.hierarchical_f1_score(t, p, **kw))
     assert r["hF1_samples"] == pytest.approx(M.hierarchical_f1_score(t, p, average="samples", **kw))
-    assert r["hF1_macro"] == pytest.approx(M.hierarchical_f1_score(t, p, average="macro", zero_division=0.0,
-                                                                   labels="present", **kw))
+    assert r["hF1_macro"] == pytest.approx(
+        M.hierarchical_f1_score(t, p, average="macro", zero_division=0.0, labels="present", **kw)
+    )
     assert r["mistake_severity"] == pytest.approx(M.mistake_severity(t, p, **kw))
     assert r["wu_palmer_loss"] == pytest.approx(M.wu_palmer_loss(t, p, **kw))
     assert r["zhao_loss"] == pytest.approx(M.zhao_loss(t, p, **kw))
@@ -688,7 +752,8 @@ def test_report_and_collection_agree_with_functions():
     # multi-label: node sets, distance metrics left out
     ml = M.hierarchical_report([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax)
     assert "mistake_severity" not in ml and ml["hF1_micro"] == pytest.approx(
-        M.hierarchical_f1_score([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax))
+        M.hierarchical_f1_score([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax)
+    )
 
 
 # ----------------------------------------------------------------------------- errors

@@ -16,11 +16,13 @@ import torch
 import hiercls.metrics as M
 from hiercls.taxonomy import Taxonomy
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                                reason="torch.distributed with gloo is needed")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
 
 # Shared by the workers and the single-process reference: the data and how every metric is built.
-SETUP = textwrap.dedent('''
+SETUP = textwrap.dedent("""
     import numpy as np
     import hiercls.metrics as M
     from hiercls.taxonomy import Taxonomy
@@ -67,9 +69,9 @@ SETUP = textwrap.dedent('''
         metrics["dice_map"].update(d["seg_t"], d["seg_p"])
         metrics["dice_mask"].update(d["mask_t"], d["mask_p"])
         metrics["collection"].update(d["t"], d["p"], scores=d["scores"])
-''')
+""")
 
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import json, sys
     import numpy as np
     import torch
@@ -92,13 +94,21 @@ WORKER = textwrap.dedent('''
     json.dump({"first": first, "second": second, "synced_node": synced}, open(out, "w"))
     dist.barrier()
     dist.destroy_process_group()
-''')
+""")
 
 
 # Results that are ratios of sums of non-integers (per-sample means, averaged distances): equal only up to
 # the rounding of the summation order. Everything else is a ratio of integer sums, exact in float64.
-FLOAT_SUMS = ("hier_samples", "dice_per_sample", "hdist@", "hP_samples", "hR_samples", "hF1_samples",
-              "wu_palmer_loss", "zhao_loss")
+FLOAT_SUMS = (
+    "hier_samples",
+    "dice_per_sample",
+    "hdist@",
+    "hP_samples",
+    "hR_samples",
+    "hF1_samples",
+    "wu_palmer_loss",
+    "zhao_loss",
+)
 
 
 def _same(a, b, path: str = ""):
@@ -124,9 +134,16 @@ def test_two_gloo_ranks_with_uneven_shards_match_single_process(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(worker), str(setup), str(r), str(tmp_path / "init"),
-                               str(tmp_path / f"out{r}.json")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(setup), str(r), str(tmp_path / "init"), str(tmp_path / f"out{r}.json")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     logs = []
     for p in procs:
         try:
@@ -153,7 +170,9 @@ def test_two_gloo_ranks_with_uneven_shards_match_single_process(tmp_path):
     t, p, w = data["t"], data["p"], data["w"]
     tree = metrics["hier_micro"].taxonomy
     assert outs[1]["first"]["hier_micro"]["fbeta"] == pytest.approx(
-        M.hierarchical_fbeta_score(t, p, taxonomy=tree, sample_weight=w, zero_division=0.0))
+        M.hierarchical_fbeta_score(t, p, taxonomy=tree, sample_weight=w, zero_division=0.0)
+    )
     assert outs[0]["first"]["dice_map"]["dice"] == pytest.approx(
-        M.nested_dice_score(data["seg_t"], data["seg_p"], taxonomy=tree).tolist())
+        M.nested_dice_score(data["seg_t"], data["seg_p"], taxonomy=tree).tolist()
+    )
     assert isinstance(tree, Taxonomy)

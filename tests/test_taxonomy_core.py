@@ -86,8 +86,8 @@ def test_structure_matches_networkx(seed: int, dag: bool) -> None:
         assert tax.is_leaf[i] == (g.out_degree(n) == 0)
         assert tax.num_children[i] == g.out_degree(n)
         # CSR arrays agree with the tuples
-        assert tuple(tax.parent_idx[tax.parent_ptr[i]:tax.parent_ptr[i + 1]]) == tax.parents(i)
-        assert tuple(tax.child_idx[tax.child_ptr[i]:tax.child_ptr[i + 1]]) == tax.children(i)
+        assert tuple(tax.parent_idx[tax.parent_ptr[i] : tax.parent_ptr[i + 1]]) == tax.parents(i)
+        assert tuple(tax.child_idx[tax.child_ptr[i] : tax.child_ptr[i + 1]]) == tax.children(i)
     assert tax.height == max(longest.values())
     assert [names[i] for i in tax.leaves] == [n for n in names if g.out_degree(n) == 0]
     assert tax.num_leaves == len(tax.leaves)
@@ -125,7 +125,7 @@ def test_tree_ids_are_dfs_preorder_with_contiguous_subtrees(seed: int) -> None:
         path = [tax.index(n) for n in nx.shortest_path(g, root_of(g), tax.names[i])]
         assert tax.path(i) == path
         assert tax.paths[i, : len(path)].tolist() == path
-        assert (tax.paths[i, len(path):] == -1).all()
+        assert (tax.paths[i, len(path) :] == -1).all()
     assert tax.paths.shape == (tax.num_nodes, tax.height + 1)
     np.testing.assert_array_equal(tax.leaf_paths, tax.paths[tax.leaves])
 
@@ -171,8 +171,10 @@ def test_distances_match_formulas(seed: int, dag: bool) -> None:
     depth = nx.single_source_shortest_path_length(g, root_of(g))
     height = max(tax.max_depth)
     a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    dist = {k: tax.distance(a, b, k) for k in ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
-                                               "ic_distance", "jiang_conrath")}
+    dist = {
+        k: tax.distance(a, b, k)
+        for k in ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath")
+    }
     for x in range(n):
         for y in range(n):
             nx_, ny_ = tax.names[x], tax.names[y]

@@ -57,9 +57,15 @@ def random_taxonomy(seed: int, *, dag: bool = False, virtual_root: bool = False)
     classes = [nm for nm in names if rng.random() < 0.7] or None
     display = {nm: nm.upper() for nm in names if rng.random() < 0.3}
     try:
-        return Taxonomy(edges, nodes=names, classes=classes, display_names=display,
-                        virtual_root="VROOT" if virtual_root else None, name=f"rand{seed}",
-                        metadata={"seed": seed, "source": "test"})
+        return Taxonomy(
+            edges,
+            nodes=names,
+            classes=classes,
+            display_names=display,
+            virtual_root="VROOT" if virtual_root else None,
+            name=f"rand{seed}",
+            metadata={"seed": seed, "source": "test"},
+        )
     except TaxonomyError:  # a class list that happened to include only the virtual root, etc.
         return Taxonomy(edges, nodes=names, virtual_root="VROOT" if virtual_root else None, name=f"rand{seed}")
 
@@ -109,13 +115,16 @@ def test_json_layout_and_determinism(tmp_path: Path) -> None:
 
 def test_json_errors(tmp_path: Path) -> None:
     p = tmp_path / "bad.json"
-    p.write_text('{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"],\n'
-                 ' "edges": [["a", "b"],\n            ["b", "a"]]}')
+    p.write_text(
+        '{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"],\n'
+        ' "edges": [["a", "b"],\n            ["b", "a"]]}'
+    )
     with pytest.raises(TaxonomyError, match="cycle") as err:
         read_json(p)
     assert err.value.source == str(p) and err.value.line in (2, 3)
-    p.write_text('{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"],\n'
-                 ' "edges": [["a", "b"],\n            ["b"]]}')
+    p.write_text(
+        '{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"],\n "edges": [["a", "b"],\n            ["b"]]}'
+    )
     with pytest.raises(TaxonomyError, match=r"edges\[1\] must be a \[parent, child\]") as err:
         read_json(p)
     assert err.value.line == 3
@@ -133,8 +142,9 @@ def test_json_errors(tmp_path: Path) -> None:
     with pytest.raises(TaxonomyError, match="duplicate node 'a'") as err:
         read_json(p)
     assert err.value.source == str(p)  # core errors without a location still name the file
-    p.write_text('{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"], "edges": [["a", "b"]],'
-                 ' "classes": ["zz"]}')
+    p.write_text(
+        '{"format": "hiercls.taxonomy", "version": 1, "nodes": ["a", "b"], "edges": [["a", "b"]], "classes": ["zz"]}'
+    )
     with pytest.raises(TaxonomyError, match="class 'zz'") as err:
         read_json(p)
     assert str(err.value).startswith(f"{p}: ")
@@ -195,8 +205,10 @@ def test_lossless_formats_property(tmp_path: Path, tax: Taxonomy) -> None:
 def test_edge_list_round_trip(tmp_path: Path, seed: int, suffix: str, delimiter: str) -> None:
     tax = random_taxonomy(seed, dag=seed % 2 == 1, virtual_root=seed % 4 == 0)
     if delimiter == " ":
-        tax = Taxonomy([(p.replace(" ", "_"), c.replace(" ", "_")) for p, c in tax.edge_list(names=True)
-                        if p != tax.virtual_root], virtual_root=tax.virtual_root)
+        tax = Taxonomy(
+            [(p.replace(" ", "_"), c.replace(" ", "_")) for p, c in tax.edge_list(names=True) if p != tax.virtual_root],
+            virtual_root=tax.virtual_root,
+        )
     path = tmp_path / f"t{suffix}"
     write_edge_list(tax, path, delimiter=delimiter)
     back = read_edge_list(path, virtual_root=tax.virtual_root)
@@ -205,8 +217,7 @@ def test_edge_list_round_trip(tmp_path: Path, seed: int, suffix: str, delimiter:
     same_structure(back, tax)
     assert [back.parents(i) for i in range(back.num_nodes)] == [tax.parents(i) for i in range(tax.num_nodes)]
     plain = [e for e in tax.edge_list(names=True) if e[0] != tax.virtual_root]
-    assert back == Taxonomy(plain, nodes=[n for n in tax.names if n != tax.virtual_root],
-                            virtual_root=tax.virtual_root)
+    assert back == Taxonomy(plain, nodes=[n for n in tax.names if n != tax.virtual_root], virtual_root=tax.virtual_root)
 
 
 def test_edge_list_parsing(tmp_path: Path) -> None:
@@ -227,14 +238,17 @@ def test_edge_list_parsing(tmp_path: Path) -> None:
     assert read_edge_list(p).names == ("root", "a")
 
 
-@pytest.mark.parametrize(("content", "pattern", "line"), [
-    ("r\ta\na\tb\tc\n", "3 fields", 2),
-    ("r,a\na,\n", "empty field", 2),
-    ("r\ta\na\ta\n", "self-loop", 2),
-    ("r\ta\nr\tb\nr\ta\n", r"duplicate edge .*first at .*:1\)", 3),
-    ("r\ta\na\tb\nb\ta\n", "cycle", None),
-    ("root\tanimal\nanimal\tcat\nanimall\tdog\n", r"'animall' \(did you mean 'animal'\?\).*virtual_root=", 3),
-])
+@pytest.mark.parametrize(
+    ("content", "pattern", "line"),
+    [
+        ("r\ta\na\tb\tc\n", "3 fields", 2),
+        ("r,a\na,\n", "empty field", 2),
+        ("r\ta\na\ta\n", "self-loop", 2),
+        ("r\ta\nr\tb\nr\ta\n", r"duplicate edge .*first at .*:1\)", 3),
+        ("r\ta\na\tb\nb\ta\n", "cycle", None),
+        ("root\tanimal\nanimal\tcat\nanimall\tdog\n", r"'animall' \(did you mean 'animal'\?\).*virtual_root=", 3),
+    ],
+)
 def test_edge_list_errors_name_file_and_line(tmp_path: Path, content: str, pattern: str, line: int | None) -> None:
     p = tmp_path / "bad.edges"
     p.write_text(content)
@@ -301,14 +315,17 @@ def test_hiagm_layout(tmp_path: Path) -> None:
     assert (tmp_path / "out.tsv").read_text() == p.read_text()
 
 
-@pytest.mark.parametrize(("content", "pattern", "line"), [
-    ("Root\tA\nA\n", "only a parent", 2),
-    ("Root\tA B\nA B C\n", "only a parent.*spaces instead of tabs", 2),
-    ("Root\tA\t\tB\n", "empty field 3", 1),
-    ("Root\tA\nA\tx\tx\n", "duplicate edge", 2),
-    ("Root\tA\nA\tB\nB\tRoot\n", "cycle", None),
-    ("Root\tA\nA\ta1\nB\tb1\n", r"'B' is never connected.*2 roots", 3),
-])
+@pytest.mark.parametrize(
+    ("content", "pattern", "line"),
+    [
+        ("Root\tA\nA\n", "only a parent", 2),
+        ("Root\tA B\nA B C\n", "only a parent.*spaces instead of tabs", 2),
+        ("Root\tA\t\tB\n", "empty field 3", 1),
+        ("Root\tA\nA\tx\tx\n", "duplicate edge", 2),
+        ("Root\tA\nA\tB\nB\tRoot\n", "cycle", None),
+        ("Root\tA\nA\ta1\nB\tb1\n", r"'B' is never connected.*2 roots", 3),
+    ],
+)
 def test_tsv_errors(tmp_path: Path, content: str, pattern: str, line: int | None) -> None:
     p = tmp_path / "bad.tsv"
     p.write_text(content)
@@ -344,8 +361,11 @@ def test_nested_round_trip(tmp_path: Path, seed: int) -> None:
     # node is met first under its first parent in depth-first order, so DAG ids may differ.
     if tax.is_tree:
         same_structure(back, tax)
-        assert back == Taxonomy(tax.edge_list(names=True)[len(tax.children(0)) if tax.virtual_root else 0:],
-                                nodes=[n for n in tax.names if n != tax.virtual_root], virtual_root=tax.virtual_root)
+        assert back == Taxonomy(
+            tax.edge_list(names=True)[len(tax.children(0)) if tax.virtual_root else 0 :],
+            nodes=[n for n in tax.names if n != tax.virtual_root],
+            virtual_root=tax.virtual_root,
+        )
     else:
         assert set(back.names) == set(tax.names)
         assert set(back.edge_list(names=True)) == set(tax.edge_list(names=True))
@@ -362,14 +382,17 @@ def test_nested_forms() -> None:
     assert joined.names == ("top", "a", "b")
 
 
-@pytest.mark.parametrize(("content", "pattern", "line"), [
-    ('{"r": {\n  "a": 3}}', "expected an object, a list", 1),  # the line where the object holding "a" opens
-    ('{"r": {"a": {}},\n "s": {}}', r"2 keys .*virtual_root=", 1),
-    ('{"r": {\n "a": {\n  "r": {}}}}', "cycle", 1),  # the cycle's first edge r -> a
-    ('{"r": {"a": {}}', "invalid JSON", 1),
-    ("{}", "empty", None),
-    ('{"r": [\n 1, 2]}', "a list may hold names", 1),
-])
+@pytest.mark.parametrize(
+    ("content", "pattern", "line"),
+    [
+        ('{"r": {\n  "a": 3}}', "expected an object, a list", 1),  # the line where the object holding "a" opens
+        ('{"r": {"a": {}},\n "s": {}}', r"2 keys .*virtual_root=", 1),
+        ('{"r": {\n "a": {\n  "r": {}}}}', "cycle", 1),  # the cycle's first edge r -> a
+        ('{"r": {"a": {}}', "invalid JSON", 1),
+        ("{}", "empty", None),
+        ('{"r": [\n 1, 2]}', "a list may hold names", 1),
+    ],
+)
 def test_nested_errors(tmp_path: Path, content: str, pattern: str, line: int | None) -> None:
     p = tmp_path / "bad.json"
     p.write_text(content)
@@ -407,19 +430,45 @@ def test_node_link_from_networkx(tmp_path: Path) -> None:
         assert tax.display_names[tax.index("cat")] == "Cat"
 
 
-@pytest.mark.parametrize(("data", "pattern", "line"), [
-    ({"directed": True, "nodes": [{"id": "r"}, {"id": "a"}], "edges": [{"source": "r", "target": "a"},
-                                                                         {"source": "a", "target": "b"}]},
-     r"edges\[1\] target 'b' is not in \"nodes\"", 16),  # lines of json.dumps(indent=1): the edge's "{"
-    ({"directed": True, "nodes": [{"id": "r"}, {"id": "r"}], "edges": []}, "duplicate node id 'r'", 7),
-    ({"directed": True, "multigraph": True, "nodes": [{"id": "r"}], "edges": []}, "multigraph", 1),
-    ({"directed": True, "nodes": [{"id": "r"}, {"id": "a"}, {"id": "b"}],
-      "edges": [{"source": "r", "target": "a"}, {"source": "a", "target": "b"}, {"source": "b", "target": "a"}]},
-     "cycle", None),
-    ({"directed": True, "nodes": [{"id": "r"}, {"id": "a"}, {"id": "s"}], "edges": [{"source": "r", "target": "a"}]},
-     "virtual_root=", None),
-    ({"directed": True, "nodes": [{"id": "r"}], "links": [{"source": "r", "target": "r"}]}, "self-loop", 9),
-])
+@pytest.mark.parametrize(
+    ("data", "pattern", "line"),
+    [
+        (
+            {
+                "directed": True,
+                "nodes": [{"id": "r"}, {"id": "a"}],
+                "edges": [{"source": "r", "target": "a"}, {"source": "a", "target": "b"}],
+            },
+            r"edges\[1\] target 'b' is not in \"nodes\"",
+            16,
+        ),  # lines of json.dumps(indent=1): the edge's "{"
+        ({"directed": True, "nodes": [{"id": "r"}, {"id": "r"}], "edges": []}, "duplicate node id 'r'", 7),
+        ({"directed": True, "multigraph": True, "nodes": [{"id": "r"}], "edges": []}, "multigraph", 1),
+        (
+            {
+                "directed": True,
+                "nodes": [{"id": "r"}, {"id": "a"}, {"id": "b"}],
+                "edges": [
+                    {"source": "r", "target": "a"},
+                    {"source": "a", "target": "b"},
+                    {"source": "b", "target": "a"},
+                ],
+            },
+            "cycle",
+            None,
+        ),
+        (
+            {
+                "directed": True,
+                "nodes": [{"id": "r"}, {"id": "a"}, {"id": "s"}],
+                "edges": [{"source": "r", "target": "a"}],
+            },
+            "virtual_root=",
+            None,
+        ),
+        ({"directed": True, "nodes": [{"id": "r"}], "links": [{"source": "r", "target": "r"}]}, "self-loop", 9),
+    ],
+)
 def test_node_link_errors(tmp_path: Path, data: dict, pattern: str, line: int | None) -> None:
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(data, indent=1))
@@ -433,11 +482,22 @@ def test_node_link_errors(tmp_path: Path, data: dict, pattern: str, line: int | 
 # ---------------------------------------------------------------------------------------------- label paths
 def test_label_paths_names_and_classes() -> None:
     tax = taxonomy_from_label_paths(["Science/Physics/Optics", "Science/Biology", "Arts/Physics", "Science"])
-    assert tax.names == ("root", "Science", "Science/Physics", "Science/Physics/Optics", "Science/Biology", "Arts",
-                         "Arts/Physics")
+    assert tax.names == (
+        "root",
+        "Science",
+        "Science/Physics",
+        "Science/Physics/Optics",
+        "Science/Biology",
+        "Arts",
+        "Arts/Physics",
+    )
     assert tax.display_names[tax.index("Arts/Physics")] == "Physics"
-    assert {tax.names[c] for c in tax.classes} == {"Science/Physics/Optics", "Science/Biology", "Arts/Physics",
-                                                   "Science"}
+    assert {tax.names[c] for c in tax.classes} == {
+        "Science/Physics/Optics",
+        "Science/Biology",
+        "Arts/Physics",
+        "Science",
+    }
     assert tax.virtual_root == "root"
     lists = taxonomy_from_label_paths([["Science", "Physics", ""], ["Arts", "nan", ""]], separator="::")
     assert lists.names == ("root", "Science", "Science::Physics", "Arts")
@@ -468,10 +528,13 @@ def test_label_paths_json_list(tmp_path: Path) -> None:
     assert tax.names == ("root", "A", "A/B", "A/C", "D", "D/E")
 
 
-@pytest.mark.parametrize(("content", "pattern", "line"), [
-    ("a/b\na//c\n", "empty component", 2),
-    ("root/x\nother\n", "root name 'root'", None),
-])
+@pytest.mark.parametrize(
+    ("content", "pattern", "line"),
+    [
+        ("a/b\na//c\n", "empty component", 2),
+        ("root/x\nother\n", "root name 'root'", None),
+    ],
+)
 def test_label_path_errors(tmp_path: Path, content: str, pattern: str, line: int | None) -> None:
     p = tmp_path / "bad.paths"
     p.write_text(content)
@@ -531,8 +594,16 @@ def test_folders_round_trip_and_symlink_loop(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- front door
 def test_detect_format_and_write_by_extension(tmp_path: Path) -> None:
     tax = Taxonomy([("root", "a"), ("a", "b"), ("root", "c")])
-    expected = {"t.json": "json", "t.json.gz": "json", "t.tsv": "tsv", "t.csv": "edges", "t.edges": "edges",
-                "t.txt": "edges", "t.paths": "paths", "t.tsv.gz": "tsv"}
+    expected = {
+        "t.json": "json",
+        "t.json.gz": "json",
+        "t.tsv": "tsv",
+        "t.csv": "edges",
+        "t.edges": "edges",
+        "t.txt": "edges",
+        "t.paths": "paths",
+        "t.tsv.gz": "tsv",
+    }
     for name, fmt in expected.items():
         write_taxonomy(tax, tmp_path / name)
         assert detect_format(tmp_path / name) == fmt, name

@@ -10,8 +10,9 @@ from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.ops import TreeOps, leaf_marginals, leaf_ranges, node_probs_from_leaves, tree_ops
 from tests._trees import random_tree
 
-DAG = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "w"), ("x", "x1"), ("x", "x2"),
-                ("y", "x2")])
+DAG = Taxonomy(
+    [("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "w"), ("x", "x1"), ("x", "x2"), ("y", "x2")]
+)
 
 
 def random_dag(n: int, seed: int) -> Taxonomy:
@@ -39,8 +40,8 @@ def brute(tax: Taxonomy, leaf: np.ndarray) -> np.ndarray:
 def adversarial(rng: np.random.Generator, b: int, num_leaves: int, dtype: torch.dtype) -> torch.Tensor:
     """Leaf values over ~30 orders of magnitude with ties and zeros: where summation order shows in rounding."""
     expo = rng.integers(-30, 1, size=(b, num_leaves)).astype(np.float64)
-    mant = rng.choice([1.0, 1.0 + 2 ** -23, 3.0, 1 / 3, 0.1, 0.0], size=(b, num_leaves))
-    return torch.from_numpy(mant * 10.0 ** expo).to(dtype)
+    mant = rng.choice([1.0, 1.0 + 2**-23, 3.0, 1 / 3, 0.1, 0.0], size=(b, num_leaves))
+    return torch.from_numpy(mant * 10.0**expo).to(dtype)
 
 
 def assert_monotone(tax: Taxonomy, node: np.ndarray) -> None:
@@ -70,7 +71,7 @@ def test_hand_made_rounding_case():
     # Summed in leaf order, r = (1 + u) + u = 1 but a = (u + u) + 1 = 1 + 2u (u = 2^-24): a leaf-sum per node can
     # put a parent below its child. Bottom-up, r includes a's rounded value and cannot.
     tax = Taxonomy([("r", "a"), ("a", "y"), ("a", "z"), ("a", "x"), ("r", "w")])
-    u = 2.0 ** -24
+    u = 2.0**-24
     leaf = torch.tensor([[u, u, 1.0, 0.0]], dtype=torch.float32)  # leaves y, z, x, w
     assert [tax.names[i] for i in tax.leaves] == ["y", "z", "x", "w"]
     a_naive = (np.float32(u) + np.float32(u)) + np.float32(1.0)

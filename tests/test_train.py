@@ -27,8 +27,17 @@ from hiercls.train.config import (
 )
 from hiercls.train.loop import StopTraining, cosine_schedule, train
 
-TAXONOMY_LINES = ["root animal", "root vehicle", "animal cat", "animal dog", "animal bird", "vehicle car",
-                  "vehicle bike", "bike ebike", "bike pushbike"]
+TAXONOMY_LINES = [
+    "root animal",
+    "root vehicle",
+    "animal cat",
+    "animal dog",
+    "animal bird",
+    "vehicle car",
+    "vehicle bike",
+    "bike ebike",
+    "bike pushbike",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +52,11 @@ def image_recipe(taxonomy_file: Path, out_dir: Path, **overrides: object) -> Tra
     data = {
         "taxonomy": str(taxonomy_file),
         "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
-        "data": {"dataset": "synthetic", "batch_size": 8,
-                 "options": {"kind": "image", "image_size": 16, "train_samples": 22, "val_samples": 11}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "options": {"kind": "image", "image_size": 16, "train_samples": 22, "val_samples": 11},
+        },
         "optim": {"lr": 3e-3, "warmup_steps": 2, "grad_accum": 1},
         "schedule": {"epochs": 2},
         "eval": {"decoders": ["argmax_leaf"]},
@@ -110,9 +122,19 @@ def test_yaml_errors(tmp_path: Path) -> None:
 def test_overrides_precedence_and_coercion(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: demo\noptim:\n  lr: 0.1\n  weight_decay: 0.5\n", encoding="utf-8")
-    cfg = load_config(recipe, ["optim.lr=1e-4", "optim.betas=[0.8, 0.9]", "run.resume=false",
-                               "eval.decoders=[argmax_leaf, optimal_hf1]", "model.head_options.alpha=0.25",
-                               "schedule.max_steps=null", "run.precision=bf16", "name=007"])
+    cfg = load_config(
+        recipe,
+        [
+            "optim.lr=1e-4",
+            "optim.betas=[0.8, 0.9]",
+            "run.resume=false",
+            "eval.decoders=[argmax_leaf, optimal_hf1]",
+            "model.head_options.alpha=0.25",
+            "schedule.max_steps=null",
+            "run.precision=bf16",
+            "name=007",
+        ],
+    )
     assert cfg.optim.lr == 1e-4  # CLI beats YAML
     assert cfg.optim.weight_decay == 0.5  # YAML beats the default
     assert cfg.optim.eps == TrainConfig().optim.eps  # default kept
@@ -148,8 +170,13 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
 
 def test_every_recipe_parses() -> None:
     recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
-    assert {p.name for p in recipes} >= {"quickstart.yaml", "fashion_mnist_efficientnet.yaml", "transhp_vit.yaml",
-                                         "nested_regions_3d.yaml", "imagenet21k_semantic_softmax.yaml"}
+    assert {p.name for p in recipes} >= {
+        "quickstart.yaml",
+        "fashion_mnist_efficientnet.yaml",
+        "transhp_vit.yaml",
+        "nested_regions_3d.yaml",
+        "imagenet21k_semantic_softmax.yaml",
+    }
     from hiercls.data import list_datasets
     from hiercls.decode import parse_decoder
 
@@ -182,8 +209,7 @@ def test_bad_configs_fail_clearly_at_train_time(taxonomy_file: Path, tmp_path: P
 
 # ---------------------------------------------------------------------------------------------- one step per head
 def _one_step(cfg: TrainConfig) -> dict:
-    cfg = apply_overrides(cfg, ["schedule.max_steps=1", "data.options.train_samples=8",
-                                "data.options.val_samples=6"])
+    cfg = apply_overrides(cfg, ["schedule.max_steps=1", "data.options.train_samples=8", "data.options.val_samples=6"])
     result = train(cfg)
     assert result["step"] == 1 and not result["interrupted"]
     assert math.isfinite(result["train_loss"])
@@ -204,21 +230,36 @@ def test_one_step_every_head_tiny_timm(head: str, taxonomy_file: Path, tmp_path:
 
 @pytest.mark.parametrize("head", [*_heads(), "transhp"])
 def test_one_step_every_head_tiny_hf(head: str, taxonomy_file: Path, tiny_bert: Path, tmp_path: Path) -> None:
-    cfg = image_recipe(taxonomy_file, tmp_path, **{"model.head": head, "model.backbone": f"hf:{tiny_bert}",
-                                                   "model.backbone_options": "{max_length: 16}",
-                                                   "data.options.kind": "text"})
+    cfg = image_recipe(
+        taxonomy_file,
+        tmp_path,
+        **{
+            "model.head": head,
+            "model.backbone": f"hf:{tiny_bert}",
+            "model.backbone_options": "{max_length: 16}",
+            "data.options.kind": "text",
+        },
+    )
     _one_step(cfg)
 
 
 def test_dense_head_on_nested_blobs(tmp_path: Path) -> None:
     from hiercls.train.config import config_from_dict
 
-    cfg = config_from_dict({
-        "model": {"backbone": "conv3d:4", "head": "nested_sigmoid"},
-        "data": {"dataset": "nested_blobs_3d", "batch_size": 2, "eval_split": "val",
-                 "options": {"train_samples": 4, "val_samples": 3, "size": 8}},
-        "schedule": {"max_steps": 2}, "eval": {"decoders": ["threshold"]},
-        "run": {"out_dir": str(tmp_path), "progress": False, "plot": True}})
+    cfg = config_from_dict(
+        {
+            "model": {"backbone": "conv3d:4", "head": "nested_sigmoid"},
+            "data": {
+                "dataset": "nested_blobs_3d",
+                "batch_size": 2,
+                "eval_split": "val",
+                "options": {"train_samples": 4, "val_samples": 3, "size": 8},
+            },
+            "schedule": {"max_steps": 2},
+            "eval": {"decoders": ["threshold"]},
+            "run": {"out_dir": str(tmp_path), "progress": False, "plot": True},
+        }
+    )
     result = train(cfg)
     assert result["step"] == 2 and len(result["threshold/dice"]) == 3
     assert all(0.0 <= d <= 1.0 for d in result["threshold/dice"])
@@ -227,8 +268,11 @@ def test_dense_head_on_nested_blobs(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- run outputs
 def test_run_folder_outputs(taxonomy_file: Path, tmp_path: Path) -> None:
-    cfg = image_recipe(taxonomy_file, tmp_path, **{"run.plot": "true", "run.log_every": 1,
-                                                   "eval.decoders": "[argmax_leaf, optimal_hf1]"})
+    cfg = image_recipe(
+        taxonomy_file,
+        tmp_path,
+        **{"run.plot": "true", "run.log_every": 1, "eval.decoders": "[argmax_leaf, optimal_hf1]"},
+    )
     result = train(cfg)
     # 22 samples / batch 8 = 3 steps per epoch, 2 epochs.
     assert result["step"] == 6 and result["epoch"] == 2
@@ -259,8 +303,12 @@ def test_resume_after_interruption_equals_uninterrupted(taxonomy_file: Path, tmp
     # grad_accum 2 over 3 batches per epoch: steps of 2 + 1 micro-batches; stop mid-epoch (after step 1,
     # i.e. inside epoch 0) and at an epoch boundary (a callback at step 4 = end of epoch 1), then resume.
     # Dropout makes the result depend on the restored RNG state, not only on weights and data position.
-    common = {"optim.grad_accum": 2, "schedule.epochs": 3, "data.options.noise": 1.0,
-              "model.backbone_options": "{img_size: 16, proj_drop_rate: 0.2}"}
+    common = {
+        "optim.grad_accum": 2,
+        "schedule.epochs": 3,
+        "data.options.noise": 1.0,
+        "model.backbone_options": "{img_size: 16, proj_drop_rate: 0.2}",
+    }
     ref = train(image_recipe(taxonomy_file, tmp_path / "ref", **common))
     assert ref["step"] == 6
 
@@ -289,8 +337,11 @@ def test_resume_after_interruption_equals_uninterrupted(taxonomy_file: Path, tmp
     for key in ("argmax_leaf/hF1_micro", "argmax_leaf/accuracy", "eval_loss"):
         assert final[key] == ref[key]
     # The log of the resumed run has each step once.
-    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["type"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["type"] == "train"
+    ]
     assert steps == sorted(set(steps))
 
 
@@ -302,8 +353,14 @@ def _free_port() -> int:
 
 
 def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     result = train(cfg)
     if rank == 0:
@@ -335,8 +392,13 @@ def test_ddp_two_processes_equal_single_process(taxonomy_file: Path, tmp_path: P
 def test_best_checkpoint_is_chosen_on_the_metric_the_first_decoder_is_optimal_for() -> None:
     from hiercls.train.loop import _best_metric_key
 
-    results = {"optimal_hfbeta:beta=2/hF1_micro": 0.9, "optimal_hfbeta:beta=2/hF2_samples": 0.5,
-               "argmax_leaf/hF1_micro": 0.7, "argmax_leaf/hF2_samples": 0.4, "eval_loss": 1.0}
+    results = {
+        "optimal_hfbeta:beta=2/hF1_micro": 0.9,
+        "optimal_hfbeta:beta=2/hF2_samples": 0.5,
+        "argmax_leaf/hF1_micro": 0.7,
+        "argmax_leaf/hF2_samples": 0.4,
+        "eval_loss": 1.0,
+    }
     cfg = config_from_dict({"eval": {"decoders": ["optimal_hfbeta:beta=2", "argmax_leaf"]}})
     assert _best_metric_key(cfg, results) == "optimal_hfbeta:beta=2/hF2_samples"
     cfg = config_from_dict({"eval": {"decoders": ["argmax_leaf", "optimal_hfbeta:beta=2"]}})

@@ -30,12 +30,22 @@ def _needs(recipe: str) -> None:
 @pytest.mark.parametrize("recipe", CHEAP)
 def test_cheap_recipe_trains_one_step(recipe: str, tmp_path: Path) -> None:
     _needs(recipe)
-    small = ["schedule.max_steps=1", "data.max_train_samples=8", "data.max_eval_samples=4", "data.batch_size=4",
-             f"run.out_dir={tmp_path}", "run.progress=false", "run.plot=false", "compare_heads=[]"]
+    small = [
+        "schedule.max_steps=1",
+        "data.max_train_samples=8",
+        "data.max_eval_samples=4",
+        "data.batch_size=4",
+        f"run.out_dir={tmp_path}",
+        "run.progress=false",
+        "run.plot=false",
+        "compare_heads=[]",
+    ]
     cfg = load_config(RECIPES / recipe, small)
     if cfg.data.dataset == "nested_blobs_3d":
-        cfg = load_config(RECIPES / recipe, [*small, "data.options.train_samples=4", "data.options.val_samples=4",
-                                             "data.options.size=12"])
+        cfg = load_config(
+            RECIPES / recipe,
+            [*small, "data.options.train_samples=4", "data.options.val_samples=4", "data.options.size=12"],
+        )
     result = train(cfg)
     assert result["step"] == 1 and math.isfinite(result["train_loss"])
     assert any(k.endswith(("hF1_micro", "mean_dice")) for k in result)

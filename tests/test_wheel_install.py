@@ -31,12 +31,30 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     # Build from a copy, so that build/ and *.egg-info never land in the shared checkout.
     src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", "runs",
-        ".cache", "shared"))
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".git",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".ruff_cache",
+            "runs",
+            ".cache",
+            "shared",
+        ),
+    )
     out = tmp / "dist"
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
-                           "-q", "-w", str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}"
     (whl,) = out.glob("hiercls-*.whl")
     return whl
@@ -51,7 +69,8 @@ def test_wheel_contains_the_shipped_taxonomies(wheel: Path) -> None:
         "[tool.setuptools.packages.find] does not discover 'hiercls.taxonomies' (it exists only through "
         "package-dir), so its package-data is dropped. Either list every package in [tool.setuptools] packages = "
         "[..., 'hiercls.taxonomies'], or drop packages.find from pyproject.toml and add a setup.py with "
-        "setup(packages=[*find_namespace_packages(include=['hiercls*']), 'hiercls.taxonomies']).")
+        "setup(packages=[*find_namespace_packages(include=['hiercls*']), 'hiercls.taxonomies'])."
+    )
 
 
 def test_installed_wheel_loads_shipped_taxonomies(wheel: Path, tmp_path: Path) -> None:
@@ -59,8 +78,12 @@ def test_installed_wheel_loads_shipped_taxonomies(wheel: Path, tmp_path: Path) -
         if not any(n.startswith("hiercls/taxonomies/") for n in zf.namelist()):
             pytest.fail("the wheel has no hiercls/taxonomies/ data (see test_wheel_contains_the_shipped_taxonomies)")
     site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
-                           str(site), str(wheel)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"pip install failed:\n{proc.stdout}\n{proc.stderr}"
     expected = {}
     from hiercls.taxonomy import read_json
@@ -82,8 +105,14 @@ def test_installed_wheel_loads_shipped_taxonomies(wheel: Path, tmp_path: Path) -
         "print(json.dumps(out))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(expected))], capture_output=True,
-                          text=True, cwd=tmp_path, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(sorted(expected))],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["hiercls"].startswith(str(site)), result["hiercls"]

@@ -34,7 +34,8 @@ from hiercls.taxonomy.wordnet import (
 
 needs_wordnet = pytest.mark.skipif(
     not wordnet_available(),
-    reason="WordNet 3.0 files missing from /usr/share/wordnet: apt-get install wordnet-base wordnet-sense-index")
+    reason="WordNet 3.0 files missing from /usr/share/wordnet: apt-get install wordnet-base wordnet-sense-index",
+)
 
 
 @pytest.fixture(scope="module")

@@ -38,24 +38,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = __doc__.split("Examples::", 1)[1]
     parser.add_argument("--probs", required=True, metavar="FILE", help="saved probabilities (.npy, .npz or .pt)")
     parser.add_argument("--key", default=None, help="array name inside an .npz / .pt dict")
-    parser.add_argument("--taxonomy", required=True, metavar="NAME_OR_PATH",
-                        help="a shipped taxonomy name or a taxonomy file")
-    parser.add_argument("--leaf-probs", action="store_true",
-                        help="the file holds leaf probabilities [B, num_leaves] (default: node probabilities)")
-    parser.add_argument("--labels", default=None, metavar="FILE",
-                        help="true labels: .npy node ids, or a text/CSV file of node names or label paths")
-    parser.add_argument("--rule", action="append", default=None, metavar="SPEC",
-                        help=f"decoder spec, repeatable (default argmax_leaf; rules: {', '.join(RULES)}; "
-                             "'all' scores every rule, needs --labels)")
-    parser.add_argument("--beta", type=float, default=None,
-                        help="beta of optimal_hfbeta (default 1), also reported as hF<beta> for every rule")
-    parser.add_argument("--cost", default=None, choices=_COSTS,
-                        help="cost for bayes_node (default shortest_path) and crm (default lca_height)")
-    parser.add_argument("--threshold", type=float, default=None,
-                        help="threshold for the threshold / max_info / top_down rules")
+    parser.add_argument(
+        "--taxonomy", required=True, metavar="NAME_OR_PATH", help="a shipped taxonomy name or a taxonomy file"
+    )
+    parser.add_argument(
+        "--leaf-probs",
+        action="store_true",
+        help="the file holds leaf probabilities [B, num_leaves] (default: node probabilities)",
+    )
+    parser.add_argument(
+        "--labels",
+        default=None,
+        metavar="FILE",
+        help="true labels: .npy node ids, or a text/CSV file of node names or label paths",
+    )
+    parser.add_argument(
+        "--rule",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help=f"decoder spec, repeatable (default argmax_leaf; rules: {', '.join(RULES)}; "
+        "'all' scores every rule, needs --labels)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=None,
+        help="beta of optimal_hfbeta (default 1), also reported as hF<beta> for every rule",
+    )
+    parser.add_argument(
+        "--cost",
+        default=None,
+        choices=_COSTS,
+        help="cost for bayes_node (default shortest_path) and crm (default lca_height)",
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=None, help="threshold for the threshold / max_info / top_down rules"
+    )
     parser.add_argument("--lam", type=float, default=None, help="Lagrange multiplier of info_gain (default 0)")
-    parser.add_argument("--include-root", action="store_true",
-                        help="optimal_hfbeta: count the root in every set")
+    parser.add_argument("--include-root", action="store_true", help="optimal_hfbeta: count the root in every set")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="write predictions and metrics as JSON")
 
 
@@ -64,13 +85,19 @@ def _specs(args: argparse.Namespace, is_tree: bool) -> list[DecoderSpec]:
     names = args.rule or ["argmax_leaf"]
     if "all" in names:
         names = [r for r in RULES if not (r == "hie" and not is_tree)]
-    flags = {"beta": args.beta, "cost": args.cost, "threshold": args.threshold, "lam": args.lam,
-             "include_root": args.include_root or None}
+    flags = {
+        "beta": args.beta,
+        "cost": args.cost,
+        "threshold": args.threshold,
+        "lam": args.lam,
+        "include_root": args.include_root or None,
+    }
     specs = []
     for name in names:
         spec = parse_decoder(name)
-        extra = {k: v for k, v in flags.items()
-                 if v is not None and k in rule_options(spec.rule) and k not in spec.options}
+        extra = {
+            k: v for k, v in flags.items() if v is not None and k in rule_options(spec.rule) and k not in spec.options
+        }
         specs.append(parse_decoder(spec, **extra))
     return specs
 
@@ -85,11 +112,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--rule all compares rules on labelled data: pass --labels")
     specs = _specs(args, tax.is_tree)
 
-    payload: dict[str, Any] = {"taxonomy": tax.name, "fingerprint": tax.fingerprint, "probs": str(args.probs),
-                               "rules": {}}
+    payload: dict[str, Any] = {
+        "taxonomy": tax.name,
+        "fingerprint": tax.fingerprint,
+        "probs": str(args.probs),
+        "rules": {},
+    }
     if labels is not None:
-        evaluator = Evaluator(tax, specs, betas=() if args.beta is None else (args.beta,),
-                              leaf_probs=args.leaf_probs, sync_on_compute=False)
+        evaluator = Evaluator(
+            tax,
+            specs,
+            betas=() if args.beta is None else (args.beta,),
+            leaf_probs=args.leaf_probs,
+            sync_on_compute=False,
+        )
         preds = evaluator.update(probs, labels)
     else:
         preds = {s.label: np.asarray(s(probs, tax, leaf_probs=args.leaf_probs)) for s in specs}
@@ -100,8 +136,9 @@ def run(args: argparse.Namespace) -> int:
             rows = [np.flatnonzero(s) for s in pred]
             out = [{"ids": r.tolist(), "names": [names[i] for i in r]} for r in rows]
             sizes = [len(r) - 1 for r in rows]
-            summary = (f"{spec.label}: {len(rows)} node sets, mean size {np.mean(sizes) if sizes else 0:.2f} "
-                       "(root excluded)")
+            summary = (
+                f"{spec.label}: {len(rows)} node sets, mean size {np.mean(sizes) if sizes else 0:.2f} (root excluded)"
+            )
         else:
             out = [{"id": int(i), "name": names[int(i)]} for i in pred]
             depth = tax.depth[pred] if len(pred) else np.zeros(0)

@@ -34,14 +34,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--probs", metavar="FILE", help="saved node probabilities (.npy, .npz, .pt)")
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
     parser.add_argument("--recipe", metavar="YAML", help="recipe giving the data set (default: the run's config.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key of the recipe's config (e.g. data.options.root=...)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the recipe's config (e.g. data.options.root=...)",
+    )
     parser.add_argument("--data", metavar="SPLIT", help="split to evaluate (default: the recipe's data.eval_split)")
-    parser.add_argument("--decoder", action="append", default=None, metavar="SPEC",
-                        help="decoder spec, e.g. optimal_hfbeta:beta=2 (repeatable; default: the recipe's "
-                             "eval.decoders, with --probs argmax_leaf and optimal_hfbeta; optimal_hf1 = beta 1)")
-    parser.add_argument("--max-samples", type=int, default=None,
-                        help="evaluate a fixed subset of N samples (0 = all; default: the recipe's max_eval_samples)")
+    parser.add_argument(
+        "--decoder",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="decoder spec, e.g. optimal_hfbeta:beta=2 (repeatable; default: the recipe's "
+        "eval.decoders, with --probs argmax_leaf and optimal_hfbeta; optimal_hf1 = beta 1)",
+    )
+    parser.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help="evaluate a fixed subset of N samples (0 = all; default: the recipe's max_eval_samples)",
+    )
     parser.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
     parser.add_argument("--labels", metavar="FILE", help="with --probs: true labels (.npy node ids or a text file)")
@@ -56,8 +71,9 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
     taxonomy = load_taxonomy(args.taxonomy)
     probs = load_probabilities(args.probs)
     labels = load_labels(args.labels, taxonomy)
-    results = evaluate_probabilities(probs, labels, taxonomy, args.decoder or DEFAULT_DECODERS,
-                                     leaf_probs=args.leaf_probs)
+    results = evaluate_probabilities(
+        probs, labels, taxonomy, args.decoder or DEFAULT_DECODERS, leaf_probs=args.leaf_probs
+    )
     print(f"{args.probs}: {results['samples']} samples ({results['ignored']} ignored)")
     print(format_results({Path(args.probs).name: results}, name="probs"))
     if args.out:
@@ -74,11 +90,20 @@ def run(args: argparse.Namespace) -> int:
     if args.recipe:
         cfg = load_config(args.recipe)
     if cfg is None:
-        raise ValueError(f"{args.model!r} is a bare model folder: give --recipe RECIPE.yaml to say which data set "
-                         "to evaluate on")
+        raise ValueError(
+            f"{args.model!r} is a bare model folder: give --recipe RECIPE.yaml to say which data set to evaluate on"
+        )
     cfg = apply_overrides(cfg, args.overrides)
-    results = evaluate_run(model, taxonomy, cfg, split=args.data, decoders=args.decoder,
-                           max_samples=args.max_samples, batch_size=args.batch_size, device=device)
+    results = evaluate_run(
+        model,
+        taxonomy,
+        cfg,
+        split=args.data,
+        decoders=args.decoder,
+        max_samples=args.max_samples,
+        batch_size=args.batch_size,
+        device=device,
+    )
     head = getattr(model, "head_name", cfg.model.head)
     print(f"{args.model}: {results['samples']} samples of split {results['split']!r}")
     print(format_results({head: results}))

@@ -26,8 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="a run folder or a saved model folder")
     parser.add_argument("inputs", nargs="+", help="texts, a .txt file (one text per line) or image files")
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
-    parser.add_argument("--decoder", default="argmax_leaf", metavar="SPEC",
-                        help="decoder spec (default argmax_leaf; optimal_hf1 or optimal_hfbeta:beta=2 give node sets)")
+    parser.add_argument(
+        "--decoder",
+        default="argmax_leaf",
+        metavar="SPEC",
+        help="decoder spec (default argmax_leaf; optimal_hf1 or optimal_hfbeta:beta=2 give node sets)",
+    )
     parser.add_argument("--top-k", type=int, default=5, help="also list the k most probable leaves (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
@@ -40,8 +44,16 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
     inputs, shown, kind = read_inputs(args.inputs)
-    preds = predict(model, taxonomy, inputs, decoder=args.decoder, top_k=args.top_k, batch_size=args.batch_size,
-                    device=device, image_size=cfg.data.image_size if cfg is not None else None)
+    preds = predict(
+        model,
+        taxonomy,
+        inputs,
+        decoder=args.decoder,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+        device=device,
+        image_size=cfg.data.image_size if cfg is not None else None,
+    )
     rows = []
     for text, p in zip(shown, preds, strict=True):
         pr = p["prediction"]
@@ -53,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(["input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
     if args.out:
         payload = [{"input": s, **p} for s, p in zip(shown, preds, strict=True)]
-        Path(args.out).write_text(json.dumps({"model": str(args.model), "decoder": args.decoder,
-                                              "predictions": payload}, indent=2), encoding="utf-8")
+        Path(args.out).write_text(
+            json.dumps({"model": str(args.model), "decoder": args.decoder, "predictions": payload}, indent=2),
+            encoding="utf-8",
+        )
         print(f"wrote {args.out}")
     return 0

@@ -22,10 +22,17 @@ _FORMATS = ("json", "edges", "tsv", "nested", "nodelink", "paths", "folders")
 
 
 def _add_read_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", "--from", dest="src_format", choices=_FORMATS, default=None,
-                   help="input format (default: from the extension and content)")
-    p.add_argument("--virtual-root", default=None, metavar="NAME",
-                   help="join several roots under a new root called NAME")
+    p.add_argument(
+        "--format",
+        "--from",
+        dest="src_format",
+        choices=_FORMATS,
+        default=None,
+        help="input format (default: from the extension and content)",
+    )
+    p.add_argument(
+        "--virtual-root", default=None, metavar="NAME", help="join several roots under a new root called NAME"
+    )
     p.add_argument("--separator", default=None, help="label-path separator (format 'paths'; default '/')")
 
 
@@ -35,8 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("show", help="tree view with per-node leaf counts")
     p.add_argument("taxonomy", help="a shipped name (see 'list') or a file / folder")
     p.add_argument("--depth", type=int, default=3, metavar="K", help="levels below the root to show (default 3)")
-    p.add_argument("--max-children", type=int, default=10, metavar="M",
-                   help="children shown per node before '... N more' (default 10)")
+    p.add_argument(
+        "--max-children",
+        type=int,
+        default=10,
+        metavar="M",
+        help="children shown per node before '... N more' (default 10)",
+    )
     p.add_argument("--names", action="store_true", help="show node names next to display names")
     _add_read_options(p)
 
@@ -48,10 +60,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("convert", help="convert between formats")
     p.add_argument("src")
     p.add_argument("dst")
-    p.add_argument("--to", dest="dst_format", choices=_FORMATS, default=None,
-                   help="output format (default: from the extension of DST)")
-    p.add_argument("--tree", choices=("first", "shortest", "longest"), default=None,
-                   help="turn a DAG into a tree with this strategy before writing")
+    p.add_argument(
+        "--to",
+        dest="dst_format",
+        choices=_FORMATS,
+        default=None,
+        help="output format (default: from the extension of DST)",
+    )
+    p.add_argument(
+        "--tree",
+        choices=("first", "shortest", "longest"),
+        default=None,
+        help="turn a DAG into a tree with this strategy before writing",
+    )
     _add_read_options(p)
 
     p = sub.add_parser("validate", help="check a taxonomy file; exit 0 with a summary or 1 with the error")
@@ -77,8 +98,10 @@ def _load(args: argparse.Namespace, spec: str) -> Any:
 def _summary(tax: Any) -> str:
     kind = "tree" if tax.is_tree else "DAG"
     leaves = _plural(tax.num_leaves, "leaf", "leaves")
-    return (f"{tax.name}: {kind}, {tax.num_nodes} nodes, {leaves}, {len(tax.classes)} classes, "
-            f"height {tax.height}, fingerprint {tax.fingerprint[:12]}")
+    return (
+        f"{tax.name}: {kind}, {tax.num_nodes} nodes, {leaves}, {len(tax.classes)} classes, "
+        f"height {tax.height}, fingerprint {tax.fingerprint[:12]}"
+    )
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -152,8 +175,10 @@ def run(args: argparse.Namespace) -> int:
             print("no shipped taxonomies found", file=out)
             return 0
         rows = [["name", "kind", "nodes", "leaves", "description"]]
-        rows += [[e["name"], str(e.get("kind", "")), str(e["nodes"]), str(e.get("leaves", "")), e["description"]]
-                 for e in entries]
+        rows += [
+            [e["name"], str(e.get("kind", "")), str(e["nodes"]), str(e.get("leaves", "")), e["description"]]
+            for e in entries
+        ]
         print(_table(rows), file=out)
         return 0
     if args.action == "validate":
@@ -167,16 +192,20 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "show":
         tax = _load(args, args.taxonomy)
         print(_summary(tax), file=out)
-        print("\n".join(render_tree(tax, depth=args.depth, max_children=args.max_children,
-                                    show_names=args.names)), file=out)
+        print(
+            "\n".join(render_tree(tax, depth=args.depth, max_children=args.max_children, show_names=args.names)),
+            file=out,
+        )
         return 0
     if args.action == "stats":
         stats = _load(args, args.taxonomy).stats()
         if args.json:
             print(json.dumps(stats, indent=2), file=out)
         else:
-            print(_table([[k, json.dumps(v) if isinstance(v, list | dict) else str(v)] for k, v in stats.items()]),
-                  file=out)
+            print(
+                _table([[k, json.dumps(v) if isinstance(v, list | dict) else str(v)] for k, v in stats.items()]),
+                file=out,
+            )
         return 0
     if args.action == "convert":
         tax = _load(args, args.src)

@@ -22,10 +22,17 @@ HELP = "train a hierarchical classifier from a YAML recipe"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="YAML recipe (keys = hiercls.train.TrainConfig fields), e.g. "
-                                       "recipes/quickstart.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key, e.g. --set optim.lr=1e-4 --set run.out_dir=runs/x (repeatable)")
+    parser.add_argument(
+        "recipe", help="YAML recipe (keys = hiercls.train.TrainConfig fields), e.g. recipes/quickstart.yaml"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, e.g. --set optim.lr=1e-4 --set run.out_dir=runs/x (repeatable)",
+    )
     parser.add_argument("--out-dir", help="shortcut for --set run.out_dir=DIR")
     parser.add_argument("--no-compare", action="store_true", help="skip the compare_heads runs of the recipe")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

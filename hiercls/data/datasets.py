@@ -43,8 +43,16 @@ from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DATASETS", "DatasetBuilder", "DatasetKind", "build_dataset", "dataset_taxonomy", "list_datasets",
-           "register_dataset", "subsample"]
+__all__ = [
+    "DATASETS",
+    "DatasetBuilder",
+    "DatasetKind",
+    "build_dataset",
+    "dataset_taxonomy",
+    "list_datasets",
+    "register_dataset",
+    "subsample",
+]
 
 #: ``builder(split, taxonomy or None, options, transform) -> dataset`` (``options`` is a fresh dict to consume).
 DatasetBuilder = Callable[[str, Taxonomy | None, dict[str, Any], Any], Any]
@@ -68,8 +76,9 @@ class DatasetKind:
 DATASETS: Registry[DatasetKind] = Registry("data set")
 
 
-def register_dataset(name: str, build: DatasetBuilder, *, taxonomy: Callable[[], Taxonomy] | None = None,
-                     overwrite: bool = False) -> DatasetKind:
+def register_dataset(
+    name: str, build: DatasetBuilder, *, taxonomy: Callable[[], Taxonomy] | None = None, overwrite: bool = False
+) -> DatasetKind:
     """Make ``data.dataset: <name>`` build data sets with ``build`` (see :data:`DatasetBuilder`).
 
     Raises:
@@ -83,14 +92,17 @@ def register_dataset(name: str, build: DatasetBuilder, *, taxonomy: Callable[[],
     """
     return DATASETS.register(name, DatasetKind(build, taxonomy), overwrite=overwrite)
 
+
 _SPLIT_SEED = {"train": 0, "val": 1, "test": 2}
 
 
 def _opts(options: dict[str, Any], allowed: set[str], kind: str) -> dict[str, Any]:
     unknown = sorted(set(options) - allowed)
     if unknown:
-        raise ValueError(f"data.options: unknown option(s) {', '.join(map(repr, unknown))} for data set {kind!r}; "
-                          f"valid options: {', '.join(sorted(allowed))}")
+        raise ValueError(
+            f"data.options: unknown option(s) {', '.join(map(repr, unknown))} for data set {kind!r}; "
+            f"valid options: {', '.join(sorted(allowed))}"
+        )
     return dict(options)
 
 
@@ -104,8 +116,10 @@ def _split_count(opts: dict[str, Any], split: str, default: int) -> int:
 def _wordnet_gloss(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
     opts = _opts(options, {"include_lemma", "label", "classes_only"}, "wordnet_gloss")
     if taxonomy is None:
-        raise ValueError("data.dataset 'wordnet_gloss' needs a WordNet taxonomy: set taxonomy: imagenet21k_winter21 "
-                          "(or another taxonomy whose node names are WordNet ids)")
+        raise ValueError(
+            "data.dataset 'wordnet_gloss' needs a WordNet taxonomy: set taxonomy: imagenet21k_winter21 "
+            "(or another taxonomy whose node names are WordNet ids)"
+        )
     return wordnet_gloss_dataset(split, taxonomy, **opts)
 
 
@@ -117,8 +131,9 @@ def _fashion_mnist(split: str, taxonomy: Taxonomy | None, options: dict[str, Any
 def _image_folder(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
     opts = _opts(options, {"root", "name"}, "image_folder")
     if "root" not in opts:
-        raise ValueError("data.options.root: the 'image_folder' data set needs root: <folder with one sub-folder "
-                          "per split>")
+        raise ValueError(
+            "data.options.root: the 'image_folder' data set needs root: <folder with one sub-folder per split>"
+        )
     return HierImageFolder(Path(opts["root"]) / split, taxonomy, transform, name=opts.get("name"))
 
 
@@ -134,8 +149,9 @@ def _text_file(fmt: str) -> Callable[..., Any]:
         if path is None and template is not None:
             path = template.replace("{split}", split)
         if path is None:
-            raise ValueError(f"data.options: the 'text_{fmt}' data set needs {split}_path: <file> (or path: with "
-                              "'{split}' in it)")
+            raise ValueError(
+                f"data.options: the 'text_{fmt}' data set needs {split}_path: <file> (or path: with '{{split}}' in it)"
+            )
         if taxonomy is None:
             raise ValueError(f"data.dataset 'text_{fmt}' needs taxonomy: <name or file>")
         missing = [k for k in ("text_column", "label_column") if k not in opts]
@@ -147,8 +163,18 @@ def _text_file(fmt: str) -> Callable[..., Any]:
 
 
 def _synthetic(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    allowed = {"kind", "num_samples", "train_samples", "val_samples", "test_samples", "image_size", "dim", "noise",
-               "labels", "seed"}
+    allowed = {
+        "kind",
+        "num_samples",
+        "train_samples",
+        "val_samples",
+        "test_samples",
+        "image_size",
+        "dim",
+        "noise",
+        "labels",
+        "seed",
+    }
     opts = _opts(options, allowed, "synthetic")
     if taxonomy is None:
         raise ValueError("data.dataset 'synthetic' needs taxonomy: <name or file>")
@@ -156,25 +182,49 @@ def _synthetic(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], t
     seed = int(opts.get("seed", 0)) * 10 + _SPLIT_SEED.get(split, 3)
     # The prototypes must be shared by the splits, only the samples differ: draw the prototypes with the
     # base seed and the split's labels/noise with a split-specific seed.
-    base = SyntheticHierarchy(taxonomy, 1, kind=opts.get("kind", "image"), labels=opts.get("labels", "leaves"),
-                              image_size=opts.get("image_size", 16), dim=opts.get("dim", 16),
-                              noise=opts.get("noise", 0.5), seed=int(opts.get("seed", 0)))
-    return SyntheticHierarchy(taxonomy, n, kind=base.kind, labels=opts.get("labels", "leaves"),
-                              image_size=base.image_size, dim=base.dim, noise=base.noise, seed=seed,
-                              prototypes=base.prototypes)
+    base = SyntheticHierarchy(
+        taxonomy,
+        1,
+        kind=opts.get("kind", "image"),
+        labels=opts.get("labels", "leaves"),
+        image_size=opts.get("image_size", 16),
+        dim=opts.get("dim", 16),
+        noise=opts.get("noise", 0.5),
+        seed=int(opts.get("seed", 0)),
+    )
+    return SyntheticHierarchy(
+        taxonomy,
+        n,
+        kind=base.kind,
+        labels=opts.get("labels", "leaves"),
+        image_size=base.image_size,
+        dim=base.dim,
+        noise=base.noise,
+        seed=seed,
+        prototypes=base.prototypes,
+    )
 
 
 def _nested_blobs(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    opts = _opts(options, {"num_samples", "train_samples", "val_samples", "test_samples", "size", "noise", "seed"},
-                 "nested_blobs_3d")
+    opts = _opts(
+        options,
+        {"num_samples", "train_samples", "val_samples", "test_samples", "size", "noise", "seed"},
+        "nested_blobs_3d",
+    )
     n = _split_count(opts, split, 32)
-    ds = NestedBlobs3D(n, size=int(opts.get("size", 16)), noise=float(opts.get("noise", 0.3)),
-                       seed=int(opts.get("seed", 0)) * 10 + _SPLIT_SEED.get(split, 3))
+    ds = NestedBlobs3D(
+        n,
+        size=int(opts.get("size", 16)),
+        noise=float(opts.get("noise", 0.3)),
+        seed=int(opts.get("seed", 0)) * 10 + _SPLIT_SEED.get(split, 3),
+    )
     if taxonomy is not None and taxonomy.fingerprint != ds.taxonomy.fingerprint:
         if taxonomy.num_nodes != ds.taxonomy.num_nodes or not taxonomy.is_tree or taxonomy.height != 3:
-            raise TaxonomyError(f"nested_blobs_3d has the region chain volume -> outer -> middle -> inner; "
-                                f"taxonomy {taxonomy.name!r} ({taxonomy.num_nodes} nodes) does not fit it (leave "
-                                "taxonomy unset)")
+            raise TaxonomyError(
+                f"nested_blobs_3d has the region chain volume -> outer -> middle -> inner; "
+                f"taxonomy {taxonomy.name!r} ({taxonomy.num_nodes} nodes) does not fit it (leave "
+                "taxonomy unset)"
+            )
         ds.taxonomy = taxonomy
     return ds
 
@@ -203,8 +253,9 @@ def dataset_taxonomy(kind: str) -> Taxonomy | None:
     return own() if own is not None else None
 
 
-def build_dataset(kind: str, split: str, taxonomy: Taxonomy | None, options: dict[str, Any] | None = None,
-                  transform: Any = None) -> Any:
+def build_dataset(
+    kind: str, split: str, taxonomy: Taxonomy | None, options: dict[str, Any] | None = None, transform: Any = None
+) -> Any:
     """The ``split`` of data set ``kind`` (``options``: the kind's ``data.options``; ``transform``: for images).
 
     Raises:

@@ -25,14 +25,31 @@ from hiercls.taxonomy.registry import load_taxonomy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FASHION_MNIST_CLASSES", "IMAGE_EXTENSIONS", "FashionMNIST", "HierImageFolder", "ImageModeTransform",
-           "image_transform", "read_idx"]
+__all__ = [
+    "FASHION_MNIST_CLASSES",
+    "IMAGE_EXTENSIONS",
+    "FashionMNIST",
+    "HierImageFolder",
+    "ImageModeTransform",
+    "image_transform",
+    "read_idx",
+]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 #: The ten Fashion-MNIST classes in label-index order (Xiao et al. 2017).
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-                         "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
@@ -85,8 +102,14 @@ class HierImageFolder(Dataset):
         ((3, 4, 4), 'animal/cat')
     """
 
-    def __init__(self, root: str | os.PathLike[str], taxonomy: Taxonomy | None = None,
-                 transform: Callable[[Any], Any] | None = None, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        taxonomy: Taxonomy | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder {str(self.root)!r} does not exist or is not a folder")
@@ -100,9 +123,12 @@ class HierImageFolder(Dataset):
             self.taxonomy = self._folder_taxonomy(folders, name)
             label_of = {rel: self.taxonomy.index(rel) for rel in folders if rel != "."}
             if folders.get("."):
-                raise TaxonomyError(f"{len(folders['.'])} images (e.g. {folders['.'][0]!r}) sit directly in the "
-                                    "root folder, which is the taxonomy root and cannot be a label; move them into "
-                                    "a sub-folder", source=str(self.root))
+                raise TaxonomyError(
+                    f"{len(folders['.'])} images (e.g. {folders['.'][0]!r}) sit directly in the "
+                    "root folder, which is the taxonomy root and cannot be a label; move them into "
+                    "a sub-folder",
+                    source=str(self.root),
+                )
         else:
             if not isinstance(taxonomy, Taxonomy):
                 raise TypeError(f"taxonomy must be a hiercls Taxonomy or None; got {type(taxonomy).__name__}")
@@ -115,21 +141,31 @@ class HierImageFolder(Dataset):
                 # reuse the train split's taxonomy) or else by its own name (flat folders).
                 folder = rel if rel in taxonomy else (Path(rel).name if rel != "." else self.root.name)
                 if folder not in taxonomy:
-                    raise TaxonomyError(f"folder {rel!r} holds {len(files)} images but {folder!r} is not a node of "
-                                        f"taxonomy {taxonomy.name!r}", source=str(self.root / rel), label=folder)
+                    raise TaxonomyError(
+                        f"folder {rel!r} holds {len(files)} images but {folder!r} is not a node of "
+                        f"taxonomy {taxonomy.name!r}",
+                        source=str(self.root / rel),
+                        label=folder,
+                    )
                 node = taxonomy.index(folder)
                 if not taxonomy.class_mask[node]:
-                    raise TaxonomyError(f"folder {rel!r}: node {folder!r} is not a class of taxonomy "
-                                        f"{taxonomy.name!r}", source=str(self.root / rel), label=folder)
+                    raise TaxonomyError(
+                        f"folder {rel!r}: node {folder!r} is not a class of taxonomy {taxonomy.name!r}",
+                        source=str(self.root / rel),
+                        label=folder,
+                    )
                 label_of[rel] = node
         self.samples: list[tuple[str, int]] = [
-            (str(self.root / rel / f), label_of[rel]) for rel, files in folders.items() for f in files]
+            (str(self.root / rel / f), label_of[rel]) for rel, files in folders.items() for f in files
+        ]
         if not self.samples:
-            raise TaxonomyError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {str(self.root)!r}",
-                                source=str(self.root))
+            raise TaxonomyError(
+                f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {str(self.root)!r}", source=str(self.root)
+            )
         self.targets = np.array([t for _, t in self.samples], dtype=np.int64)
-        logger.info("HierImageFolder %s: %d images, %d labels", self.root, len(self.samples),
-                    len(np.unique(self.targets)))
+        logger.info(
+            "HierImageFolder %s: %d images, %d labels", self.root, len(self.samples), len(np.unique(self.targets))
+        )
 
     def _folder_taxonomy(self, folders: Mapping[str, Sequence[str]], name: str | None) -> Taxonomy:
         root_name = self.root.resolve().name or "root"
@@ -141,8 +177,13 @@ class HierImageFolder(Dataset):
             root_name = f"{root_name}:root"
             edges = [(root_name if "/" not in r else p, r) for (p, r) in edges]
         display = {r: r.rsplit("/", 1)[-1] for r in rels}
-        return Taxonomy(edges, nodes=[root_name, *rels], display_names=display, name=name or self.root.name,
-                        metadata={"source": str(self.root), "kind": "image_folder"})
+        return Taxonomy(
+            edges,
+            nodes=[root_name, *rels],
+            display_names=display,
+            name=name or self.root.name,
+            metadata={"source": str(self.root), "kind": "image_folder"},
+        )
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -172,16 +213,20 @@ def read_idx(path: str | os.PathLike[str], *, expected_dims: int | None = None) 
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise ValueError(f"{str(path)!r} is not an IDX file of unsigned bytes (magic number "
-                         f"{raw[:4].hex() if len(raw) >= 4 else 'missing'}, expected 000008xx)")
+        raise ValueError(
+            f"{str(path)!r} is not an IDX file of unsigned bytes (magic number "
+            f"{raw[:4].hex() if len(raw) >= 4 else 'missing'}, expected 000008xx)"
+        )
     ndim = raw[3]
     if expected_dims is not None and ndim != expected_dims:
         raise ValueError(f"{str(path)!r} has {ndim} dimensions (magic 0x{raw[:4].hex()}), expected {expected_dims}")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     offset = 4 + 4 * ndim
     if len(raw) - offset != int(np.prod(shape)):
-        raise ValueError(f"{str(path)!r} is truncated or corrupt: header says shape {shape} "
-                         f"({int(np.prod(shape))} bytes) but {len(raw) - offset} bytes follow")
+        raise ValueError(
+            f"{str(path)!r} is truncated or corrupt: header says shape {shape} "
+            f"({int(np.prod(shape))} bytes) but {len(raw) - offset} bytes follow"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(shape)
 
 
@@ -206,8 +251,11 @@ def _fashion_label_nodes(taxonomy: Taxonomy) -> np.ndarray:
     for cls in FASHION_MNIST_CLASSES:
         node = by_name.get(cls.lower(), by_display.get(cls.lower()))
         if node is None:
-            raise TaxonomyError(f"taxonomy {taxonomy.name!r} has no label-index mapping in its metadata "
-                                f"('label_index': {{'0': node, ...}}) and no node named {cls!r}", label=cls)
+            raise TaxonomyError(
+                f"taxonomy {taxonomy.name!r} has no label-index mapping in its metadata "
+                f"('label_index': {{'0': node, ...}}) and no node named {cls!r}",
+                label=cls,
+            )
         out.append(node)
     return np.array(out, dtype=np.int64)
 
@@ -219,13 +267,21 @@ def fashion_mnist_taxonomy() -> Taxonomy:
         >>> fashion_mnist_taxonomy().num_leaves
         10
     """
-    edges = [("fashion", "clothing"), ("clothing", "tops"), ("clothing", "bottoms"), ("fashion", "footwear"),
-             ("fashion", "accessories")]
+    edges = [
+        ("fashion", "clothing"),
+        ("clothing", "tops"),
+        ("clothing", "bottoms"),
+        ("fashion", "footwear"),
+        ("fashion", "accessories"),
+    ]
     edges += [("tops", c) for c in ("T-shirt/top", "Pullover", "Coat", "Shirt", "Dress")]
     edges += [("bottoms", "Trouser"), ("accessories", "Bag")]
     edges += [("footwear", c) for c in ("Sandal", "Sneaker", "Ankle boot")]
-    return Taxonomy(edges, name="fashion_mnist_builtin",
-                    metadata={"label_index": {str(i): c for i, c in enumerate(FASHION_MNIST_CLASSES)}})
+    return Taxonomy(
+        edges,
+        name="fashion_mnist_builtin",
+        metadata={"label_index": {str(i): c for i, c in enumerate(FASHION_MNIST_CLASSES)}},
+    )
 
 
 def _default_fashion_taxonomy() -> Taxonomy:
@@ -258,12 +314,20 @@ class FashionMNIST(Dataset):
         ValueError: a corrupt file (bad magic number or size) or mismatched image/label counts.
     """
 
-    FILES: ClassVar[dict[str, tuple[str, str]]] = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-             "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+    FILES: ClassVar[dict[str, tuple[str, str]]] = {
+        "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+        "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    }
 
-    def __init__(self, split: str = "train", root: str | os.PathLike[str] = FASHION_MNIST_ROOT,
-                 taxonomy: Taxonomy | None = None, transform: Callable[[Any], Any] | None = None, *,
-                 rgb: bool = True) -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        root: str | os.PathLike[str] = FASHION_MNIST_ROOT,
+        taxonomy: Taxonomy | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        rgb: bool = True,
+    ) -> None:
         if split not in self.FILES:
             raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
         root = Path(root)
@@ -272,16 +336,19 @@ class FashionMNIST(Dataset):
             cands = [root / (stem + ".gz"), root / stem]
             found = next((p for p in cands if p.is_file()), None)
             if found is None:
-                raise FileNotFoundError(f"Fashion-MNIST file {str(cands[0])!r} not found; install the Debian package "
-                                        f"'dataset-fashion-mnist' (apt-get install dataset-fashion-mnist) or pass "
-                                        f"root= the folder holding the IDX files")
+                raise FileNotFoundError(
+                    f"Fashion-MNIST file {str(cands[0])!r} not found; install the Debian package "
+                    f"'dataset-fashion-mnist' (apt-get install dataset-fashion-mnist) or pass "
+                    f"root= the folder holding the IDX files"
+                )
             paths.append(found)
         self.split, self.root, self.transform, self.rgb = split, root, transform, bool(rgb)
         self.images = read_idx(paths[0], expected_dims=3)
         self.labels = read_idx(paths[1], expected_dims=1).astype(np.int64)
         if len(self.images) != len(self.labels):
-            raise ValueError(f"{str(paths[0])!r} has {len(self.images)} images but {str(paths[1])!r} has "
-                             f"{len(self.labels)} labels")
+            raise ValueError(
+                f"{str(paths[0])!r} has {len(self.images)} images but {str(paths[1])!r} has {len(self.labels)} labels"
+            )
         if self.labels.size and self.labels.max() > 9:
             raise ValueError(f"{str(paths[1])!r} has label {int(self.labels.max())}; Fashion-MNIST labels are 0..9")
         self.taxonomy = taxonomy if taxonomy is not None else _default_fashion_taxonomy()

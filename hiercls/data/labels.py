@@ -51,8 +51,14 @@ class LabelEncoder:
         self.taxonomy = taxonomy
         self.separator = separator
 
-    def encode(self, label: str | int, label_format: LabelFormat = "name", *, source: str | None = None,
-               line: int | None = None) -> int:
+    def encode(
+        self,
+        label: str | int,
+        label_format: LabelFormat = "name",
+        *,
+        source: str | None = None,
+        line: int | None = None,
+    ) -> int:
         """Node id of one label.
 
         Raises:
@@ -71,8 +77,12 @@ class LabelEncoder:
         else:
             raise ValueError(f"label_format must be 'name', 'path', 'id' or 'auto'; got {label_format!r}")
         if not tax.class_mask[node]:
-            raise TaxonomyError(f"label {label!r} is node {tax.name_of(node)!r}, which is not a class of taxonomy "
-                                f"{tax.name!r}", source=source, line=line, label=str(label))
+            raise TaxonomyError(
+                f"label {label!r} is node {tax.name_of(node)!r}, which is not a class of taxonomy {tax.name!r}",
+                source=source,
+                line=line,
+                label=str(label),
+            )
         return node
 
     def multi_hot(self, label_sets: Sequence[Iterable[int]]) -> torch.Tensor:
@@ -112,11 +122,16 @@ class LabelEncoder:
         try:
             node = int(str(label).strip()) if not isinstance(label, (int, np.integer)) else int(label)
         except ValueError:
-            raise TaxonomyError(f"label {label!r} is not an integer node id", source=source, line=line,
-                                label=str(label)) from None
+            raise TaxonomyError(
+                f"label {label!r} is not an integer node id", source=source, line=line, label=str(label)
+            ) from None
         if not 0 <= node < self.taxonomy.num_nodes:
-            raise TaxonomyError(f"node id {node} is out of range [0, {self.taxonomy.num_nodes}) for taxonomy "
-                                f"{self.taxonomy.name!r}", source=source, line=line, label=str(label))
+            raise TaxonomyError(
+                f"node id {node} is out of range [0, {self.taxonomy.num_nodes}) for taxonomy {self.taxonomy.name!r}",
+                source=source,
+                line=line,
+                label=str(label),
+            )
         return node
 
     def _parse_auto(self, label: str | int, source: str | None, line: int | None) -> int:
@@ -137,11 +152,14 @@ class LabelEncoder:
         sep = separator or self.separator
         parts = [p.strip() for p in label.strip().strip(sep).split(sep)]
         if not parts or any(not p for p in parts):
-            raise TaxonomyError(f"label path {label!r} has an empty component", source=source, line=line,
-                                label=label)
+            raise TaxonomyError(f"label path {label!r} has an empty component", source=source, line=line, label=label)
         ids = [self._lookup(p, source, line) for p in parts]
         for a, b in itertools.pairwise(ids):
             if a not in tax.parents(b):
-                raise TaxonomyError(f"label path {label!r}: {tax.name_of(b)!r} is not a child of {tax.name_of(a)!r}",
-                                    source=source, line=line, label=label)
+                raise TaxonomyError(
+                    f"label path {label!r}: {tax.name_of(b)!r} is not a child of {tax.name_of(a)!r}",
+                    source=source,
+                    line=line,
+                    label=label,
+                )
         return ids[-1]

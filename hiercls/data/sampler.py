@@ -58,8 +58,17 @@ class ResumableDistributedSampler(Sampler[int]):
         [5, 7, 9]
     """
 
-    def __init__(self, dataset_len: int, *, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        dataset_len: int,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ) -> None:
         self.dataset_len = _check_int("dataset_len", dataset_len, 0)
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.world_size = _check_int("world_size", world_size, 1)
@@ -83,8 +92,9 @@ class ResumableDistributedSampler(Sampler[int]):
         the same epoch); a position loaded for another epoch is discarded."""
         epoch = _check_int("epoch", epoch, 0)
         if epoch != self.epoch and self._resume is not None:
-            logger.warning("set_epoch(%d) discards the resume position %d loaded for epoch %d",
-                           epoch, self._resume, self.epoch)
+            logger.warning(
+                "set_epoch(%d) discards the resume position %d loaded for epoch %d", epoch, self._resume, self.epoch
+            )
             self._resume = None
         self.epoch = epoch
         # The position now refers to this epoch's next iteration (a checkpoint taken before its first batch
@@ -117,8 +127,11 @@ class ResumableDistributedSampler(Sampler[int]):
     def _rank_indices(self, start: int) -> np.ndarray:
         rest, nb = self._rest_batches(start)
         g = self.global_batch_size
-        return np.concatenate([rest[k * g:(k + 1) * g][self.rank::self.world_size] for k in range(nb)]
-                              ) if nb else np.zeros(0, dtype=np.int64)
+        return (
+            np.concatenate([rest[k * g : (k + 1) * g][self.rank :: self.world_size] for k in range(nb)])
+            if nb
+            else np.zeros(0, dtype=np.int64)
+        )
 
     def _next_start(self) -> int:
         return self._resume if self._resume is not None else 0
@@ -150,8 +163,13 @@ class ResumableDistributedSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"epoch", "index", "seed", "dataset_len", "shuffle"}``: the exact data position."""
-        return {"epoch": self.epoch, "index": self.position, "seed": self.seed, "dataset_len": self.dataset_len,
-                "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "index": self.position,
+            "seed": self.seed,
+            "dataset_len": self.dataset_len,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: select ``state["epoch"]`` and start its next iteration at ``state["index"]``.
@@ -162,8 +180,10 @@ class ResumableDistributedSampler(Sampler[int]):
         """
         for key in ("dataset_len", "seed", "shuffle"):
             if key in state and state[key] != getattr(self, key):
-                raise ValueError(f"sampler state has {key}={state[key]!r} but this sampler has "
-                                 f"{key}={getattr(self, key)!r}; the saved position would point into another order")
+                raise ValueError(
+                    f"sampler state has {key}={state[key]!r} but this sampler has "
+                    f"{key}={getattr(self, key)!r}; the saved position would point into another order"
+                )
         index = _check_int("state['index']", state.get("index", 0), 0)
         if index > self.dataset_len:
             raise ValueError(f"state['index']={index} is past the end of the dataset ({self.dataset_len} samples)")
@@ -211,10 +231,20 @@ class ResumableDataLoader:
         self.sampler.load_state_dict(state)
 
 
-def make_loader(dataset: Dataset | Sequence[Any], batch_size: int, *, shuffle: bool = True, seed: int = 0,
-                rank: int = 0, world_size: int = 1, collate_fn: Callable[[list[Any]], Any] | None = None,
-                drop_last: bool = False, num_workers: int = 0, pin_memory: bool = False,
-                persistent_workers: bool = False) -> ResumableDataLoader:
+def make_loader(
+    dataset: Dataset | Sequence[Any],
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+) -> ResumableDataLoader:
     """A resumable, DDP-aware loader: rank ``rank`` of ``world_size`` with ``batch_size`` samples per step.
 
     Usage in a training loop::
@@ -235,13 +265,22 @@ def make_loader(dataset: Dataset | Sequence[Any], batch_size: int, *, shuffle: b
         10
     """
     n = len(dataset)  # type: ignore[arg-type]
-    sampler = ResumableDistributedSampler(n, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                                          world_size=world_size, drop_last=drop_last)
+    sampler = ResumableDistributedSampler(
+        n, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+    )
     num_workers = _check_int("num_workers", num_workers, 0)
     # Worker RNGs (random augmentations) derive from this generator: same seed, same augmentations.
     gen = torch.Generator()
     gen.manual_seed(seed * 1000003 + rank)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,  # type: ignore[arg-type]
-                        drop_last=False, num_workers=num_workers, pin_memory=pin_memory, generator=gen,
-                        persistent_workers=persistent_workers and num_workers > 0)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate_fn,  # type: ignore[arg-type]
+        drop_last=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=gen,
+        persistent_workers=persistent_workers and num_workers > 0,
+    )
     return ResumableDataLoader(loader, sampler)

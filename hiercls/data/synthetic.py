@@ -53,9 +53,19 @@ class SyntheticHierarchy(torch.utils.data.Dataset):
         prototypes: ``[N, *input_shape]`` float32, the per-node prototypes (deeper nodes weaker).
     """
 
-    def __init__(self, taxonomy: Taxonomy, num_samples: int, *, kind: Literal["image", "features", "text"] = "image",
-                 labels: Literal["leaves", "classes"] = "leaves", image_size: int = 16, dim: int = 16,
-                 noise: float = 0.5, seed: int = 0, prototypes: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        num_samples: int,
+        *,
+        kind: Literal["image", "features", "text"] = "image",
+        labels: Literal["leaves", "classes"] = "leaves",
+        image_size: int = 16,
+        dim: int = 16,
+        noise: float = 0.5,
+        seed: int = 0,
+        prototypes: np.ndarray | None = None,
+    ) -> None:
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         if kind not in ("image", "features", "text"):
@@ -70,14 +80,17 @@ class SyntheticHierarchy(torch.utils.data.Dataset):
         shape = (3, self.image_size, self.image_size) if kind == "image" else (self.dim,)
         if prototypes is not None:
             if tuple(np.shape(prototypes)) != (taxonomy.num_nodes, *shape):
-                raise ValueError(f"prototypes must have shape {(taxonomy.num_nodes, *shape)} (nodes x input); got "
-                                 f"{tuple(np.shape(prototypes))}")
+                raise ValueError(
+                    f"prototypes must have shape {(taxonomy.num_nodes, *shape)} (nodes x input); got "
+                    f"{tuple(np.shape(prototypes))}"
+                )
             self.prototypes = np.asarray(prototypes, dtype=np.float32)
         else:
             # Deeper prototypes are weaker, so that coarse decisions are easier than fine ones.
             scale = 1.0 / (1.0 + taxonomy.depth.astype(np.float32))
-            self.prototypes = (rng.standard_normal((taxonomy.num_nodes, *shape)).astype(np.float32)
-                               * scale.reshape(-1, *([1] * len(shape))))
+            self.prototypes = rng.standard_normal((taxonomy.num_nodes, *shape)).astype(np.float32) * scale.reshape(
+                -1, *([1] * len(shape))
+            )
         self._paths = [self._path(int(t)) for t in range(taxonomy.num_nodes)]
 
     def _path(self, node: int) -> list[int]:
@@ -107,8 +120,11 @@ class SyntheticHierarchy(torch.utils.data.Dataset):
 
 def nested_blobs_taxonomy() -> Taxonomy:
     """The region chain of :class:`NestedBlobs3D`: ``volume -> outer -> middle -> inner``."""
-    return Taxonomy([("volume", "outer"), ("outer", "middle"), ("middle", "inner")], name="nested_blobs",
-                    metadata={"raw_labels": {"outer": [1, 2, 3], "middle": [2, 3], "inner": [3]}})
+    return Taxonomy(
+        [("volume", "outer"), ("outer", "middle"), ("middle", "inner")],
+        name="nested_blobs",
+        metadata={"raw_labels": {"outer": [1, 2, 3], "middle": [2, 3], "inner": [3]}},
+    )
 
 
 class NestedBlobs3D(torch.utils.data.Dataset):

@@ -37,16 +37,26 @@ class HierTextDataset(Dataset):
         ('a vehicle', 3)
     """
 
-    def __init__(self, texts: Sequence[str], targets: Sequence[int] | np.ndarray, taxonomy: Taxonomy, *,
-                 source: str | None = None) -> None:
+    def __init__(
+        self,
+        texts: Sequence[str],
+        targets: Sequence[int] | np.ndarray,
+        taxonomy: Taxonomy,
+        *,
+        source: str | None = None,
+    ) -> None:
         if len(texts) != len(targets):
             raise ValueError(f"texts has {len(texts)} entries but targets has {len(targets)}")
         self.texts = list(texts)
         self.targets = np.asarray(targets, dtype=np.int64)
         if self.targets.size and (self.targets.min() < -1 or self.targets.max() >= taxonomy.num_nodes):
             bad = int(self.targets[(self.targets < -1) | (self.targets >= taxonomy.num_nodes)][0])
-            raise TaxonomyError(f"target {bad} is not a node id of taxonomy {taxonomy.name!r} "
-                                f"([0, {taxonomy.num_nodes}), or -1 to ignore)", source=source, label=str(bad))
+            raise TaxonomyError(
+                f"target {bad} is not a node id of taxonomy {taxonomy.name!r} "
+                f"([0, {taxonomy.num_nodes}), or -1 to ignore)",
+                source=source,
+                label=str(bad),
+            )
         self.taxonomy = taxonomy
         self.source = source
 
@@ -63,9 +73,18 @@ class HierTextDataset(Dataset):
 
     # ------------------------------------------------------------------ readers
     @classmethod
-    def from_csv(cls, path: str | os.PathLike[str], text_column: str, label_column: str, taxonomy: Taxonomy, *,
-                 label_format: LabelFormat = "path", separator: str = "/", delimiter: str = ",",
-                 encoding: str = "utf-8") -> HierTextDataset:
+    def from_csv(
+        cls,
+        path: str | os.PathLike[str],
+        text_column: str,
+        label_column: str,
+        taxonomy: Taxonomy,
+        *,
+        label_format: LabelFormat = "path",
+        separator: str = "/",
+        delimiter: str = ",",
+        encoding: str = "utf-8",
+    ) -> HierTextDataset:
         """Read a CSV (or TSV with ``delimiter="\\t"``) file with a header row.
 
         Args:
@@ -102,8 +121,9 @@ class HierTextDataset(Dataset):
             try:
                 header = next(reader)
             except StopIteration:
-                raise ValueError(f"{src}: empty file (expected a header row with {text_column!r} and "
-                                 f"{label_column!r})") from None
+                raise ValueError(
+                    f"{src}: empty file (expected a header row with {text_column!r} and {label_column!r})"
+                ) from None
             except csv.Error as err:
                 raise ValueError(f"{src}:1: malformed CSV header: {err}") from None
             header = [h.strip().lstrip("\ufeff") for h in header]
@@ -132,9 +152,17 @@ class HierTextDataset(Dataset):
         return cls(texts, targets, taxonomy, source=src)
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike[str], text_column: str, label_column: str, taxonomy: Taxonomy, *,
-                   label_format: LabelFormat = "path", separator: str = "/",
-                   encoding: str = "utf-8") -> HierTextDataset:
+    def from_jsonl(
+        cls,
+        path: str | os.PathLike[str],
+        text_column: str,
+        label_column: str,
+        taxonomy: Taxonomy,
+        *,
+        label_format: LabelFormat = "path",
+        separator: str = "/",
+        encoding: str = "utf-8",
+    ) -> HierTextDataset:
         """Read a JSON-lines file: one object per line with ``text_column`` and ``label_column`` keys.
 
         A label may also be a list of names (``["animal", "cat"]``) when ``label_format="path"``.
@@ -176,12 +204,14 @@ class HierTextDataset(Dataset):
                     raise ValueError(f"{src}:{line}: {text_column!r} must be a string, got {type(text).__name__}")
                 if isinstance(label, list):
                     if label_format != "path" or not all(isinstance(x, str) for x in label):
-                        raise ValueError(f"{src}:{line}: a list label needs label_format='path' and string items; "
-                                         f"got {label!r}")
+                        raise ValueError(
+                            f"{src}:{line}: a list label needs label_format='path' and string items; got {label!r}"
+                        )
                     label = separator.join(label)
                 elif isinstance(label, bool) or not isinstance(label, (str, int)):
-                    raise ValueError(f"{src}:{line}: {label_column!r} must be a string or an integer, got "
-                                     f"{type(label).__name__}")
+                    raise ValueError(
+                        f"{src}:{line}: {label_column!r} must be a string or an integer, got {type(label).__name__}"
+                    )
                 if isinstance(label, int) and label_format != "id":
                     label = str(label)
                 _check_text_label(text, str(label).strip(), src, line, text_column, label_column)

@@ -37,8 +37,10 @@ def _timm_info_dir() -> Path:
 
 def _read_tsv(path: Path) -> dict[str, str]:
     if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} not found: the WordNet gloss set needs timm's bundled class info "
-                                "(timm>=0.9, 'pip install timm')")
+        raise FileNotFoundError(
+            f"{str(path)!r} not found: the WordNet gloss set needs timm's bundled class info "
+            "(timm>=0.9, 'pip install timm')"
+        )
     out: dict[str, str] = {}
     for line_no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not raw.strip():
@@ -82,9 +84,14 @@ def _resolve_taxonomy(taxonomy: Taxonomy | str) -> Taxonomy:
     return load_taxonomy(taxonomy)
 
 
-def wordnet_gloss_dataset(split: GlossSplit = "train", taxonomy: Taxonomy | str = "imagenet21k_winter21", *,
-                          include_lemma: bool = False, label: Literal["synset", "parent"] = "synset",
-                          classes_only: bool = True) -> HierTextDataset:
+def wordnet_gloss_dataset(
+    split: GlossSplit = "train",
+    taxonomy: Taxonomy | str = "imagenet21k_winter21",
+    *,
+    include_lemma: bool = False,
+    label: Literal["synset", "parent"] = "synset",
+    classes_only: bool = True,
+) -> HierTextDataset:
     """The WordNet-definitions text set: gloss -> synset node, restricted to the synsets of ``taxonomy``.
 
     Args:
@@ -140,6 +147,8 @@ def wordnet_gloss_dataset(split: GlossSplit = "train", taxonomy: Taxonomy | str 
     if missing:
         logger.info("wordnet_gloss_dataset: %d synsets of %r have no gloss in timm's file", missing, tax.name)
     if not texts and split == "all":
-        raise TaxonomyError(f"taxonomy {tax.name!r} has no nodes named by a WordNet id with a gloss in timm's "
-                            "imagenet_synset_to_definition.txt")
+        raise TaxonomyError(
+            f"taxonomy {tax.name!r} has no nodes named by a WordNet id with a gloss in timm's "
+            "imagenet_synset_to_definition.txt"
+        )
     return HierTextDataset(texts, np.asarray(targets, dtype=np.int64), tax, source=f"wordnet_glosses:{split}")

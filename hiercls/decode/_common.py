@@ -53,9 +53,10 @@ def chunked(fn: F) -> F:
         step = max(16, min(ROW_CHUNK, CHUNK_ELEMENTS // max(1, shape[1]))) if rows else ROW_CHUNK
         if rows <= step:
             return fn(probs, *args, **kwargs)
-        return _concat([fn(probs[s:s + step], *args, **kwargs) for s in range(0, rows, step)])
+        return _concat([fn(probs[s : s + step], *args, **kwargs) for s in range(0, rows, step)])
 
     return wrapper  # type: ignore[return-value]
+
 
 @dataclass
 class Batch:
@@ -83,8 +84,9 @@ class Batch:
         return self._label
 
 
-def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs",
-            exact: bool = True) -> Batch:
+def prepare(
+    probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs", exact: bool = True
+) -> Batch:
     """Validate ``probs`` against ``taxonomy`` and convert it to a float64 NumPy :class:`Batch`.
 
     Args:
@@ -111,8 +113,9 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
         keep = not exact and dtype == torch.float32
         probs = probs.detach().to("cpu", torch.float32 if keep else torch.float64).numpy()
     arr = np.asarray(probs)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
-                                   or arr.dtype == bool):
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool
+    ):
         raise TypeError(f"{name} must be a numeric array or tensor; got dtype {arr.dtype}")
     arr = arr.astype(np.float32 if (not exact and arr.dtype == np.float32) else np.float64, copy=False)
     if arr.ndim == 1:
@@ -123,8 +126,10 @@ def prepare(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: s
         hint = ""
         if not leaf_probs and arr.ndim == 2 and arr.shape[1] == taxonomy.num_leaves:
             hint = "; it matches the number of leaves: pass leaf_probs=True"
-        raise ValueError(f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape "
-                         f"{list(np.shape(probs))}{hint}")
+        raise ValueError(
+            f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape "
+            f"{list(np.shape(probs))}{hint}"
+        )
     if arr.size and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or infinite values")
     if arr.size and arr.min() < -1e-6:
@@ -148,8 +153,7 @@ def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:
     return cache["child_csr"]
 
 
-def label_distribution_t(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.ndarray | None = None
-                         ) -> np.ndarray:
+def label_distribution_t(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.ndarray | None = None) -> np.ndarray:
     """:func:`label_distribution` of a tree in node-major layout ``[N, B]`` (C-contiguous).
 
     Node-major makes the tree operations row gathers and contiguous sums, several times faster than

@@ -9,6 +9,7 @@ from hiercls.taxonomy import Taxonomy
 
 __all__ = ["RULES", "SET_RULES", "decode"]
 
+
 def decode(probs: Any, taxonomy: Taxonomy, rule: Any = "argmax_leaf", **options: Any) -> Any:
     """Decode node probabilities with the rule called ``rule``.
 

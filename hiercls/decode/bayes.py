@@ -50,8 +50,9 @@ def _candidate_mask(taxonomy: Taxonomy, candidates: Any) -> np.ndarray:
             return taxonomy.is_leaf.copy()
         if candidates == "classes":
             return taxonomy.class_mask.copy()
-        raise ValueError(f"candidates must be 'all', 'leaves', 'classes', a boolean mask [N] or node ids/names; "
-                         f"got {candidates!r}")
+        raise ValueError(
+            f"candidates must be 'all', 'leaves', 'classes', a boolean mask [N] or node ids/names; got {candidates!r}"
+        )
     arr = np.asarray(candidates)
     if arr.dtype == bool:
         if arr.shape != (n,):
@@ -153,25 +154,29 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
             return _structured_cost(batch, cost)
         targets = np.flatnonzero(p.any(0)) if p.shape[0] else np.zeros(0, dtype=np.int64)
         if not tax.is_tree and tax.num_nodes * len(targets) > _DENSE_LIMIT:
-            raise ValueError(f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
-                             "matrix; convert with to_tree() first")
+            raise ValueError(
+                f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
+                "matrix; convert with to_tree() first"
+            )
         key = ("cost", cost)
         cache = tax.namespace_cache(__name__)
-        if key not in cache and tax.num_nodes ** 2 <= _CACHE_LIMIT:
+        if key not in cache and tax.num_nodes**2 <= _CACHE_LIMIT:
             cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
         if key in cache:
             return p[:, targets] @ cache[key][:, targets].T
         out = np.zeros((p.shape[0], tax.num_nodes))
         step = max(1, _CACHE_LIMIT // tax.num_nodes)  # label blocks keep the matrix near 32 MB
         for s in range(0, len(targets), step):
-            cols = targets[s:s + step]
+            cols = targets[s : s + step]
             out += p[:, cols] @ tax.distance_matrix(cost, targets=cols).T
         return out
     mat = np.asarray(cost.detach().cpu().numpy() if hasattr(cost, "detach") else cost, dtype=np.float64)
     n, nl = tax.num_nodes, tax.num_leaves
     if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
-        raise ValueError(f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf) or [N, N] = [{n}, {n}] "
-                         f"(node to label); got shape {list(mat.shape)}")
+        raise ValueError(
+            f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf) or [N, N] = [{n}, {n}] "
+            f"(node to label); got shape {list(mat.shape)}"
+        )
     if not np.isfinite(mat).all():
         raise ValueError("cost matrix contains NaN or infinite values")
     if mat.shape[1] == n and n != nl:
@@ -180,14 +185,23 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
         return p @ mat.T
     internal = p.sum(1) - p[:, tax.leaves].sum(1)
     if internal.size and internal.max() > 1e-6:
-        raise ValueError(f"a node-to-leaf cost [N, L] cannot score labels at internal nodes (up to "
-                         f"{internal.max():.3g} of the mass is there); pass an [N, N] node-to-label cost")
+        raise ValueError(
+            f"a node-to-leaf cost [N, L] cannot score labels at internal nodes (up to "
+            f"{internal.max():.3g} of the mass is there); pass an [N, N] node-to-label cost"
+        )
     return p[:, tax.leaves] @ mat.T
 
 
 @chunked
-def bayes_node(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, candidates: Any = None,
-               leaf_probs: bool = False, return_cost: bool = False) -> Any:
+def bayes_node(
+    probs: Any,
+    taxonomy: Taxonomy,
+    cost: Any = "shortest_path",
+    *,
+    candidates: Any = None,
+    leaf_probs: bool = False,
+    return_cost: bool = False,
+) -> Any:
     """The node with the smallest expected cost, ``argmin_n sum_y p(y) cost(n, y)`` (ties: smaller id).
 
     Args:
@@ -215,8 +229,9 @@ def bayes_node(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, c
     return out
 
 
-def prediction_expected_cost(probs: Any, predictions: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *,
-                             leaf_probs: bool = False) -> Any:
+def prediction_expected_cost(
+    probs: Any, predictions: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *, leaf_probs: bool = False
+) -> Any:
     """Expected cost ``E_y[cost(pred, y)]`` of given single-node predictions under the model's probabilities.
 
     Scores the output of *any* decoder with the objective :func:`bayes_node` minimises: for every sample the
@@ -240,20 +255,21 @@ def prediction_expected_cost(probs: Any, predictions: Any, taxonomy: Taxonomy, c
     """
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     pred = predictions.detach().cpu().numpy() if hasattr(predictions, "detach") else predictions
-    ids = np.array([taxonomy.index(x) if isinstance(x, str) else int(x) for x in np.asarray(pred).ravel()],
-                   dtype=np.int64)
+    ids = np.array(
+        [taxonomy.index(x) if isinstance(x, str) else int(x) for x in np.asarray(pred).ravel()], dtype=np.int64
+    )
     if ids.shape[0] != batch.node.shape[0]:
         raise ValueError(f"predictions has {ids.shape[0]} entries but probs has {batch.node.shape[0]} rows")
     if ids.size and (ids.min() < 0 or ids.max() >= taxonomy.num_nodes):
-        raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got "
-                            f"{ids.min()}..{ids.max()}")
+        raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got {ids.min()}..{ids.max()}")
     exp = _expected_cost(batch, cost)
     return restore_values(exp[np.arange(len(ids)), ids], batch)
 
 
 @chunked
-def crm(probs: Any, taxonomy: Taxonomy, cost: Any = "lca_height", *, leaf_probs: bool = False,
-        return_cost: bool = False) -> Any:
+def crm(
+    probs: Any, taxonomy: Taxonomy, cost: Any = "lca_height", *, leaf_probs: bool = False, return_cost: bool = False
+) -> Any:
     """Conditional risk minimisation over leaves (Karthik et al., "No cost likelihood manipulation at test time
     for making better mistakes in deep networks", ICLR 2021): ``argmin_leaf sum_j cost(leaf, j) p(j)``.
 

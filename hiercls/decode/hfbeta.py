@@ -99,8 +99,15 @@ def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
     return cache[key]
 
 
-def expected_hfbeta(sets: Any, probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include_root: bool = False,
-                    leaf_probs: bool = False) -> Any:
+def expected_hfbeta(
+    sets: Any,
+    probs: Any,
+    taxonomy: Taxonomy,
+    beta: float = 1.0,
+    *,
+    include_root: bool = False,
+    leaf_probs: bool = False,
+) -> Any:
     """Exact expected hF-beta of predicted node sets under the label distribution implied by ``probs``.
 
     Args:
@@ -146,8 +153,9 @@ def _as_sets(sets: Any, taxonomy: Taxonomy, batch_size: int) -> np.ndarray:
     if s.ndim == 1:
         s = s[None, :]
     if s.shape != (batch_size, taxonomy.num_nodes):
-        raise ValueError(f"sets must be boolean node sets [B, N] = [{batch_size}, {taxonomy.num_nodes}]; "
-                         f"got shape {list(s.shape)}")
+        raise ValueError(
+            f"sets must be boolean node sets [B, N] = [{batch_size}, {taxonomy.num_nodes}]; got shape {list(s.shape)}"
+        )
     return s.astype(bool, copy=True)
 
 
@@ -189,8 +197,15 @@ def _mass_bound(p_sorted: np.ndarray, nvalid: np.ndarray, tau: np.ndarray, ks: n
     return (1.0 + b2) * np.maximum(top / (b2 + ks[None, :]), nxt)
 
 
-def _solve(q: np.ndarray, lv: np.ndarray, valid: np.ndarray, r: np.ndarray, p_empty: np.ndarray | None,
-           tau: np.ndarray, b2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _solve(
+    q: np.ndarray,
+    lv: np.ndarray,
+    valid: np.ndarray,
+    r: np.ndarray,
+    p_empty: np.ndarray | None,
+    tau: np.ndarray,
+    b2: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Best value, best size, certificate and chosen candidates for rows of candidate weights.
 
     ``q`` is ``[G, c, M]`` (``q[:, j, m]`` the probability that candidate ``j`` is on a label path of size
@@ -225,16 +240,18 @@ def _solve(q: np.ndarray, lv: np.ndarray, valid: np.ndarray, r: np.ndarray, p_em
         value = np.where(feasible, value, -np.inf)
         t = tau[active][:, None]
         outside = (1.0 + b2) * t / (b2 + ks[None, :])  # [A, K]
-        exact[active, k0 - 1:k1] = np.where(feasible, outside <= kth, t == 0)
-        relaxed[active, k0 - 1:k1] = np.cumsum(np.maximum(w_sorted, outside[:, None, :]), axis=1)[:, ks - 1, cols]
+        exact[active, k0 - 1 : k1] = np.where(feasible, outside <= kth, t == 0)
+        relaxed[active, k0 - 1 : k1] = np.cumsum(np.maximum(w_sorted, outside[:, None, :]), axis=1)[:, ks - 1, cols]
         block_best = value.max(1)
         block_arg = value.argmax(1)  # first maximum: the smallest size wins ties
         better = block_best > best[active]
         best[active[better]] = block_best[better]
         best_k[active[better]] = ks[block_arg[better]]
         nxt = np.array([k1 + 1])
-        bound = np.minimum(_upper_bound(r[active], lv, nxt, b2)[:, 0],
-                           _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0])
+        bound = np.minimum(
+            _upper_bound(r[active], lv, nxt, b2)[:, 0],
+            _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0],
+        )
         done = (bound <= best[active]) | ((k1 + 1 > nvalid[active]) & (tau[active] == 0))
         active = active[~done]
         k0 = k1 + 1
@@ -286,12 +303,18 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
         lo = np.empty((n, h + 1), dtype=np.int64)
         hi = np.empty((n, h + 1), dtype=np.int64)
         for m in range(h + 1):
-            level = order[seg_lo[m]:seg_hi[m]]
+            level = order[seg_lo[m] : seg_hi[m]]
             # On a pre-order tree the descendants of n at depth m are the level's ids in [n, n + size).
             lo[:, m] = seg_lo[m] + np.searchsorted(level, ids)
             hi[:, m] = seg_lo[m] + np.searchsorted(level, ids + size)
-        cache["hf_tree"] = {"order": order, "seg_lo": seg_lo, "seg_hi": seg_hi, "lo": lo, "hi": hi,
-                            "size": size.astype(np.int64)}
+        cache["hf_tree"] = {
+            "order": order,
+            "seg_lo": seg_lo,
+            "seg_hi": seg_hi,
+            "lo": lo,
+            "hi": hi,
+            "size": size.astype(np.int64),
+        }
     return cache["hf_tree"]
 
 
@@ -317,8 +340,9 @@ def _select_candidates(ptil: np.ndarray, first: int, c: int) -> tuple[np.ndarray
     return np.where(valid, key, 0), valid, tau
 
 
-def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool,
-               c0: int) -> tuple[np.ndarray, np.ndarray]:
+def _tree_rows(
+    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool, c0: int
+) -> tuple[np.ndarray, np.ndarray]:
     tab = tree_tables(taxonomy)
     g, n = node.shape
     first = 0 if include_root else 1
@@ -350,13 +374,14 @@ def _tree_rows(node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2
         rows_per_step = pending.size if not full else max(1, _MAX_ELEMENTS // max(1, (n - first) * (h + 1)))
         failed = []
         for s in range(0, pending.size, rows_per_step):
-            rows = pending[s:s + rows_per_step]
+            rows = pending[s : s + rows_per_step]
             cand, valid, tau = _select_candidates(ptil[rows], first, c)
             col = rows[:, None, None]
             q = cs_dm[tab["hi"][cand], col] - cs_dm[tab["lo"][cand], col]  # [R, w, h+1]
             q[~valid] = 0.0
-            best, _best_k, ok, chosen = _solve(q, lv, valid, r[rows], None if p_empty is None else p_empty[rows],
-                                              tau, b2)
+            best, _best_k, ok, chosen = _solve(
+                q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau, b2
+            )
             if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
                 raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
             done = rows[ok]
@@ -410,8 +435,16 @@ def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) 
 
 
 @chunked
-def optimal_hfbeta(probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include_root: bool = False,
-                   leaf_probs: bool = False, return_value: bool = False, initial_candidates: int = 64) -> Any:
+def optimal_hfbeta(
+    probs: Any,
+    taxonomy: Taxonomy,
+    beta: float = 1.0,
+    *,
+    include_root: bool = False,
+    leaf_probs: bool = False,
+    return_value: bool = False,
+    initial_candidates: int = 64,
+) -> Any:
     """The ancestor-closed node set maximising expected hF-beta, exactly, for every sample.
 
     The result may span several branches (e.g. ``{animal, cat, dog}`` when cat and dog are equally likely and
@@ -454,8 +487,14 @@ def optimal_hfbeta(probs: Any, taxonomy: Taxonomy, beta: float = 1.0, *, include
         for s in range(0, bsz, _CHUNK):
             sl = slice(s, s + _CHUNK)
             if taxonomy.is_tree:
-                sets[sl], values[sl] = _tree_rows(batch.node[sl], None if batch.leaf is None else batch.leaf[sl],
-                                                  taxonomy, b2, include_root, int(initial_candidates))
+                sets[sl], values[sl] = _tree_rows(
+                    batch.node[sl],
+                    None if batch.leaf is None else batch.leaf[sl],
+                    taxonomy,
+                    b2,
+                    include_root,
+                    int(initial_candidates),
+                )
             else:
                 sets[sl], values[sl] = _dag_rows(batch.label[sl], taxonomy, b2, include_root)
     else:  # a single-node taxonomy: the root label, predicted perfectly by the empty (root-only) set

@@ -18,8 +18,17 @@ import numpy as np
 from hiercls.decode._common import Batch, chunked, prepare, restore_ids
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
-__all__ = ["argmax_leaf", "calibrate_info_gain", "hie", "info_gain", "majority", "max_info", "plurality",
-           "threshold", "top_down"]
+__all__ = [
+    "argmax_leaf",
+    "calibrate_info_gain",
+    "hie",
+    "info_gain",
+    "majority",
+    "max_info",
+    "plurality",
+    "threshold",
+    "top_down",
+]
 
 
 _TIE_TOL = 1e-9
@@ -249,8 +258,16 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     return restore_ids(_first_argmax(score), batch)
 
 
-def calibrate_info_gain(probs: Any, labels: Any, taxonomy: Taxonomy, *, target_accuracy: float,
-                        leaf_probs: bool = False, tol: float = 1e-4, max_lambda: float = 1e6) -> float:
+def calibrate_info_gain(
+    probs: Any,
+    labels: Any,
+    taxonomy: Taxonomy,
+    *,
+    target_accuracy: float,
+    leaf_probs: bool = False,
+    tol: float = 1e-4,
+    max_lambda: float = 1e6,
+) -> float:
     """The smallest ``lam`` for which :func:`info_gain` reaches ``target_accuracy`` on held-out data.
 
     Accuracy means the prediction is an ancestor-or-self of the label; Deng et al. show it does not decrease

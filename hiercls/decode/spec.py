@@ -35,8 +35,19 @@ __all__ = ["DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "format_numbe
 
 RULES: Registry[Callable[..., Any]] = Registry("decoder")
 """Every rule by name (iterable of names, ``RULES[name]``); each is also importable from :mod:`hiercls.decode`."""
-for _fn in (rules.argmax_leaf, rules.top_down, rules.threshold, rules.majority, rules.plurality, rules.max_info,
-            rules.info_gain, rules.hie, bayes.bayes_node, bayes.crm, hfbeta.optimal_hfbeta):
+for _fn in (
+    rules.argmax_leaf,
+    rules.top_down,
+    rules.threshold,
+    rules.majority,
+    rules.plurality,
+    rules.max_info,
+    rules.info_gain,
+    rules.hie,
+    bayes.bayes_node,
+    bayes.crm,
+    hfbeta.optimal_hfbeta,
+):
     RULES.register(_fn.__name__, _fn)
 del _fn
 
@@ -118,8 +129,11 @@ def rule_options(rule: str) -> list[str]:
 
 def _parameters(rule: str) -> dict[str, inspect.Parameter]:
     params = inspect.signature(RULES[rule]).parameters
-    return {n: p for n, p in params.items() if n not in _NOT_OPTIONS and not n.startswith("return_")
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {
+        n: p
+        for n, p in params.items()
+        if n not in _NOT_OPTIONS and not n.startswith("return_") and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
 
 
 def _parse_value(text: str) -> Any:
@@ -192,8 +206,9 @@ hie, info_gain, majority, max_info, optimal_hfbeta, plurality, threshold, top_do
         rule, given, where = spec.rule, dict(spec.options), spec.label
     else:
         if not isinstance(spec, str) or not spec.strip():
-            raise ValueError(f"decoder must be a rule name such as 'argmax_leaf' or 'optimal_hfbeta:beta=2'; "
-                             f"got {spec!r}")
+            raise ValueError(
+                f"decoder must be a rule name such as 'argmax_leaf' or 'optimal_hfbeta:beta=2'; got {spec!r}"
+            )
         where = spec.strip()
         name, _, rest = where.partition(":")
         name = name.strip()
@@ -208,8 +223,10 @@ hie, info_gain, majority, max_info, optimal_hfbeta, plurality, threshold, top_do
         for item in filter(None, (s.strip() for s in rest.split(","))):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
-                raise ValueError(f"decoder {where!r}: options must be key=value after ':' (e.g. "
-                                 f"'optimal_hfbeta:beta=2'); got {item!r}")
+                raise ValueError(
+                    f"decoder {where!r}: options must be key=value after ':' (e.g. "
+                    f"'optimal_hfbeta:beta=2'); got {item!r}"
+                )
             given[key.strip()] = _parse_value(value)
     given.update(options)
     params = _parameters(rule)
@@ -217,8 +234,10 @@ hie, info_gain, majority, max_info, optimal_hfbeta, plurality, threshold, top_do
     for key, value in given.items():
         if key not in params:
             valid = ", ".join(params) or "none"
-            raise ValueError(f"decoder {where!r}: unknown option {key!r} of rule {rule!r}"
-                             f"{did_you_mean(key, params)}; valid options: {valid}")
+            raise ValueError(
+                f"decoder {where!r}: unknown option {key!r} of rule {rule!r}"
+                f"{did_you_mean(key, params)}; valid options: {valid}"
+            )
         try:
             out[key] = _coerce(rule, key, value, params[key], f"decoder {where!r}")
         except ValueError as err:

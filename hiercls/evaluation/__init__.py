@@ -12,6 +12,13 @@ from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.evaluation.report import decoders_in, format_results, format_table
 
 __all__ = [
-    "DEFAULT_DECODERS", "Evaluator", "decoders_in", "evaluate_probabilities", "format_results", "format_table",
-    "load_labels", "load_probabilities", "to_plain",
+    "DEFAULT_DECODERS",
+    "Evaluator",
+    "decoders_in",
+    "evaluate_probabilities",
+    "format_results",
+    "format_table",
+    "load_labels",
+    "load_probabilities",
+    "to_plain",
 ]

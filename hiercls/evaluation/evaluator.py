@@ -76,9 +76,17 @@ class Evaluator:
         (0.5, 0.9166666666666667)
     """
 
-    def __init__(self, taxonomy: Taxonomy, decoders: Iterable[str | DecoderSpec] = ("argmax_leaf",), *,
-                 betas: Iterable[float] = (), k: Iterable[int] = (1, 5), leaf_probs: bool = False,
-                 sync_on_compute: bool = True, process_group: Any = None) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        decoders: Iterable[str | DecoderSpec] = ("argmax_leaf",),
+        *,
+        betas: Iterable[float] = (),
+        k: Iterable[int] = (1, 5),
+        leaf_probs: bool = False,
+        sync_on_compute: bool = True,
+        process_group: Any = None,
+    ) -> None:
         self.taxonomy = check_taxonomy(taxonomy)
         specs = [parse_decoder(d) for d in decoders]
         if not specs:
@@ -94,18 +102,19 @@ class Evaluator:
         self.leaf_probs = leaf_probs
         self._metric_kw = {"sync_on_compute": sync_on_compute, "process_group": process_group}
         self.dense = False
-        self.metrics: dict[str, dict[str, Metric]] = {label: self._flat_metrics(spec)
-                                                      for label, spec in self.decoders.items()}
+        self.metrics: dict[str, dict[str, Metric]] = {
+            label: self._flat_metrics(spec) for label, spec in self.decoders.items()
+        }
 
     def _flat_metrics(self, spec: DecoderSpec) -> dict[str, Metric]:
         tax, kw = self.taxonomy, self._metric_kw
-        out: dict[str, Metric] = {"": HierarchicalMetrics(tax, k=() if spec.is_set else self.k,
-                                                          multilabel=spec.is_set, **kw)}
+        out: dict[str, Metric] = {
+            "": HierarchicalMetrics(tax, k=() if spec.is_set else self.k, multilabel=spec.is_set, **kw)
+        }
         for beta in self.betas:
             b = format_number(beta)
             for average in ("micro", "samples"):
-                out[f"hF{b}_{average}"] = HierarchicalFBeta(tax, beta=beta, average=average, zero_division=0.0,
-                                                            **kw)
+                out[f"hF{b}_{average}"] = HierarchicalFBeta(tax, beta=beta, average=average, zero_division=0.0, **kw)
         return out
 
     def update(self, probs: Any, labels: Any) -> dict[str, Any]:
@@ -148,8 +157,9 @@ class Evaluator:
         preds = {}
         for label, spec in self.decoders.items():
             if spec.is_set:
-                raise ValueError(f"decoder {label!r} returns node sets; dense outputs need a single-node rule "
-                                 "(e.g. threshold)")
+                raise ValueError(
+                    f"decoder {label!r} returns node sets; dense outputs need a single-node rule (e.g. threshold)"
+                )
             pred = to_numpy(spec(flat, self.taxonomy, leaf_probs=self.leaf_probs)).reshape(y.shape)
             self.metrics[label][""].update(y, pred)
             preds[label] = pred
@@ -176,9 +186,16 @@ class Evaluator:
                 metric.reset()
 
 
-def evaluate_probabilities(probs: Any, labels: Any, taxonomy: Taxonomy,
-                           decoders: Sequence[str | DecoderSpec] = DEFAULT_DECODERS, *, betas: Iterable[float] = (),
-                           k: Iterable[int] = (1, 5), leaf_probs: bool = False) -> dict[str, Any]:
+def evaluate_probabilities(
+    probs: Any,
+    labels: Any,
+    taxonomy: Taxonomy,
+    decoders: Sequence[str | DecoderSpec] = DEFAULT_DECODERS,
+    *,
+    betas: Iterable[float] = (),
+    k: Iterable[int] = (1, 5),
+    leaf_probs: bool = False,
+) -> dict[str, Any]:
     """Decode saved probabilities with each decoder and score them: :class:`Evaluator` in one call.
 
     Args:
@@ -207,5 +224,10 @@ def evaluate_probabilities(probs: Any, labels: Any, taxonomy: Taxonomy,
     y = np.asarray(to_numpy(labels), dtype=np.int64).ravel()
     evaluator = Evaluator(taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, sync_on_compute=False)
     evaluator.update(probs, y)
-    return {"taxonomy": taxonomy.name, "fingerprint": taxonomy.fingerprint, "samples": int((y >= 0).sum()),
-            "ignored": int((y < 0).sum()), **evaluator.compute()}
+    return {
+        "taxonomy": taxonomy.name,
+        "fingerprint": taxonomy.fingerprint,
+        "samples": int((y >= 0).sum()),
+        "ignored": int((y < 0).sum()),
+        **evaluator.compute(),
+    }

@@ -37,8 +37,9 @@ def _pick(obj: Mapping[str, Any], keys: Sequence[str], key: str | None, path: st
     for k in keys:
         if k in obj:
             return obj[k]
-    raise ValueError(f"{path}: holds several arrays ({', '.join(map(str, names))}); say which {what} with "
-                     f"key= (one of the names)")
+    raise ValueError(
+        f"{path}: holds several arrays ({', '.join(map(str, names))}); say which {what} with key= (one of the names)"
+    )
 
 
 def _load_array(path: str | os.PathLike, key: str | None, keys: Sequence[str], what: str) -> np.ndarray:
@@ -95,8 +96,9 @@ def load_probabilities(path: str | os.PathLike, *, key: str | None = None) -> np
     return arr
 
 
-def load_labels(path: str | os.PathLike, taxonomy: Taxonomy, *, key: str | None = None,
-                column: str | int | None = None) -> np.ndarray:
+def load_labels(
+    path: str | os.PathLike, taxonomy: Taxonomy, *, key: str | None = None, column: str | int | None = None
+) -> np.ndarray:
     """Labels as node ids ``[B]`` (``-1`` = ignore) from a saved array or a text file.
 
     * ``.npy`` / ``.npz`` / ``.pt``: integer node ids (or an array of node-name strings).
@@ -131,14 +133,18 @@ def load_labels(path: str | os.PathLike, taxonomy: Taxonomy, *, key: str | None 
             for i, name in enumerate(arr.tolist()):
                 out[i] = _encode(encoder, str(name), str(p), None)
             return out
-        if not (np.issubdtype(arr.dtype, np.integer) or (np.issubdtype(arr.dtype, np.floating)
-                                                          and np.all(arr == np.round(arr)))):
+        if not (
+            np.issubdtype(arr.dtype, np.integer)
+            or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))
+        ):
             raise ValueError(f"{p}: labels must be integer node ids; got dtype {arr.dtype}")
         ids = arr.astype(np.int64)
         bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
         if bad.size:
-            raise ValueError(f"{p}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
-                             f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})")
+            raise ValueError(
+                f"{p}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
+                f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
+            )
         return ids
     text = p.read_text(encoding="utf-8-sig")
     rows: list[tuple[int, str]] = []

@@ -46,14 +46,17 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
         1  2
     """
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
-             "  ".join("-" * w for w in widths)]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)
 
 
-def format_results(runs: Mapping[str, Mapping[str, Any]], *, name: str = "head", max_levels: int = 6,
-                   extra: tuple[str, ...] = ()) -> str:
+def format_results(
+    runs: Mapping[str, Mapping[str, Any]], *, name: str = "head", max_levels: int = 6, extra: tuple[str, ...] = ()
+) -> str:
     """One row per (run, decoder): accuracy (exact match), micro hF1 (and the micro hF-β of every other β in
     the results, e.g. ``hF2``), and the per-level accuracy of the first levels.
 
@@ -77,18 +80,30 @@ def format_results(runs: Mapping[str, Mapping[str, Any]], *, name: str = "head",
             per = res.get(f"{d}/per_level_accuracy")
             if isinstance(per, list):
                 levels = max(levels, min(max_levels, len(per)))
-    header = [name, "decoder", "accuracy", "hF1", *[f"hF{b}" for b in betas], *extra,
-              *[f"level {i + 1}" for i in range(levels)]]
+    header = [
+        name,
+        "decoder",
+        "accuracy",
+        "hF1",
+        *[f"hF{b}" for b in betas],
+        *extra,
+        *[f"level {i + 1}" for i in range(levels)],
+    ]
     rows = []
     for label, res in runs.items():
         for d in decoders_in(res):
             per = res.get(f"{d}/per_level_accuracy")
             per = per if isinstance(per, list) else []
             dice = res.get(f"{d}/mean_dice")
-            row = [label, d, _fmt(res.get(f"{d}/accuracy", dice)), _fmt(res.get(f"{d}/hF1_micro")),
-                   *[_fmt(res.get(f"{d}/hF{b}_micro")) for b in betas],
-                   *[_fmt(res.get(f"{d}/{k}")) for k in extra],
-                   *[_fmt(per[i]) if i < len(per) else "-" for i in range(levels)]]
+            row = [
+                label,
+                d,
+                _fmt(res.get(f"{d}/accuracy", dice)),
+                _fmt(res.get(f"{d}/hF1_micro")),
+                *[_fmt(res.get(f"{d}/hF{b}_micro")) for b in betas],
+                *[_fmt(res.get(f"{d}/{k}")) for k in extra],
+                *[_fmt(per[i]) if i < len(per) else "-" for i in range(levels)],
+            ]
             rows.append(row)
     return format_table(header, rows)
 
@@ -106,6 +121,12 @@ def _format_dense(runs: Mapping[str, Mapping[str, Any]], name: str) -> str:
     for label, res in runs.items():
         for d in decoders_in(res):
             dice = res.get(f"{d}/dice") or []
-            rows.append([label, d, _fmt(res.get(f"{d}/mean_dice")),
-                         *[_fmt(dice[i]) if i < len(dice) else "-" for i in range(len(regions))]])
+            rows.append(
+                [
+                    label,
+                    d,
+                    _fmt(res.get(f"{d}/mean_dice")),
+                    *[_fmt(dice[i]) if i < len(dice) else "-" for i in range(len(regions))],
+                ]
+            )
     return format_table(header, rows)

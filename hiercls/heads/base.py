@@ -105,5 +105,7 @@ class HierarchicalHead(nn.Module, abc.ABC):
         """Node probabilities ``[B, N]`` float32 (dense: ``[B, N, *spatial]``), consistent with the taxonomy."""
 
     def extra_repr(self) -> str:
-        return (f"taxonomy={self.taxonomy.name!r}, nodes={self.taxonomy.num_nodes}, in_features={self.in_features}, "
-                f"num_outputs={self.num_outputs}")
+        return (
+            f"taxonomy={self.taxonomy.name!r}, nodes={self.taxonomy.num_nodes}, in_features={self.in_features}, "
+            f"num_outputs={self.num_outputs}"
+        )

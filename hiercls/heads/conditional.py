@@ -46,9 +46,16 @@ class ConditionalSoftmaxHead(HierarchicalHead):
         True
     """
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, stop: bool = False,
-                 huffman_counts: Sequence[float] | np.ndarray | None = None, bias: bool = True,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        in_features: int,
+        *,
+        stop: bool = False,
+        huffman_counts: Sequence[float] | np.ndarray | None = None,
+        bias: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(taxonomy, in_features, **options)
         self.huffman = huffman_counts is not None
         if self.huffman:
@@ -56,10 +63,13 @@ class ConditionalSoftmaxHead(HierarchicalHead):
                 raise ValueError("stop=True cannot be combined with huffman_counts (Huffman leaves are the labels)")
             counts = np.asarray(huffman_counts, dtype=np.float64)
             if counts.shape != (taxonomy.num_leaves,):
-                raise ValueError(f"huffman_counts must have one count per leaf ({taxonomy.num_leaves}, in "
-                                 f"taxonomy.leaves order); got shape {counts.shape}")
-            self.tree = huffman_tree([taxonomy.name_of(i) for i in taxonomy.leaves], counts,
-                                     name=f"{taxonomy.name}-huffman")
+                raise ValueError(
+                    f"huffman_counts must have one count per leaf ({taxonomy.num_leaves}, in "
+                    f"taxonomy.leaves order); got shape {counts.shape}"
+                )
+            self.tree = huffman_tree(
+                [taxonomy.name_of(i) for i in taxonomy.leaves], counts, name=f"{taxonomy.name}-huffman"
+            )
             # Huffman node id of each taxonomy leaf, in taxonomy.leaves order.
             self.register_index("huffman_leaf_ids", self.tree.ids([taxonomy.name_of(i) for i in taxonomy.leaves]))
             self.tree_ops = TreeOps(taxonomy)
@@ -107,5 +117,3 @@ class ConditionalSoftmaxHead(HierarchicalHead):
         k = self.softmax.internal_index
         extra = torch.where(k >= 0, stop.index_select(1, k.clamp(min=0)), torch.zeros_like(logp))
         return (logp + extra).exp()
-
-

@@ -69,8 +69,9 @@ class FlatSoftmaxHead(_LeafSoftmaxHead):
         (0, [1.0, 1.0])
     """
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, label_smoothing: float = 0.0, bias: bool = True,
-                 **options: Any) -> None:
+    def __init__(
+        self, taxonomy: Taxonomy, in_features: int, *, label_smoothing: float = 0.0, bias: bool = True, **options: Any
+    ) -> None:
         super().__init__(taxonomy, in_features, bias=bias, **options)
         self.criterion = LeafCrossEntropy(taxonomy, label_smoothing=label_smoothing)
 
@@ -90,8 +91,16 @@ class HXEHead(_LeafSoftmaxHead):
         bias: linear layer bias.
     """
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, alpha: float = 0.1, normalize: bool = True,
-                 bias: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        in_features: int,
+        *,
+        alpha: float = 0.1,
+        normalize: bool = True,
+        bias: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(taxonomy, in_features, bias=bias, **options)
         self.criterion = HXELoss(taxonomy, alpha=alpha, normalize=normalize)
 
@@ -111,8 +120,16 @@ class SoftLabelHead(_LeafSoftmaxHead):
         bias: linear layer bias.
     """
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, beta: float = 10.0,
-                 kind: DistanceKind = "lca_height", bias: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        in_features: int,
+        *,
+        beta: float = 10.0,
+        kind: DistanceKind = "lca_height",
+        bias: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(taxonomy, in_features, bias=bias, **options)
         self.criterion = SoftLabelLoss(taxonomy, beta=beta, kind=kind)
 

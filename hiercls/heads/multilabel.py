@@ -39,8 +39,16 @@ class MultiLabelHead(HierarchicalHead):
         (True, 0)
     """
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, coherent: bool = False,
-                 pos_weight: float | None = None, bias: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        in_features: int,
+        *,
+        coherent: bool = False,
+        pos_weight: float | None = None,
+        bias: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(taxonomy, in_features, **options)
         self.criterion = HierarchicalBCELoss(taxonomy, coherent=coherent, pos_weight=pos_weight)
         self.num_outputs = taxonomy.num_nodes - 1

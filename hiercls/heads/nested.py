@@ -43,8 +43,17 @@ class NestedSigmoidHead(HierarchicalHead):
 
     supports_dense = True
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, loss: str = "bce+dice", dice_smooth: float = 1.0,
-                 dice_weight: float = 1.0, bias: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        in_features: int,
+        *,
+        loss: str = "bce+dice",
+        dice_smooth: float = 1.0,
+        dice_weight: float = 1.0,
+        bias: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(taxonomy, in_features, **options)
         self.criterion = NestedRegionLoss(taxonomy, loss=loss, dice_smooth=dice_smooth, dice_weight=dice_weight)
         self.num_outputs = taxonomy.num_nodes - 1

@@ -37,7 +37,8 @@ def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> to
     if attention_mask is None:
         return hidden.mean(1)
     if tuple(attention_mask.shape) != tuple(hidden.shape[:2]):
-        raise ValueError(f"attention_mask must be [B, S] = {tuple(hidden.shape[:2])}; got "
-                         f"{tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"attention_mask must be [B, S] = {tuple(hidden.shape[:2])}; got {tuple(attention_mask.shape)}"
+        )
     w = attention_mask.to(device=hidden.device, dtype=hidden.dtype).unsqueeze(-1)
     return (hidden * w).sum(1) / w.sum(1).clamp(min=torch.finfo(hidden.dtype).tiny)

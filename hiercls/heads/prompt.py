@@ -96,17 +96,22 @@ def default_prompt_positions(taxonomy: Taxonomy, num_blocks: int) -> dict[int, i
     """
     levels = list(range(1, taxonomy.height))
     if not levels:
-        raise ValueError(f"taxonomy {taxonomy.name!r} has height {taxonomy.height}: it has no coarse level to prompt; "
-                         "pass prompt_blocks={} for a plain fine classifier")
+        raise ValueError(
+            f"taxonomy {taxonomy.name!r} has height {taxonomy.height}: it has no coarse level to prompt; "
+            "pass prompt_blocks={} for a plain fine classifier"
+        )
     if len(levels) > num_blocks - 1:
-        raise ValueError(f"taxonomy {taxonomy.name!r} has {len(levels)} coarse levels but the backbone has only "
-                         f"{num_blocks} blocks; pass prompt_blocks={{block: level}} explicitly")
+        raise ValueError(
+            f"taxonomy {taxonomy.name!r} has {len(levels)} coarse levels but the backbone has only "
+            f"{num_blocks} blocks; pass prompt_blocks={{block: level}} explicitly"
+        )
     first = num_blocks - 1 - len(levels)
     return {first + i: lvl for i, lvl in enumerate(levels)}
 
 
-def _resolve_positions(positions: Mapping[int, int] | Sequence[int] | None, taxonomy: Taxonomy, num_blocks: int,
-                       param: str) -> dict[int, int]:
+def _resolve_positions(
+    positions: Mapping[int, int] | Sequence[int] | None, taxonomy: Taxonomy, num_blocks: int, param: str
+) -> dict[int, int]:
     """Validate ``{block: level}`` (or a list of blocks for levels 1, 2, ...) into a block-sorted dict."""
     if positions is None:
         return default_prompt_positions(taxonomy, num_blocks)
@@ -115,8 +120,10 @@ def _resolve_positions(positions: Mapping[int, int] | Sequence[int] | None, taxo
     elif isinstance(positions, Sequence) and not isinstance(positions, str):
         pairs = [(b, i + 1) for i, b in enumerate(positions)]
     else:
-        raise TypeError(f"{param} must be a dict {{block index: hierarchy level}} or a list of block indices; "
-                        f"got {type(positions).__name__}")
+        raise TypeError(
+            f"{param} must be a dict {{block index: hierarchy level}} or a list of block indices; "
+            f"got {type(positions).__name__}"
+        )
     out: dict[int, int] = {}
     seen_levels: dict[int, int] = {}
     for block, level in pairs:
@@ -129,14 +136,18 @@ def _resolve_positions(positions: Mapping[int, int] | Sequence[int] | None, taxo
         if not 0 <= block < num_blocks:
             raise ValueError(f"{param}: block index {block} is outside the backbone's blocks 0..{num_blocks - 1}")
         if not 1 <= level < taxonomy.height:
-            raise ValueError(f"{param}: level {level} (block {block}) is not a coarse level of taxonomy "
-                             f"{taxonomy.name!r}; coarse levels are depths 1..{taxonomy.height - 1} (the leaves "
-                             "are the fine classes)")
+            raise ValueError(
+                f"{param}: level {level} (block {block}) is not a coarse level of taxonomy "
+                f"{taxonomy.name!r}; coarse levels are depths 1..{taxonomy.height - 1} (the leaves "
+                "are the fine classes)"
+            )
         if block in out:
             raise ValueError(f"{param}: block {block} is given twice")
         if level in seen_levels:
-            raise ValueError(f"{param}: level {level} is prompted at blocks {seen_levels[level]} and {block}; each "
-                             "level has one prompting block")
+            raise ValueError(
+                f"{param}: level {level} is prompted at blocks {seen_levels[level]} and {block}; each "
+                "level has one prompting block"
+            )
         out[block] = level
         seen_levels[level] = block
     return dict(sorted(out.items()))
@@ -156,13 +167,17 @@ def _resolve_weights(weight: float | Mapping[int, float] | Sequence[float], leve
         missing = [lvl for lvl in levels if lvl not in weight]
         extra = [k for k in weight if k not in levels]
         if missing or extra:
-            raise ValueError(f"coarse_loss_weight keys must be the prompted levels {list(levels)}; "
-                             f"missing {missing}, unknown {extra}")
+            raise ValueError(
+                f"coarse_loss_weight keys must be the prompted levels {list(levels)}; "
+                f"missing {missing}, unknown {extra}"
+            )
         out = {lvl: float(weight[lvl]) for lvl in levels}
     elif isinstance(weight, Sequence) and not isinstance(weight, str):
         if len(weight) != len(levels):
-            raise ValueError(f"coarse_loss_weight has {len(weight)} entries but {len(levels)} levels are prompted "
-                             f"({list(levels)}, in block order)")
+            raise ValueError(
+                f"coarse_loss_weight has {len(weight)} entries but {len(levels)} levels are prompted "
+                f"({list(levels)}, in block order)"
+            )
         out = {lvl: float(w) for lvl, w in zip(levels, weight, strict=True)}
     elif isinstance(weight, (int, float)) and not isinstance(weight, bool):
         out = dict.fromkeys(levels, float(weight))
@@ -201,15 +216,22 @@ class HierarchicalPromptPool(nn.Module):
         (torch.Size([2, 8]), 3)
     """
 
-    def __init__(self, taxonomy: Taxonomy, embed_dim: int, levels: Sequence[int],
-                 coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
-                 init_std: float = 0.02) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        embed_dim: int,
+        levels: Sequence[int],
+        coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
+        init_std: float = 0.02,
+    ) -> None:
         super().__init__()
         if not isinstance(taxonomy, Taxonomy):
             raise TypeError(f"taxonomy must be a hiercls Taxonomy, got {type(taxonomy).__name__}")
         if not taxonomy.is_tree:
-            raise TaxonomyError(f"TransHP needs a tree, but taxonomy {taxonomy.name!r} has multi-parent nodes; "
-                                "call taxonomy.to_tree() first")
+            raise TaxonomyError(
+                f"TransHP needs a tree, but taxonomy {taxonomy.name!r} has multi-parent nodes; "
+                "call taxonomy.to_tree() first"
+            )
         if taxonomy.num_leaves < 2:
             raise TaxonomyError(f"taxonomy {taxonomy.name!r} has {taxonomy.num_leaves} leaf; a classifier needs >= 2")
         if not (isinstance(embed_dim, int) and embed_dim > 0):
@@ -224,10 +246,12 @@ class HierarchicalPromptPool(nn.Module):
         self.levels = tuple(int(lvl) for lvl in levels)
         self.coarse_loss_weight = _resolve_weights(coarse_loss_weight, self.levels)
         self.init_std = float(init_std)
-        self.prompts = nn.ParameterDict({str(lvl): nn.Parameter(torch.empty(len(taxonomy.levels[lvl]), embed_dim))
-                                         for lvl in self.levels})
-        self.prototypes = nn.ParameterDict({str(lvl): nn.Parameter(torch.empty(len(taxonomy.levels[lvl]), embed_dim))
-                                            for lvl in self.levels})
+        self.prompts = nn.ParameterDict(
+            {str(lvl): nn.Parameter(torch.empty(len(taxonomy.levels[lvl]), embed_dim)) for lvl in self.levels}
+        )
+        self.prototypes = nn.ParameterDict(
+            {str(lvl): nn.Parameter(torch.empty(len(taxonomy.levels[lvl]), embed_dim)) for lvl in self.levels}
+        )
         self.fine_head = nn.Linear(embed_dim, taxonomy.num_leaves)
 
         n = taxonomy.num_nodes
@@ -275,16 +299,20 @@ class HierarchicalPromptPool(nn.Module):
         if targets.dim() == 2 and targets.shape[1] == self.taxonomy.num_nodes:
             raise TypeError("targets: TransHP is single-label; got [B, N] multi-label targets, expected node ids [B]")
         if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.dim() != 1:
-            raise TypeError(f"targets must be integer node ids of shape [B]; got dtype {targets.dtype} and shape "
-                            f"{tuple(targets.shape)}")
+            raise TypeError(
+                f"targets must be integer node ids of shape [B]; got dtype {targets.dtype} and shape "
+                f"{tuple(targets.shape)}"
+            )
         if targets.shape[0] != batch_size:
             raise ValueError(f"targets has {targets.shape[0]} entries but the output has batch size {batch_size}")
         if targets.numel():
             lo, hi = int(targets.min()), int(targets.max())
             if lo < -1 or hi >= self.taxonomy.num_nodes:
                 bad = lo if lo < -1 else hi
-                raise ValueError(f"targets: node id {bad} is outside 0..{self.taxonomy.num_nodes - 1} "
-                                 f"(taxonomy {self.taxonomy.name!r}; -1 marks an ignored sample)")
+                raise ValueError(
+                    f"targets: node id {bad} is outside 0..{self.taxonomy.num_nodes - 1} "
+                    f"(taxonomy {self.taxonomy.name!r}; -1 marks an ignored sample)"
+                )
         return targets.long()
 
     def fine_loss(self, fine_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -341,12 +369,14 @@ class _PromptedModel(nn.Module):
     pool: HierarchicalPromptPool
     positions: dict[int, int]
 
-    def _build_pool(self, taxonomy: Taxonomy, positions: Any, num_blocks: int, weight: Any, init_std: float,
-                    param: str) -> None:
+    def _build_pool(
+        self, taxonomy: Taxonomy, positions: Any, num_blocks: int, weight: Any, init_std: float, param: str
+    ) -> None:
         # Everything is built before anything is assigned, so a bad option leaves the model as it was.
         resolved = _resolve_positions(positions, taxonomy, num_blocks, param)
-        pool = HierarchicalPromptPool(taxonomy, self.in_features, list(resolved.values()),
-                                      coarse_loss_weight=weight, init_std=init_std)
+        pool = HierarchicalPromptPool(
+            taxonomy, self.in_features, list(resolved.values()), coarse_loss_weight=weight, init_std=init_std
+        )
         ref = next(self._backbone_parameters(), None)
         if ref is not None:  # follow the backbone's device and (floating) dtype, e.g. a bf16 checkpoint
             pool.to(device=ref.device, dtype=ref.dtype if ref.dtype.is_floating_point else None)
@@ -439,11 +469,15 @@ class _PromptedModel(nn.Module):
 
 def _check_absorb(absorb: str, condition: bool) -> str:
     if absorb not in ("attention", "soft_token"):
-        raise ValueError(f"absorb must be 'attention' (the paper: prompts discarded after the prompting block) or "
-                         f"'soft_token' (keep the probability-weighted prompt); got {absorb!r}")
+        raise ValueError(
+            f"absorb must be 'attention' (the paper: prompts discarded after the prompting block) or "
+            f"'soft_token' (keep the probability-weighted prompt); got {absorb!r}"
+        )
     if absorb == "soft_token" and not condition:
-        raise ValueError("absorb='soft_token' keeps a prompt token to condition later blocks, which condition=False "
-                         "forbids; use absorb='attention' for the unconditioned ablation")
+        raise ValueError(
+            "absorb='soft_token' keeps a prompt token to condition later blocks, which condition=False "
+            "forbids; use absorb='attention' for the unconditioned ablation"
+        )
     return absorb
 
 
@@ -481,10 +515,16 @@ class TransHPViT(_PromptedModel):
 
     _positions_param = "prompt_blocks"
 
-    def __init__(self, vit: nn.Module, taxonomy: Taxonomy,
-                 prompt_blocks: Mapping[int, int] | Sequence[int] | None = None,
-                 coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
-                 absorb: AbsorbMode = "attention", condition: bool = True, init_std: float = 0.02) -> None:
+    def __init__(
+        self,
+        vit: nn.Module,
+        taxonomy: Taxonomy,
+        prompt_blocks: Mapping[int, int] | Sequence[int] | None = None,
+        coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
+        absorb: AbsorbMode = "attention",
+        condition: bool = True,
+        init_std: float = 0.02,
+    ) -> None:
         super().__init__()
         from timm.models.vision_transformer import VisionTransformer
 
@@ -554,8 +594,11 @@ class TransHPViT(_PromptedModel):
 
     def forward_head(self, feats: Mapping[str, Any]) -> dict[str, Any]:
         """Fine logits over the leaves from :meth:`forward_features`' output."""
-        return {"fine_logits": self.pool.fine_head(feats["features"]), "coarse_logits": feats["coarse_logits"],
-                "features": feats["features"]}
+        return {
+            "fine_logits": self.pool.fine_head(feats["features"]),
+            "coarse_logits": feats["coarse_logits"],
+            "features": feats["features"],
+        }
 
     def forward(self, images: torch.Tensor) -> dict[str, Any]:
         """``{"fine_logits": [B, num_leaves], "coarse_logits": {level: [B, M_l]}, "features": [B, D]}``."""
@@ -601,16 +644,24 @@ class PromptedTextEncoder(_PromptedModel):
 
     _positions_param = "prompt_layers"
 
-    def __init__(self, encoder: nn.Module, taxonomy: Taxonomy,
-                 prompt_layers: Mapping[int, int] | Sequence[int] | None = None,
-                 coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
-                 pooling: TextPooling = "mean", absorb: AbsorbMode = "attention", condition: bool = True,
-                 init_std: float = 0.02) -> None:
+    def __init__(
+        self,
+        encoder: nn.Module,
+        taxonomy: Taxonomy,
+        prompt_layers: Mapping[int, int] | Sequence[int] | None = None,
+        coarse_loss_weight: float | Mapping[int, float] | Sequence[float] = 1.0,
+        pooling: TextPooling = "mean",
+        absorb: AbsorbMode = "attention",
+        condition: bool = True,
+        init_std: float = 0.02,
+    ) -> None:
         super().__init__()
         layers = getattr(getattr(encoder, "encoder", None), "layer", None)
         if not (hasattr(encoder, "embeddings") and isinstance(layers, nn.ModuleList) and hasattr(encoder, "config")):
-            raise TypeError(f"encoder must be a BERT-like Hugging Face model with .embeddings and .encoder.layer "
-                            f"(e.g. BertModel); got {type(encoder).__name__}")
+            raise TypeError(
+                f"encoder must be a BERT-like Hugging Face model with .embeddings and .encoder.layer "
+                f"(e.g. BertModel); got {type(encoder).__name__}"
+            )
         config = encoder.config
         if getattr(config, "is_decoder", False):
             raise ValueError("encoder: decoder (causal) configurations are not supported; use a bidirectional encoder")
@@ -653,10 +704,14 @@ class PromptedTextEncoder(_PromptedModel):
         out = self.encoder.encoder.layer[index](hidden, attention_mask=mask)
         return out[0] if isinstance(out, tuple) else out
 
-    def forward_features(self, input_ids: torch.Tensor | Mapping[str, Any] | None = None,
-                         attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                         position_ids: torch.Tensor | None = None,
-                         inputs_embeds: torch.Tensor | None = None) -> dict[str, Any]:
+    def forward_features(
+        self,
+        input_ids: torch.Tensor | Mapping[str, Any] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """``{"features": pooled [B, D], "coarse_logits": {level: [B, M_l]}, "hidden_states": [B, S, D]}``.
 
         ``input_ids`` may also be a tokenizer batch (a mapping with ``input_ids``, ``attention_mask``...).
@@ -677,8 +732,9 @@ class PromptedTextEncoder(_PromptedModel):
             attention_mask = torch.ones(b, s, dtype=torch.long, device=ref.device)
         elif tuple(attention_mask.shape) != (b, s):
             raise ValueError(f"attention_mask must be [B, S] = {(b, s)}, got {tuple(attention_mask.shape)}")
-        hidden = self.encoder.embeddings(input_ids=input_ids, token_type_ids=token_type_ids,
-                                         position_ids=position_ids, inputs_embeds=inputs_embeds)
+        hidden = self.encoder.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )
         mask2d = attention_mask.to(hidden.device).long()
         base_mask = self._mask(hidden, mask2d, None)
         coarse: dict[int, torch.Tensor] = {}
@@ -711,15 +767,24 @@ class PromptedTextEncoder(_PromptedModel):
 
     def forward_head(self, feats: Mapping[str, Any]) -> dict[str, Any]:
         """Fine logits over the leaves from :meth:`forward_features`' output."""
-        return {"fine_logits": self.pool.fine_head(feats["features"]), "coarse_logits": feats["coarse_logits"],
-                "features": feats["features"]}
+        return {
+            "fine_logits": self.pool.fine_head(feats["features"]),
+            "coarse_logits": feats["coarse_logits"],
+            "features": feats["features"],
+        }
 
-    def forward(self, input_ids: torch.Tensor | Mapping[str, Any] | None = None,
-                attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> dict[str, Any]:
+    def forward(
+        self,
+        input_ids: torch.Tensor | Mapping[str, Any] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
         """``{"fine_logits": [B, num_leaves], "coarse_logits": {level: [B, M_l]}, "features": [B, D]}``."""
-        return self.forward_head(self.forward_features(input_ids, attention_mask, token_type_ids, position_ids,
-                                                       inputs_embeds))
+        return self.forward_head(
+            self.forward_features(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        )
 
 
 # ---------------------------------------------------------------------------------------------- builder
@@ -754,5 +819,7 @@ def create_prompt_model(backbone: nn.Module, taxonomy: Taxonomy, **options: Any)
         if positions is not None:
             options.setdefault("prompt_layers", positions)
         return PromptedTextEncoder(backbone, taxonomy, **options)
-    raise TypeError(f"hierarchical prompting needs a timm VisionTransformer or a BERT-like Hugging Face encoder; got "
-                    f"{type(backbone).__name__}")
+    raise TypeError(
+        f"hierarchical prompting needs a timm VisionTransformer or a BERT-like Hugging Face encoder; got "
+        f"{type(backbone).__name__}"
+    )

@@ -45,12 +45,26 @@ class SemanticSoftmaxHead(HierarchicalHead):
         (torch.Size([2, 2]), torch.Size([2, 5]))
     """
 
-    def __init__(self, taxonomy: Taxonomy, in_features: int, *, label_smoothing: float = 0.2,
-                 max_weight: float = 20.0, normalize: str = "none", drop_deepest_level: bool = False,
-                 bias: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        in_features: int,
+        *,
+        label_smoothing: float = 0.2,
+        max_weight: float = 20.0,
+        normalize: str = "none",
+        drop_deepest_level: bool = False,
+        bias: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(taxonomy, in_features, **options)
-        self.criterion = SemanticSoftmaxLoss(taxonomy, label_smoothing=label_smoothing, max_weight=max_weight,
-                                             normalize=normalize, drop_deepest_level=drop_deepest_level)
+        self.criterion = SemanticSoftmaxLoss(
+            taxonomy,
+            label_smoothing=label_smoothing,
+            max_weight=max_weight,
+            normalize=normalize,
+            drop_deepest_level=drop_deepest_level,
+        )
         self.layout = self.criterion.layout
         self.num_outputs = self.layout.num_classes
         self._fill_nonclass = not self.layout.all_nodes_are_classes
@@ -75,8 +89,9 @@ class SemanticSoftmaxHead(HierarchicalHead):
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.criterion(output, targets)
 
-    def distillation_loss(self, output: torch.Tensor, teacher_output: torch.Tensor, *, distance: str = "mse",
-                          level_weights: bool = False) -> torch.Tensor:
+    def distillation_loss(
+        self, output: torch.Tensor, teacher_output: torch.Tensor, *, distance: str = "mse", level_weights: bool = False
+    ) -> torch.Tensor:
         """Semantic KD from a teacher with the same layout (:class:`~hiercls.losses.SemanticKDLoss`)."""
         key = (distance, level_weights)
         if getattr(self, "_kd_key", None) != key:

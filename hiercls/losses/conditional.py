@@ -62,8 +62,10 @@ class ConditionalSoftmax(nn.Module):
     def check(self, logits: torch.Tensor) -> None:
         if not isinstance(logits, torch.Tensor) or logits.dim() < 2 or logits.shape[1] != self.num_outputs:
             shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise ValueError(f"logits must have shape [B, {self.num_outputs}] (one per non-root node"
-                             f"{' plus one stop logit per internal node' if self.stop else ''}); got {shape}")
+            raise ValueError(
+                f"logits must have shape [B, {self.num_outputs}] (one per non-root node"
+                f"{' plus one stop logit per internal node' if self.stop else ''}); got {shape}"
+            )
 
     def _output_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``[B, num_outputs]``: each logit's log-probability within its parent's softmax."""
@@ -76,7 +78,7 @@ class ConditionalSoftmax(nn.Module):
         """``(log P(n | parent(n)) [B, N] with 0 at the root, log P(stop | n) [B, num_internal] or None)``."""
         cond = self._output_log_probs(logits)
         node_cond = torch.cat([cond.new_zeros(cond.shape[0], 1), cond[:, : self.taxonomy.num_nodes - 1]], dim=1)
-        return node_cond, (cond[:, self.taxonomy.num_nodes - 1:] if self.stop else None)
+        return node_cond, (cond[:, self.taxonomy.num_nodes - 1 :] if self.stop else None)
 
     def node_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``log P(n)`` for every node ``[B, N]``: sums of conditional log-probabilities down the root path."""
@@ -116,8 +118,7 @@ class ConditionalSoftmaxLoss(nn.Module):
         return (nll * valid).sum() / valid.sum().clamp(min=1)
 
 
-def huffman_tree(labels: Sequence[str], counts: Sequence[float] | np.ndarray, *,
-                 name: str = "huffman") -> Taxonomy:
+def huffman_tree(labels: Sequence[str], counts: Sequence[float] | np.ndarray, *, name: str = "huffman") -> Taxonomy:
     """A binary Huffman tree over ``labels`` built from their frequencies (word2vec's hierarchical softmax).
 
     Frequent labels get short root paths: the expected path length is minimal. Internal nodes are named

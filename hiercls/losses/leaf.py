@@ -145,8 +145,9 @@ class HXELoss(_LeafBase):
         self.alpha, self.normalize = float(alpha), bool(normalize)
         self.ops = TreeOps(taxonomy)
         self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
-        self.register_buffer("weights", as_tensor(hxe_weights(taxonomy, alpha, normalize),
-                                                        dtype=torch.float64), persistent=False)
+        self.register_buffer(
+            "weights", as_tensor(hxe_weights(taxonomy, alpha, normalize), dtype=torch.float64), persistent=False
+        )
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)
@@ -201,12 +202,18 @@ def max_leaf_distance(taxonomy: Taxonomy, kind: DistanceKind = "lca_height", *, 
     out = 0.0
     step = max(1, block // len(leaves))
     for s in range(0, len(leaves), step):
-        out = max(out, float(taxonomy.distance_matrix(kind, nodes=leaves[s:s + step], targets=leaves).max()))
+        out = max(out, float(taxonomy.distance_matrix(kind, nodes=leaves[s : s + step], targets=leaves).max()))
     return out
 
 
-def soft_label_targets(taxonomy: Taxonomy, targets: np.ndarray, beta: float,
-                       kind: DistanceKind = "lca_height", *, normalize_distances: bool = True) -> np.ndarray:
+def soft_label_targets(
+    taxonomy: Taxonomy,
+    targets: np.ndarray,
+    beta: float,
+    kind: DistanceKind = "lca_height",
+    *,
+    normalize_distances: bool = True,
+) -> np.ndarray:
     """Reference soft labels ``softmax(-beta * d(leaf, y) / d_max)`` over the leaves (numpy, for small trees).
 
     ``d_max`` is :func:`max_leaf_distance`, as in Bertinetto et al.'s code, so ``beta`` is the paper's
@@ -260,8 +267,15 @@ class SoftLabelLoss(_LeafBase):
 
     _KINDS = ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath")
 
-    def __init__(self, taxonomy: Taxonomy, beta: float = 10.0, kind: DistanceKind = "lca_height",
-                 table_limit: int = 1 << 22, *, normalize_distances: bool = True) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        beta: float = 10.0,
+        kind: DistanceKind = "lca_height",
+        table_limit: int = 1 << 22,
+        *,
+        normalize_distances: bool = True,
+    ) -> None:
         super().__init__(taxonomy)
         if kind not in self._KINDS:
             raise ValueError(f"kind must be one of {', '.join(self._KINDS)}; got {kind!r}")
@@ -271,16 +285,16 @@ class SoftLabelLoss(_LeafBase):
         self.distance_scale = d_max if d_max > 0 else 1.0  # the divisor of the distances
         self.use_table = taxonomy.num_nodes * taxonomy.num_leaves <= table_limit
         if self.use_table:
-            table = soft_label_targets(taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind,
-                                       normalize_distances=self.normalize_distances)
+            table = soft_label_targets(
+                taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind, normalize_distances=self.normalize_distances
+            )
             self.register_buffer("table", as_tensor(table, dtype=torch.float32), persistent=False)
         else:
             require_tree(taxonomy, f"SoftLabelLoss on a taxonomy this large ({taxonomy.num_nodes} nodes)")
             self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
             self.register_buffer("leaves", as_tensor(taxonomy.leaves), persistent=False)
             self.register_buffer("depth", as_tensor(taxonomy.depth, dtype=torch.float32), persistent=False)
-            self.register_buffer("ic", as_tensor(taxonomy.information_content, dtype=torch.float32),
-                                 persistent=False)
+            self.register_buffer("ic", as_tensor(taxonomy.information_content, dtype=torch.float32), persistent=False)
 
     def soft_targets(self, targets: torch.Tensor) -> torch.Tensor:
         """Soft target distributions ``[B, num_leaves]`` for node ids ``targets`` (all >= 0)."""
@@ -322,4 +336,3 @@ class SoftLabelLoss(_LeafBase):
         logp = F.log_softmax(upcast(logits), dim=1)
         q = self.soft_targets(t)
         return _masked_mean(-(q * logp).sum(1), valid)
-

@@ -79,8 +79,9 @@ class HierarchicalBCELoss(nn.Module):
                 raise ValueError(f"targets must have shape [{batch}] or [{batch}, {n}]; got {list(targets.shape)}")
             t = targets.long()
             if targets.numel() and (int(t.min()) < -1 or int(t.max()) >= n):
-                raise ValueError(f"targets must be -1 or node ids in [0, {n}); got values in "
-                                 f"[{int(t.min())}, {int(t.max())}]")
+                raise ValueError(
+                    f"targets must be -1 or node ids in [0, {n}); got values in [{int(t.min())}, {int(t.max())}]"
+                )
             keep = t >= 0
             if self.paths is not None:  # tree: the closure of a single label is its root path
                 path = self.paths[t.clamp(min=0)]
@@ -94,14 +95,16 @@ class HierarchicalBCELoss(nn.Module):
             if bool((y > 1).any()):
                 raise ValueError("multi-hot targets must be 0/1 (or -1 to ignore a row)")
         else:
-            raise ValueError(f"targets must be node ids [{batch}] or multi-hot [{batch}, {n}]; got "
-                             f"{list(targets.shape)}")
+            raise ValueError(
+                f"targets must be node ids [{batch}] or multi-hot [{batch}, {n}]; got {list(targets.shape)}"
+            )
         return close_targets(y, self.ops)[:, 1:], keep
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape[1] != self.num_nodes - 1:
-            raise ValueError(f"logits must have shape [B, {self.num_nodes - 1}] (one per non-root node); got "
-                             f"{list(logits.shape)}")
+            raise ValueError(
+                f"logits must have shape [B, {self.num_nodes - 1}] (one per non-root node); got {list(logits.shape)}"
+            )
         y, keep = self.closed_targets(targets, logits.shape[0])
         z = upcast(logits)
         y = y.to(z.dtype)

@@ -42,8 +42,10 @@ class NestedSigmoid(nn.Module):
 
     def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if logits.dim() < 2 or logits.shape[1] != self.num_nodes - 1:
-            raise ValueError(f"logits must have shape [B, {self.num_nodes - 1}, *spatial] (one per non-root node); "
-                             f"got {list(logits.shape)}")
+            raise ValueError(
+                f"logits must have shape [B, {self.num_nodes - 1}, *spatial] (one per non-root node); "
+                f"got {list(logits.shape)}"
+            )
         z = upcast(logits)
         pad = z.new_zeros(z.shape[0], 1, *z.shape[2:])
         pos, neg = F.logsigmoid(torch.cat([pad, z], 1)), F.logsigmoid(-torch.cat([pad, z], 1))
@@ -59,8 +61,9 @@ class NestedSigmoid(nn.Module):
         return ops.assemble(lp), ops.assemble(lq)
 
 
-def node_ids_to_regions(node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_root: bool = False,
-                        ops: TreeOps | None = None) -> torch.Tensor:
+def node_ids_to_regions(
+    node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_root: bool = False, ops: TreeOps | None = None
+) -> torch.Tensor:
     """Region masks from node ids: region ``n`` is on where the node id is ``n`` or a descendant of ``n``.
 
     ``node_ids`` is ``[B]`` or ``[B, *spatial]`` (``-1`` = ignore: all regions off); the result is float
@@ -76,8 +79,9 @@ def node_ids_to_regions(node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_r
     n = taxonomy.num_nodes
     ids = node_ids.long()
     if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= n):
-        raise ValueError(f"node_ids must be -1 or node ids in [0, {n}); got values in [{int(ids.min())}, "
-                         f"{int(ids.max())}]")
+        raise ValueError(
+            f"node_ids must be -1 or node ids in [0, {n}); got values in [{int(ids.min())}, {int(ids.max())}]"
+        )
     onehot = F.one_hot(ids.clamp(min=0), n).float() * (ids >= 0).unsqueeze(-1).float()
     onehot = onehot.movedim(-1, 1)
     if ops is None:  # callers that convert every step pass their own (device-resident) tables
@@ -86,8 +90,9 @@ def node_ids_to_regions(node_ids: torch.Tensor, taxonomy: Taxonomy, *, include_r
     return closed if include_root else closed[:, 1:]
 
 
-def soft_dice_loss(probs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None,
-                   smooth: float = 1.0) -> torch.Tensor:
+def soft_dice_loss(
+    probs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None, smooth: float = 1.0
+) -> torch.Tensor:
     """Mean over regions (axis 1) of ``1 - (2 sum(p y) + s) / (sum p + sum y + s)``, sums over batch and space.
 
     Example:
@@ -124,8 +129,9 @@ class NestedRegionLoss(nn.Module):
         0.3715
     """
 
-    def __init__(self, taxonomy: Taxonomy, loss: str = "bce+dice", dice_smooth: float = 1.0,
-                 dice_weight: float = 1.0) -> None:
+    def __init__(
+        self, taxonomy: Taxonomy, loss: str = "bce+dice", dice_smooth: float = 1.0, dice_weight: float = 1.0
+    ) -> None:
         super().__init__()
         if loss not in ("bce", "dice", "bce+dice"):
             raise ValueError(f"loss must be 'bce', 'dice' or 'bce+dice'; got {loss!r}")
@@ -146,12 +152,16 @@ class NestedRegionLoss(nn.Module):
                 raise ValueError("region-mask targets must lie in [0, 1]")
             return y, torch.ones_like(y[:, :1])
         if targets.dtype.is_floating_point or targets.dtype == torch.bool:
-            raise ValueError(f"targets must be node ids [B{', *spatial' if spatial else ''}] = "
-                             f"{[logits.shape[0], *spatial]} or region masks {list(logits.shape)}; got "
-                             f"{targets.dtype} {list(targets.shape)}")
+            raise ValueError(
+                f"targets must be node ids [B{', *spatial' if spatial else ''}] = "
+                f"{[logits.shape[0], *spatial]} or region masks {list(logits.shape)}; got "
+                f"{targets.dtype} {list(targets.shape)}"
+            )
         if tuple(targets.shape) != (logits.shape[0], *spatial):
-            raise ValueError(f"node-id targets must have shape {[logits.shape[0], *spatial]} to match logits "
-                             f"{list(logits.shape)}; got {list(targets.shape)}")
+            raise ValueError(
+                f"node-id targets must have shape {[logits.shape[0], *spatial]} to match logits "
+                f"{list(logits.shape)}; got {list(targets.shape)}"
+            )
         y = node_ids_to_regions(targets, self.taxonomy, ops=self.nested.ops)
         return y, (targets >= 0).unsqueeze(1).float()
 

@@ -92,8 +92,9 @@ class SemanticLayout(nn.Module):
     def split(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """Per-level logits ``[B, level_sizes[l]]`` (views of ``logits``)."""
         if logits.dim() != 2 or logits.shape[1] != self.num_classes:
-            raise ValueError(f"logits must have shape [B, {self.num_classes}] (one per class, level-major); got "
-                             f"{list(logits.shape)}")
+            raise ValueError(
+                f"logits must have shape [B, {self.num_classes}] (one per class, level-major); got {list(logits.shape)}"
+            )
         return [logits[:, s] for s in self.slices]
 
     def targets(self, targets: torch.Tensor) -> torch.Tensor:
@@ -115,8 +116,9 @@ class SemanticLayout(nn.Module):
             group = self._buffers[f"parent_pos_{k}"]
             n_groups = self.level_sizes[k - 1]
             idx = group[None, :].expand_as(z[k])
-            shift = torch.full((z[k].shape[0], n_groups), torch.finfo(z[k].dtype).min, device=z[k].device,
-                               dtype=z[k].dtype)
+            shift = torch.full(
+                (z[k].shape[0], n_groups), torch.finfo(z[k].dtype).min, device=z[k].device, dtype=z[k].dtype
+            )
             shift = shift.scatter_reduce(1, idx, z[k].detach(), reduce="amax", include_self=True)
             e = torch.exp(z[k] - shift.gather(1, idx))
             denom = torch.zeros_like(shift).scatter_add(1, idx, e).gather(1, idx)
@@ -133,8 +135,14 @@ class _LevelSmoothedCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, coef: torch.Tensor, tpos: torch.Tensor,  # type: ignore[override]
-                bounds: tuple[tuple[int, int], ...], eps: float) -> torch.Tensor:
+    def forward(
+        ctx,
+        z: torch.Tensor,
+        coef: torch.Tensor,
+        tpos: torch.Tensor,  # type: ignore[override]
+        bounds: tuple[tuple[int, int], ...],
+        eps: float,
+    ) -> torch.Tensor:
         e = torch.empty_like(z)
         k_levels = len(bounds)
         sums = z.new_empty(z.shape[0], k_levels)
@@ -201,8 +209,15 @@ class SemanticSoftmaxLoss(nn.Module):
         True
     """
 
-    def __init__(self, taxonomy: Taxonomy, label_smoothing: float = 0.2, max_weight: float = 20.0,
-                 normalize: str = "none", *, drop_deepest_level: bool = False) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        label_smoothing: float = 0.2,
+        max_weight: float = 20.0,
+        normalize: str = "none",
+        *,
+        drop_deepest_level: bool = False,
+    ) -> None:
         super().__init__()
         if not 0.0 <= float(label_smoothing) < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing!r}")
@@ -216,8 +231,10 @@ class SemanticSoftmaxLoss(nn.Module):
         self.level_weights = semantic_level_weights(self.layout.level_sizes, max_weight).tolist()
         self.drop_deepest_level = bool(drop_deepest_level)
         if self.drop_deepest_level and self.layout.num_levels < 2:
-            raise ValueError(f"drop_deepest_level=True needs at least two semantic levels; taxonomy "
-                             f"{taxonomy.name!r} has {self.layout.num_levels}")
+            raise ValueError(
+                f"drop_deepest_level=True needs at least two semantic levels; taxonomy "
+                f"{taxonomy.name!r} has {self.layout.num_levels}"
+            )
         # The weights the loss applies: the deepest level's is 0 when it is dropped.
         self._loss_weights = [*self.level_weights[:-1], 0.0] if self.drop_deepest_level else self.level_weights
         self._bounds = tuple((sl.start, sl.stop) for sl in self.layout.slices)
@@ -254,8 +271,14 @@ class SemanticKDLoss(nn.Module):
         0.0
     """
 
-    def __init__(self, taxonomy: Taxonomy, distance: str = "mse", level_weights: bool = False,
-                 max_weight: float = 20.0, top_fraction: float = 0.05) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        distance: str = "mse",
+        level_weights: bool = False,
+        max_weight: float = 20.0,
+        top_fraction: float = 0.05,
+    ) -> None:
         super().__init__()
         if distance not in ("mse", "kl"):
             raise ValueError(f"distance must be 'mse' or 'kl'; got {distance!r}")
@@ -263,17 +286,23 @@ class SemanticKDLoss(nn.Module):
             raise ValueError(f"top_fraction must be in (0, 1]; got {top_fraction!r}")
         self.layout = SemanticLayout(taxonomy)
         self.distance, self.top_fraction = distance, float(top_fraction)
-        w = semantic_level_weights(self.layout.level_sizes, max_weight) if level_weights else \
-            np.ones(self.layout.num_levels)
+        w = (
+            semantic_level_weights(self.layout.level_sizes, max_weight)
+            if level_weights
+            else np.ones(self.layout.num_levels)
+        )
         self.level_weights = w.tolist()
 
     def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
         if student_logits.shape != teacher_logits.shape:
-            raise ValueError(f"student_logits {list(student_logits.shape)} and teacher_logits "
-                             f"{list(teacher_logits.shape)} must have the same shape")
+            raise ValueError(
+                f"student_logits {list(student_logits.shape)} and teacher_logits "
+                f"{list(teacher_logits.shape)} must have the same shape"
+            )
         total = upcast(student_logits).new_zeros(())
-        for k, (zs, zt) in enumerate(zip(self.layout.split(student_logits), self.layout.split(teacher_logits),
-                                         strict=True)):
+        for k, (zs, zt) in enumerate(
+            zip(self.layout.split(student_logits), self.layout.split(teacher_logits), strict=True)
+        ):
             pt = torch.softmax(upcast(zt.detach()), dim=1)
             with torch.no_grad():
                 top = max(1, math.ceil(zt.shape[1] * self.top_fraction))

@@ -21,8 +21,10 @@ def check_features(features: Any, in_features: int, *, dense: bool = False, name
         torch.Size([2, 3])
     """
     if not isinstance(features, torch.Tensor) or not features.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point torch.Tensor; got "
-                        f"{type(features).__name__ if not isinstance(features, torch.Tensor) else features.dtype}")
+        raise TypeError(
+            f"{name} must be a floating-point torch.Tensor; got "
+            f"{type(features).__name__ if not isinstance(features, torch.Tensor) else features.dtype}"
+        )
     ok_dims = features.dim() >= 2 if dense else features.dim() == 2
     if not ok_dims or features.shape[1] != in_features:
         want = f"[B, {in_features}" + (", *spatial]" if dense else "]")
@@ -30,8 +32,9 @@ def check_features(features: Any, in_features: int, *, dense: bool = False, name
     return features
 
 
-def check_node_targets(targets: Any, num_nodes: int, *, batch: int | None = None,
-                       name: str = "targets") -> torch.Tensor:
+def check_node_targets(
+    targets: Any, num_nodes: int, *, batch: int | None = None, name: str = "targets"
+) -> torch.Tensor:
     """Validate single-label targets: integer node ids ``[B]`` in ``[0, num_nodes)``, ``-1`` = ignore.
 
     Raises:
@@ -54,8 +57,9 @@ def check_node_targets(targets: Any, num_nodes: int, *, batch: int | None = None
         bad = (targets < -1) | (targets >= num_nodes)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{name}[{i}] = {int(targets[i])} is not a node id: expected -1 (ignore) or an id in "
-                             f"[0, {num_nodes})")
+            raise ValueError(
+                f"{name}[{i}] = {int(targets[i])} is not a node id: expected -1 (ignore) or an id in [0, {num_nodes})"
+            )
     return targets
 
 

@@ -104,13 +104,19 @@ def _ragged_to_sets(rows: list[Any], taxonomy: Taxonomy, name: str) -> sp.csr_ma
         bad = (ids < 0) | (ids >= n)
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name}[{int(owner[j])}] contains node id {int(ids[j])}; expected ids in [0, {n}) for "
-                             f"taxonomy {taxonomy.name!r}")
+            raise ValueError(
+                f"{name}[{int(owner[j])}] contains node id {int(ids[j])}; expected ids in [0, {n}) for "
+                f"taxonomy {taxonomy.name!r}"
+            )
     else:
-        j = next((j for j, v in enumerate(flat)
-                  if isinstance(v, bool | float) or not isinstance(v, numbers.Integral | str)), 0)
-        raise TypeError(f"{name}[{int(owner[j])}] contains {flat[j]!r} ({type(flat[j]).__name__}); expected node "
-                        "names or ids (not a mix)")
+        j = next(
+            (j for j, v in enumerate(flat) if isinstance(v, bool | float) or not isinstance(v, numbers.Integral | str)),
+            0,
+        )
+        raise TypeError(
+            f"{name}[{int(owner[j])}] contains {flat[j]!r} ({type(flat[j]).__name__}); expected node "
+            "names or ids (not a mix)"
+        )
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     m = sp.csr_matrix((np.ones(len(ids), dtype=bool), ids, indptr), shape=(len(rows), n))
     m.sum_duplicates()
@@ -138,8 +144,10 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
     if sp.issparse(y):
         m = sp.csr_matrix(y)
         if m.ndim != 2 or m.shape[1] != n:
-            raise ValueError(f"{name} is a sparse matrix of shape {m.shape}; expected [B, {n}] node sets for "
-                             f"taxonomy {taxonomy.name!r} ({n} nodes)")
+            raise ValueError(
+                f"{name} is a sparse matrix of shape {m.shape}; expected [B, {n}] node sets for "
+                f"taxonomy {taxonomy.name!r} ({n} nodes)"
+            )
         data = m.data
         if data.size and not np.isin(data, (0, 1)).all():
             bad = data[~np.isin(data, (0, 1))][0].item()
@@ -163,8 +171,10 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         else:
             y = np.asarray(y)
     if not isinstance(y, np.ndarray):
-        raise TypeError(f"{name} must be node ids, node names or node sets (numpy, torch, list or scipy sparse); "
-                        f"got {type(y).__name__}")
+        raise TypeError(
+            f"{name} must be node ids, node names or node sets (numpy, torch, list or scipy sparse); "
+            f"got {type(y).__name__}"
+        )
     if y.ndim == 1 and y.size == 0:
         y = y.astype(np.int64)  # an empty batch (np.asarray([]) is float)
     if y.ndim == 0:
@@ -176,23 +186,30 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
     if y.ndim == 1:
         if y.dtype.kind not in "iu":
             if y.dtype.kind == "f" and y.size and np.array_equal(y, np.round(y)):
-                raise TypeError(f"{name} has dtype {y.dtype}; node ids must be integers (cast with .long() / "
-                                ".astype(int)), node sets must be 2-D [B, N]")
-            raise TypeError(f"{name} has dtype {y.dtype} and shape {y.shape}; expected integer node ids [B] or "
-                            f"[B, {n}] node sets")
+                raise TypeError(
+                    f"{name} has dtype {y.dtype}; node ids must be integers (cast with .long() / "
+                    ".astype(int)), node sets must be 2-D [B, N]"
+                )
+            raise TypeError(
+                f"{name} has dtype {y.dtype} and shape {y.shape}; expected integer node ids [B] or [B, {n}] node sets"
+            )
         ids = y.astype(np.int64, copy=False)
         low = -1 if allow_ignore else 0
         bad = (ids < low) | (ids >= n)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             hint = " (-1 marks ignored samples only in y_true)" if ids[i] == -1 else ""
-            raise ValueError(f"{name}[{i}] = {int(ids[i])} is not a node id of taxonomy {taxonomy.name!r}; expected "
-                             f"ids in [{low}, {n}){hint}")
+            raise ValueError(
+                f"{name}[{i}] = {int(ids[i])} is not a node id of taxonomy {taxonomy.name!r}; expected "
+                f"ids in [{low}, {n}){hint}"
+            )
         return Labels(ids, None, n)
     if y.ndim == 2:
         if y.shape[1] != n:
-            raise ValueError(f"{name} has shape {tuple(y.shape)}; expected [B] node ids or [B, {n}] node sets for "
-                             f"taxonomy {taxonomy.name!r} ({n} nodes): is it the right taxonomy?")
+            raise ValueError(
+                f"{name} has shape {tuple(y.shape)}; expected [B] node ids or [B, {n}] node sets for "
+                f"taxonomy {taxonomy.name!r} ({n} nodes): is it the right taxonomy?"
+            )
         if y.dtype.kind not in "biuf":
             raise TypeError(f"{name} node sets have dtype {y.dtype}; expected bool or 0/1 numbers")
         m = _dense_to_csr(y, name)
@@ -214,8 +231,10 @@ def _dense_to_csr(y: np.ndarray, name: str) -> sp.csr_matrix:
         bad = vals != 1
         if bad.any():
             r, c = divmod(int(flat[np.flatnonzero(bad)[0]]), n)
-            raise ValueError(f"{name}[{r}, {c}] = {y[r, c].item()!r}; node sets must hold only 0/1 (threshold "
-                             "probabilities with a decoder first)")
+            raise ValueError(
+                f"{name}[{r}, {c}] = {y[r, c].item()!r}; node sets must hold only 0/1 (threshold "
+                "probabilities with a decoder first)"
+            )
     rows, cols = np.divmod(flat, n)
     indptr = np.zeros(b + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=b), out=indptr[1:])
@@ -244,8 +263,16 @@ def check_weights(sample_weight: Any, n: int) -> np.ndarray | None:
     return w
 
 
-def prepare_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any = None, *,
-                 close: bool = True, close_pred: bool | None = None, return_keep: bool = False) -> Any:
+def prepare_pair(
+    y_true: Any,
+    y_pred: Any,
+    taxonomy: Taxonomy,
+    sample_weight: Any = None,
+    *,
+    close: bool = True,
+    close_pred: bool | None = None,
+    return_keep: bool = False,
+) -> Any:
     """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
 
     With ``return_keep`` also returns the boolean mask of the samples kept (to align other per-sample inputs).
@@ -281,8 +308,11 @@ def safe_divide(num: Any, den: Any, zero_division: Any, what: str) -> Any:
         out = num / np.where(zero, 1.0, den)
     if zero.any():
         if zero_division == "warn":
-            warnings.warn(f"{what} is ill-defined (0/0) and set to 0.0; pass zero_division to choose the value",
-                          UndefinedMetricWarning, stacklevel=3)
+            warnings.warn(
+                f"{what} is ill-defined (0/0) and set to 0.0; pass zero_division to choose the value",
+                UndefinedMetricWarning,
+                stacklevel=3,
+            )
             fill = 0.0
         else:
             fill = zero_division

@@ -49,8 +49,16 @@ __all__ = [
     "zhao_loss",
 ]
 
-DISTANCES = ("lca_height", "shortest_path", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath",
-             "lca_node_height")
+DISTANCES = (
+    "lca_height",
+    "shortest_path",
+    "wu_palmer",
+    "wu_palmer_root1",
+    "zhao",
+    "ic_distance",
+    "jiang_conrath",
+    "lca_node_height",
+)
 LevelKind = Literal["depth", "semantic"]
 
 
@@ -82,8 +90,10 @@ def pairwise_distance(a: np.ndarray, b: np.ndarray, taxonomy: Taxonomy, distance
 
 def _ids(labels: Labels, name: str) -> np.ndarray:
     if not labels.is_ids:
-        raise ValueError(f"{name} must be single node ids or names [B] for this metric (distances are between "
-                         "two nodes); got node sets")
+        raise ValueError(
+            f"{name} must be single node ids or names [B] for this metric (distances are between "
+            "two nodes); got node sets"
+        )
     return labels.ids
 
 
@@ -92,18 +102,29 @@ def _nonempty(t: Labels) -> None:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
 
 
-def mistake_stats(t: np.ndarray, p: np.ndarray, w: np.ndarray | None, taxonomy: Taxonomy,
-                  distance: str) -> tuple[float, float, float]:
+def mistake_stats(
+    t: np.ndarray, p: np.ndarray, w: np.ndarray | None, taxonomy: Taxonomy, distance: str
+) -> tuple[float, float, float]:
     """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps."""
     wrong = t != p
     dist = pairwise_distance(t[wrong], p[wrong], taxonomy, distance)
     ww = None if w is None else w[wrong]
-    return (float(dist.sum() if ww is None else dist @ ww), float(wrong.sum() if w is None else w[wrong].sum()),
-            float(len(t) if w is None else w.sum()))
+    return (
+        float(dist.sum() if ww is None else dist @ ww),
+        float(wrong.sum() if w is None else w[wrong].sum()),
+        float(len(t) if w is None else w.sum()),
+    )
 
 
-def mistake_severity(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, distance: str = "lca_height",
-                     sample_weight: Any = None, zero_division: Any = "warn") -> float:
+def mistake_severity(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    distance: str = "lca_height",
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+) -> float:
     """Mean distance between truth and prediction over the mispredicted samples (lower is better).
 
     Args:
@@ -133,8 +154,9 @@ def mistake_severity(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, distance: 
     return safe_divide(num, den, zero_division, "mistake severity without mistakes")
 
 
-def hierarchical_distance_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, distance: str = "shortest_path",
-                               sample_weight: Any = None) -> float:
+def hierarchical_distance_loss(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, distance: str = "shortest_path", sample_weight: Any = None
+) -> float:
     """Mean distance between truth and prediction over all samples (correct predictions cost 0).
 
     Example:
@@ -161,8 +183,9 @@ def wu_palmer_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weigh
         >>> round(wu_palmer_loss(["x"], ["y"], taxonomy=tax), 6)  # 1 - 2*1 / (2 + 2)
         0.5
     """
-    return hierarchical_distance_loss(y_true, y_pred, taxonomy=taxonomy, distance="wu_palmer",
-                                      sample_weight=sample_weight)
+    return hierarchical_distance_loss(
+        y_true, y_pred, taxonomy=taxonomy, distance="wu_palmer", sample_weight=sample_weight
+    )
 
 
 def zhao_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None) -> float:
@@ -177,8 +200,7 @@ def zhao_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: An
         >>> round(zhao_loss(["x"], ["y"], taxonomy=tax), 6)  # 1 - 2 log2(3/2) / (2 log2 3)
         0.63093
     """
-    return hierarchical_distance_loss(y_true, y_pred, taxonomy=taxonomy, distance="zhao",
-                                      sample_weight=sample_weight)
+    return hierarchical_distance_loss(y_true, y_pred, taxonomy=taxonomy, distance="zhao", sample_weight=sample_weight)
 
 
 def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> np.ndarray:
@@ -188,8 +210,10 @@ def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> 
     mat = np.asarray(to_numpy(cost), dtype=np.float64)
     n, nl = taxonomy.num_nodes, taxonomy.num_leaves
     if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
-        raise ValueError(f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf, columns in the order of "
-                         f"taxonomy.leaves) or [N, N] = [{n}, {n}] (node to label); got shape {list(mat.shape)}")
+        raise ValueError(
+            f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf, columns in the order of "
+            f"taxonomy.leaves) or [N, N] = [{n}, {n}] (node to label); got shape {list(mat.shape)}"
+        )
     if not np.isfinite(mat).all():
         raise ValueError("cost matrix contains NaN or infinite values")
     if mat.shape[1] == n:
@@ -197,13 +221,16 @@ def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> 
     col = taxonomy.leaf_index[t]
     if (col < 0).any():
         bad = int(t[np.flatnonzero(col < 0)[0]])
-        raise ValueError(f"a node-to-leaf cost [N, L] needs leaf labels; y_true holds internal node "
-                         f"{taxonomy.name_of(bad)!r} (id {bad}); pass an [N, N] node-to-label cost")
+        raise ValueError(
+            f"a node-to-leaf cost [N, L] needs leaf labels; y_true holds internal node "
+            f"{taxonomy.name_of(bad)!r} (id {bad}); pass an [N, N] node-to-label cost"
+        )
     return mat[p, col]
 
 
-def realized_cost(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, cost: Any = "shortest_path",
-                  sample_weight: Any = None) -> float:
+def realized_cost(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, cost: Any = "shortest_path", sample_weight: Any = None
+) -> float:
     """Mean cost ``cost[pred, true]`` of single-node predictions against the true labels (lower is better).
 
     The realised counterpart of the expected cost that :func:`hiercls.decode.bayes_node` minimises
@@ -240,12 +267,13 @@ def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tupl
     if candidates is None:
         candidates = "leaves" if width in (n, taxonomy.num_leaves) else None
         if candidates is None:
-            raise ValueError(f"scores has {width} columns; expected {taxonomy.num_leaves} (one per leaf) or {n} "
-                             f"(one per node) for taxonomy {taxonomy.name!r}, or pass candidates=")
+            raise ValueError(
+                f"scores has {width} columns; expected {taxonomy.num_leaves} (one per leaf) or {n} "
+                f"(one per node) for taxonomy {taxonomy.name!r}, or pass candidates="
+            )
     if isinstance(candidates, str):
         check_choice(candidates, ("leaves", "classes", "nodes"), "candidates")
-        ids = {"leaves": taxonomy.leaves, "classes": taxonomy.classes,
-               "nodes": np.arange(n)}[candidates]
+        ids = {"leaves": taxonomy.leaves, "classes": taxonomy.classes, "nodes": np.arange(n)}[candidates]
     else:
         ids = np.asarray(to_numpy(candidates))
         if ids.dtype.kind in "USO":
@@ -298,8 +326,9 @@ def top_k_predictions(scores: Any, k: int, *, taxonomy: Taxonomy, candidates: An
     return ids[top]
 
 
-def _scores_pair(y_true: Any, scores: Any, taxonomy: Taxonomy, sample_weight: Any, k: int,
-                 candidates: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _scores_pair(
+    y_true: Any, scores: Any, taxonomy: Taxonomy, sample_weight: Any, k: int, candidates: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     check_taxonomy(taxonomy)
     top = top_k_predictions(scores, k, taxonomy=taxonomy, candidates=candidates)
     t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True)
@@ -311,8 +340,9 @@ def _scores_pair(y_true: Any, scores: Any, taxonomy: Taxonomy, sample_weight: An
     return ids[keep], top[keep], None if w is None else w[keep]
 
 
-def top_k_accuracy_score(y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int = 5, candidates: Any = None,
-                         sample_weight: Any = None) -> float:
+def top_k_accuracy_score(
+    y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int = 5, candidates: Any = None, sample_weight: Any = None
+) -> float:
     """Fraction of samples whose true node is among the ``k`` best-scored candidates.
 
     Ties at the k-th score: the smaller node id is taken (:func:`top_k_predictions`). A true node that is not a
@@ -330,9 +360,16 @@ def top_k_accuracy_score(y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int
     return float(np.average(hit, weights=w)) if w is not None else float(hit.mean())
 
 
-def average_hierarchical_distance_at_k(y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int = 5,
-                                       distance: str = "lca_height", candidates: Any = None,
-                                       sample_weight: Any = None) -> float:
+def average_hierarchical_distance_at_k(
+    y_true: Any,
+    scores: Any,
+    *,
+    taxonomy: Taxonomy,
+    k: int = 5,
+    distance: str = "lca_height",
+    candidates: Any = None,
+    sample_weight: Any = None,
+) -> float:
     """Mean distance between the truth and each of the top-k predictions (Bertinetto et al. 2020).
 
     Ties among the scores: the smaller node id ranks first (:func:`top_k_predictions`).
@@ -364,8 +401,9 @@ def num_levels(taxonomy: Taxonomy, levels: str) -> int:
     return int(lv.max()) + 1 if (lv >= 0).any() else 0
 
 
-def per_level_counts(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | None,
-                     levels: str = "depth", chunk: int = 1 << 17) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def per_level_counts(
+    t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | None, levels: str = "depth", chunk: int = 1 << 17
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weighted per-level ``(correct, both_valid, true_valid)`` float64 vectors ``[num_levels]``.
 
     At level ``l`` a sample is *true-valid* if its true set has a node at ``l``, *both-valid* if its predicted
@@ -377,8 +415,8 @@ def per_level_counts(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | N
         paths = taxonomy.paths
         out = np.zeros((3, n_lv))
         for s in range(0, len(t), chunk):  # chunks keep the [B, height] temporaries small for 1M samples
-            pt, pp = paths[t.ids[s:s + chunk], 1:], paths[p.ids[s:s + chunk], 1:]
-            vt, vp, wc = pt >= 0, pp >= 0, ww[s:s + chunk]
+            pt, pp = paths[t.ids[s : s + chunk], 1:], paths[p.ids[s : s + chunk], 1:]
+            vt, vp, wc = pt >= 0, pp >= 0, ww[s : s + chunk]
             both = vt & vp
             out += (wc @ (both & (pt == pp)), wc @ both, wc @ vt)
         return out[0], out[1], out[2]
@@ -399,8 +437,9 @@ def per_level_counts(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | N
     return ww @ (both & ~mismatch), ww @ both, ww @ vt
 
 
-def per_level_accuracy_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, levels: LevelKind = "depth",
-                             sample_weight: Any = None) -> np.ndarray:
+def per_level_accuracy_score(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, levels: LevelKind = "depth", sample_weight: Any = None
+) -> np.ndarray:
     """Accuracy at each level, over the samples where both truth and prediction reach that level.
 
     Args:
@@ -427,8 +466,9 @@ def per_level_accuracy_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, le
         return np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
 
 
-def semantic_accuracy_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, levels: LevelKind = "semantic",
-                            sample_weight: Any = None) -> float:
+def semantic_accuracy_score(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, levels: LevelKind = "semantic", sample_weight: Any = None
+) -> float:
     """Micro accuracy over every ``(sample, level)`` pair at which the truth has a node (Ridnik et al. 2021).
 
     A prediction that stops above a level the truth reaches is wrong at that level.
@@ -453,8 +493,9 @@ def semantic_level_table(taxonomy: Taxonomy) -> np.ndarray:
     cache = taxonomy.namespace_cache(__name__)
     if "semantic_level_table" not in cache:
         if not taxonomy.is_tree:
-            raise ValueError(f"per-level semantic targets need a tree; taxonomy {taxonomy.name!r} is a DAG "
-                             "(use to_tree())")
+            raise ValueError(
+                f"per-level semantic targets need a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())"
+            )
         level = taxonomy.semantic_level
         k = int(level.max()) + 1 if (level >= 0).any() else 0
         table = np.full((taxonomy.num_nodes, k), -1, dtype=np.int64)
@@ -467,8 +508,9 @@ def semantic_level_table(taxonomy: Taxonomy) -> np.ndarray:
     return cache["semantic_level_table"]
 
 
-def level_argmax_accuracy_score(y_true: Any, level_pred: Any, *, taxonomy: Taxonomy,
-                                sample_weight: Any = None) -> float:
+def level_argmax_accuracy_score(
+    y_true: Any, level_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None
+) -> float:
     """Semantic accuracy of independent per-level predictions, as Ridnik et al. (2021) score them.
 
     ``level_pred[b, l]`` is the class predicted at semantic level ``l`` (e.g. the per-level argmax of
@@ -496,8 +538,10 @@ def level_argmax_accuracy_score(y_true: Any, level_pred: Any, *, taxonomy: Taxon
     ids = _ids(t, "y_true")
     lp = np.asarray(to_numpy(level_pred))
     if lp.ndim != 2 or lp.shape != (len(ids), table.shape[1]):
-        raise ValueError(f"level_pred must be node ids [B, K] = [{len(ids)}, {table.shape[1]}] (one per semantic "
-                         f"level); got shape {list(lp.shape)}")
+        raise ValueError(
+            f"level_pred must be node ids [B, K] = [{len(ids)}, {table.shape[1]}] (one per semantic "
+            f"level); got shape {list(lp.shape)}"
+        )
     if lp.dtype.kind not in "iu":
         raise TypeError(f"level_pred must hold integer node ids; got dtype {lp.dtype}")
     if ((lp < -1) | (lp >= taxonomy.num_nodes)).any():

@@ -64,12 +64,16 @@ def root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarr
     troot = ts[:, 0].toarray().ravel()
     proot = ps[:, 0].toarray().ravel()
     inter = ts.multiply(ps).getnnz(axis=1) - (troot & proot)
-    return (inter.astype(np.float64), (ps.getnnz(axis=1) - proot).astype(np.float64),
-            (ts.getnnz(axis=1) - troot).astype(np.float64))
+    return (
+        inter.astype(np.float64),
+        (ps.getnnz(axis=1) - proot).astype(np.float64),
+        (ts.getnnz(axis=1) - troot).astype(np.float64),
+    )
 
 
-def hierarchical_counts(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, include_root: bool = False,
-                        close: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hierarchical_counts(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, include_root: bool = False, close: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-sample ``(|Ŷ ∩ Y|, |Ŷ|, |Y|)`` of the ancestor-closed sets, float64 arrays ``[B]``.
 
     Samples whose ``y_true`` is ``-1`` are dropped.
@@ -114,9 +118,12 @@ def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | Non
 
 def fbeta_from_counts(inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str) -> Any:
     """``(1 + β²) |T ∩ P| / (β² |T| + |P|)`` elementwise, ``zero_division`` where the denominator is 0."""
-    return safe_divide((1.0 + beta2) * np.asarray(inter, dtype=np.float64),
-                       beta2 * np.asarray(ntrue, dtype=np.float64) + np.asarray(npred, dtype=np.float64),
-                       zero_division, what)
+    return safe_divide(
+        (1.0 + beta2) * np.asarray(inter, dtype=np.float64),
+        beta2 * np.asarray(ntrue, dtype=np.float64) + np.asarray(npred, dtype=np.float64),
+        zero_division,
+        what,
+    )
 
 
 def macro_mean(values: np.ndarray) -> float:
@@ -151,9 +158,18 @@ def labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarr
 
 
 def hierarchical_precision_recall_fscore(
-        y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, beta: float = 1.0, average: Average = "micro",
-        include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn", labels: Any = None,
-        close: bool = True) -> tuple[float, float, float]:
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    beta: float = 1.0,
+    average: Average = "micro",
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    labels: Any = None,
+    close: bool = True,
+) -> tuple[float, float, float]:
     """Hierarchical precision, recall and F-beta in one pass (see the module docstring for the averages).
 
     Args:
@@ -198,8 +214,9 @@ def hierarchical_precision_recall_fscore(
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
         prec = safe_divide(tp, tp + fp, zero_division, "macro hierarchical precision of a node without predictions")
         rec = safe_divide(tp, tp + fn, zero_division, "macro hierarchical recall of a node without true samples")
-        f = fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
-                               "macro hierarchical F of a node absent from both")
+        f = fbeta_from_counts(
+            tp, tp + fn, tp + fp, beta2, zero_division, "macro hierarchical F of a node absent from both"
+        )
         return macro_mean(np.atleast_1d(prec)), macro_mean(np.atleast_1d(rec)), macro_mean(np.atleast_1d(f))
     if labels is not None:
         raise ValueError("labels is only used with average='macro'")
@@ -210,22 +227,37 @@ def hierarchical_precision_recall_fscore(
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     if average == "micro":
         si, sp_, st = weighted_sum(inter, w), weighted_sum(npred, w), weighted_sum(ntrue, w)
-        return (safe_divide(si, sp_, zero_division, "hierarchical precision with no predicted node"),
-                safe_divide(si, st, zero_division, "hierarchical recall with no true node"),
-                fbeta_from_counts(si, st, sp_, beta2, zero_division, "hierarchical F with no node at all"))
+        return (
+            safe_divide(si, sp_, zero_division, "hierarchical precision with no predicted node"),
+            safe_divide(si, st, zero_division, "hierarchical recall with no true node"),
+            fbeta_from_counts(si, st, sp_, beta2, zero_division, "hierarchical F with no node at all"),
+        )
     prec = safe_divide(inter, npred, zero_division, "per-sample hierarchical precision")
     rec = safe_divide(inter, ntrue, zero_division, "per-sample hierarchical recall")
     f = fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "per-sample hierarchical F")
     total = float(len(t) if w is None else w.sum())
     if total == 0:
         raise ValueError("sample_weight sums to 0")
-    return (weighted_sum(np.atleast_1d(prec), w) / total, weighted_sum(np.atleast_1d(rec), w) / total,
-            weighted_sum(np.atleast_1d(f), w) / total)
+    return (
+        weighted_sum(np.atleast_1d(prec), w) / total,
+        weighted_sum(np.atleast_1d(rec), w) / total,
+        weighted_sum(np.atleast_1d(f), w) / total,
+    )
 
 
-def hierarchical_fbeta_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, beta: float = 1.0,
-                             average: Average = "micro", include_root: bool = False, sample_weight: Any = None,
-                             zero_division: Any = "warn", labels: Any = None, close: bool = True) -> float:
+def hierarchical_fbeta_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    beta: float = 1.0,
+    average: Average = "micro",
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    labels: Any = None,
+    close: bool = True,
+) -> float:
     """Hierarchical F-beta; arguments as :func:`hierarchical_precision_recall_fscore`.
 
     Example:
@@ -237,13 +269,31 @@ def hierarchical_fbeta_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, be
         0.6666666666666666
     """
     return hierarchical_precision_recall_fscore(
-        y_true, y_pred, taxonomy=taxonomy, beta=beta, average=average, include_root=include_root,
-        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[2]
+        y_true,
+        y_pred,
+        taxonomy=taxonomy,
+        beta=beta,
+        average=average,
+        include_root=include_root,
+        sample_weight=sample_weight,
+        zero_division=zero_division,
+        labels=labels,
+        close=close,
+    )[2]
 
 
-def hierarchical_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Average = "micro",
-                          include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
-                          labels: Any = None, close: bool = True) -> float:
+def hierarchical_f1_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    average: Average = "micro",
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    labels: Any = None,
+    close: bool = True,
+) -> float:
     """Hierarchical F1 (:func:`hierarchical_fbeta_score` with ``beta=1``).
 
     Example:
@@ -253,13 +303,30 @@ def hierarchical_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, avera
         1.0
     """
     return hierarchical_precision_recall_fscore(
-        y_true, y_pred, taxonomy=taxonomy, average=average, include_root=include_root,
-        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[2]
+        y_true,
+        y_pred,
+        taxonomy=taxonomy,
+        average=average,
+        include_root=include_root,
+        sample_weight=sample_weight,
+        zero_division=zero_division,
+        labels=labels,
+        close=close,
+    )[2]
 
 
-def hierarchical_precision_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Average = "micro",
-                                 include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
-                                 labels: Any = None, close: bool = True) -> float:
+def hierarchical_precision_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    average: Average = "micro",
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    labels: Any = None,
+    close: bool = True,
+) -> float:
     """Hierarchical precision; arguments as :func:`hierarchical_precision_recall_fscore`.
 
     Example:
@@ -269,13 +336,30 @@ def hierarchical_precision_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy
         1.0
     """
     return hierarchical_precision_recall_fscore(
-        y_true, y_pred, taxonomy=taxonomy, average=average, include_root=include_root,
-        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[0]
+        y_true,
+        y_pred,
+        taxonomy=taxonomy,
+        average=average,
+        include_root=include_root,
+        sample_weight=sample_weight,
+        zero_division=zero_division,
+        labels=labels,
+        close=close,
+    )[0]
 
 
-def hierarchical_recall_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Average = "micro",
-                              include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
-                              labels: Any = None, close: bool = True) -> float:
+def hierarchical_recall_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    average: Average = "micro",
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    labels: Any = None,
+    close: bool = True,
+) -> float:
     """Hierarchical recall; arguments as :func:`hierarchical_precision_recall_fscore`.
 
     Example:
@@ -285,8 +369,16 @@ def hierarchical_recall_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, a
         0.5
     """
     return hierarchical_precision_recall_fscore(
-        y_true, y_pred, taxonomy=taxonomy, average=average, include_root=include_root,
-        sample_weight=sample_weight, zero_division=zero_division, labels=labels, close=close)[1]
+        y_true,
+        y_pred,
+        taxonomy=taxonomy,
+        average=average,
+        include_root=include_root,
+        sample_weight=sample_weight,
+        zero_division=zero_division,
+        labels=labels,
+        close=close,
+    )[1]
 
 
 def _path_name_sets(y: Any, name: str) -> list[set[str]]:
@@ -309,9 +401,14 @@ def _path_name_sets(y: Any, name: str) -> list[set[str]]:
     return out
 
 
-def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1.0,
-                                    average: Literal["micro", "macro"] = "micro",
-                                    zero_division: Any = "warn") -> tuple[float, float, float]:
+def hiclass_precision_recall_fscore(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    beta: float = 1.0,
+    average: Literal["micro", "macro"] = "micro",
+    zero_division: Any = "warn",
+) -> tuple[float, float, float]:
     """hiclass-compatible scores: compare the *name sets* of label paths, with no taxonomy.
 
     hiclass (Miranda et al. 2023) represents a label as its path of level names (``["animal", "cat"]``,
@@ -350,7 +447,9 @@ def hiclass_precision_recall_fscore(y_true: Any, y_pred: Any, *, beta: float = 1
         inter, ntrue, npred = inter.sum(), ntrue.sum(), npred.sum()
     # hiclass computes F from precision and recall (per sample for "macro", then averaged), never from the
     # counts: hP = hR = 0 is then a 0/0 that takes zero_division.
-    pr, rc = (safe_divide(inter, npred, zero_division, "hiclass precision"),
-              safe_divide(inter, ntrue, zero_division, "hiclass recall"))
+    pr, rc = (
+        safe_divide(inter, npred, zero_division, "hiclass precision"),
+        safe_divide(inter, ntrue, zero_division, "hiclass recall"),
+    )
     f = np.mean(safe_divide((1 + beta2) * np.asarray(pr) * rc, beta2 * np.asarray(pr) + rc, zero_division, "hiclass F"))
     return float(np.mean(pr)), float(np.mean(rc)), float(f)

@@ -43,29 +43,42 @@ __all__ = [
 NodeAverage = Literal["micro", "macro"] | None
 
 
-def _reduce(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, mask: np.ndarray, beta2: float, average: Any,
-            zero_division: Any) -> tuple[Any, Any, Any, Any]:
+def _reduce(
+    tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, mask: np.ndarray, beta2: float, average: Any, zero_division: Any
+) -> tuple[Any, Any, Any, Any]:
     tp, fp, fn = tp[mask], fp[mask], fn[mask]
     support = tp + fn
     if average == "micro":
         stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
-        return (safe_divide(stp, stp + sfp, zero_division, "micro precision with no predicted node"),
-                safe_divide(stp, stp + sfn, zero_division, "micro recall with no true node"),
-                fbeta_from_counts(stp, stp + sfn, stp + sfp, beta2, zero_division, "micro F with no node"),
-                float(support.sum()))
+        return (
+            safe_divide(stp, stp + sfp, zero_division, "micro precision with no predicted node"),
+            safe_divide(stp, stp + sfn, zero_division, "micro recall with no true node"),
+            fbeta_from_counts(stp, stp + sfn, stp + sfp, beta2, zero_division, "micro F with no node"),
+            float(support.sum()),
+        )
     prec = np.atleast_1d(safe_divide(tp, tp + fp, zero_division, "precision of a node never predicted"))
     rec = np.atleast_1d(safe_divide(tp, tp + fn, zero_division, "recall of a node never true"))
-    f = np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division,
-                                         "F of a node neither true nor predicted"))
+    f = np.atleast_1d(
+        fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division, "F of a node neither true nor predicted")
+    )
     if average is None:
         return prec, rec, f, support
     return macro_mean(prec), macro_mean(rec), macro_mean(f), float(support.sum())
 
 
 def node_precision_recall_fscore_support(
-        y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, beta: float = 1.0, average: NodeAverage = None,
-        labels: Any = None, include_root: bool = False, sample_weight: Any = None, zero_division: Any = "warn",
-        close: bool = True) -> tuple[Any, Any, Any, Any]:
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    beta: float = 1.0,
+    average: NodeAverage = None,
+    labels: Any = None,
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    close: bool = True,
+) -> tuple[Any, Any, Any, Any]:
     """Per-node precision, recall, F-beta and support over the node sets (scikit-learn's multilabel form).
 
     Args:
@@ -104,9 +117,18 @@ def node_precision_recall_fscore_support(
     return _reduce(tp, fp, fn, mask, beta2, average, zero_division)
 
 
-def node_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: NodeAverage = "micro",
-                  labels: Any = None, include_root: bool = False, sample_weight: Any = None,
-                  zero_division: Any = "warn", close: bool = True) -> Any:
+def node_f1_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    average: NodeAverage = "micro",
+    labels: Any = None,
+    include_root: bool = False,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+    close: bool = True,
+) -> Any:
     """Micro- or Macro-F1 over nodes (the HTC Micro-F1 / Macro-F1); see :func:`node_precision_recall_fscore_support`.
 
     Example:
@@ -118,12 +140,28 @@ def node_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Node
         0.5
     """
     return node_precision_recall_fscore_support(
-        y_true, y_pred, taxonomy=taxonomy, average=average, labels=labels, include_root=include_root,
-        sample_weight=sample_weight, zero_division=zero_division, close=close)[2]
+        y_true,
+        y_pred,
+        taxonomy=taxonomy,
+        average=average,
+        labels=labels,
+        include_root=include_root,
+        sample_weight=sample_weight,
+        zero_division=zero_division,
+        close=close,
+    )[2]
 
 
-def hamming_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, labels: Any = None, include_root: bool = False,
-                 sample_weight: Any = None, close: bool = True) -> float:
+def hamming_loss(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    labels: Any = None,
+    include_root: bool = False,
+    sample_weight: Any = None,
+    close: bool = True,
+) -> float:
     """Fraction of (sample, node) pairs on which the node sets disagree (scikit-learn's Hamming loss on nodes).
 
     Example:
@@ -145,8 +183,9 @@ def hamming_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, labels: Any = 
     return float((fp[mask].sum() + fn[mask].sum()) / (total * mask.sum()))
 
 
-def exact_match_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None,
-                      close: bool = True) -> float:
+def exact_match_score(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None, close: bool = True
+) -> float:
     """Subset accuracy: the fraction of samples whose node sets (root aside) are equal.
 
     For single node ids this is plain accuracy.
@@ -205,8 +244,9 @@ def consistent_subsets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix
     return out
 
 
-def _raw_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[Labels, sp.csr_matrix,
-                                                                                          sp.csr_matrix, Any]:
+def _raw_pair(
+    y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any
+) -> tuple[Labels, sp.csr_matrix, sp.csr_matrix, Any]:
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=True, close_pred=False)
     return t, t.as_sets(taxonomy), p.as_sets(taxonomy), w
 
@@ -216,9 +256,16 @@ def _column_sums(m: sp.csr_matrix, w: np.ndarray | None) -> np.ndarray:
     return np.asarray(m.sum(axis=0)).ravel() if w is None else np.asarray(m.T @ w).ravel()
 
 
-def path_constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy,
-                              average: Literal["micro", "macro"] = "micro", labels: Any = None,
-                              sample_weight: Any = None, zero_division: Any = "warn") -> float:
+def path_constrained_f1_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    average: Literal["micro", "macro"] = "micro",
+    labels: Any = None,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+) -> float:
     """P-Micro-F1 / P-Macro-F1 of Yu et al. (SIGIR 2022): a node counts only if its whole path is predicted.
 
     ``y_true`` is closed under ancestors; ``y_pred`` is scored as given (raw, e.g. thresholded sigmoids).
@@ -241,8 +288,16 @@ def path_constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy,
     return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]
 
 
-def constrained_f1_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, average: Literal["micro", "macro"] = "micro",
-                         labels: Any = None, sample_weight: Any = None, zero_division: Any = "warn") -> float:
+def constrained_f1_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    average: Literal["micro", "macro"] = "micro",
+    labels: Any = None,
+    sample_weight: Any = None,
+    zero_division: Any = "warn",
+) -> float:
     """C-F1: the node F1 after dropping every predicted node whose path is not fully predicted.
 
     Example:

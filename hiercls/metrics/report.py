@@ -12,10 +12,20 @@ from hiercls.taxonomy import Taxonomy
 __all__ = ["hierarchical_report"]
 
 
-def hierarchical_report(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, scores: Any = None,
-                        k: Iterable[int] = (1, 5), distance: str = "lca_height", include_root: bool = False,
-                        multilabel: bool | None = None, sample_weight: Any = None, zero_division: Any = 0.0,
-                        candidates: Any = None) -> dict[str, Any]:
+def hierarchical_report(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    scores: Any = None,
+    k: Iterable[int] = (1, 5),
+    distance: str = "lca_height",
+    include_root: bool = False,
+    multilabel: bool | None = None,
+    sample_weight: Any = None,
+    zero_division: Any = 0.0,
+    candidates: Any = None,
+) -> dict[str, Any]:
     """Every standard metric in one flat dict (the keys of :class:`~hiercls.metrics.HierarchicalMetrics`).
 
     Args:
@@ -39,10 +49,19 @@ def hierarchical_report(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, scores:
         (0.3333333333333333, 0.6, [0.6666666666666666, 0.5], 1.5)
     """
     if multilabel is None:
-        multilabel = not (to_labels(y_true, taxonomy, name="y_true", allow_ignore=True).is_ids
-                          and to_labels(y_pred, taxonomy, name="y_pred").is_ids)
-    metrics = HierarchicalMetrics(taxonomy, k=tuple(k) if scores is not None else (), distance=distance,
-                                  include_root=include_root, multilabel=multilabel, zero_division=zero_division,
-                                  candidates=candidates, sync_on_compute=False)
+        multilabel = not (
+            to_labels(y_true, taxonomy, name="y_true", allow_ignore=True).is_ids
+            and to_labels(y_pred, taxonomy, name="y_pred").is_ids
+        )
+    metrics = HierarchicalMetrics(
+        taxonomy,
+        k=tuple(k) if scores is not None else (),
+        distance=distance,
+        include_root=include_root,
+        multilabel=multilabel,
+        zero_division=zero_division,
+        candidates=candidates,
+        sync_on_compute=False,
+    )
     metrics.update(y_true, y_pred, scores=scores, sample_weight=sample_weight)
     return metrics.compute()

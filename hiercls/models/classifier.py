@@ -100,8 +100,15 @@ class HierarchicalClassifier(nn.Module):
         dense: whether the head gets feature maps ``[B, D, *spatial]`` (always for ``conv3d``).
     """
 
-    def __init__(self, backbone: nn.Module, taxonomy: Taxonomy, head: str = "semantic_softmax",
-                 head_options: Mapping[str, Any] | None = None, *, dense: bool = False) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        taxonomy: Taxonomy,
+        head: str = "semantic_softmax",
+        head_options: Mapping[str, Any] | None = None,
+        *,
+        dense: bool = False,
+    ) -> None:
         super().__init__()
         spec = backbone.spec()["backbone"]
         if dense and not backbone.supports_dense:
@@ -117,8 +124,10 @@ class HierarchicalClassifier(nn.Module):
         self._build_head(head, taxonomy, dict(head_options or {}))
         if self.dense and not getattr(self.head, "supports_dense", False):
             why = f"backbone {spec!r} gives per-voxel features" if backbone.always_dense else "dense=True"
-            raise ValueError(f"{why} but head {head!r} does not accept [B, D, *spatial] feature maps; use a dense "
-                             "head such as 'nested_sigmoid'")
+            raise ValueError(
+                f"{why} but head {head!r} does not accept [B, D, *spatial] feature maps; use a dense "
+                "head such as 'nested_sigmoid'"
+            )
 
     # ------------------------------------------------------------------ head management
     @property
@@ -137,8 +146,10 @@ class HierarchicalClassifier(nn.Module):
             if self.is_prompted:
                 raise ValueError(f"head {name!r} is already built; use reset_head(taxonomy=...) to rebuild its prompts")
             if not isinstance(self.backbone, (TimmBackbone, HFBackbone)):
-                raise ValueError(f"head {name!r} prompts a timm ViT or a Hugging Face encoder, not backbone "
-                                 f"{self.backbone.spec()['backbone']!r}")
+                raise ValueError(
+                    f"head {name!r} prompts a timm ViT or a Hugging Face encoder, not backbone "
+                    f"{self.backbone.spec()['backbone']!r}"
+                )
             network = self.backbone.release_model()
             try:
                 self.head = PROMPT_HEADS.get(name)(network, taxonomy, **options)
@@ -147,8 +158,10 @@ class HierarchicalClassifier(nn.Module):
                 raise
         else:
             if self.is_prompted:
-                raise ValueError(f"cannot switch a prompting model ({self.head_name!r}) to head {name!r}: the prompts "
-                                 "live inside the backbone; build a new model with create_model")
+                raise ValueError(
+                    f"cannot switch a prompting model ({self.head_name!r}) to head {name!r}: the prompts "
+                    "live inside the backbone; build a new model with create_model"
+                )
             self.head = create_head(name, taxonomy, self.backbone.num_features, **options)
         self.head_name = name
         self.head_options = jsonable(_encode_options(options), f"head_options of {name!r}")
@@ -183,8 +196,11 @@ class HierarchicalClassifier(nn.Module):
             self.head.reset_head(taxonomy or self.taxonomy, **options)
             self.taxonomy = taxonomy or self.taxonomy
             key = "prompt_layers" if self.modality == "text" else "prompt_blocks"
-            opts = {k: v for k, v in _decode_options(self.head_options).items()
-                    if k not in ("prompt_blocks", "prompt_layers", "prompt_positions")}
+            opts = {
+                k: v
+                for k, v in _decode_options(self.head_options).items()
+                if k not in ("prompt_blocks", "prompt_layers", "prompt_positions")
+            }
             opts[key] = dict(self.head.positions)
             if "coarse_loss_weight" in options:
                 opts["coarse_loss_weight"] = options["coarse_loss_weight"]
@@ -257,12 +273,16 @@ class HierarchicalClassifier(nn.Module):
         else:
             hint = " (use model.transform())" if self.modality == "image" else ""
             if not all(isinstance(t, torch.Tensor) for t in inputs):
-                raise TypeError(f"collate: {'an' if self.modality == 'image' else 'a'} {self.modality} model needs "
-                                f"tensor inputs{hint}; got {type(inputs[0]).__name__}")
+                raise TypeError(
+                    f"collate: {'an' if self.modality == 'image' else 'a'} {self.modality} model needs "
+                    f"tensor inputs{hint}; got {type(inputs[0]).__name__}"
+                )
             shapes = {tuple(t.shape) for t in inputs}
             if len(shapes) > 1:
-                raise ValueError(f"collate: {self.modality} inputs of different shapes {sorted(shapes)[:3]}; resize "
-                                 f"them to one shape{hint}")
+                raise ValueError(
+                    f"collate: {self.modality} inputs of different shapes {sorted(shapes)[:3]}; resize "
+                    f"them to one shape{hint}"
+                )
             x = torch.stack(list(inputs))
         if isinstance(targets[0], torch.Tensor) and targets[0].dim() > 0:
             y = torch.stack(list(targets))
@@ -273,26 +293,38 @@ class HierarchicalClassifier(nn.Module):
     def data_config(self, image_size: int | Sequence[int] | None = None) -> dict[str, Any]:
         """Image preprocessing facts (timm's ``resolve_data_config``), ``image_size`` overriding the input size."""
         if not isinstance(self.backbone, TimmBackbone):
-            raise TypeError(f"data_config: {self.modality} models have no image preprocessing"
-                            + (" (they tokenise in collate)" if self.modality == "text" else ""))
+            raise TypeError(
+                f"data_config: {self.modality} models have no image preprocessing"
+                + (" (they tokenise in collate)" if self.modality == "text" else "")
+            )
         return self.backbone.data_config(image_size)
 
-    def transform(self, *, train: bool = False, image_size: int | Sequence[int] | None = None,
-                  **overrides: Any) -> Any:
+    def transform(self, *, train: bool = False, image_size: int | Sequence[int] | None = None, **overrides: Any) -> Any:
         """timm's eval (``train=False``) or augmenting train transform for this backbone."""
         if not isinstance(self.backbone, TimmBackbone):
-            raise TypeError(f"transform: {self.modality} models have no image transform"
-                            + (" (they tokenise in collate)" if self.modality == "text" else ""))
+            raise TypeError(
+                f"transform: {self.modality} models have no image transform"
+                + (" (they tokenise in collate)" if self.modality == "text" else "")
+            )
         return self.backbone.transform(train=train, image_size=image_size, **overrides)
 
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, Any]:
         """The JSON config written by :meth:`save_pretrained`."""
-        return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION, "hiercls_version": __version__,
-                **self.backbone.spec(), "modality": self.modality, "head": self.head_name,
-                "head_options": self.head_options, "dense": self.dense, "taxonomy_name": self.taxonomy.name,
-                "taxonomy_fingerprint": self.taxonomy.fingerprint, "num_nodes": self.taxonomy.num_nodes,
-                "taxonomy_file": "taxonomy.json.gz"}
+        return {
+            "format": CONFIG_FORMAT,
+            "version": CONFIG_VERSION,
+            "hiercls_version": __version__,
+            **self.backbone.spec(),
+            "modality": self.modality,
+            "head": self.head_name,
+            "head_options": self.head_options,
+            "dense": self.dense,
+            "taxonomy_name": self.taxonomy.name,
+            "taxonomy_fingerprint": self.taxonomy.fingerprint,
+            "num_nodes": self.taxonomy.num_nodes,
+            "taxonomy_file": "taxonomy.json.gz",
+        }
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``model.safetensors``, ``config.json``, ``taxonomy.json.gz`` (and the tokenizer) to ``directory``.
@@ -322,8 +354,13 @@ class HierarchicalClassifier(nn.Module):
         return out
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike[str], taxonomy: Taxonomy | None = None, *,
-                        map_location: str | torch.device = "cpu") -> HierarchicalClassifier:
+    def from_pretrained(
+        cls,
+        directory: str | os.PathLike[str],
+        taxonomy: Taxonomy | None = None,
+        *,
+        map_location: str | torch.device = "cpu",
+    ) -> HierarchicalClassifier:
         """Load a model written by :meth:`save_pretrained`.
 
         Args:
@@ -347,11 +384,16 @@ class HierarchicalClassifier(nn.Module):
         except json.JSONDecodeError as err:
             raise ValueError(f"{cfg_path}:{err.lineno}: invalid JSON ({err.msg})") from None
         if not isinstance(cfg, dict) or cfg.get("format") != CONFIG_FORMAT:
-            raise ValueError(f"{cfg_path}: not a hiercls model config (format {cfg.get('format')!r} is not "
-                             f"{CONFIG_FORMAT!r})" if isinstance(cfg, dict) else f"{cfg_path}: not a JSON object")
+            raise ValueError(
+                f"{cfg_path}: not a hiercls model config (format {cfg.get('format')!r} is not {CONFIG_FORMAT!r})"
+                if isinstance(cfg, dict)
+                else f"{cfg_path}: not a JSON object"
+            )
         if int(cfg.get("version", 0)) > CONFIG_VERSION:
-            raise ValueError(f"{cfg_path}: config version {cfg['version']} is newer than this hiercls supports "
-                             f"({CONFIG_VERSION}); upgrade hiercls")
+            raise ValueError(
+                f"{cfg_path}: config version {cfg['version']} is newer than this hiercls supports "
+                f"({CONFIG_VERSION}); upgrade hiercls"
+            )
         want = cfg["taxonomy_fingerprint"]
         if taxonomy is not None and taxonomy.fingerprint != want:
             raise TaxonomyError(
@@ -359,25 +401,36 @@ class HierarchicalClassifier(nn.Module):
                 f"{cfg.get('num_nodes')} nodes) but taxonomy {taxonomy.name!r} (fingerprint "
                 f"{taxonomy.fingerprint[:16]}, {taxonomy.num_nodes} nodes) was given; node ids would not match. "
                 "Load it without taxonomy= (the model carries its own), or fine-tune with reset_head(taxonomy=...)",
-                source=str(d))
+                source=str(d),
+            )
         tax_path = d / cfg.get("taxonomy_file", "taxonomy.json.gz")
         if taxonomy is None:
             if not tax_path.is_file():
                 raise FileNotFoundError(f"saved model {str(d)!r} lacks its taxonomy file {tax_path.name!r}")
             taxonomy = read_json(tax_path)
             if taxonomy.fingerprint != want:
-                raise TaxonomyError(f"{tax_path}: fingerprint {taxonomy.fingerprint[:16]} differs from the config's "
-                                    f"{want[:16]}; the saved model is corrupt", source=str(tax_path))
+                raise TaxonomyError(
+                    f"{tax_path}: fingerprint {taxonomy.fingerprint[:16]} differs from the config's "
+                    f"{want[:16]}; the saved model is corrupt",
+                    source=str(tax_path),
+                )
         backbone = rebuild_backbone(cfg, d)
-        model = cls(backbone, taxonomy, head=cfg["head"], head_options=_decode_options(cfg.get("head_options") or {}),
-                    dense=bool(cfg.get("dense", False)))
+        model = cls(
+            backbone,
+            taxonomy,
+            head=cfg["head"],
+            head_options=_decode_options(cfg.get("head_options") or {}),
+            dense=bool(cfg.get("dense", False)),
+        )
         weights = d / "model.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"saved model {str(d)!r} lacks model.safetensors")
         missing, unexpected = load_model(model, str(weights), strict=False, device=str(map_location))
         if missing or unexpected:
-            raise ValueError(f"{weights}: weights do not fit the saved config ({len(missing)} missing e.g. "
-                             f"{missing[:3]}, {len(unexpected)} unexpected e.g. {unexpected[:3]})")
+            raise ValueError(
+                f"{weights}: weights do not fit the saved config ({len(missing)} missing e.g. "
+                f"{missing[:3]}, {len(unexpected)} unexpected e.g. {unexpected[:3]})"
+            )
         return model.to(map_location)
 
     def extra_repr(self) -> str:
@@ -385,9 +438,16 @@ class HierarchicalClassifier(nn.Module):
         return f"backbone={spec!r}, head={self.head_name!r}, taxonomy={self.taxonomy.name!r}"
 
 
-def create_model(backbone: str, taxonomy: Taxonomy, *, head: str = "semantic_softmax",
-                 weights: str | os.PathLike[str] | None = None, head_options: Mapping[str, Any] | None = None,
-                 dense: bool = False, **backbone_kwargs: Any) -> HierarchicalClassifier:
+def create_model(
+    backbone: str,
+    taxonomy: Taxonomy,
+    *,
+    head: str = "semantic_softmax",
+    weights: str | os.PathLike[str] | None = None,
+    head_options: Mapping[str, Any] | None = None,
+    dense: bool = False,
+    **backbone_kwargs: Any,
+) -> HierarchicalClassifier:
     """Build a :class:`HierarchicalClassifier` from a backbone spec, a taxonomy and a head name.
 
     The one model factory of hiercls: recipes (``hiercls.train.build_model``) and ``from_pretrained`` use it

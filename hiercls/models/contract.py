@@ -79,8 +79,13 @@ class HierarchicalModel(Protocol):
         ...
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike[str], taxonomy: Taxonomy | None = None, *,
-                        map_location: str | torch.device = "cpu") -> HierarchicalModel:
+    def from_pretrained(
+        cls,
+        directory: str | os.PathLike[str],
+        taxonomy: Taxonomy | None = None,
+        *,
+        map_location: str | torch.device = "cpu",
+    ) -> HierarchicalModel:
         """Rebuild a model from :meth:`save_pretrained`'s folder (``taxonomy``: refused unless the same)."""
         ...
 

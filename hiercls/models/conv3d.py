@@ -82,8 +82,10 @@ class TinySegNet3D(nn.Module):
         net = cls(int(options.get("in_channels", 1)), int(name) if name else DEFAULT_WIDTH)
         if weights is not None:
             if isinstance(weights, str) and weights == "package":
-                raise ValueError("weights='package': no offline weight package exists for the conv3d backbone; "
-                                 "give a .safetensors / .pth state dict or None")
+                raise ValueError(
+                    "weights='package': no offline weight package exists for the conv3d backbone; "
+                    "give a .safetensors / .pth state dict or None"
+                )
             load_by_name(net, read_state_dict(weights), source=str(weights))
             net.weights_source = str(weights)
         return net
@@ -102,8 +104,11 @@ class TinySegNet3D(nn.Module):
 
     def spec(self) -> dict[str, Any]:
         """What :meth:`rebuild` needs (saved in ``config.json``)."""
-        return {"backbone": f"conv3d:{self.width}", "backbone_kwargs": {"in_channels": self.in_channels},
-                "weights_source": self.weights_source}
+        return {
+            "backbone": f"conv3d:{self.width}",
+            "backbone_kwargs": {"in_channels": self.in_channels},
+            "weights_source": self.weights_source,
+        }
 
     @classmethod
     def rebuild(cls, spec: Mapping[str, Any], directory: Path | None = None) -> TinySegNet3D:

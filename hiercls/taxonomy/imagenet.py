@@ -57,9 +57,16 @@ IMAGENET_SUBSETS: dict[str, str] = {
     "imagenet21k_goog": "imagenet21k_goog_synsets.txt",
     "imagenet22k": "imagenet22k_synsets.txt",
 }
-_ALIASES = {"1k": "imagenet1k", "imagenet-1k": "imagenet1k", "winter21": "imagenet21k_winter21",
-            "fall11": "imagenet21k_fall11", "imagenet21k_miil": "imagenet21k_fall11",
-            "imagenet21k_miil_w21": "imagenet21k_winter21", "12k": "imagenet12k", "22k": "imagenet22k"}
+_ALIASES = {
+    "1k": "imagenet1k",
+    "imagenet-1k": "imagenet1k",
+    "winter21": "imagenet21k_winter21",
+    "fall11": "imagenet21k_fall11",
+    "imagenet21k_miil": "imagenet21k_fall11",
+    "imagenet21k_miil_w21": "imagenet21k_winter21",
+    "12k": "imagenet12k",
+    "22k": "imagenet22k",
+}
 
 #: Name of the virtual root of the ImageNet-21K-P semantic trees.
 IMAGENET21K_ROOT = "imagenet21k_root"
@@ -79,8 +86,9 @@ def _timm_info_lines(filename: str) -> tuple[str, ...]:
     try:
         text = importlib.resources.files("timm.data").joinpath("_info", filename).read_text(encoding="utf-8")
     except (FileNotFoundError, ModuleNotFoundError) as err:
-        raise FileNotFoundError(f"timm's class table timm/data/_info/{filename} is missing ({err}); "
-                                "install timm>=1.0") from None
+        raise FileNotFoundError(
+            f"timm's class table timm/data/_info/{filename} is missing ({err}); install timm>=1.0"
+        ) from None
     return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
@@ -123,10 +131,14 @@ def imagenet_class_names(wnids: Sequence[str]) -> dict[str, str]:
 
 
 def _meta(subset: str, extra: dict[str, object]) -> dict[str, object]:
-    return {"source": "WordNet 3.0 noun hypernyms (Princeton, via nltk) over timm's ImageNet class table "
-                      f"timm/data/_info/{IMAGENET_SUBSETS[subset]}",
-            "timm_subset": subset, "wordnet_version": "3.0",
-            "license": "WordNet 3.0 license (Princeton, BSD-style); class lists from timm (Apache-2.0)", **extra}
+    return {
+        "source": "WordNet 3.0 noun hypernyms (Princeton, via nltk) over timm's ImageNet class table "
+        f"timm/data/_info/{IMAGENET_SUBSETS[subset]}",
+        "timm_subset": subset,
+        "wordnet_version": "3.0",
+        "license": "WordNet 3.0 license (Princeton, BSD-style); class lists from timm (Apache-2.0)",
+        **extra,
+    }
 
 
 def imagenet1k_taxonomy(kind: Literal["dag", "tree"] = "dag") -> Taxonomy:
@@ -151,19 +163,27 @@ def imagenet1k_taxonomy(kind: Literal["dag", "tree"] = "dag") -> Taxonomy:
         raise ValueError(f"kind must be 'dag' or 'tree'; got {kind!r}")
     wnids = imagenet_synsets("imagenet1k")
     name = "imagenet1k" if kind == "dag" else "imagenet1k_tree"
-    dag = wordnet_taxonomy(wnids, display_names=imagenet_class_names(wnids), name=name,
-                           metadata=_meta("imagenet1k", {"kind": kind}))
+    dag = wordnet_taxonomy(
+        wnids, display_names=imagenet_class_names(wnids), name=name, metadata=_meta("imagenet1k", {"kind": kind})
+    )
     if kind == "dag":
         return dag
     tree = dag.to_tree("first")
     dropped = tree.dropped_edges
     pruned = tree.restrict(wnids)  # a synset whose children all chose another parent becomes a dead end
     lost = sorted(set(tree.names) - set(pruned.names))
-    pruned = pruned.replace(metadata={**pruned.metadata, "tree_strategy": "first",
-                                      "dropped_edges": [list(e) for e in dropped], "pruned_nodes": lost})
+    pruned = pruned.replace(
+        metadata={
+            **pruned.metadata,
+            "tree_strategy": "first",
+            "dropped_edges": [list(e) for e in dropped],
+            "pruned_nodes": lost,
+        }
+    )
     pruned._dropped_edges = dropped  # restrict() made a new tree; the edges dropped are still to_tree's
-    logger.info("imagenet1k tree: dropped %d non-first hypernym edges, pruned %d class-less synsets",
-                len(dropped), len(lost))
+    logger.info(
+        "imagenet1k tree: dropped %d non-first hypernym edges, pruned %d class-less synsets", len(dropped), len(lost)
+    )
     return pruned
 
 
@@ -193,14 +213,28 @@ def imagenet21k_taxonomy(version: Literal["winter21", "fall11"] = "winter21") ->
     for n in range(1, dag.num_nodes):
         p = int(first[n])
         class_above[n] = p if is_class[p] else class_above[p]
-    parent_of = {names[n]: (names[int(class_above[n])] if class_above[n] >= 0 else None)
-                 for n in range(dag.num_nodes) if is_class[n]}
+    parent_of = {
+        names[n]: (names[int(class_above[n])] if class_above[n] >= 0 else None)
+        for n in range(dag.num_nodes)
+        if is_class[n]
+    }
     edges = [(p, c) for c, p in ((w, parent_of[w]) for w in wnids) if p is not None]
-    tax = Taxonomy(edges, nodes=wnids, display_names=imagenet_class_names(wnids), classes=wnids,
-                   virtual_root=IMAGENET21K_ROOT, name=f"imagenet21k_{version}",
-                   metadata=_meta(subset, {"kind": "semantic_tree", "version": version,
-                                           "tree_rule": "parent = nearest class on the first-hypernym chain "
-                                                        "(MIIL ImageNet-21K-P semantic tree)"}))
+    tax = Taxonomy(
+        edges,
+        nodes=wnids,
+        display_names=imagenet_class_names(wnids),
+        classes=wnids,
+        virtual_root=IMAGENET21K_ROOT,
+        name=f"imagenet21k_{version}",
+        metadata=_meta(
+            subset,
+            {
+                "kind": "semantic_tree",
+                "version": version,
+                "tree_rule": "parent = nearest class on the first-hypernym chain (MIIL ImageNet-21K-P semantic tree)",
+            },
+        ),
+    )
     return tax
 
 
@@ -210,8 +244,10 @@ def _subset_of(tax: Taxonomy, subset: str | None) -> str:
     meta = tax.metadata.get("timm_subset")
     if isinstance(meta, str) and meta in IMAGENET_SUBSETS:
         return meta
-    raise ValueError(f"taxonomy {tax.name!r} does not record its timm class table (metadata['timm_subset']); pass "
-                     "subset= (e.g. 'imagenet1k')")
+    raise ValueError(
+        f"taxonomy {tax.name!r} does not record its timm class table (metadata['timm_subset']); pass "
+        "subset= (e.g. 'imagenet1k')"
+    )
 
 
 def imagenet_class_nodes(tax: Taxonomy, subset: str | None = None) -> np.ndarray:

@@ -56,11 +56,30 @@ JSON_FORMAT_VERSION = 1
 PathLike = str | os.PathLike
 
 __all__ = [
-    "FORMATS", "TAXONOMY_FORMATS", "TaxonomyFormat", "detect_format", "read_children_json", "read_edge_list",
-    "read_folders", "read_json", "read_label_paths",
-    "read_nested_json", "read_node_link", "read_taxonomy", "read_tsv", "taxonomy_from_label_paths",
-    "taxonomy_from_nested", "write_children_json", "write_edge_list", "write_folders", "write_json",
-    "write_label_paths", "write_nested_json", "write_node_link", "write_taxonomy", "write_tsv",
+    "FORMATS",
+    "TAXONOMY_FORMATS",
+    "TaxonomyFormat",
+    "detect_format",
+    "read_children_json",
+    "read_edge_list",
+    "read_folders",
+    "read_json",
+    "read_label_paths",
+    "read_nested_json",
+    "read_node_link",
+    "read_taxonomy",
+    "read_tsv",
+    "taxonomy_from_label_paths",
+    "taxonomy_from_nested",
+    "write_children_json",
+    "write_edge_list",
+    "write_folders",
+    "write_json",
+    "write_label_paths",
+    "write_nested_json",
+    "write_node_link",
+    "write_taxonomy",
+    "write_tsv",
 ]
 
 
@@ -85,9 +104,13 @@ def _read_text(path: PathLike) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        bad = data[err.start:err.start + 4]
-        raise TaxonomyError(f"not UTF-8 text: byte {bad[:1]!r} at offset {err.start} cannot be decoded "
-                            f"({err.reason}); re-encode the file as UTF-8", source=str(path), line=line) from None
+        bad = data[err.start : err.start + 4]
+        raise TaxonomyError(
+            f"not UTF-8 text: byte {bad[:1]!r} at offset {err.start} cannot be decoded "
+            f"({err.reason}); re-encode the file as UTF-8",
+            source=str(path),
+            line=line,
+        ) from None
     return text[1:] if text.startswith("\ufeff") else text  # a byte-order mark is not part of the first name
 
 
@@ -133,8 +156,14 @@ def _data_lines(text: str) -> Iterator[tuple[int, str]]:
         yield lineno, line
 
 
-def _check_roots(edges: Sequence[tuple[str, str]], locations: Sequence[str], nodes: Iterable[str],
-                 virtual_root: str | None, source: str, declared: Mapping[str, str] | None = None) -> None:
+def _check_roots(
+    edges: Sequence[tuple[str, str]],
+    locations: Sequence[str],
+    nodes: Iterable[str],
+    virtual_root: str | None,
+    source: str,
+    declared: Mapping[str, str] | None = None,
+) -> None:
     """A clearer error than the core's for the usual cause of several roots: a parent that is never a child."""
     if virtual_root is not None:
         return
@@ -155,10 +184,14 @@ def _check_roots(edges: Sequence[tuple[str, str]], locations: Sequence[str], nod
     shown = ", ".join(f"{r!r}" + (f" at {first_loc[r]}" if r in first_loc else "") for r in roots[:5])
     loc = first_loc.get(stray, f"{source}:")
     src, _, line = loc.rpartition(":")
-    raise TaxonomyError(f"{stray!r}{hint} is never connected to the rest of the taxonomy: it has no parent "
-                        f"itself, so the taxonomy has {len(roots)} roots ({shown}{' ...' if len(roots) > 5 else ''}); "
-                        "fix the name or pass virtual_root='<name>' to join the roots under a new root",
-                        source=src or source, line=int(line) if line.isdigit() else None, label=stray)
+    raise TaxonomyError(
+        f"{stray!r}{hint} is never connected to the rest of the taxonomy: it has no parent "
+        f"itself, so the taxonomy has {len(roots)} roots ({shown}{' ...' if len(roots) > 5 else ''}); "
+        "fix the name or pass virtual_root='<name>' to join the roots under a new root",
+        source=src or source,
+        line=int(line) if line.isdigit() else None,
+        label=stray,
+    )
 
 
 def _build(source: str, edges: Sequence[tuple[str, str]], **kwargs: Any) -> Taxonomy:
@@ -223,8 +256,13 @@ def _line_of(obj: Any) -> int | None:
 # ---------------------------------------------------------------------------------------------- hiercls JSON
 def taxonomy_to_dict(tax: Taxonomy) -> dict[str, Any]:
     """The hiercls JSON object of ``tax`` (what :func:`write_json` writes)."""
-    out: dict[str, Any] = {"format": JSON_FORMAT_ID, "version": JSON_FORMAT_VERSION, "name": tax.name,
-                           "metadata": dict(tax.metadata), "nodes": list(tax.names)}
+    out: dict[str, Any] = {
+        "format": JSON_FORMAT_ID,
+        "version": JSON_FORMAT_VERSION,
+        "name": tax.name,
+        "metadata": dict(tax.metadata),
+        "nodes": list(tax.names),
+    }
     if tax.display_names != tax.names:
         out["display_names"] = list(tax.display_names)
     out["classes"] = [tax.names[i] for i in tax.classes]
@@ -277,31 +315,56 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     """Rebuild a taxonomy from :func:`taxonomy_to_dict`'s object (see :func:`write_json` for the keys)."""
     _expect(isinstance(obj, Mapping), f"expected a JSON object, got {type(obj).__name__}", source)
     fmt = obj.get("format")
-    _expect(fmt == JSON_FORMAT_ID, f'not a hiercls taxonomy file: "format" is {fmt!r}, expected {JSON_FORMAT_ID!r} '
-            "(for other JSON layouts pass format='nested' or 'nodelink')", source, obj)
+    _expect(
+        fmt == JSON_FORMAT_ID,
+        f'not a hiercls taxonomy file: "format" is {fmt!r}, expected {JSON_FORMAT_ID!r} '
+        "(for other JSON layouts pass format='nested' or 'nodelink')",
+        source,
+        obj,
+    )
     version = obj.get("version")
-    _expect(isinstance(version, int) and 1 <= version <= JSON_FORMAT_VERSION,
-            f"unsupported hiercls taxonomy version {version!r} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
-            "newer files need a newer hiercls)", source, obj)
+    _expect(
+        isinstance(version, int) and 1 <= version <= JSON_FORMAT_VERSION,
+        f"unsupported hiercls taxonomy version {version!r} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
+        "newer files need a newer hiercls)",
+        source,
+        obj,
+    )
     nodes = obj.get("nodes")
-    _expect(isinstance(nodes, list) and all(isinstance(n, str) for n in nodes),
-            '"nodes" must be a list of node-name strings', source, nodes if isinstance(nodes, list) else obj)
+    _expect(
+        isinstance(nodes, list) and all(isinstance(n, str) for n in nodes),
+        '"nodes" must be a list of node-name strings',
+        source,
+        nodes if isinstance(nodes, list) else obj,
+    )
     edges_raw = obj.get("edges", [])
     _expect(isinstance(edges_raw, list), '"edges" must be a list of [parent, child] pairs', source, obj)
     edges: list[tuple[str, str]] = []
     edge_locs: list[str] = []
     for k, e in enumerate(edges_raw):
-        _expect(isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e),
-                f"edges[{k}] must be a [parent, child] pair of strings, got {e!r}", source, e)
+        _expect(
+            isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e),
+            f"edges[{k}] must be a [parent, child] pair of strings, got {e!r}",
+            source,
+            e,
+        )
         edges.append((e[0], e[1]))
         edge_locs.append(f"{source}:{_line_of(e)}" if _line_of(e) else source)
     display = obj.get("display_names")
     if display is not None:
-        _expect(isinstance(display, list) and len(display) == len(nodes) and all(isinstance(d, str) for d in display),
-                f'"display_names" must be a list of {len(nodes)} strings (one per node)', source, display)
+        _expect(
+            isinstance(display, list) and len(display) == len(nodes) and all(isinstance(d, str) for d in display),
+            f'"display_names" must be a list of {len(nodes)} strings (one per node)',
+            source,
+            display,
+        )
     classes = obj.get("classes")
-    _expect(classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
-            '"classes" must be a list of node names', source, classes)
+    _expect(
+        classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
+        '"classes" must be a list of node names',
+        source,
+        classes,
+    )
     vr = obj.get("virtual_root")
     _expect(vr is None or isinstance(vr, str), '"virtual_root" must be a string or null', source, obj)
     metadata = obj.get("metadata") or {}
@@ -311,8 +374,9 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     disp_map = dict(zip(nodes, display, strict=True)) if display is not None else None
     if vr is not None:
         # The core adds the virtual root and its edges itself; give it what it was given originally.
-        _expect(bool(node_list) and node_list[0] == vr, f"virtual_root {vr!r} must be the first node", source, nodes,
-                vr)
+        _expect(
+            bool(node_list) and node_list[0] == vr, f"virtual_root {vr!r} must be the first node", source, nodes, vr
+        )
         node_list = node_list[1:]
         kept = [k for k, e in enumerate(edges) if e[0] != vr]
         edges, edge_locs = [edges[k] for k in kept], [edge_locs[k] for k in kept]
@@ -320,13 +384,25 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
             classes = [c for c in classes if c != vr]
         if disp_map is not None:
             disp_map.pop(vr, None)
-    tax = _build(source, edges, nodes=node_list, display_names=disp_map, classes=classes, virtual_root=vr,
-                   name=obj.get("name") or None, metadata=metadata, locations=edge_locs)
+    tax = _build(
+        source,
+        edges,
+        nodes=node_list,
+        display_names=disp_map,
+        classes=classes,
+        virtual_root=vr,
+        name=obj.get("name") or None,
+        metadata=metadata,
+        locations=edge_locs,
+    )
     stored = obj.get("fingerprint")
     if stored is not None and stored != tax.fingerprint:
-        raise TaxonomyError(f"fingerprint mismatch: the file says {stored[:12]}..., the rebuilt taxonomy is "
-                            f"{tax.fingerprint[:12]}... (the file was edited by hand, or the nodes are not in id "
-                            'order); remove "fingerprint" to accept the new node order', source=source)
+        raise TaxonomyError(
+            f"fingerprint mismatch: the file says {stored[:12]}..., the rebuilt taxonomy is "
+            f"{tax.fingerprint[:12]}... (the file was edited by hand, or the nodes are not in id "
+            'order); remove "fingerprint" to accept the new node order',
+            source=source,
+        )
     return tax
 
 
@@ -365,8 +441,14 @@ def _sniff_delimiter(lines: Sequence[tuple[int, str]]) -> str | None:
     return None  # runs of spaces
 
 
-def read_edge_list(path: PathLike, *, delimiter: str | None = "auto", virtual_root: str | None = None,
-                   name: str | None = None, **kwargs: Any) -> Taxonomy:
+def read_edge_list(
+    path: PathLike,
+    *,
+    delimiter: str | None = "auto",
+    virtual_root: str | None = None,
+    name: str | None = None,
+    **kwargs: Any,
+) -> Taxonomy:
     """Read ``parent child`` lines (tab, comma or spaces between; ``#`` comments and blank lines ignored).
 
     A line with a single name declares a node (e.g. the root of a one-node taxonomy, or to fix sibling
@@ -405,12 +487,16 @@ def read_edge_list(path: PathLike, *, delimiter: str | None = "auto", virtual_ro
             continue
         shown = "tab" if delimiter == "\t" else "whitespace" if delimiter is None else repr(delimiter)
         if len(fields) > 2:
-            raise TaxonomyError(f"expected 'parent child' ({shown} between), got {len(fields)} fields: {line.strip()!r}"
-                                " (use format='tsv' for 'parent child1 child2 ...' lines)", source=source,
-                                line=lineno)
+            raise TaxonomyError(
+                f"expected 'parent child' ({shown} between), got {len(fields)} fields: {line.strip()!r}"
+                " (use format='tsv' for 'parent child1 child2 ...' lines)",
+                source=source,
+                line=lineno,
+            )
         if any(not f for f in fields):
-            raise TaxonomyError(f"empty field in {line!r}: expected 'parent{delimiter or ' '}child'", source=source,
-                                line=lineno)
+            raise TaxonomyError(
+                f"empty field in {line!r}: expected 'parent{delimiter or ' '}child'", source=source, line=lineno
+            )
         nodes.extend(fields)  # first appearance, declarations and edges alike, orders the siblings
         if len(fields) == 1:
             declared.setdefault(fields[0], f"{source}:{lineno}")
@@ -421,8 +507,15 @@ def read_edge_list(path: PathLike, *, delimiter: str | None = "auto", virtual_ro
         raise TaxonomyError("empty edge list: no 'parent child' lines", source=source)
     nodes = list(dict.fromkeys(nodes))
     _check_roots(edges, locations, nodes, virtual_root, source, declared)
-    return _build(source, edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
-                    locations=locations, **kwargs)
+    return _build(
+        source,
+        edges,
+        nodes=nodes,
+        virtual_root=virtual_root,
+        name=name or _base_name(path),
+        locations=locations,
+        **kwargs,
+    )
 
 
 def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
@@ -433,8 +526,7 @@ def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
         if n.startswith("#"):
             reasons.append("it starts with '#' (read back as a comment)")
         if reasons:
-            raise TaxonomyError(f"node name {n!r} cannot be written as {fmt}: {reasons[0]}; use format='json'",
-                                label=n)
+            raise TaxonomyError(f"node name {n!r} cannot be written as {fmt}: {reasons[0]}; use format='json'", label=n)
 
 
 def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> None:
@@ -466,8 +558,7 @@ def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> 
 
 
 # ---------------------------------------------------------------------------------------------- HiAGM TSV
-def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | None = None,
-             **kwargs: Any) -> Taxonomy:
+def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | None = None, **kwargs: Any) -> Taxonomy:
     """Read HiAGM-style ``parent<TAB>child1<TAB>child2...`` lines (HiAGM's root is called ``Root``).
 
     A parent may appear on several lines (its children are appended). ``#`` comments are ignored.
@@ -489,14 +580,20 @@ def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | Non
     for lineno, line in _data_lines(_read_text(path)):
         fields = line.rstrip().split("\t")
         if len(fields) == 1:
-            raise TaxonomyError(f"line has only a parent ({fields[0].strip()!r}): expected "
-                                "'parent<TAB>child1<TAB>child2...' (are the fields separated by spaces instead of "
-                                "tabs?)", source=source, line=lineno, label=fields[0].strip())
+            raise TaxonomyError(
+                f"line has only a parent ({fields[0].strip()!r}): expected "
+                "'parent<TAB>child1<TAB>child2...' (are the fields separated by spaces instead of "
+                "tabs?)",
+                source=source,
+                line=lineno,
+                label=fields[0].strip(),
+            )
         stripped = [f.strip() for f in fields]
         if any(not f for f in stripped):
             col = stripped.index("") + 1
-            raise TaxonomyError(f"empty field {col} (two tabs in a row or a blank name) in {line!r}", source=source,
-                                line=lineno)
+            raise TaxonomyError(
+                f"empty field {col} (two tabs in a row or a blank name) in {line!r}", source=source, line=lineno
+            )
         parent, children = stripped[0], stripped[1:]
         for c in children:
             edges.append((parent, c))
@@ -505,8 +602,15 @@ def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | Non
         raise TaxonomyError("empty taxonomy file: no 'parent<TAB>children' lines", source=source)
     nodes = list(dict.fromkeys(n for e in edges for n in e))
     _check_roots(edges, locations, nodes, virtual_root, source)
-    return _build(source, edges, nodes=nodes, virtual_root=virtual_root, name=name or _base_name(path),
-                    locations=locations, **kwargs)
+    return _build(
+        source,
+        edges,
+        nodes=nodes,
+        virtual_root=virtual_root,
+        name=name or _base_name(path),
+        locations=locations,
+        **kwargs,
+    )
 
 
 def write_tsv(tax: Taxonomy, path: PathLike) -> None:
@@ -518,8 +622,9 @@ def write_tsv(tax: Taxonomy, path: PathLike) -> None:
     """
     _check_writable_names(tax, "\t\n\r", "TSV")
     if tax.num_nodes == 1:
-        raise TaxonomyError(f"taxonomy {tax.name!r} is a single node; TSV cannot hold it (use format='edges' or "
-                            "'json')")
+        raise TaxonomyError(
+            f"taxonomy {tax.name!r} is a single node; TSV cannot hold it (use format='edges' or 'json')"
+        )
     with _open_write(path) as f:
         if tax.is_tree:
             for n in range(tax.num_nodes):
@@ -541,8 +646,9 @@ def write_tsv(tax: Taxonomy, path: PathLike) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- nested JSON
-def taxonomy_from_nested(tree: Mapping[str, Any], *, source: str = "<nested>", virtual_root: str | None = None,
-                         **kwargs: Any) -> Taxonomy:
+def taxonomy_from_nested(
+    tree: Mapping[str, Any], *, source: str = "<nested>", virtual_root: str | None = None, **kwargs: Any
+) -> Taxonomy:
     """Build from a nested mapping ``{"root": {"a": {"x": {}}, "b": ["leaf1", "leaf2"]}}``.
 
     A value is a mapping of children, a list of children (strings, or mappings), or ``{}`` / ``[]`` / ``None``
@@ -574,15 +680,23 @@ def taxonomy_from_nested(tree: Mapping[str, Any], *, source: str = "<nested>", v
                 elif isinstance(el, Mapping):
                     items.extend((k, v, el) for k, v in el.items())
                 else:
-                    raise TaxonomyError(f"under {'/'.join(trail) or 'the top level'}: a list may hold names or "
-                                        f"objects, got {el!r}", source=source, line=_line_of(value))
+                    raise TaxonomyError(
+                        f"under {'/'.join(trail) or 'the top level'}: a list may hold names or objects, got {el!r}",
+                        source=source,
+                        line=_line_of(value),
+                    )
         else:
-            raise TaxonomyError(f"under {'/'.join(trail)}: expected an object, a list, {{}} or null for the children, "
-                                f"got {value!r}", source=source, line=_line_of(container), label=trail[-1])
+            raise TaxonomyError(
+                f"under {'/'.join(trail)}: expected an object, a list, {{}} or null for the children, got {value!r}",
+                source=source,
+                line=_line_of(container),
+                label=trail[-1],
+            )
         for key, child_value, holder in items:
             if not str(key).strip():
-                raise TaxonomyError(f"empty node name under {'/'.join(trail) or 'the top level'}", source=source,
-                                    line=_line_of(holder))
+                raise TaxonomyError(
+                    f"empty node name under {'/'.join(trail) or 'the top level'}", source=source, line=_line_of(holder)
+                )
             key = str(key)
             nodes.append(key)
             if parent is not None:
@@ -606,9 +720,12 @@ def taxonomy_from_nested(tree: Mapping[str, Any], *, source: str = "<nested>", v
     if virtual_root is None:
         top = [k for k in tree]
         if len(top) > 1:
-            raise TaxonomyError(f"the top-level object has {len(top)} keys ({', '.join(map(repr, top[:5]))}), so the "
-                                "taxonomy has several roots; pass virtual_root='<name>' to join them under a new root",
-                                source=source, line=_line_of(tree))
+            raise TaxonomyError(
+                f"the top-level object has {len(top)} keys ({', '.join(map(repr, top[:5]))}), so the "
+                "taxonomy has several roots; pass virtual_root='<name>' to join them under a new root",
+                source=source,
+                line=_line_of(tree),
+            )
     return _build(source, edges, nodes=nodes, virtual_root=virtual_root, locations=locations, **kwargs)
 
 
@@ -627,8 +744,9 @@ def _with_json_lines(build: Any, obj: Any, text: str) -> Taxonomy:
     return build(_json_with_lines(text))
 
 
-def read_nested_json(path: PathLike, *, virtual_root: str | None = None, name: str | None = None,
-                     **kwargs: Any) -> Taxonomy:
+def read_nested_json(
+    path: PathLike, *, virtual_root: str | None = None, name: str | None = None, **kwargs: Any
+) -> Taxonomy:
     """Read a nested JSON object (see :func:`taxonomy_from_nested`); errors name the line.
 
     Example:
@@ -640,12 +758,14 @@ def read_nested_json(path: PathLike, *, virtual_root: str | None = None, name: s
     """
     obj, text = _parse_json_file(path)
     name = name or _base_name(path)
-    return _with_json_lines(lambda o: taxonomy_from_nested(o, source=str(path), virtual_root=virtual_root,
-                                                           name=name, **kwargs), obj, text)
+    return _with_json_lines(
+        lambda o: taxonomy_from_nested(o, source=str(path), virtual_root=virtual_root, name=name, **kwargs), obj, text
+    )
 
 
 def taxonomy_to_nested(tax: Taxonomy) -> dict[str, Any]:
     """The nested mapping of ``tax`` (leaves as ``{}``); a DAG node appears under each of its parents."""
+
     def sub(n: int) -> dict[str, Any]:
         return {tax.names[c]: sub(c) for c in tax.children(n)}
 
@@ -668,18 +788,23 @@ def write_nested_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 2) 
 
 
 # ---------------------------------------------------------------------------------------------- node-link
-def _taxonomy_from_node_link(data: Any, source: str, virtual_root: str | None, name: str | None,
-                             **kwargs: Any) -> Taxonomy:
+def _taxonomy_from_node_link(
+    data: Any, source: str, virtual_root: str | None, name: str | None, **kwargs: Any
+) -> Taxonomy:
     if not isinstance(data, Mapping):
         raise TaxonomyError(f"node-link data must be a JSON object, got {type(data).__name__}", source=source)
     nodes_raw = data.get("nodes")
     key = "edges" if "edges" in data else "links" if "links" in data else None
     if not isinstance(nodes_raw, list) or key is None or not isinstance(data[key], list):
-        raise TaxonomyError('node-link data needs a "nodes" list and an "edges" (or "links") list', source=source,
-                            line=_line_of(data))
+        raise TaxonomyError(
+            'node-link data needs a "nodes" list and an "edges" (or "links") list', source=source, line=_line_of(data)
+        )
     if data.get("multigraph"):
-        raise TaxonomyError("node-link data is a multigraph: a taxonomy has at most one edge per parent/child pair",
-                            source=source, line=_line_of(data))
+        raise TaxonomyError(
+            "node-link data is a multigraph: a taxonomy has at most one edge per parent/child pair",
+            source=source,
+            line=_line_of(data),
+        )
     graph_attrs = data.get("graph") or {}
     if not isinstance(graph_attrs, Mapping):
         graph_attrs = {}
@@ -690,12 +815,19 @@ def _taxonomy_from_node_link(data: Any, source: str, virtual_root: str | None, n
     seen: dict[str, int] = {}
     for k, nd in enumerate(nodes_raw):
         if not isinstance(nd, Mapping) or "id" not in nd:
-            raise TaxonomyError(f'nodes[{k}] must be an object with an "id", got {nd!r}', source=source,
-                                line=_line_of(nd) or _line_of(nodes_raw))
+            raise TaxonomyError(
+                f'nodes[{k}] must be an object with an "id", got {nd!r}',
+                source=source,
+                line=_line_of(nd) or _line_of(nodes_raw),
+            )
         nid = str(nd["id"])
         if nid in seen:
-            raise TaxonomyError(f"duplicate node id {nid!r} (nodes[{seen[nid]}] and nodes[{k}])", source=source,
-                                line=_line_of(nd), label=nid)
+            raise TaxonomyError(
+                f"duplicate node id {nid!r} (nodes[{seen[nid]}] and nodes[{k}])",
+                source=source,
+                line=_line_of(nd),
+                label=nid,
+            )
         seen[nid] = k
         nodes.append(nid)
         for attr in ("display_name", "label", "name"):
@@ -710,15 +842,19 @@ def _taxonomy_from_node_link(data: Any, source: str, virtual_root: str | None, n
     locations: list[str] = []
     for k, ed in enumerate(data[key]):
         if not isinstance(ed, Mapping) or "source" not in ed or "target" not in ed:
-            raise TaxonomyError(f'{key}[{k}] must be an object with "source" and "target", got {ed!r}', source=source,
-                                line=_line_of(ed) or _line_of(data[key]))
+            raise TaxonomyError(
+                f'{key}[{k}] must be an object with "source" and "target", got {ed!r}',
+                source=source,
+                line=_line_of(ed) or _line_of(data[key]),
+            )
         p, c = str(ed["source"]), str(ed["target"])
         for end, n in (("source", p), ("target", c)):
             if n not in seen:
                 close = difflib.get_close_matches(n, nodes, n=2)
                 hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-                raise TaxonomyError(f"{key}[{k}] {end} {n!r} is not in \"nodes\"{hint}", source=source,
-                                    line=_line_of(ed), label=n)
+                raise TaxonomyError(
+                    f'{key}[{k}] {end} {n!r} is not in "nodes"{hint}', source=source, line=_line_of(ed), label=n
+                )
         edges.append((p, c))
         loc_line = _line_of(ed)
         locations.append(f"{source}:{loc_line}" if loc_line else f"{source}:{key}[{k}]")
@@ -733,16 +869,28 @@ def _taxonomy_from_node_link(data: Any, source: str, virtual_root: str | None, n
     if not nodes:
         raise TaxonomyError("empty node-link data: no nodes", source=source)
     _check_roots(edges, locations, nodes, vr, source)
-    meta = graph_attrs.get("metadata") if isinstance(graph_attrs.get("metadata"), Mapping) else {
-        k: v for k, v in graph_attrs.items() if k not in ("name", "virtual_root")}
+    meta = (
+        graph_attrs.get("metadata")
+        if isinstance(graph_attrs.get("metadata"), Mapping)
+        else {k: v for k, v in graph_attrs.items() if k not in ("name", "virtual_root")}
+    )
     kwargs.setdefault("metadata", meta)
-    return _build(source, edges, nodes=nodes, display_names=display or None,
-                    classes=classes if any_class_flag else None, virtual_root=vr,
-                    name=name or graph_attrs.get("name") or _base_name(source), locations=locations, **kwargs)
+    return _build(
+        source,
+        edges,
+        nodes=nodes,
+        display_names=display or None,
+        classes=classes if any_class_flag else None,
+        virtual_root=vr,
+        name=name or graph_attrs.get("name") or _base_name(source),
+        locations=locations,
+        **kwargs,
+    )
 
 
-def read_node_link(path: PathLike, *, virtual_root: str | None = None, name: str | None = None,
-                   **kwargs: Any) -> Taxonomy:
+def read_node_link(
+    path: PathLike, *, virtual_root: str | None = None, name: str | None = None, **kwargs: Any
+) -> Taxonomy:
     """Read networkx node-link JSON (``networkx.node_link_data(g, edges="edges")`` or the older ``"links"``).
 
     Edges point ``source`` (parent) -> ``target`` (child). A node's ``display_name`` (or ``label``, or
@@ -761,17 +909,25 @@ def taxonomy_to_node_link(tax: Taxonomy, *, edges_key: str = "edges") -> dict[st
     """Node-link data of ``tax`` in id order; ``networkx.node_link_graph(data, edges=edges_key)`` reads it."""
     cm = tax.class_mask
     return {
-        "directed": True, "multigraph": False,
-        "graph": {"name": tax.name, "virtual_root": tax.virtual_root, "metadata": dict(tax.metadata),
-                  "fingerprint": tax.fingerprint},
-        "nodes": [{"id": n, "display_name": d, "is_class": bool(cm[i])}
-                  for i, (n, d) in enumerate(zip(tax.names, tax.display_names, strict=True))],
+        "directed": True,
+        "multigraph": False,
+        "graph": {
+            "name": tax.name,
+            "virtual_root": tax.virtual_root,
+            "metadata": dict(tax.metadata),
+            "fingerprint": tax.fingerprint,
+        },
+        "nodes": [
+            {"id": n, "display_name": d, "is_class": bool(cm[i])}
+            for i, (n, d) in enumerate(zip(tax.names, tax.display_names, strict=True))
+        ],
         edges_key: [{"source": p, "target": c} for p, c in tax.edge_list(names=True)],
     }
 
 
-def write_node_link(tax: Taxonomy, path: PathLike, *, edges_key: Literal["edges", "links"] = "edges",
-                    indent: int | None = 1) -> None:
+def write_node_link(
+    tax: Taxonomy, path: PathLike, *, edges_key: Literal["edges", "links"] = "edges", indent: int | None = 1
+) -> None:
     """Write networkx node-link JSON (lossless: display names, classes, virtual root, metadata are kept)."""
     if edges_key not in ("edges", "links"):
         raise ValueError(f"edges_key must be 'edges' or 'links'; got {edges_key!r}")
@@ -791,8 +947,9 @@ def _is_children_mapping(obj: Any) -> bool:
     return any(k in kids for k in obj)
 
 
-def read_children_json(path: PathLike, *, virtual_root: str | None = None, name: str | None = None,
-                       **kwargs: Any) -> Taxonomy:
+def read_children_json(
+    path: PathLike, *, virtual_root: str | None = None, name: str | None = None, **kwargs: Any
+) -> Taxonomy:
     """Read a JSON ``{parent: [children]}`` mapping (:meth:`Taxonomy.from_children`); never unpickles.
 
     Example:
@@ -822,9 +979,15 @@ def write_children_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 1
 
 
 # ---------------------------------------------------------------------------------------------- label paths
-def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator: str = "/",
-                              root: str = "root", source: str = "<paths>",
-                              line_numbers: Sequence[int] | None = None, **kwargs: Any) -> Taxonomy:
+def taxonomy_from_label_paths(
+    paths: Iterable[str | Sequence[str]],
+    *,
+    separator: str = "/",
+    root: str = "root",
+    source: str = "<paths>",
+    line_numbers: Sequence[int] | None = None,
+    **kwargs: Any,
+) -> Taxonomy:
     """Build from label paths: ``"Science/Physics/Optics"`` strings, or lists such as ``["Science", "Physics"]``.
 
     Every prefix of a path is a node, named by its full path joined with ``separator`` (so ``"Physics"``
@@ -856,15 +1019,21 @@ def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator
             while parts and parts[-1] in ("", "nan"):
                 parts.pop()
         else:
-            raise TaxonomyError(f"a label path must be a string or a list of strings, got {p!r}", source=source,
-                                line=line)
+            raise TaxonomyError(
+                f"a label path must be a string or a list of strings, got {p!r}", source=source, line=line
+            )
         if not parts or any(not s for s in parts):
-            raise TaxonomyError(f"empty component in label path {p!r} (separator {separator!r})", source=source,
-                                line=line)
+            raise TaxonomyError(
+                f"empty component in label path {p!r} (separator {separator!r})", source=source, line=line
+            )
         for j, part in enumerate(parts):
             if not isinstance(p, str) and separator in part:
-                raise TaxonomyError(f"component {part!r} of {p!r} contains the separator {separator!r}; choose another "
-                                    "separator=", source=source, line=line, label=part)
+                raise TaxonomyError(
+                    f"component {part!r} of {p!r} contains the separator {separator!r}; choose another separator=",
+                    source=source,
+                    line=line,
+                    label=part,
+                )
             full = separator.join(parts[: j + 1])
             nodes.setdefault(full, part)
             if j:
@@ -876,15 +1045,24 @@ def taxonomy_from_label_paths(paths: Iterable[str | Sequence[str]], *, separator
     top = [n for n in nodes if n not in children]
     vr = root if len(top) > 1 else None
     if vr is not None and vr in nodes:
-        raise TaxonomyError(f"root name {root!r} is also a label; pass root='<another name>'", source=source,
-                            label=root)
+        raise TaxonomyError(
+            f"root name {root!r} is also a label; pass root='<another name>'", source=source, label=root
+        )
     kwargs.setdefault("classes", list(ends))
-    return _build(source, list(edges), nodes=list(nodes), display_names=nodes, virtual_root=vr,
-                    locations=list(edges.values()), **kwargs)
+    return _build(
+        source,
+        list(edges),
+        nodes=list(nodes),
+        display_names=nodes,
+        virtual_root=vr,
+        locations=list(edges.values()),
+        **kwargs,
+    )
 
 
-def read_label_paths(path: PathLike, *, separator: str = "/", root: str = "root", name: str | None = None,
-                     **kwargs: Any) -> Taxonomy:
+def read_label_paths(
+    path: PathLike, *, separator: str = "/", root: str = "root", name: str | None = None, **kwargs: Any
+) -> Taxonomy:
     """Read label paths, one per line (``Science/Physics/Optics``), or a JSON list of paths / path lists.
 
     See :func:`taxonomy_from_label_paths` for the node names, the root and the classes.
@@ -903,21 +1081,39 @@ def read_label_paths(path: PathLike, *, separator: str = "/", root: str = "root"
         obj = _load_json(text, source)
         if not isinstance(obj, list):
             raise TaxonomyError("expected a JSON list of label paths", source=source)
-        return _with_json_lines(lambda o: taxonomy_from_label_paths(
-            o, separator=separator, root=root, source=source, name=name,
-            line_numbers=[_line_of(el) or 1 for el in o] if isinstance(o, _LinedList) else None, **kwargs),
-            obj, text)
+        return _with_json_lines(
+            lambda o: taxonomy_from_label_paths(
+                o,
+                separator=separator,
+                root=root,
+                source=source,
+                name=name,
+                line_numbers=[_line_of(el) or 1 for el in o] if isinstance(o, _LinedList) else None,
+                **kwargs,
+            ),
+            obj,
+            text,
+        )
     lines = list(_data_lines(text))
     if not lines:
         raise TaxonomyError("empty file: no label paths", source=source)
-    return taxonomy_from_label_paths([ln for _, ln in lines], separator=separator, root=root, source=source,
-                                     line_numbers=[n for n, _ in lines], name=name, **kwargs)
+    return taxonomy_from_label_paths(
+        [ln for _, ln in lines],
+        separator=separator,
+        root=root,
+        source=source,
+        line_numbers=[n for n, _ in lines],
+        name=name,
+        **kwargs,
+    )
 
 
 def _tree_or_fail(tax: Taxonomy, fmt: str) -> None:
     if not tax.is_tree:
-        raise TaxonomyError(f"taxonomy {tax.name!r} is a DAG; {fmt} can only hold trees: write "
-                            "tax.to_tree('first') or use format='json' / 'nodelink' / 'edges'")
+        raise TaxonomyError(
+            f"taxonomy {tax.name!r} is a DAG; {fmt} can only hold trees: write "
+            "tax.to_tree('first') or use format='json' / 'nodelink' / 'edges'"
+        )
 
 
 def label_paths(tax: Taxonomy, *, separator: str | None = "/", nodes: Iterable[int] | None = None) -> list[Any]:
@@ -945,8 +1141,9 @@ def write_label_paths(tax: Taxonomy, path: PathLike, *, separator: str = "/") ->
     _tree_or_fail(tax, "label paths")
     for d in tax.display_names:
         if separator in d or "\n" in d or not d.strip() or d.strip() != d:
-            raise TaxonomyError(f"display name {d!r} cannot be a label-path component with separator {separator!r}",
-                                label=d)
+            raise TaxonomyError(
+                f"display name {d!r} cannot be a label-path component with separator {separator!r}", label=d
+            )
     cm = tax.class_mask
     skip_root = tax.virtual_root is not None
     # Every node is a prefix of some leaf path; internal nodes are written too when they are classes
@@ -960,8 +1157,15 @@ def write_label_paths(tax: Taxonomy, path: PathLike, *, separator: str = "/") ->
 
 
 # ---------------------------------------------------------------------------------------------- folders
-def read_folders(path: PathLike, *, root: str = "root", classes: Literal["files", "all"] = "files",
-                 follow_symlinks: bool = True, name: str | None = None, **kwargs: Any) -> Taxonomy:
+def read_folders(
+    path: PathLike,
+    *,
+    root: str = "root",
+    classes: Literal["files", "all"] = "files",
+    follow_symlinks: bool = True,
+    name: str | None = None,
+    **kwargs: Any,
+) -> Taxonomy:
     """Read a folder tree (an ImageFolder-style dataset) as a taxonomy.
 
     Every non-hidden sub-folder is a node named by its path relative to ``path`` with ``/`` (so equal
@@ -1006,8 +1210,9 @@ def read_folders(path: PathLike, *, root: str = "root", classes: Literal["files"
                 child = f"{rel}/{e.name}" if rel else e.name
                 real = os.path.realpath(e.path)
                 if real in chain:
-                    raise TaxonomyError(f"symlinked folder loops back to its ancestor {real}", source=e.path,
-                                        label=child)
+                    raise TaxonomyError(
+                        f"symlinked folder loops back to its ancestor {real}", source=e.path, label=child
+                    )
                 nodes.append(child)
                 display[child] = e.name
                 edges.append((rel or root, child))
@@ -1019,14 +1224,18 @@ def read_folders(path: PathLike, *, root: str = "root", classes: Literal["files"
 
     walk(base, "", (os.path.realpath(base),))
     if root in nodes[1:]:
-        raise TaxonomyError(f"a top-level folder is called {root!r}, the root's name; pass root='<another name>'",
-                            source=str(base), label=root)
+        raise TaxonomyError(
+            f"a top-level folder is called {root!r}, the root's name; pass root='<another name>'",
+            source=str(base),
+            label=root,
+        )
     cls: list[str] | None = with_files if (classes == "files" and with_files) else None
     if cls is not None:
         order = {n: i for i, n in enumerate(nodes)}
         cls.sort(key=order.__getitem__)
-    return _build(str(base), edges, nodes=nodes, display_names=display, classes=cls, name=name or base.resolve().name,
-                    **kwargs)
+    return _build(
+        str(base), edges, nodes=nodes, display_names=display, classes=cls, name=name or base.resolve().name, **kwargs
+    )
 
 
 def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> None:
@@ -1046,16 +1255,27 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
 
 
 # ---------------------------------------------------------------------------------------------- front door
-_EXT_FORMATS = {".tsv": "tsv", ".taxonomy": "tsv", ".hier": "tsv", ".csv": "edges", ".edges": "edges",
-                ".edgelist": "edges", ".txt": None, ".paths": "paths"}
+_EXT_FORMATS = {
+    ".tsv": "tsv",
+    ".taxonomy": "tsv",
+    ".hier": "tsv",
+    ".csv": "edges",
+    ".edges": "edges",
+    ".edgelist": "edges",
+    ".txt": None,
+    ".paths": "paths",
+}
 
 
 def _json_kind(obj: Any) -> str:
     if isinstance(obj, Mapping):
         if obj.get("format") == JSON_FORMAT_ID:
             return "json"
-        if isinstance(obj.get("nodes"), list) and ("edges" in obj or "links" in obj) and (
-                "directed" in obj or all(isinstance(n, Mapping) for n in obj["nodes"][:10])):
+        if (
+            isinstance(obj.get("nodes"), list)
+            and ("edges" in obj or "links" in obj)
+            and ("directed" in obj or all(isinstance(n, Mapping) for n in obj["nodes"][:10]))
+        ):
             return "nodelink"
         return "children" if _is_children_mapping(obj) else "nested"
     if isinstance(obj, list):
@@ -1094,8 +1314,9 @@ def detect_format(path: PathLike) -> str:
         return "edges"
     if any(len(ln.rstrip().split("\t")) > 2 for ln in lines):
         return "tsv"
-    if all(len(ln.split()) == 1 and "\t" not in ln and "," not in ln for ln in lines) and any("/" in ln
-                                                                                        for ln in lines):
+    if all(len(ln.split()) == 1 and "\t" not in ln and "," not in ln for ln in lines) and any(
+        "/" in ln for ln in lines
+    ):
         return "paths"
     return "edges"
 
@@ -1111,14 +1332,15 @@ class TaxonomyFormat:
 TAXONOMY_FORMATS: Registry[TaxonomyFormat] = Registry("taxonomy format")
 """Every file format of :func:`read_taxonomy` / :func:`write_taxonomy` by name (with aliases)."""
 for _name, _reader, _writer, _aliases in (
-        ("json", read_json, write_json, ("hiercls",)),
-        ("edges", read_edge_list, write_edge_list, ("edgelist", "edge_list")),
-        ("tsv", read_tsv, write_tsv, ("hiagm",)),
-        ("children", read_children_json, write_children_json, ()),
-        ("nested", read_nested_json, write_nested_json, ()),
-        ("nodelink", read_node_link, write_node_link, ("node_link",)),
-        ("paths", read_label_paths, write_label_paths, ("label_paths",)),
-        ("folders", read_folders, write_folders, ("folder",))):
+    ("json", read_json, write_json, ("hiercls",)),
+    ("edges", read_edge_list, write_edge_list, ("edgelist", "edge_list")),
+    ("tsv", read_tsv, write_tsv, ("hiagm",)),
+    ("children", read_children_json, write_children_json, ()),
+    ("nested", read_nested_json, write_nested_json, ()),
+    ("nodelink", read_node_link, write_node_link, ("node_link",)),
+    ("paths", read_label_paths, write_label_paths, ("label_paths",)),
+    ("folders", read_folders, write_folders, ("folder",)),
+):
     TAXONOMY_FORMATS.register(_name, TaxonomyFormat(_reader, _writer), aliases=_aliases)
 FORMATS = tuple(name for name, _ in TAXONOMY_FORMATS.items())
 """The format names, in the order the documentation lists them."""
@@ -1193,8 +1415,9 @@ def _format_for_writing(path: PathLike) -> str:
         return "edges"
     if not ext:
         return "folders"
-    raise ValueError(f"cannot tell the format of {str(path)!r} from its extension; pass format= one of "
-                     f"{', '.join(FORMATS)}")
+    raise ValueError(
+        f"cannot tell the format of {str(path)!r} from its extension; pass format= one of {', '.join(FORMATS)}"
+    )
 
 
 def write_taxonomy(tax: Taxonomy, path: PathLike, format: str | None = None, **kwargs: Any) -> None:

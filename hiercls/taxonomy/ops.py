@@ -24,8 +24,16 @@ from torch import nn
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
-__all__ = ["TreeOps", "as_tensor", "leaf_marginals", "leaf_ranges", "node_probs_from_leaves", "require_tree",
-           "segment_logsumexp", "tree_ops"]
+__all__ = [
+    "TreeOps",
+    "as_tensor",
+    "leaf_marginals",
+    "leaf_ranges",
+    "node_probs_from_leaves",
+    "require_tree",
+    "segment_logsumexp",
+    "tree_ops",
+]
 
 
 def as_tensor(array: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -36,8 +44,10 @@ def as_tensor(array: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tenso
 def require_tree(taxonomy: Taxonomy, what: str) -> None:
     """Raise a :class:`TaxonomyError` naming ``what`` when ``taxonomy`` has multi-parent nodes."""
     if not taxonomy.is_tree:
-        raise TaxonomyError(f"{what} needs a tree but taxonomy {taxonomy.name!r} has multi-parent nodes; "
-                            "convert it with taxonomy.to_tree('first' | 'shortest' | 'longest')")
+        raise TaxonomyError(
+            f"{what} needs a tree but taxonomy {taxonomy.name!r} has multi-parent nodes; "
+            "convert it with taxonomy.to_tree('first' | 'shortest' | 'longest')"
+        )
 
 
 def _expand_index(index: torch.Tensor, like: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -129,9 +139,13 @@ class TreeOps(nn.Module):
             # DAG marginals: a node's leaves are summed once each (summing children would count shared ones twice).
             coo = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocoo()  # [N, L]
             idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
-            self.register_buffer("leaf_to_node", torch.sparse_coo_tensor(
-                idx, torch.ones(coo.nnz), (self.num_nodes, self.num_leaves), check_invariants=True).coalesce(),
-            persistent=False)
+            self.register_buffer(
+                "leaf_to_node",
+                torch.sparse_coo_tensor(
+                    idx, torch.ones(coo.nnz), (self.num_nodes, self.num_leaves), check_invariants=True
+                ).coalesce(),
+                persistent=False,
+            )
 
     def _reg(self, name: str, array: np.ndarray) -> None:
         self.register_buffer(name, as_tensor(array), persistent=False)
@@ -213,8 +227,10 @@ class TreeOps(nn.Module):
     def _marginals_node_major(self, leaf_probs: torch.Tensor) -> torch.Tensor:
         # [B, L, *rest] -> [N, B, *rest]: whole-row gathers and adds, much faster than columns on CPU.
         if leaf_probs.dim() < 2 or leaf_probs.shape[1] != self.num_leaves:
-            raise ValueError(f"leaf_probs must have shape [B, {self.num_leaves}, ...] (one entry per leaf, in "
-                             f"taxonomy.leaves order); got {list(leaf_probs.shape)}")
+            raise ValueError(
+                f"leaf_probs must have shape [B, {self.num_leaves}, ...] (one entry per leaf, in "
+                f"taxonomy.leaves order); got {list(leaf_probs.shape)}"
+            )
         leaf = _node_major(leaf_probs)
         if self.is_tree:
             # In place, deepest level first: each parent's row gets every child's final row added.
@@ -335,8 +351,10 @@ def leaf_marginals(taxonomy: Taxonomy, leaf_probs: Any) -> Any:
         work = np.float32 if out_dtype == np.float32 else np.float64
         x = torch.from_numpy(np.ascontiguousarray(arr, dtype=work))
     if x.dim() < 1 or x.shape[-1] != taxonomy.num_leaves:
-        raise ValueError(f"leaf_probs must have shape [..., {taxonomy.num_leaves}] (one entry per leaf of taxonomy "
-                         f"{taxonomy.name!r}, in taxonomy.leaves order); got {list(x.shape)}")
+        raise ValueError(
+            f"leaf_probs must have shape [..., {taxonomy.num_leaves}] (one entry per leaf of taxonomy "
+            f"{taxonomy.name!r}, in taxonomy.leaves order); got {list(x.shape)}"
+        )
     lead, ops = x.shape[:-1], tree_ops(taxonomy, x.device)
     if is_torch:
         return ops.marginals(x.reshape(-1, taxonomy.num_leaves)).reshape(*lead, taxonomy.num_nodes)

@@ -69,8 +69,9 @@ class NestedRegions:
         object.__setattr__(self, "label_sets", tuple(frozenset(int(v) for v in s) for s in self.label_sets))
         object.__setattr__(self, "label_mapping", {int(k): int(v) for k, v in dict(self.label_mapping).items()})
         if not self.names or len(self.names) != len(self.label_sets):
-            raise ValueError(f"names ({len(self.names)}) and label_sets ({len(self.label_sets)}) must have the same, "
-                             "non-zero length")
+            raise ValueError(
+                f"names ({len(self.names)}) and label_sets ({len(self.label_sets)}) must have the same, non-zero length"
+            )
         if len(set(self.names)) != len(self.names) or "root" in self.names:
             raise ValueError(f"region names must be unique and not 'root'; got {self.names}")
         for outer, inner, no, ni in zip(self.label_sets, self.label_sets[1:], self.names, self.names[1:], strict=False):
@@ -113,10 +114,19 @@ class NestedRegions:
         chain = ["root", *self.names]
         disp = dict(zip(self.names, self.display_names, strict=True)) if self.display_names else {}
         disp["root"] = "background"
-        return Taxonomy(list(itertools.pairwise(chain)), nodes=chain, display_names=disp, classes=chain,
-                        name=self.name, metadata={"kind": "nested_regions", "regions": list(self.names),
-                                                  "label_sets": [sorted(s) for s in self.label_sets],
-                                                  "background": self.background})
+        return Taxonomy(
+            list(itertools.pairwise(chain)),
+            nodes=chain,
+            display_names=disp,
+            classes=chain,
+            name=self.name,
+            metadata={
+                "kind": "nested_regions",
+                "regions": list(self.names),
+                "label_sets": [sorted(s) for s in self.label_sets],
+                "background": self.background,
+            },
+        )
 
     # ------------------------------------------------------------------ lookup tables
     def _member_table(self, max_label: int) -> np.ndarray:
@@ -148,7 +158,7 @@ class NestedRegions:
             lo, hi = int(label_map.min()), int(label_map.max())
         known_max = max(self.background, *self.label_sets[0], *self.label_mapping)
         if lo < 0 or hi > known_max:
-            values = (label_map.unique().cpu().numpy() if _is_torch(label_map) else np.unique(label_map))
+            values = label_map.unique().cpu().numpy() if _is_torch(label_map) else np.unique(label_map)
             table = self._member_table(0)
             bad = [int(v) for v in values if v < 0 or v >= len(table) or not table[v, -1]]
         else:
@@ -162,9 +172,11 @@ class NestedRegions:
             bad = [int(v) for v in np.flatnonzero(present & ~table[: hi + 1, -1])]
         if bad:
             known = sorted({self.background, *self.label_sets[0], *self.label_mapping})
-            raise TaxonomyError(f"unknown labels {bad[:20]}{' ...' if len(bad) > 20 else ''} in label_map for "
-                                f"{self.name!r} (known: {known}; pass label_mapping= to map other labels)",
-                                label=str(bad[0]))
+            raise TaxonomyError(
+                f"unknown labels {bad[:20]}{' ...' if len(bad) > 20 else ''} in label_map for "
+                f"{self.name!r} (known: {known}; pass label_mapping= to map other labels)",
+                label=str(bad[0]),
+            )
         return hi
 
     @staticmethod
@@ -172,8 +184,9 @@ class NestedRegions:
         return ndim_out - 1 if channel_last else ndim_out - 1 - spatial_dims
 
     # ------------------------------------------------------------------ conversions
-    def labels_to_regions(self, label_map: Any, *, spatial_dims: int = 3, channel_last: bool = False,
-                          dtype: Any = None) -> Any:
+    def labels_to_regions(
+        self, label_map: Any, *, spatial_dims: int = 3, channel_last: bool = False, dtype: Any = None
+    ) -> Any:
         """Region masks ``[..., R, *spatial]`` (or ``[..., *spatial, R]``) from an integer label volume.
 
         Args:
@@ -206,13 +219,16 @@ class NestedRegions:
     def _binarise(self, masks_or_probs: Any, threshold: float, spatial_dims: int, channel_last: bool) -> Any:
         """Boolean masks with the region axis last, made nested (a region only where all outer ones are)."""
         if masks_or_probs.ndim < spatial_dims + 1:
-            raise ValueError(f"expected [..., R, *spatial] with spatial_dims={spatial_dims}; got "
-                             f"{masks_or_probs.ndim} axes")
+            raise ValueError(
+                f"expected [..., R, *spatial] with spatial_dims={spatial_dims}; got {masks_or_probs.ndim} axes"
+            )
         torch_in = _is_torch(masks_or_probs)
         axis = self._region_axis(masks_or_probs.ndim, spatial_dims, channel_last)
         if masks_or_probs.shape[axis] != self.num_regions:
-            raise ValueError(f"axis {axis} has size {masks_or_probs.shape[axis]}, expected {self.num_regions} regions "
-                             f"{self.names} (check spatial_dims / channel_last)")
+            raise ValueError(
+                f"axis {axis} has size {masks_or_probs.shape[axis]}, expected {self.num_regions} regions "
+                f"{self.names} (check spatial_dims / channel_last)"
+            )
         if torch_in:
             import torch
 
@@ -223,8 +239,9 @@ class NestedRegions:
         m = m if m.dtype == bool else m > threshold
         return np.logical_and.accumulate(m, axis=-1)
 
-    def regions_to_nodes(self, masks_or_probs: Any, *, threshold: float = 0.5, spatial_dims: int = 3,
-                         channel_last: bool = False) -> Any:
+    def regions_to_nodes(
+        self, masks_or_probs: Any, *, threshold: float = 0.5, spatial_dims: int = 3, channel_last: bool = False
+    ) -> Any:
         """Node ids of :attr:`taxonomy`, ``[..., *spatial]``: ``0`` background, ``k`` inside the first ``k`` regions.
 
         An inner region predicted outside its outer region is ignored there (nested by construction).
@@ -232,16 +249,18 @@ class NestedRegions:
         m = self._binarise(masks_or_probs, threshold, spatial_dims, channel_last)
         return m.sum(-1) if _is_torch(m) else m.sum(-1).astype(np.int64)
 
-    def regions_to_labels(self, masks_or_probs: Any, *, threshold: float = 0.5, spatial_dims: int = 3,
-                          channel_last: bool = False) -> Any:
+    def regions_to_labels(
+        self, masks_or_probs: Any, *, threshold: float = 0.5, spatial_dims: int = 3, channel_last: bool = False
+    ) -> Any:
         """Raw label volume ``[..., *spatial]`` from region masks or probabilities ``[..., R, *spatial]``.
 
         Probabilities are thresholded (``> threshold``); booleans are used as they are. A voxel gets the
         :attr:`output_labels` entry of its innermost region (nesting is enforced from the outside in), or
         the background. Inverts :meth:`labels_to_regions` exactly when every ring holds one label.
         """
-        nodes = self.regions_to_nodes(masks_or_probs, threshold=threshold, spatial_dims=spatial_dims,
-                                      channel_last=channel_last)
+        nodes = self.regions_to_nodes(
+            masks_or_probs, threshold=threshold, spatial_dims=spatial_dims, channel_last=channel_last
+        )
         lut = np.array([self.background, *self.output_labels], dtype=np.int64)
         if _is_torch(nodes):
             import torch
@@ -281,12 +300,18 @@ def brats_regions(version: str | int = "2021", *, label_mapping: Mapping[int, in
     elif v in ("2023", "2024", "2025"):
         et = 3
     else:
-        raise ValueError(f"version must be a BraTS year 2017-2021 (enhancing tumour = 4) or 2023-2025 "
-                         f"(enhancing tumour = 3); got {version!r}")
-    return NestedRegions(names=("WT", "TC", "ET"), label_sets=(frozenset({1, 2, et}), frozenset({1, et}),
-                                                               frozenset({et})),
-                         background=0, label_mapping=dict(label_mapping or {}),
-                         display_names=tuple(_BRATS_LONG_NAMES.values()), name=f"brats{v}" if v != "2021" else "brats")
+        raise ValueError(
+            f"version must be a BraTS year 2017-2021 (enhancing tumour = 4) or 2023-2025 "
+            f"(enhancing tumour = 3); got {version!r}"
+        )
+    return NestedRegions(
+        names=("WT", "TC", "ET"),
+        label_sets=(frozenset({1, 2, et}), frozenset({1, et}), frozenset({et})),
+        background=0,
+        label_mapping=dict(label_mapping or {}),
+        display_names=tuple(_BRATS_LONG_NAMES.values()),
+        name=f"brats{v}" if v != "2021" else "brats",
+    )
 
 
 def _as_sets(label_sets: Iterable[Iterable[int]]) -> tuple[frozenset[int], ...]:

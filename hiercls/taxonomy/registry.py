@@ -79,8 +79,9 @@ def taxonomy_path(name: str) -> Path:
     close = difflib.get_close_matches(name, available, n=3)
     hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
     listed = ", ".join(available) if available else "none are installed"
-    raise TaxonomyError(f"unknown taxonomy {name!r}{hint} (shipped taxonomies: {listed}; or pass a file path)",
-                        label=name)
+    raise TaxonomyError(
+        f"unknown taxonomy {name!r}{hint} (shipped taxonomies: {listed}; or pass a file path)", label=name
+    )
 
 
 @lru_cache(maxsize=32)
@@ -111,8 +112,10 @@ def load_taxonomy(name_or_path: str | os.PathLike, **kwargs: Any) -> Taxonomy:
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, os.PathLike) or (_looks_like_path(text) and text not in _shipped_files()):
         if not os.path.exists(text):
-            raise FileNotFoundError(f"no such taxonomy file or folder: {text!r} (shipped taxonomies: "
-                                    f"{', '.join(sorted(_shipped_files())) or 'none'})")
+            raise FileNotFoundError(
+                f"no such taxonomy file or folder: {text!r} (shipped taxonomies: "
+                f"{', '.join(sorted(_shipped_files())) or 'none'})"
+            )
         return read_taxonomy(text, **kwargs)
     path = taxonomy_path(text)
     if kwargs:
@@ -159,8 +162,12 @@ def list_taxonomies() -> list[dict[str, Any]]:
         meta = head.get("metadata") or {}
         counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
         nodes = len(head.get("nodes") or [])
-        entry: dict[str, Any] = {"name": name, "description": str(meta.get("description", "")).split("\n")[0],
-                                 "nodes": nodes, "classes": len(head.get("classes") or [])}
+        entry: dict[str, Any] = {
+            "name": name,
+            "description": str(meta.get("description", "")).split("\n")[0],
+            "nodes": nodes,
+            "classes": len(head.get("classes") or []),
+        }
         leaves = counts.get("leaves", meta.get("leaves"))
         edges = counts.get("edges", meta.get("edges"))
         if isinstance(leaves, int) and isinstance(edges, int):

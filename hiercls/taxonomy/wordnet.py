@@ -62,15 +62,50 @@ WORDNET_ROOT_WNID = "n00001740"
 #: The 45 lexicographer files of WordNet 3.0 as ``(name, syntactic category)``, numbered 00..44 in this order
 #: (lexnames(5WN); category 1 noun, 2 verb, 3 adjective, 4 adverb).
 LEXNAMES: tuple[tuple[str, int], ...] = (
-    ("adj.all", 3), ("adj.pert", 3), ("adv.all", 4), ("noun.Tops", 1), ("noun.act", 1), ("noun.animal", 1),
-    ("noun.artifact", 1), ("noun.attribute", 1), ("noun.body", 1), ("noun.cognition", 1),
-    ("noun.communication", 1), ("noun.event", 1), ("noun.feeling", 1), ("noun.food", 1), ("noun.group", 1),
-    ("noun.location", 1), ("noun.motive", 1), ("noun.object", 1), ("noun.person", 1), ("noun.phenomenon", 1),
-    ("noun.plant", 1), ("noun.possession", 1), ("noun.process", 1), ("noun.quantity", 1), ("noun.relation", 1),
-    ("noun.shape", 1), ("noun.state", 1), ("noun.substance", 1), ("noun.time", 1), ("verb.body", 2),
-    ("verb.change", 2), ("verb.cognition", 2), ("verb.communication", 2), ("verb.competition", 2),
-    ("verb.consumption", 2), ("verb.contact", 2), ("verb.creation", 2), ("verb.emotion", 2), ("verb.motion", 2),
-    ("verb.perception", 2), ("verb.possession", 2), ("verb.social", 2), ("verb.stative", 2), ("verb.weather", 2),
+    ("adj.all", 3),
+    ("adj.pert", 3),
+    ("adv.all", 4),
+    ("noun.Tops", 1),
+    ("noun.act", 1),
+    ("noun.animal", 1),
+    ("noun.artifact", 1),
+    ("noun.attribute", 1),
+    ("noun.body", 1),
+    ("noun.cognition", 1),
+    ("noun.communication", 1),
+    ("noun.event", 1),
+    ("noun.feeling", 1),
+    ("noun.food", 1),
+    ("noun.group", 1),
+    ("noun.location", 1),
+    ("noun.motive", 1),
+    ("noun.object", 1),
+    ("noun.person", 1),
+    ("noun.phenomenon", 1),
+    ("noun.plant", 1),
+    ("noun.possession", 1),
+    ("noun.process", 1),
+    ("noun.quantity", 1),
+    ("noun.relation", 1),
+    ("noun.shape", 1),
+    ("noun.state", 1),
+    ("noun.substance", 1),
+    ("noun.time", 1),
+    ("verb.body", 2),
+    ("verb.change", 2),
+    ("verb.cognition", 2),
+    ("verb.communication", 2),
+    ("verb.competition", 2),
+    ("verb.consumption", 2),
+    ("verb.contact", 2),
+    ("verb.creation", 2),
+    ("verb.emotion", 2),
+    ("verb.motion", 2),
+    ("verb.perception", 2),
+    ("verb.possession", 2),
+    ("verb.social", 2),
+    ("verb.stative", 2),
+    ("verb.weather", 2),
     ("adj.ppl", 3),
 )
 
@@ -147,8 +182,9 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
-                     cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def wordnet_data_dir(
+    source: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
     """Lay out ``<cache_dir>/corpora/wordnet/`` for nltk and return that folder.
 
     The folder holds copies of the database files in ``source`` (nltk refuses symlinks and hard links
@@ -178,7 +214,8 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
         raise WordNetUnavailableError(
             f"WordNet 3.0 files missing from {src}: {', '.join(missing)} (Debian package(s) "
             f"{', '.join(packages)}; install with `{_INSTALL_HINT}`, or point $HIERCLS_WORDNET_DIR at a folder "
-            "holding the WordNet 3.0 database files)")
+            "holding the WordNet 3.0 database files)"
+        )
     corpora = _cache_root(cache_dir) / "corpora"
     target = corpora / "wordnet"
     if _layout_is_valid(target, src):
@@ -187,8 +224,10 @@ def wordnet_data_dir(source: str | os.PathLike[str] | None = None,
         corpora.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".wordnet-", dir=corpora))
     except OSError as err:
-        raise WordNetUnavailableError(f"cannot lay out WordNet for nltk in {corpora} ({err}); set $HIERCLS_CACHE "
-                                      "(or pass cache_dir=) to a writable folder") from None
+        raise WordNetUnavailableError(
+            f"cannot lay out WordNet for nltk in {corpora} ({err}); set $HIERCLS_CACHE "
+            "(or pass cache_dir=) to a writable folder"
+        ) from None
     try:
         for f in (*_REQUIRED_FILES, *_OPTIONAL_FILES):
             if (src / f).is_file():
@@ -231,8 +270,9 @@ def _reader(source: str, cache_dir: str | None) -> WordNetCorpusReader:
         return WordNetCorpusReader(str(folder), None)
 
 
-def wordnet(source: str | os.PathLike[str] | None = None,
-            cache_dir: str | os.PathLike[str] | None = None) -> WordNetCorpusReader:
+def wordnet(
+    source: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> WordNetCorpusReader:
     """A ready nltk ``WordNetCorpusReader`` over the offline WordNet 3.0 files (cached per folder).
 
     Args:
@@ -273,8 +313,9 @@ def wnid_to_synset(wnid: str, wn: WordNetCorpusReader | None = None) -> Synset:
         'tench.n.01'
     """
     if not isinstance(wnid, str) or not is_wnid(wnid):
-        raise TaxonomyError(f"{wnid!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. "
-                            "'n01440764'", label=str(wnid))
+        raise TaxonomyError(
+            f"{wnid!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. 'n01440764'", label=str(wnid)
+        )
     wn = wn or wordnet()
     try:
         with warnings.catch_warnings():  # nltk warns, then returns None, for an offset that is no synset
@@ -304,8 +345,10 @@ def synset_to_wnid(synset: Synset | str, wn: WordNetCorpusReader | None = None) 
         except Exception as err:
             raise TaxonomyError(f"unknown WordNet synset {synset!r} ({err})", label=synset) from None
     if synset.pos() != "n":
-        raise TaxonomyError(f"synset {synset.name()!r} is not a noun (pos {synset.pos()!r}); ImageNet ids name "
-                            "noun synsets only", label=synset.name())
+        raise TaxonomyError(
+            f"synset {synset.name()!r} is not a noun (pos {synset.pos()!r}); ImageNet ids name noun synsets only",
+            label=synset.name(),
+        )
     return f"n{synset.offset():08d}"
 
 
@@ -370,10 +413,15 @@ def _preorder(parents: Mapping[str, list[str]], root: str) -> list[str]:
     return order
 
 
-def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: bool = False,
-                     display_names: Mapping[str, str] | None = None, name: str = "wordnet_nouns",
-                     metadata: Mapping[str, Any] | None = None,
-                     source: str | os.PathLike[str] | None = None) -> Taxonomy:
+def wordnet_taxonomy(
+    wnids: Iterable[str] | None = None,
+    *,
+    include_instances: bool = False,
+    display_names: Mapping[str, str] | None = None,
+    name: str = "wordnet_nouns",
+    metadata: Mapping[str, Any] | None = None,
+    source: str | os.PathLike[str] | None = None,
+) -> Taxonomy:
     """The WordNet 3.0 noun hypernym DAG, restricted to ``wnids`` and all their ancestors.
 
     Multi-parent synsets keep every hypernym in the order of the database (``data.noun``; the set-valued
@@ -420,8 +468,9 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
         seen: set[str] = set()
         for w in classes:
             if not isinstance(w, str) or not is_wnid(w):
-                raise TaxonomyError(f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. "
-                                    "'n01440764'", label=str(w))
+                raise TaxonomyError(
+                    f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. 'n01440764'", label=str(w)
+                )
             if w not in table:
                 raise TaxonomyError(f"{w!r} is not a WordNet 3.0 noun synset", label=w)
             if w in seen:
@@ -455,18 +504,24 @@ def wordnet_taxonomy(wnids: Iterable[str] | None = None, *, include_instances: b
         bad = [w for w in classes or () if w not in reached]
         if bad:
             shown = ", ".join(f"{w} ({lemma[w]})" for w in bad[:5])
-            raise TaxonomyError(f"{len(bad)} wnid(s) reach entity.n.01 only through instance hypernyms, e.g. "
-                                f"{shown}; pass include_instances=True to place them under their instance "
-                                "hypernyms", label=bad[0])
-        logger.info("wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms",
-                    len(unreached))
+            raise TaxonomyError(
+                f"{len(bad)} wnid(s) reach entity.n.01 only through instance hypernyms, e.g. "
+                f"{shown}; pass include_instances=True to place them under their instance "
+                "hypernyms",
+                label=bad[0],
+            )
+        logger.info("wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms", len(unreached))
         parents = {w: [p for p in ps if p in reached] for w, ps in parents.items() if w in reached}
     order = _preorder(parents, WORDNET_ROOT_WNID)
     edges = [(p, c) for c in order for p in parents[c]]
     disp = {w: lemma[w] for w in order}
     if display_names:
         disp.update({k: v for k, v in display_names.items() if k in parents})
-    meta = {"source": "WordNet 3.0 noun hypernyms (Princeton), data.noun", "wordnet_version": "3.0",
-            "include_instances": include_instances, "root": WORDNET_ROOT_WNID}
+    meta = {
+        "source": "WordNet 3.0 noun hypernyms (Princeton), data.noun",
+        "wordnet_version": "3.0",
+        "include_instances": include_instances,
+        "root": WORDNET_ROOT_WNID,
+    }
     meta.update(metadata or {})
     return Taxonomy(edges, nodes=order, display_names=disp, classes=classes, name=name, metadata=meta)

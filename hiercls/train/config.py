@@ -376,8 +376,9 @@ def _coerce(value: Any, tp: Any, where: str, from_string: bool) -> Any:
         if not isinstance(value, dict):
             raise fail()
         key_t, val_t = args or (Any, Any)
-        return {_coerce(k, key_t, f"{where} key", False): _coerce(v, val_t, f"{where}.{k}", False)
-                for k, v in value.items()}
+        return {
+            _coerce(k, key_t, f"{where} key", False): _coerce(v, val_t, f"{where}.{k}", False) for k, v in value.items()
+        }
     raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")  # pragma: no cover
 
 
@@ -414,8 +415,10 @@ def _fill(obj: Any, data: dict[str, Any], prefix: str, locate: typing.Callable[[
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"{locate(dotted)}: {dotted!r} is a section; expected a mapping of its keys "
-                                  f"({', '.join(f.name for f in dataclasses.fields(current))}), got {value!r}")
+                raise ConfigError(
+                    f"{locate(dotted)}: {dotted!r} is a section; expected a mapping of its keys "
+                    f"({', '.join(f.name for f in dataclasses.fields(current))}), got {value!r}"
+                )
             _fill(current, value, f"{dotted}.", locate)
         else:
             setattr(obj, key, _coerce(value, hints[key], locate(dotted), False))
@@ -442,8 +445,13 @@ def _yaml_lines(text: str) -> dict[str, int]:
     return lines
 
 
-def config_from_dict(data: dict[str, Any] | None, *, source: str = "config", lines: dict[str, int] | None = None,
-                     base: TrainConfig | None = None) -> TrainConfig:
+def config_from_dict(
+    data: dict[str, Any] | None,
+    *,
+    source: str = "config",
+    lines: dict[str, int] | None = None,
+    base: TrainConfig | None = None,
+) -> TrainConfig:
     """Build a validated :class:`TrainConfig` from a nested dict (the parsed YAML).
 
     Args:
@@ -467,8 +475,9 @@ def config_from_dict(data: dict[str, Any] | None, *, source: str = "config", lin
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: a recipe must be a mapping of sections (model, data, optim, ...), "
-                          f"got {type(data).__name__}")
+        raise ConfigError(
+            f"{source}: a recipe must be a mapping of sections (model, data, optim, ...), got {type(data).__name__}"
+        )
     lines = lines or {}
 
     def locate(dotted: str) -> str:
@@ -531,15 +540,17 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
                 last = i == len(parts) - 1
                 if last:
                     if dataclasses.is_dataclass(current):
-                        raise ConfigError(f"{where}: {dotted!r} is a section; set one of its keys "
-                                          f"({', '.join(f.name for f in dataclasses.fields(current))})")
+                        raise ConfigError(
+                            f"{where}: {dotted!r} is a section; set one of its keys "
+                            f"({', '.join(f.name for f in dataclasses.fields(current))})"
+                        )
                     setattr(obj, part, _coerce(raw, hints[part], where, True))
                 elif dataclasses.is_dataclass(current):
                     obj, section = current, ".".join(parts[: i + 1])
                 elif isinstance(current, dict):
                     # Keys inside a free-form dict: the rest of the path, value parsed as YAML.
                     target = current
-                    for sub in parts[i + 1: -1]:
+                    for sub in parts[i + 1 : -1]:
                         target = target.setdefault(sub, {})
                         if not isinstance(target, dict):
                             raise ConfigError(f"{where}: {sub!r} is not a mapping")
@@ -579,12 +590,16 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     need(0 <= cfg.optim.warmup_ratio < 1, "optim.warmup_ratio", f"must be in [0, 1), got {cfg.optim.warmup_ratio}")
     need(0 <= cfg.optim.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
     need(cfg.optim.grad_accum >= 1, "optim.grad_accum", f"must be >= 1, got {cfg.optim.grad_accum}")
-    need(cfg.optim.clip_grad_norm is None or cfg.optim.clip_grad_norm > 0, "optim.clip_grad_norm",
-         "must be > 0 or null")
+    need(
+        cfg.optim.clip_grad_norm is None or cfg.optim.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0 or null"
+    )
     need(cfg.schedule.epochs >= 1, "schedule.epochs", f"must be >= 1, got {cfg.schedule.epochs}")
     need(cfg.schedule.max_steps is None or cfg.schedule.max_steps >= 1, "schedule.max_steps", "must be >= 1 or null")
-    need(cfg.schedule.max_steps_this_run is None or cfg.schedule.max_steps_this_run >= 1,
-         "schedule.max_steps_this_run", "must be >= 1 or null")
+    need(
+        cfg.schedule.max_steps_this_run is None or cfg.schedule.max_steps_this_run >= 1,
+        "schedule.max_steps_this_run",
+        "must be >= 1 or null",
+    )
     need(len(cfg.eval.decoders) >= 1, "eval.decoders", "needs at least one decoder (e.g. [argmax_leaf])")
     labels: dict[str, str] = {}
     for spec in cfg.eval.decoders:
@@ -599,10 +614,16 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     need(cfg.run.save_every_steps is None or cfg.run.save_every_steps >= 1, "run.save_every_steps", "must be >= 1")
     need(cfg.run.threads is None or cfg.run.threads >= 1, "run.threads", "must be >= 1")
     dev = cfg.run.device
-    need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()), "run.device",
-         f"expected auto, cpu, cuda or cuda:<index>, got {dev!r}")
-    need(bool(cfg.name.strip()) and "/" not in cfg.name, "name", f"must be a non-empty name without '/', got "
-         f"{cfg.name!r}")
+    need(
+        dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
+        "run.device",
+        f"expected auto, cpu, cuda or cuda:<index>, got {dev!r}",
+    )
+    need(
+        bool(cfg.name.strip()) and "/" not in cfg.name,
+        "name",
+        f"must be a non-empty name without '/', got {cfg.name!r}",
+    )
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

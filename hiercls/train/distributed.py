@@ -118,8 +118,7 @@ def init_distributed(device: str = "auto", backend: str | None = None) -> DistIn
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
-    dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                            device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(backend=backend, rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
     logger.info("joined process group: rank %d of %d (%s, %s)", rank, world, backend, dev)
     return DistInfo(rank, world, local_rank, dev, initialized_here=True)
 
@@ -167,8 +166,9 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def eval_loader(dataset: Any, batch_size: int, info: DistInfo, collate: Callable[..., Any] | None = None,
-                num_workers: int = 0) -> torch.utils.data.DataLoader:
+def eval_loader(
+    dataset: Any, batch_size: int, info: DistInfo, collate: Callable[..., Any] | None = None, num_workers: int = 0
+) -> torch.utils.data.DataLoader:
     """This rank's evaluation loader: samples ``rank, rank + world_size, ...`` in order, unpadded.
 
     The shards are disjoint and cover the data once, so metrics whose states are sums (the
@@ -178,9 +178,12 @@ def eval_loader(dataset: Any, batch_size: int, info: DistInfo, collate: Callable
         ConfigError: fewer samples than processes (every rank needs at least one).
     """
     if len(dataset) < info.world_size:
-        raise ConfigError(f"data.max_eval_samples: {len(dataset)} evaluation samples for {info.world_size} processes; "
-                          "every rank needs at least one")
+        raise ConfigError(
+            f"data.max_eval_samples: {len(dataset)} evaluation samples for {info.world_size} processes; "
+            "every rank needs at least one"
+        )
     shard = torch.utils.data.Subset(dataset, list(range(info.rank, len(dataset), info.world_size)))
     per_rank = max(1, batch_size // info.world_size)
-    return torch.utils.data.DataLoader(shard, batch_size=per_rank, shuffle=False, collate_fn=collate,
-                                       num_workers=num_workers)
+    return torch.utils.data.DataLoader(
+        shard, batch_size=per_rank, shuffle=False, collate_fn=collate, num_workers=num_workers
+    )

@@ -52,12 +52,15 @@ def resolve_model_dir(path: str | os.PathLike[str], which: str = "best") -> tupl
         if (d / "config.json").is_file():
             cfg = load_config(p / "config.yaml") if (p / "config.yaml").is_file() else None
             return d, cfg
-    raise FileNotFoundError(f"{str(p)!r} is neither a saved model (config.json + model.safetensors) nor a run folder "
-                            "with checkpoints/best or checkpoints/last")
+    raise FileNotFoundError(
+        f"{str(p)!r} is neither a saved model (config.json + model.safetensors) nor a run folder "
+        "with checkpoints/best or checkpoints/last"
+    )
 
 
-def load_trained_model(path: str | os.PathLike[str], *, which: str = "best", device: str | torch.device = "cpu"
-                       ) -> tuple[HierarchicalClassifier, Taxonomy, TrainConfig | None]:
+def load_trained_model(
+    path: str | os.PathLike[str], *, which: str = "best", device: str | torch.device = "cpu"
+) -> tuple[HierarchicalClassifier, Taxonomy, TrainConfig | None]:
     """``(model in eval mode, its taxonomy, the run config or None)`` for a run or model folder.
 
     Every saved model loads through :meth:`HierarchicalClassifier.from_pretrained` (``conv3d`` run folders
@@ -68,9 +71,17 @@ def load_trained_model(path: str | os.PathLike[str], *, which: str = "best", dev
     return model, model.taxonomy, cfg
 
 
-def evaluate_run(model: nn.Module, taxonomy: Taxonomy, cfg: TrainConfig, *, split: str | None = None,
-                 decoders: Sequence[str] | None = None, max_samples: int | None = None,
-                 batch_size: int | None = None, device: str | torch.device = "cpu") -> dict[str, Any]:
+def evaluate_run(
+    model: nn.Module,
+    taxonomy: Taxonomy,
+    cfg: TrainConfig,
+    *,
+    split: str | None = None,
+    decoders: Sequence[str] | None = None,
+    max_samples: int | None = None,
+    batch_size: int | None = None,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
     """Hierarchical metrics of a trained model on a split of its recipe's data set.
 
     Args:
@@ -88,8 +99,13 @@ def evaluate_run(model: nn.Module, taxonomy: Taxonomy, cfg: TrainConfig, *, spli
     limit = cfg.data.max_eval_samples if max_samples is None else (max_samples or None)
     ds = subsample(ds, limit)
     dev = torch.device(device)
-    loader = eval_loader(ds, batch_size or cfg.data.eval_batch_size or cfg.data.batch_size, DistInfo(device=dev),
-                         getattr(model, "collate", None), 0)
+    loader = eval_loader(
+        ds,
+        batch_size or cfg.data.eval_batch_size or cfg.data.batch_size,
+        DistInfo(device=dev),
+        getattr(model, "collate", None),
+        0,
+    )
     results, _, _ = evaluate_model(model, loader, taxonomy, list(decoders or cfg.eval.decoders), device=dev)
     return {"split": split, "samples": len(ds), **results}
 
@@ -132,9 +148,17 @@ def read_inputs(items: Sequence[str]) -> tuple[list[Any], list[str], str]:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, decoder: str | DecoderSpec = "argmax_leaf",
-            top_k: int = 5, batch_size: int = 32, device: str | torch.device = "cpu",
-            image_size: int | None = None) -> list[dict[str, Any]]:
+def predict(
+    model: nn.Module,
+    taxonomy: Taxonomy,
+    inputs: Sequence[Any],
+    *,
+    decoder: str | DecoderSpec = "argmax_leaf",
+    top_k: int = 5,
+    batch_size: int = 32,
+    device: str | torch.device = "cpu",
+    image_size: int | None = None,
+) -> list[dict[str, Any]]:
     """Predictions for raw inputs (texts or PIL images).
 
     Returns:
@@ -154,7 +178,7 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
     out: list[dict[str, Any]] = []
     model.eval()
     for start in range(0, len(inputs), batch_size):
-        chunk = list(inputs[start:start + batch_size])
+        chunk = list(inputs[start : start + batch_size])
         batch = [(transform(x) if transform is not None else x, 0) for x in chunk]
         x, _ = model.collate(batch)
         probs = model.node_probs(model(move_to_device(x, torch.device(device)))).float().cpu()
@@ -165,14 +189,24 @@ def predict(model: nn.Module, taxonomy: Taxonomy, inputs: Sequence[Any], *, deco
                 ids = pred[i].nonzero().flatten().tolist()
                 ids = [j for j in ids if j != taxonomy.root]
                 deepest = max(ids, key=lambda j: int(taxonomy.depth[j])) if ids else taxonomy.root
-                prediction = {"ids": ids, "names": [names[j] for j in ids],
-                              "display_names": [disp[j] for j in ids]}
+                prediction = {"ids": ids, "names": [names[j] for j in ids], "display_names": [disp[j] for j in ids]}
             else:
                 deepest = int(pred[i])
-                prediction = {"id": deepest, "name": names[deepest], "display_name": disp[deepest],
-                              "prob": float(probs[i, deepest])}
+                prediction = {
+                    "id": deepest,
+                    "name": names[deepest],
+                    "display_name": disp[deepest],
+                    "prob": float(probs[i, deepest]),
+                }
             path = [disp[j] for j in taxonomy.path(deepest)] if taxonomy.is_tree else [disp[deepest]]
-            out.append({"prediction": prediction, "path": path,
-                        "top_k": [{"name": names[leaves[j]], "display_name": disp[leaves[j]], "prob": float(p)}
-                                  for p, j in zip(top.values[i].tolist(), top.indices[i].tolist(), strict=True)]})
+            out.append(
+                {
+                    "prediction": prediction,
+                    "path": path,
+                    "top_k": [
+                        {"name": names[leaves[j]], "display_name": disp[leaves[j]], "prob": float(p)}
+                        for p, j in zip(top.values[i].tolist(), top.indices[i].tolist(), strict=True)
+                    ],
+                }
+            )
     return out

@@ -81,10 +81,22 @@ __all__ = [
 ]
 
 #: Config keys that may differ between a run and its resumption (they do not change the result).
-RESUME_FREE_KEYS = frozenset({
-    "run.resume", "run.progress", "run.plot", "run.log_every", "run.threads", "run.save_every_steps", "run.device",
-    "schedule.max_steps_this_run", "data.num_workers", "eval.save_probs", "description", "compare_heads",
-})
+RESUME_FREE_KEYS = frozenset(
+    {
+        "run.resume",
+        "run.progress",
+        "run.plot",
+        "run.log_every",
+        "run.threads",
+        "run.save_every_steps",
+        "run.device",
+        "schedule.max_steps_this_run",
+        "data.num_workers",
+        "eval.save_probs",
+        "description",
+        "compare_heads",
+    }
+)
 
 
 class StopTraining(Exception):
@@ -107,8 +119,14 @@ def build_model(cfg: TrainConfig, taxonomy: Taxonomy) -> HierarchicalClassifier:
     """The model of ``cfg.model`` for ``taxonomy``: :func:`hiercls.models.create_model` of its fields."""
     if not cfg.model.backbone:
         raise ConfigError("model.backbone: required, e.g. 'timm:efficientnet_lite0', 'hf:minilm' or 'conv3d:16'")
-    return create_model(cfg.model.backbone, taxonomy, head=cfg.model.head, weights=cfg.model.weights,
-                        head_options=dict(cfg.model.head_options), **cfg.model.backbone_options)
+    return create_model(
+        cfg.model.backbone,
+        taxonomy,
+        head=cfg.model.head,
+        weights=cfg.model.weights,
+        head_options=dict(cfg.model.head_options),
+        **cfg.model.backbone_options,
+    )
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -130,8 +148,13 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         for decay in (True, False):
             params = groups.get((is_head, decay))
             if params:
-                param_groups.append({"params": params, "weight_decay": cfg.optim.weight_decay if decay else 0.0,
-                                     "lr": head_lr if is_head else cfg.optim.lr})
+                param_groups.append(
+                    {
+                        "params": params,
+                        "weight_decay": cfg.optim.weight_decay if decay else 0.0,
+                        "lr": head_lr if is_head else cfg.optim.lr,
+                    }
+                )
     return torch.optim.AdamW(param_groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
 
 
@@ -224,8 +247,10 @@ def _load_model_weights(model: nn.Module, ckpt: Path) -> None:
     missing, unexpected = load_model(model, str(path), strict=False)
     # Non-persistent buffers are rebuilt from the taxonomy; anything else missing is an error.
     if missing or unexpected:
-        raise ValueError(f"checkpoint {str(path)!r} does not match the model: missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(unexpected)[:5]}")
+        raise ValueError(
+            f"checkpoint {str(path)!r} does not match the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
 
 
 def _config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -233,8 +258,11 @@ def _config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: 
     for key in sorted(set(saved) | set(current)):
         dotted = f"{prefix}{key}"
         a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict) and key not in ("head_options", "options",
-                                                                        "backbone_options", "taxonomy_options"):
+        if (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and key not in ("head_options", "options", "backbone_options", "taxonomy_options")
+        ):
             diffs += _config_differences(a, b, f"{dotted}.")
         elif a != b and dotted not in RESUME_FREE_KEYS:
             diffs.append(f"{dotted}: {a!r} (saved) vs {b!r} (now)")
@@ -243,10 +271,17 @@ def _config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: 
 
 # ------------------------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
-def evaluate_model(model: nn.Module, loader: Iterable[Any], taxonomy: Taxonomy,
-                   decoders: Sequence[str | DecoderSpec], *, device: torch.device,
-                   amp_dtype: torch.dtype | None = None, progress: bool = False,
-                   keep_probs: bool = False) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray | None]:
+def evaluate_model(
+    model: nn.Module,
+    loader: Iterable[Any],
+    taxonomy: Taxonomy,
+    decoders: Sequence[str | DecoderSpec],
+    *,
+    device: torch.device,
+    amp_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    keep_probs: bool = False,
+) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray | None]:
     """Hierarchical metrics of ``model`` on ``loader`` under each decoder (exact over DDP ranks).
 
     The node probabilities go through one :class:`hiercls.evaluation.Evaluator`, the same code as
@@ -286,8 +321,10 @@ def _best_metric_key(cfg: TrainConfig, results: dict[str, Any]) -> str:
     if cfg.eval.best_metric:
         if cfg.eval.best_metric not in results:
             scalar = sorted(k for k, v in results.items() if isinstance(v, (int, float)))
-            raise ConfigError(f"eval.best_metric: {cfg.eval.best_metric!r} is not among the evaluation results; "
-                              f"valid: {', '.join(scalar)}")
+            raise ConfigError(
+                f"eval.best_metric: {cfg.eval.best_metric!r} is not among the evaluation results; "
+                f"valid: {', '.join(scalar)}"
+            )
         return cfg.eval.best_metric
     first = parse_decoder(cfg.eval.decoders[0])
     for key in (first.judged_on, "hF1_micro", "hF1_samples", "accuracy", "mean_dice"):
@@ -297,8 +334,9 @@ def _best_metric_key(cfg: TrainConfig, results: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-def train(config: TrainConfig | dict[str, Any], *, callbacks: Iterable[Callable[[dict[str, Any]], None]] = ()
-          ) -> dict[str, Any]:
+def train(
+    config: TrainConfig | dict[str, Any], *, callbacks: Iterable[Callable[[dict[str, Any]], None]] = ()
+) -> dict[str, Any]:
     """Train the model described by ``config``; returns the final evaluation metrics and run facts.
 
     Args:
@@ -339,8 +377,10 @@ class _Run:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.amp_dtype = _autocast_dtype(cfg.run.precision, self.device)
         if cfg.data.batch_size % info.world_size:
-            raise ConfigError(f"data.batch_size: the global batch {cfg.data.batch_size} must be divisible by the "
-                              f"{info.world_size} processes")
+            raise ConfigError(
+                f"data.batch_size: the global batch {cfg.data.batch_size} must be divisible by the "
+                f"{info.world_size} processes"
+            )
         self.step, self.epoch = 0, 0
         self.best_value: float | None = None
         self.best_key: str | None = None
@@ -359,8 +399,10 @@ class _Run:
         self.train_model: nn.Module = self.model
         if self.info.distributed:
             self.train_model = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=self.cfg.run.find_unused_parameters)
+                self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=self.cfg.run.find_unused_parameters,
+            )
         self.log_file = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if self.main else None
         try:
             results, interrupted = self.fit()
@@ -380,16 +422,20 @@ class _Run:
         last_dir = _checkpoint_dir(out_dir, "last")
         has_state = last_dir is not None and (last_dir / "resume.pt").is_file()
         if cfg.run.resume is True and not has_state:
-            raise ConfigError(f"run.resume: true but {str(out_dir / 'checkpoints' / 'last' / 'resume.pt')!r} does "
-                              "not exist (use run.resume=auto to start fresh when there is nothing to resume)")
+            raise ConfigError(
+                f"run.resume: true but {str(out_dir / 'checkpoints' / 'last' / 'resume.pt')!r} does "
+                "not exist (use run.resume=auto to start fresh when there is nothing to resume)"
+            )
         resuming = has_state and cfg.run.resume in (True, "auto")
         if resuming and (out_dir / "config.yaml").is_file():
             saved = yaml.safe_load((out_dir / "config.yaml").read_text(encoding="utf-8")) or {}
             diffs = _config_differences(saved, config_to_dict(cfg))
             if diffs:
-                raise ConfigError(f"{out_dir / 'config.yaml'}: the run in {str(out_dir)!r} was started with a "
-                                  f"different config ({'; '.join(diffs[:5])}); resume with the same config, or pass "
-                                  "--set run.resume=false to start over, or choose another run.out_dir")
+                raise ConfigError(
+                    f"{out_dir / 'config.yaml'}: the run in {str(out_dir)!r} was started with a "
+                    f"different config ({'; '.join(diffs[:5])}); resume with the same config, or pass "
+                    "--set run.resume=false to start over, or choose another run.out_dir"
+                )
         barrier()  # every rank has read the saved config before rank 0 may overwrite it
         if self.main:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -410,33 +456,53 @@ class _Run:
         self.taxonomy = taxonomy
         self.model = model = build_model(cfg, taxonomy).to(device)
         transform_eval = image_transform(model, train=False, image_size=cfg.data.image_size)
-        transform_train = (image_transform(model, train=True, image_size=cfg.data.image_size) if cfg.data.augment
-                           else transform_eval)
-        train_set = subsample(build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options,
-                                            transform_train), cfg.data.max_train_samples)
+        transform_train = (
+            image_transform(model, train=True, image_size=cfg.data.image_size) if cfg.data.augment else transform_eval
+        )
+        train_set = subsample(
+            build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options, transform_train),
+            cfg.data.max_train_samples,
+        )
         eval_set = None
         if cfg.data.eval_split:
-            eval_set = subsample(build_dataset(cfg.data.dataset, cfg.data.eval_split, taxonomy, cfg.data.options,
-                                               transform_eval), cfg.data.max_eval_samples)
+            eval_set = subsample(
+                build_dataset(cfg.data.dataset, cfg.data.eval_split, taxonomy, cfg.data.options, transform_eval),
+                cfg.data.max_eval_samples,
+            )
         self.decoders = [parse_decoder(d) for d in cfg.eval.decoders]
         collate = getattr(model, "collate", None)
         per_rank = cfg.data.batch_size // info.world_size
-        self.loader = make_loader(train_set, per_rank, shuffle=cfg.data.shuffle, seed=cfg.run.seed, rank=info.rank,
-                                  world_size=info.world_size, collate_fn=collate, drop_last=cfg.data.drop_last,
-                                  num_workers=cfg.data.num_workers, pin_memory=device.type == "cuda")
-        self.eval_loader = (eval_loader(eval_set, cfg.data.eval_batch_size or cfg.data.batch_size, info, collate,
-                                        cfg.data.num_workers) if eval_set is not None else None)
+        self.loader = make_loader(
+            train_set,
+            per_rank,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.run.seed,
+            rank=info.rank,
+            world_size=info.world_size,
+            collate_fn=collate,
+            drop_last=cfg.data.drop_last,
+            num_workers=cfg.data.num_workers,
+            pin_memory=device.type == "cuda",
+        )
+        self.eval_loader = (
+            eval_loader(eval_set, cfg.data.eval_batch_size or cfg.data.batch_size, info, collate, cfg.data.num_workers)
+            if eval_set is not None
+            else None
+        )
 
         batches_per_epoch = len(self.loader)
         if batches_per_epoch == 0:
-            raise ConfigError(f"data.batch_size: {len(train_set)} training samples give no batch of "
-                              f"{cfg.data.batch_size} (drop_last={cfg.data.drop_last})")
+            raise ConfigError(
+                f"data.batch_size: {len(train_set)} training samples give no batch of "
+                f"{cfg.data.batch_size} (drop_last={cfg.data.drop_last})"
+            )
         steps_per_epoch = math.ceil(batches_per_epoch / cfg.optim.grad_accum)
         self.total_steps = total = cfg.schedule.max_steps or cfg.schedule.epochs * steps_per_epoch
         warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_ratio * total)
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: cosine_schedule(s, total, warmup, cfg.optim.min_lr_ratio))
+            self.optimizer, lambda s: cosine_schedule(s, total, warmup, cfg.optim.min_lr_ratio)
+        )
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
 
     def resume(self, last_dir: Path) -> None:
@@ -445,8 +511,10 @@ class _Run:
         resume_file = last_dir / "resume.pt"
         state = torch.load(resume_file, map_location="cpu", weights_only=False)
         if state.get("taxonomy_fingerprint") not in (None, taxonomy.fingerprint):
-            raise ConfigError(f"{resume_file}: saved for taxonomy fingerprint {state['taxonomy_fingerprint']} but the "
-                              f"config's taxonomy {taxonomy.name!r} has {taxonomy.fingerprint}")
+            raise ConfigError(
+                f"{resume_file}: saved for taxonomy fingerprint {state['taxonomy_fingerprint']} but the "
+                f"config's taxonomy {taxonomy.name!r} has {taxonomy.fingerprint}"
+            )
         _load_model_weights(self.model, last_dir)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -462,8 +530,13 @@ class _Run:
             _seed_everything(cfg.run.seed + info.rank + 7919 * self.step)
         if self.main:
             _truncate_log(self.out_dir / "metrics.jsonl", self.step)
-            logger.info("resumed from %s at step %d (epoch %d, sample %d)", last_dir, self.step, self.epoch,
-                        state["data"]["index"])
+            logger.info(
+                "resumed from %s at step %d (epoch %d, sample %d)",
+                last_dir,
+                self.step,
+                self.epoch,
+                state["data"]["index"],
+            )
 
     def start(self) -> None:
         """A fresh run: per-rank RNG streams and an empty log."""
@@ -481,16 +554,24 @@ class _Run:
         cfg = self.cfg
         self.model.train()
         self.steps_this_run, interrupted, results = 0, False, {}
-        self.bar = tqdm(total=self.total_steps, initial=self.step, desc="train",
-                        disable=not (self.main and cfg.run.progress), dynamic_ncols=True)
+        self.bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="train",
+            disable=not (self.main and cfg.run.progress),
+            dynamic_ncols=True,
+        )
         self.log_acc = torch.zeros(2, dtype=torch.float64)
         self.t_log, self.samples_since_log = time.perf_counter(), 0
         self.at_epoch_start = False
         if self.step >= self.total_steps and self.eval_loader is not None:
             # A finished run started again (run.resume=auto): report its results instead of training.
             done = self.out_dir / "results.json"
-            results = ({k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items() if "/" in k}
-                       if done.is_file() else self.evaluate())
+            results = (
+                {k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items() if "/" in k}
+                if done.is_file()
+                else self.evaluate()
+            )
         while self.step < self.total_steps and not interrupted:
             consumed, remaining, interrupted = self.train_epoch()
             if interrupted:
@@ -582,8 +663,16 @@ class _Run:
             mean_loss = float(all_reduce_sum(self.log_acc[:1].clone())[0] / self.log_acc[1])
             elapsed = time.perf_counter() - self.t_log
             self.history_loss.append(mean_loss)
-            self.log({"type": "train", "step": self.step, "epoch": self.epoch, "loss": mean_loss, "lr": lr,
-                      "samples_per_s": self.samples_since_log / elapsed if elapsed > 0 else None})
+            self.log(
+                {
+                    "type": "train",
+                    "step": self.step,
+                    "epoch": self.epoch,
+                    "loss": mean_loss,
+                    "lr": lr,
+                    "samples_per_s": self.samples_since_log / elapsed if elapsed > 0 else None,
+                }
+            )
             self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
             self.log_acc.zero_()
             self.t_log, self.samples_since_log = time.perf_counter(), 0
@@ -600,10 +689,16 @@ class _Run:
         cfg = self.cfg
         if self.eval_loader is None:
             return {}
-        results, probs, labels = evaluate_model(self.model, self.eval_loader, self.taxonomy, self.decoders,
-                                                device=self.device, amp_dtype=self.amp_dtype,
-                                                progress=self.main and cfg.run.progress,
-                                                keep_probs=cfg.eval.save_probs)
+        results, probs, labels = evaluate_model(
+            self.model,
+            self.eval_loader,
+            self.taxonomy,
+            self.decoders,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            progress=self.main and cfg.run.progress,
+            keep_probs=cfg.eval.save_probs,
+        )
         if cfg.eval.save_probs:
             self.save_probs(probs, labels)
         key = self.best_key or _best_metric_key(cfg, results)
@@ -611,17 +706,31 @@ class _Run:
         value = results.get(key)
         improved = isinstance(value, (int, float)) and (
             self.best_value is None
-            or (value > self.best_value if cfg.eval.best_mode == "max" else value < self.best_value))
+            or (value > self.best_value if cfg.eval.best_mode == "max" else value < self.best_value)
+        )
         if improved:
             self.best_value = float(value)
             if self.main:
                 _save_dir_atomically(self.out_dir / "checkpoints" / "best", self.model.save_pretrained)
             barrier()
-        self.log({"type": "eval", "step": self.step, "epoch": self.epoch, **results, "best_key": key,
-                  "best_value": self.best_value})
+        self.log(
+            {
+                "type": "eval",
+                "step": self.step,
+                "epoch": self.epoch,
+                **results,
+                "best_key": key,
+                "best_value": self.best_value,
+            }
+        )
         shown = ("accuracy", "hF1_micro", "mean_dice", "eval_loss", key.rsplit("/", 1)[-1])
-        logger.info("eval after step %d: %s", self.step, ", ".join(
-            f"{k}={v:.4f}" for k, v in results.items() if isinstance(v, float) and k.rsplit("/", 1)[-1] in shown))
+        logger.info(
+            "eval after step %d: %s",
+            self.step,
+            ", ".join(
+                f"{k}={v:.4f}" for k, v in results.items() if isinstance(v, float) and k.rsplit("/", 1)[-1] in shown
+            ),
+        )
         return results
 
     def save_probs(self, probs: np.ndarray | None, labels: np.ndarray | None) -> None:
@@ -651,10 +760,18 @@ class _Run:
             if self.at_epoch_start:
                 # Between epochs the loader still reports the end of the previous one.
                 data_state = {**data_state, "epoch": self.epoch, "index": 0}
-            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "scaler": self.scaler.state_dict(), "data": data_state, "step": self.step, "rng": rngs,
-                     "best_value": self.best_value, "best_key": self.best_key, "world_size": self.info.world_size,
-                     "taxonomy_fingerprint": self.taxonomy.fingerprint}
+            state = {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "data": data_state,
+                "step": self.step,
+                "rng": rngs,
+                "best_value": self.best_value,
+                "best_key": self.best_key,
+                "world_size": self.info.world_size,
+                "taxonomy_fingerprint": self.taxonomy.fingerprint,
+            }
 
             def write(d: Path) -> None:
                 self.model.save_pretrained(d)
@@ -665,9 +782,18 @@ class _Run:
 
     def finish(self, results: dict[str, Any], interrupted: bool) -> dict[str, Any]:
         """The final results; a finished run also writes ``results.json`` and ``curves.png``."""
-        final = {"step": self.step, "epoch": self.epoch, "out_dir": str(self.out_dir), "interrupted": interrupted,
-                 "train_loss": self.history_loss[-1] if self.history_loss else None, "taxonomy": self.taxonomy.name,
-                 "head": self.cfg.model.head, "best_key": self.best_key, "best_value": self.best_value, **results}
+        final = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "out_dir": str(self.out_dir),
+            "interrupted": interrupted,
+            "train_loss": self.history_loss[-1] if self.history_loss else None,
+            "taxonomy": self.taxonomy.name,
+            "head": self.cfg.model.head,
+            "best_key": self.best_key,
+            "best_value": self.best_value,
+            **results,
+        }
         if self.main and not interrupted:
             (self.out_dir / "results.json").write_text(json.dumps(final, indent=2), encoding="utf-8")
             if self.cfg.run.plot:
