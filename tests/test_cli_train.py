@@ -271,3 +271,54 @@ def test_torchrun_two_processes_match_one_process(trained: dict[str, Path], tmp_
     b = json.loads((ddp / "results.json").read_text())
     for key in ("argmax_leaf/accuracy", "argmax_leaf/hF1_micro", "eval_loss"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+
+
+def test_predict_batch_folder_to_csv_and_jsonl(trained: dict[str, Path], tmp_path: Path, capsys) -> None:
+    import csv
+
+    from PIL import Image
+
+    run = trained["run"]
+    if not (run / "checkpoints" / "best").exists():
+        assert main(["train", str(trained["recipe"]), "--no-compare"]) == 0
+    folder = tmp_path / "photos" / "sub"
+    folder.mkdir(parents=True)
+    for i, colour in enumerate(["red", "blue", "green"]):
+        Image.new("RGB", (20, 20), colour).save(folder / f"img{i}.png")
+    (folder / "notes.md").write_text("not an image", encoding="utf-8")
+    out_csv, out_jsonl = tmp_path / "p.csv", tmp_path / "p.jsonl"
+    assert main(["predict", "--model", str(run), str(tmp_path / "photos"), "--out", str(out_csv)]) == 0
+    assert "wrote 3 predictions" in capsys.readouterr().out
+    with out_csv.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [Path(r["input"]).name for r in rows] == ["img0.png", "img1.png", "img2.png"]
+    assert all(r["path"].split(" > ")[-1] == r["display_name"] and r["set_size"] == "1" for r in rows)
+    args = ["predict", "--model", str(run), str(tmp_path / "photos"), "--decoder", "optimal_hf1"]
+    assert main([*args, "--out", str(out_jsonl)]) == 0
+    lines = [json.loads(line) for line in out_jsonl.read_text(encoding="utf-8").splitlines()]
+    assert len(lines) == 3
+    for rec in lines:
+        pred = rec["prediction"]
+        assert pred["size"] == len(pred["ids"]) and pred["deepest"]["id"] in pred["ids"]
+        assert rec["path"][-1] == pred["deepest"]["display_name"]  # the path leads to the set's deepest node
+    assert main(["predict", "--model", str(run), str(tmp_path / "photos"), "--out", str(tmp_path / "p.txt")]) == 1
+    assert "suffix must be one of .json, .jsonl, .csv" in capsys.readouterr().err
+    assert not (tmp_path / "p.txt").exists()
+
+
+def test_predict_texts_from_csv_and_jsonl(tiny_bert, small_tree, tmp_path: Path, capsys) -> None:
+    from hiercls.models import create_model
+
+    model_dir = create_model(f"hf:{tiny_bert}", small_tree, head="flat").save_pretrained(tmp_path / "m")
+    data = tmp_path / "texts.csv"
+    data.write_text('id,body\n1,"a cat, purrs"\n2,the dog barks\n3,\n', encoding="utf-8")
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", "--model", str(model_dir), str(data), "--text-column", "body", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["input"] for r in recs] == ["a cat, purrs", "the dog barks"]
+    jl = tmp_path / "texts.jsonl"
+    jl.write_text('{"body": "a cat"}\n{"text": "no body"}\n', encoding="utf-8")
+    assert main(["predict", "--model", str(model_dir), str(jl), "--text-column", "body"]) == 1
+    assert f"{jl}:2: expected a JSON object with key 'body'" in capsys.readouterr().err
+    assert main(["predict", "--model", str(model_dir), str(data), "--text-column", "txt"]) == 1
+    assert "no column 'txt'" in capsys.readouterr().err

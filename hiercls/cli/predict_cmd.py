@@ -1,30 +1,39 @@
-"""``hiercls predict``: predictions of a saved model on new inputs (texts, a text file, image files).
+"""``hiercls predict``: predictions of a saved model on new inputs (texts, files of texts, images, folders).
 
 Examples::
 
     hiercls predict --model runs/quickstart "a small domesticated feline" "a vehicle with two wheels"
-    hiercls predict --model runs/quickstart sentences.txt --decoder optimal_hf1 --out preds.json
+    hiercls predict --model runs/quickstart sentences.txt --decoder optimal_hf1 --out preds.jsonl
+    hiercls predict --model runs/quickstart reviews.csv --text-column body --out preds.csv
+    hiercls predict --model runs/fashion_mnist_efficientnet photos/ --out preds.csv
     hiercls predict --model runs/fashion_mnist_efficientnet shoe.png shirt.jpg --top-k 3
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 from hiercls.evaluation import format_table
 from hiercls.train.distributed import resolve_device
-from hiercls.train.inference import load_trained_model, predict, read_inputs
+from hiercls.train.inference import PREDICTION_FORMATS, load_trained_model, predict, read_inputs, write_predictions
 
 HELP = "predictions of a saved model on new inputs"
+#: Rows printed to the terminal when the predictions also go to a file.
+SHOWN_WITH_OUT = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("Examples::", 1)[1]
     parser.add_argument("--model", required=True, metavar="DIR", help="a run folder or a saved model folder")
-    parser.add_argument("inputs", nargs="+", help="texts, a .txt file (one text per line) or image files")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        help="texts, .txt files (one text per line), .csv/.jsonl files (see --text-column), image files or folders",
+    )
+    parser.add_argument("--text-column", default="text", help="column/key of the texts in .csv/.jsonl inputs")
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
     parser.add_argument(
         "--decoder",
@@ -35,15 +44,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=5, help="also list the k most probable leaves (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
-    parser.add_argument("--out", metavar="FILE.json", help="write the predictions as JSON")
+    parser.add_argument(
+        "--out", metavar="FILE", help=f"write the predictions to a file ({', '.join(PREDICTION_FORMATS)}, by suffix)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _label(prediction: dict) -> tuple[str, str]:
+    """``(prediction column, prob column)`` of a table row."""
+    if "ids" in prediction:
+        deepest = prediction["deepest"]
+        return f"{deepest['display_name']} ({prediction['size']}-node set, depth {prediction['depth']})", "set"
+    return prediction["display_name"], f"{prediction['prob']:.3f}"
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.out and Path(args.out).suffix.lower() not in PREDICTION_FORMATS:
+        raise ValueError(f"--out {args.out!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
-    inputs, shown, kind = read_inputs(args.inputs)
+    inputs, shown, kind = read_inputs(args.inputs, text_column=args.text_column)
     preds = predict(
         model,
         taxonomy,
@@ -53,21 +77,19 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=device,
         image_size=cfg.data.image_size if cfg is not None else None,
+        progress=not args.no_progress and sys.stderr.isatty(),
     )
     rows = []
-    for text, p in zip(shown, preds, strict=True):
-        pr = p["prediction"]
-        label = pr.get("display_name") or ", ".join(pr.get("display_names", [])[-3:]) or "(root)"
-        prob = f"{pr['prob']:.3f}" if "prob" in pr else "set"
+    limit = SHOWN_WITH_OUT if args.out else len(preds)
+    for text, p in list(zip(shown, preds, strict=True))[:limit]:
+        label, prob = _label(p["prediction"])
         top = ", ".join(f"{t['display_name']} {t['prob']:.2f}" for t in p["top_k"][:3])
         text = Path(text).name if kind == "image" else text
         rows.append([text if len(text) <= 48 else text[:45] + "...", label, prob, " > ".join(p["path"][1:][-4:]), top])
     print(format_table(["input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
     if args.out:
-        payload = [{"input": s, **p} for s, p in zip(shown, preds, strict=True)]
-        Path(args.out).write_text(
-            json.dumps({"model": str(args.model), "decoder": args.decoder, "predictions": payload}, indent=2),
-            encoding="utf-8",
-        )
-        print(f"wrote {args.out}")
+        if len(preds) > limit:
+            print(f"... {len(preds) - limit} more")
+        write_predictions(args.out, shown, preds, model=str(args.model), decoder=args.decoder)
+        print(f"wrote {len(preds)} predictions to {args.out}")
     return 0

@@ -19,7 +19,7 @@ from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HierTextDataset"]
+__all__ = ["HierTextDataset", "read_text_rows"]
 
 
 class HierTextDataset(Dataset):
@@ -240,3 +240,54 @@ def _check_not_empty(texts: list[str], src: str) -> None:
     if not texts:
         raise ValueError(f"{src}: no samples (the file has no data rows)")
     logger.info("%s: %d samples", src, len(texts))
+
+
+def read_text_rows(path: str | os.PathLike[str], text_column: str = "text", *, encoding: str = "utf-8") -> list[str]:
+    """The non-empty ``text_column`` values of a CSV (header row) or JSON-lines file, in file order.
+
+    For inputs without labels (``hiercls predict``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a missing column/key, invalid JSON or a non-string text
+            (file and line named), or no texts at all.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "t.jsonl"
+        >>> _ = p.write_text('{"text": "a cat"}\\n\\n{"text": "a dog", "id": 2}\\n')
+        >>> read_text_rows(p)
+        ['a cat', 'a dog']
+    """
+    path = Path(path)
+    src = str(path)
+    texts: list[str] = []
+    with _open(path, encoding) as f:
+        if path.suffix.lower() == ".csv":
+            reader = csv.DictReader(f)
+            if reader.fieldnames is None or text_column not in [h.strip().lstrip("\ufeff") for h in reader.fieldnames]:
+                cols = ", ".join(reader.fieldnames or [])
+                raise ValueError(f"{src}:1: no column {text_column!r} in the header (columns: {cols})")
+            key = next(h for h in reader.fieldnames if h.strip().lstrip("\ufeff") == text_column)
+            try:
+                for row in reader:
+                    text = row.get(key) or ""
+                    if text.strip():
+                        texts.append(text.strip())
+            except csv.Error as err:
+                raise ValueError(f"{src}:{reader.line_num}: malformed CSV: {err}") from None
+        else:
+            for line, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{src}:{line}: invalid JSON ({err.msg} at column {err.colno})") from None
+                if not isinstance(obj, dict) or text_column not in obj:
+                    raise ValueError(f"{src}:{line}: expected a JSON object with key {text_column!r}")
+                if not isinstance(obj[text_column], str):
+                    raise ValueError(f"{src}:{line}: {text_column!r} must be a string")
+                if obj[text_column].strip():
+                    texts.append(obj[text_column].strip())
+    _check_not_empty(texts, src)
+    return texts

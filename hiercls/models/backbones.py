@@ -42,8 +42,10 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BACKBONES",
     "HFBackbone",
+    "ModuleBackbone",
     "TextPooling",
     "TimmBackbone",
+    "backbone_from_module",
     "create_backbone",
     "jsonable",
     "parse_backbone",
@@ -197,10 +199,7 @@ class TimmBackbone(nn.Module):
             if skipped:
                 logger.info("weights %s: ignored %d classifier tensors (%s)", weights, len(skipped), skipped[:2])
             self.weights_source = str(weights)
-        self.model = model
-        self.num_classes = num_classes
-        self.num_features = int(getattr(model, "head_hidden_size", None) or model.num_features)
-        self._data_config = dict(model.pretrained_cfg)
+        self._adopt(model, num_classes)
         if "img_size" in kwargs or "in_chans" in kwargs:
             # timm keeps the architecture's default input size in pretrained_cfg; the transform must follow
             # the size the model was actually built for.
@@ -208,6 +207,48 @@ class TimmBackbone(nn.Module):
             size = kwargs.get("img_size", (h, w))
             h, w = (size, size) if isinstance(size, int) else tuple(size)
             self._data_config["input_size"] = (int(kwargs.get("in_chans", c)), int(h), int(w))
+
+    def _adopt(self, model: nn.Module, num_classes: int) -> None:
+        self.model = model
+        self.num_classes = num_classes
+        self.num_features = int(getattr(model, "head_hidden_size", None) or model.num_features)
+        self._data_config = dict(getattr(model, "pretrained_cfg", None) or {})
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> TimmBackbone:
+        """Wrap an existing timm model (used as it is, not copied; its classifier is removed in place).
+
+        Its ``pretrained_cfg`` (mean, std, input size...) is kept, so preprocessing follows the model. The saved
+        config records ``pretrained_cfg["architecture"]``; a model built with non-default options
+        (``img_size``, ``depth``...) saves, but ``from_pretrained`` then refuses the weights as not fitting the
+        default architecture: build such models with ``create_model("timm:<name>", ..., **options)`` instead.
+
+        Raises:
+            TypeError: ``model`` is not a timm model (no ``reset_classifier`` / ``num_features``).
+
+        Example:
+            >>> import timm
+            >>> bb = TimmBackbone.from_model(timm.create_model("resnet10t", num_classes=7)).eval()
+            >>> bb.model_name, bb.num_classes, bb(torch.zeros(1, 3, 32, 32)).shape[1] == bb.num_features
+            ('resnet10t', 0, True)
+        """
+        if not (callable(getattr(model, "reset_classifier", None)) and hasattr(model, "num_features")):
+            raise TypeError(f"{type(model).__name__} is not a timm model (no reset_classifier / num_features)")
+        if getattr(model, "num_classes", 0):
+            model.reset_classifier(0)
+        bb = cls.__new__(cls)
+        nn.Module.__init__(bb)
+        cfg = getattr(model, "pretrained_cfg", None) or {}
+        bb.model_name = str(cfg.get("architecture") or type(model).__name__.lower())
+        bb.weights_source = "object"
+        bb.create_kwargs = {}
+        bb._adopt(model, 0)
+        size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        if size is not None:  # ViT-like models are built for one size; pretrained_cfg keeps the family default
+            h, w = (size, size) if isinstance(size, int) else tuple(size)
+            chans = bb._data_config.get("input_size", (3, h, w))[0]
+            bb._data_config["input_size"] = (int(chans), int(h), int(w))
+        return bb
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
@@ -370,21 +411,25 @@ class HFBackbone(nn.Module):
             raise FileNotFoundError(
                 f"no tokenizer in {str(tok_folder)!r} (text models need tokenizer files next to config.json): {err}"
             ) from None
+        if weights is not None:
+            load_by_name(model, read_state_dict(weights), source=str(weights))
+        if max_length is None:
+            st_cfg = folder / "sentence_bert_config.json"
+            if st_cfg.is_file():
+                max_length = int(json.loads(st_cfg.read_text()).get("max_seq_length", 0)) or None
+        self._adopt(model, pooling, normalize, max_length)
+        self.weights_source = str(weights) if weights is not None else (None if random_init else str(folder))
+
+    def _adopt(self, model: nn.Module, pooling: TextPooling, normalize: bool, max_length: int | None) -> None:
         if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
             model = model.get_encoder()  # T5/BART-style: the encoder stack alone gives the token states
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
             self.tokenizer.pad_token = self.tokenizer.eos_token  # decoder-only tokenizers (GPT-2) lack one
-        if weights is not None:
-            load_by_name(model, read_state_dict(weights), source=str(weights))
         if pooling == "pooler" and getattr(model, "pooler", None) is None:
             raise ValueError(f"pooling='pooler' but {type(model).__name__} has no pooler")
         self.model = model
         self.pooling = pooling
         self.normalize = bool(normalize)
-        if max_length is None:
-            st_cfg = folder / "sentence_bert_config.json"
-            if st_cfg.is_file():
-                max_length = int(json.loads(st_cfg.read_text()).get("max_seq_length", 0)) or None
         if max_length is None:
             max_length = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
         self.max_length = int(max_length)
@@ -393,7 +438,42 @@ class HFBackbone(nn.Module):
         self._input_keys = tuple(
             k for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds") if k in params
         )
-        self.weights_source = str(weights) if weights is not None else (None if random_init else str(folder))
+
+    @classmethod
+    def from_model(
+        cls,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        pooling: TextPooling = "mean",
+        normalize: bool = False,
+        max_length: int | None = None,
+    ) -> HFBackbone:
+        """Wrap an existing ``transformers`` model and its tokenizer (used as they are, not copied).
+
+        Saving writes the model's config and the tokenizer into the model folder, so ``from_pretrained``
+        rebuilds it offline like any ``hf:`` backbone.
+
+        Raises:
+            TypeError: ``model`` is not a ``transformers.PreTrainedModel`` or ``tokenizer`` is missing.
+        """
+        from transformers import PreTrainedModel
+
+        if not isinstance(model, PreTrainedModel):
+            raise TypeError(f"{type(model).__name__} is not a transformers PreTrainedModel")
+        if tokenizer is None or not callable(tokenizer):
+            raise TypeError(
+                "a Hugging Face model object needs its tokenizer: create_model(model, taxonomy, tokenizer=...)"
+            )
+        if pooling not in TEXT_POOLINGS:
+            raise ValueError(f"pooling must be 'mean', 'cls' or 'pooler'; got {pooling!r}")
+        bb = cls.__new__(cls)
+        nn.Module.__init__(bb)
+        bb.name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        bb.tokenizer = tokenizer
+        bb._adopt(model, pooling, normalize, max_length)
+        bb.weights_source = "object"
+        return bb
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """Tokenise a list of strings: padded to the longest, truncated to :attr:`max_length`."""
@@ -464,6 +544,82 @@ class HFBackbone(nn.Module):
         bb.name = parse_backbone(spec["backbone"])[1]
         bb.weights_source = spec.get("weights_source")
         return bb
+
+
+class ModuleBackbone(nn.Module):
+    """Any ``nn.Module`` that maps a batch to features ``[B, D]``, as a backbone (:func:`backbone_from_module`).
+
+    It trains, evaluates and predicts like any backbone; it cannot be saved with ``save_pretrained``, since a
+    folder could not rebuild an arbitrary class (save its state dict yourself, or wrap a timm / HF model).
+
+    Example:
+        >>> bb = ModuleBackbone(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), num_features=5)
+        >>> bb(torch.zeros(2, 3, 2, 2)).shape
+        torch.Size([2, 5])
+    """
+
+    kind: ClassVar[str] = "module"
+    needs_name: ClassVar[bool] = True
+    supports_dense: ClassVar[bool] = False
+    always_dense: ClassVar[bool] = False
+
+    def __init__(self, module: nn.Module, *, num_features: int, modality: str = "image") -> None:
+        super().__init__()
+        if modality not in ("image", "volume"):
+            raise ValueError(
+                f"modality must be 'image' or 'volume' for a plain module backbone; got {modality!r} "
+                "(text models: pass a transformers model with its tokenizer)"
+            )
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features must be a positive int; got {num_features!r}")
+        self.model = module
+        self.num_features = num_features
+        self.modality = modality  # type: ignore[misc]
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        feats = self.model(inputs)
+        if not isinstance(feats, torch.Tensor) or feats.dim() != 2 or feats.shape[1] != self.num_features:
+            got = tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__
+            raise ValueError(
+                f"backbone {type(self.model).__name__} must return features [B, {self.num_features}]; got {got}"
+            )
+        return feats
+
+    def spec(self) -> dict[str, Any]:
+        return {"backbone": f"module:{type(self.model).__name__}", "backbone_kwargs": {}, "weights_source": "object"}
+
+
+def backbone_from_module(module: nn.Module, **options: Any) -> nn.Module:
+    """A backbone around an existing network: a timm model, a ``transformers`` model (``tokenizer=`` needed,
+    plus ``pooling`` / ``normalize`` / ``max_length``) or any module returning ``[B, D]`` (``num_features=``
+    needed unless the module has a ``num_features`` attribute; ``modality="image"`` or ``"volume"``).
+
+    Raises:
+        TypeError: not an ``nn.Module``; ValueError: the feature size is unknown or an option does not apply.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"backbone must be a spec string or an nn.Module; got {type(module).__name__}")
+    if isinstance(module, (TimmBackbone, HFBackbone, ModuleBackbone, TinySegNet3D)):
+        if options:
+            raise ValueError(f"backbone options {sorted(options)} do not apply to an already built backbone")
+        return module
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        PreTrainedModel = ()  # type: ignore[assignment,misc]
+    if isinstance(module, PreTrainedModel):
+        return HFBackbone.from_model(module, options.pop("tokenizer", None), **options)
+    is_timm = type(module).__module__.startswith("timm.") and callable(getattr(module, "reset_classifier", None))
+    if is_timm:
+        if options:
+            raise ValueError(f"options {sorted(options)} do not apply to a timm model object (it is built already)")
+        return TimmBackbone.from_model(module)
+    num_features = options.pop("num_features", getattr(module, "num_features", None))
+    if num_features is None:
+        raise ValueError(
+            f"the feature size of {type(module).__name__} is unknown: pass num_features=<D> (it must return [B, D])"
+        )
+    return ModuleBackbone(module, num_features=int(num_features), **options)
 
 
 BACKBONES.register("timm", TimmBackbone)

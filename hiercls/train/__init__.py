@@ -21,6 +21,7 @@ from hiercls.train.config import (
     save_config,
 )
 from hiercls.train.distributed import DistInfo, cleanup_distributed, init_distributed, is_main_process
+from hiercls.train.inference import load_trained_model, predict, write_predictions
 from hiercls.train.loop import StopTraining, build_model, build_optimizer, cosine_schedule, evaluate_model, train
 from hiercls.train.report import format_results, run_recipe
 
@@ -47,7 +48,10 @@ __all__ = [
     "init_distributed",
     "is_main_process",
     "load_config",
+    "load_trained_model",
+    "predict",
     "run_recipe",
     "save_config",
     "train",
+    "write_predictions",
 ]

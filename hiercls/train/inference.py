@@ -26,7 +26,16 @@ from hiercls.train.loop import evaluate_model
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IMAGE_EXTENSIONS", "evaluate_run", "load_trained_model", "predict", "read_inputs", "resolve_model_dir"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "PREDICTION_FORMATS",
+    "evaluate_run",
+    "load_trained_model",
+    "predict",
+    "read_inputs",
+    "resolve_model_dir",
+    "write_predictions",
+]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -110,24 +119,43 @@ def evaluate_run(
     return {"split": split, "samples": len(ds), **results}
 
 
-def read_inputs(items: Sequence[str]) -> tuple[list[Any], list[str], str]:
+def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[list[Any], list[str], str]:
     """Turn command-line inputs into model inputs: ``(inputs, labels for display, kind)``.
 
-    Image files (by extension) become PIL images; a ``.txt`` file contributes one text per non-empty line;
-    anything else is a text string. Mixing images and texts is an error.
+    * an image file (by extension) -> its path (opened batch by batch in :func:`predict`);
+    * a folder -> every image file under it, in sorted order;
+    * a ``.txt`` file -> one text per non-empty line;
+    * a ``.csv`` / ``.jsonl`` file -> the ``text_column`` of each row;
+    * anything else -> a text string.
+
+    Mixing images and texts is an error.
+
+    Raises:
+        FileNotFoundError: a missing image file; ValueError: no inputs, mixed kinds, or a file row without
+            ``text_column`` (the file and line are named).
+
+    Example:
+        >>> read_inputs(["a cat", "a dog"])
+        (['a cat', 'a dog'], ['a cat', 'a dog'], 'text')
     """
+    from hiercls.data.text import read_text_rows
+
     inputs: list[Any] = []
     shown: list[str] = []
     kinds = set()
     for item in items:
         p = Path(item)
-        if p.suffix.lower() in IMAGE_EXTENSIONS:
+        if p.is_dir():
+            images = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
+            if not images:
+                raise ValueError(f"folder {item!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+            inputs.extend(images)
+            shown.extend(str(f) for f in images)
+            kinds.add("image")
+        elif p.suffix.lower() in IMAGE_EXTENSIONS:
             if not p.is_file():
                 raise FileNotFoundError(f"image {item!r} does not exist")
-            from PIL import Image
-
-            with Image.open(p) as im:
-                inputs.append(im.convert("RGB"))
+            inputs.append(p)
             shown.append(str(p))
             kinds.add("image")
         elif p.suffix.lower() == ".txt" and p.is_file():
@@ -136,6 +164,11 @@ def read_inputs(items: Sequence[str]) -> tuple[list[Any], list[str], str]:
                     inputs.append(line.strip())
                     shown.append(line.strip())
             kinds.add("text")
+        elif p.suffix.lower() in (".csv", ".jsonl") and p.is_file():
+            texts = read_text_rows(p, text_column)
+            inputs.extend(texts)
+            shown.extend(texts)
+            kinds.add("text")
         else:
             inputs.append(item)
             shown.append(item)
@@ -143,8 +176,20 @@ def read_inputs(items: Sequence[str]) -> tuple[list[Any], list[str], str]:
     if len(kinds) > 1:
         raise ValueError("inputs mix image files and texts; give one kind per call")
     if not inputs:
-        raise ValueError("no inputs (give texts, a .txt file with one text per line, or image files)")
+        raise ValueError("no inputs (give texts, a .txt/.csv/.jsonl file of texts, image files or a folder of images)")
     return inputs, shown, kinds.pop()
+
+
+def _open_image(x: Any) -> Any:
+    if isinstance(x, (str, os.PathLike)):
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(x) as im:
+                return im.convert("RGB")
+        except (OSError, UnidentifiedImageError) as err:
+            raise ValueError(f"{x}: not a readable image ({err})") from None
+    return x
 
 
 @torch.no_grad()
@@ -158,46 +203,81 @@ def predict(
     batch_size: int = 32,
     device: str | torch.device = "cpu",
     image_size: int | None = None,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """Predictions for raw inputs (texts or PIL images).
+    """Predictions for raw inputs: texts, PIL images or image file paths.
+
+    Args:
+        model: a trained model (:func:`load_trained_model`).
+        taxonomy: its taxonomy.
+        inputs: texts for a text model; PIL images or image paths for an image model.
+        decoder: a decoder spec (:func:`hiercls.decode.parse_decoder`); set-valued decoders (``optimal_hf1``)
+            give node sets.
+        top_k: how many of the most probable leaves to list.
+        batch_size: inputs per forward pass.
+        device: where the model runs.
+        image_size: resize images to this side (default: the model's data config).
+        progress: show a progress bar (stderr).
 
     Returns:
-        Per input ``{"prediction": {"id", "name", "display_name", "prob"} | {"ids", "names", ...}``,
-        ``"path": [display names root -> prediction]``, ``"top_k": [{"name", "display_name", "prob"}] (leaves)}``.
+        Per input ``{"prediction": ..., "path": [display names root -> node], "top_k": [{"name",
+        "display_name", "prob"}] (leaves)}``. A single-node prediction is ``{"id", "name", "display_name",
+        "prob"}``; a node set is ``{"ids", "names", "display_names", "size", "depth", "deepest"}``, where
+        ``deepest`` is its deepest node (``{"id", "name", "display_name", "prob"}``) and ``path`` leads to it.
+
+    Example:
+        >>> from hiercls.models import create_model
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> model = create_model("timm:resnet10t", tax, head="flat")
+        >>> from PIL import Image
+        >>> [p] = predict(model, tax, [Image.new("RGB", (32, 32))], top_k=2)
+        >>> sorted(p), p["path"][0], len(p["top_k"])
+        (['path', 'prediction', 'top_k'], 'r', 2)
     """
+    from tqdm.auto import tqdm
+
     spec = parse_decoder(decoder)
+    if not inputs:
+        raise ValueError("predict: no inputs")
     modality = getattr(model, "modality", "text" if isinstance(inputs[0], str) else "image")
     if modality == "text" and not all(isinstance(x, str) for x in inputs):
         raise ValueError("this is a text model: give text inputs")
-    if modality == "image" and any(isinstance(x, str) for x in inputs):
-        raise ValueError("this is an image model: give image files")
+    if modality == "image" and any(isinstance(x, str) and not Path(x).is_file() for x in inputs):
+        raise ValueError("this is an image model: give images or image files")
     transform = image_transform(model, train=False, image_size=image_size) if modality == "image" else None
     leaves = np.array(taxonomy.leaves)  # a writable copy (torch indexing warns on read-only arrays)
     k = max(1, min(top_k, len(leaves)))
-    names, disp = taxonomy.names, taxonomy.display_names
+    names, disp, depth = taxonomy.names, taxonomy.display_names, taxonomy.depth
+
+    def node(j: int, probs_row: torch.Tensor) -> dict[str, Any]:
+        return {"id": j, "name": names[j], "display_name": disp[j], "prob": float(probs_row[j])}
+
     out: list[dict[str, Any]] = []
     model.eval()
+    bar = tqdm(total=len(inputs), desc="predict", unit="input", disable=not progress, leave=False)
     for start in range(0, len(inputs), batch_size):
         chunk = list(inputs[start : start + batch_size])
-        batch = [(transform(x) if transform is not None else x, 0) for x in chunk]
+        batch = [(transform(_open_image(x)) if transform is not None else x, 0) for x in chunk]
         x, _ = model.collate(batch)
         probs = model.node_probs(model(move_to_device(x, torch.device(device)))).float().cpu()
         pred = torch.as_tensor(spec(probs, taxonomy))
         top = probs[:, leaves].topk(k, dim=1)
         for i in range(len(chunk)):
             if pred.dim() == 2:
-                ids = pred[i].nonzero().flatten().tolist()
-                ids = [j for j in ids if j != taxonomy.root]
-                deepest = max(ids, key=lambda j: int(taxonomy.depth[j])) if ids else taxonomy.root
-                prediction = {"ids": ids, "names": [names[j] for j in ids], "display_names": [disp[j] for j in ids]}
+                ids = [j for j in pred[i].nonzero().flatten().tolist() if j != taxonomy.root]
+                ids.sort(key=lambda j: (int(depth[j]), j))  # root -> deepest, as the path reads
+                deepest = ids[-1] if ids else taxonomy.root
+                prediction = {
+                    "ids": ids,
+                    "names": [names[j] for j in ids],
+                    "display_names": [disp[j] for j in ids],
+                    "size": len(ids),
+                    "depth": int(depth[deepest]),
+                    "deepest": node(deepest, probs[i]),
+                }
             else:
                 deepest = int(pred[i])
-                prediction = {
-                    "id": deepest,
-                    "name": names[deepest],
-                    "display_name": disp[deepest],
-                    "prob": float(probs[i, deepest]),
-                }
+                prediction = node(deepest, probs[i])
             path = [disp[j] for j in taxonomy.path(deepest)] if taxonomy.is_tree else [disp[deepest]]
             out.append(
                 {
@@ -209,4 +289,67 @@ def predict(
                     ],
                 }
             )
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+PREDICTION_FORMATS = (".json", ".jsonl", ".csv")
+
+
+def write_predictions(
+    path: str | os.PathLike[str], shown: Sequence[str], predictions: Sequence[dict[str, Any]], **meta: Any
+) -> Path:
+    """Write :func:`predict`'s results, in the format of ``path``'s suffix, atomically (no half-written file).
+
+    * ``.json``: ``{**meta, "predictions": [{"input", **prediction}]}``;
+    * ``.jsonl``: one ``{"input", **prediction}`` object per line;
+    * ``.csv``: columns ``input, name, display_name, prob, set_size, path, top_k`` (``name`` is the
+      predicted node, or a set's nodes joined by ``|``; ``prob`` that node's probability, or a set's deepest
+      node's; ``path`` the display names joined by `` > ``; ``top_k`` ``name:prob`` pairs joined by ``|``).
+
+    Raises:
+        ValueError: an unknown suffix or a path that is a folder.
+    """
+    import csv
+    import io
+    import json
+
+    out = Path(path)
+    suffix = out.suffix.lower()
+    if suffix not in PREDICTION_FORMATS:
+        raise ValueError(f"--out {str(out)!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
+    if out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a folder; give a file name ending in {', '.join(PREDICTION_FORMATS)}")
+    rows = [{"input": s, **p} for s, p in zip(shown, predictions, strict=True)]
+    if suffix == ".json":
+        text = json.dumps({**meta, "predictions": rows}, indent=2, ensure_ascii=False) + "\n"
+    elif suffix == ".jsonl":
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    else:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(["input", "name", "display_name", "prob", "set_size", "path", "top_k"])
+        for r in rows:
+            pr = r["prediction"]
+            one = pr.get("deepest", pr)
+            writer.writerow(
+                [
+                    r["input"],
+                    "|".join(pr["names"]) if "names" in pr else pr["name"],
+                    "|".join(pr["display_names"]) if "names" in pr else pr["display_name"],
+                    f"{one['prob']:.6g}",
+                    pr.get("size", 1),
+                    " > ".join(r["path"]),
+                    "|".join(f"{t['name']}:{t['prob']:.6g}" for t in r["top_k"]),
+                ]
+            )
+        text = buf.getvalue()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
