@@ -17,6 +17,7 @@ from hiercls.evaluation import format_results
 from hiercls.train.config import config_to_dict, load_config
 from hiercls.train.distributed import is_main_process
 from hiercls.train.report import run_recipe
+from hiercls.train.study import format_study, run_study
 
 HELP = "train a hierarchical classifier from a YAML recipe"
 
@@ -34,7 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a recipe key, e.g. --set optim.lr=1e-4 --set run.out_dir=runs/x (repeatable)",
     )
     parser.add_argument("--out-dir", help="shortcut for --set run.out_dir=DIR")
-    parser.add_argument("--no-compare", action="store_true", help="skip the compare_heads runs of the recipe")
+    parser.add_argument(
+        "--no-compare", action="store_true", help="skip the compare_heads runs and the study of the recipe"
+    )
+    parser.add_argument("--quick", action="store_true", help="a study with its first seed only")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
 
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out_dir:
         overrides.append(f"run.out_dir={args.out_dir}")
     if args.no_compare:
-        overrides.append("compare_heads=[]")
+        overrides += ["compare_heads=[]", "study.seeds=[]"]
     cfg = load_config(args.recipe, overrides)
     if args.print_config:
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -52,6 +56,14 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose == 0:
         # Progress and evaluation summaries are the point of a training command: show hiercls.train's INFO.
         logging.getLogger("hiercls.train").setLevel(logging.INFO)
+    if cfg.study.seeds:
+        report = run_study(cfg, quick=args.quick)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print(f"\n{format_study(report)}")
+            print(f"\nstudy folder: {cfg.out_dir} (study.txt, study.json, study.png, runs/<head>-seed<k>/)")
+        return 0
     runs = run_recipe(cfg)
     if not is_main_process():
         return 0

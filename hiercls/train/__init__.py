@@ -24,6 +24,7 @@ from hiercls.train.distributed import DistInfo, cleanup_distributed, init_distri
 from hiercls.train.inference import load_trained_model, predict, write_predictions
 from hiercls.train.loop import StopTraining, build_model, build_optimizer, cosine_schedule, evaluate_model, train
 from hiercls.train.report import format_results, run_recipe
+from hiercls.train.study import format_study, run_study
 
 __all__ = [
     "ConfigError",
@@ -45,12 +46,14 @@ __all__ = [
     "cosine_schedule",
     "evaluate_model",
     "format_results",
+    "format_study",
     "init_distributed",
     "is_main_process",
     "load_config",
     "load_trained_model",
     "predict",
     "run_recipe",
+    "run_study",
     "save_config",
     "train",
     "write_predictions",

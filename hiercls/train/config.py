@@ -39,6 +39,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "ScheduleConfig",
+    "StudyConfig",
     "TrainConfig",
     "apply_overrides",
     "config_from_dict",
@@ -220,6 +221,35 @@ class RunConfig:
 
 
 @dataclass
+class StudyConfig:
+    """A comparison of heads over several seeds with confidence intervals (:func:`hiercls.train.run_study`).
+
+    With ``seeds`` set, ``hiercls train`` trains the recipe's head and every head of ``compare_heads`` once per
+    seed (each choosing its best checkpoint on ``data.eval_split``), scores every run on ``split``, adds a
+    no-input label-prior row, and reports mean ± std over seeds, per-level accuracy with sample counts, and a
+    paired bootstrap interval of the first two heads' difference.
+
+    Attributes:
+        seeds: run seeds (empty: no study, a plain run).
+        split: the split the study reports on (keep it apart from ``data.eval_split``, which picks checkpoints).
+        head_settings: per-head overrides, ``{head: {dotted.key: value}}`` (e.g. each head's tuned
+            ``optim.head_lr``), applied on top of the recipe.
+        prior: add the label-prior baseline (training label frequencies, the same for every input).
+        bootstrap: bootstrap resamples of the paired difference.
+        confidence: the interval's level.
+        max_samples: score a fixed subset of ``split`` (``None``: all of it).
+    """
+
+    seeds: list[int] = field(default_factory=list)
+    split: str = "test"
+    head_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prior: bool = True
+    bootstrap: int = 2000
+    confidence: float = 0.95
+    max_samples: int | None = None
+
+
+@dataclass
 class TrainConfig:
     """A complete training recipe (the keys of a recipe YAML file).
 
@@ -236,6 +266,7 @@ class TrainConfig:
         run: see :class:`RunConfig`.
         compare_heads: after the main run, train the same recipe with each of these heads (into
             ``<out_dir>/compare/<head>``) and report a comparison table.
+        study: see :class:`StudyConfig` (seeds, intervals, the prior baseline).
     """
 
     name: str = "run"
@@ -249,6 +280,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     compare_heads: list[str] = field(default_factory=list)
+    study: StudyConfig = field(default_factory=StudyConfig)
 
     @property
     def out_dir(self) -> Path:
@@ -619,6 +651,20 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         "run.device",
         f"expected auto, cpu, cuda or cuda:<index>, got {dev!r}",
     )
+    study = cfg.study
+    need(len(set(study.seeds)) == len(study.seeds), "study.seeds", f"must be distinct, got {study.seeds}")
+    need(study.bootstrap >= 100 or not study.seeds, "study.bootstrap", f"must be >= 100, got {study.bootstrap}")
+    need(0 < study.confidence < 1, "study.confidence", f"must be in (0, 1), got {study.confidence}")
+    need(study.max_samples is None or study.max_samples >= 1, "study.max_samples", "must be >= 1 or null")
+    heads = {cfg.model.head, *cfg.compare_heads}
+    for head, settings in study.head_settings.items():
+        need(head in heads, f"study.head_settings.{head}", f"is not a head of this recipe ({', '.join(sorted(heads))})")
+        for key in settings:
+            need(
+                key.split(".", 1)[0] in ("optim", "schedule", "data", "model") and "." in key,
+                f"study.head_settings.{head}.{key}",
+                "must be a dotted key of the optim, schedule, data or model section (e.g. optim.head_lr)",
+            )
     need(
         bool(cfg.name.strip()) and "/" not in cfg.name,
         "name",

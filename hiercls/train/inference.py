@@ -34,6 +34,7 @@ __all__ = [
     "predict",
     "read_inputs",
     "resolve_model_dir",
+    "split_loader",
     "write_predictions",
 ]
 
@@ -103,20 +104,27 @@ def evaluate_run(
         batch_size: evaluation batch size.
     """
     split = split or cfg.data.eval_split or "val"
-    transform = image_transform(model, train=False, image_size=cfg.data.image_size)
-    ds = build_dataset(cfg.data.dataset, split, taxonomy, cfg.data.options, transform)
     limit = cfg.data.max_eval_samples if max_samples is None else (max_samples or None)
-    ds = subsample(ds, limit)
     dev = torch.device(device)
-    loader = eval_loader(
-        ds,
-        batch_size or cfg.data.eval_batch_size or cfg.data.batch_size,
-        DistInfo(device=dev),
-        getattr(model, "collate", None),
-        0,
-    )
+    ds, loader = split_loader(model, taxonomy, cfg, split, limit, batch_size, dev)
     results, _, _ = evaluate_model(model, loader, taxonomy, list(decoders or cfg.eval.decoders), device=dev)
     return {"split": split, "samples": len(ds), **results}
+
+
+def split_loader(
+    model: nn.Module,
+    taxonomy: Taxonomy,
+    cfg: TrainConfig,
+    split: str,
+    max_samples: int | None,
+    batch_size: int | None,
+    device: torch.device,
+) -> tuple[Any, Any]:
+    """``(dataset, loader)`` of a split of the recipe's data set, in a fixed order, with the model's eval transform."""
+    transform = image_transform(model, train=False, image_size=cfg.data.image_size)
+    ds = subsample(build_dataset(cfg.data.dataset, split, taxonomy, cfg.data.options, transform), max_samples)
+    size = batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
+    return ds, eval_loader(ds, size, DistInfo(device=device), getattr(model, "collate", None), 0)
 
 
 def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[list[Any], list[str], str]:

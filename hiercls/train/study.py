@@ -1,0 +1,402 @@
+"""A head comparison a reader can trust: several seeds, a label-prior baseline and a paired bootstrap interval.
+
+:func:`run_study` runs a recipe whose ``study.seeds`` is set (``hiercls train`` calls it): every head of the
+recipe (``model.head`` and ``compare_heads``) is trained once per seed with its own settings
+(``study.head_settings``), picks its best checkpoint on ``data.eval_split``, and is scored on ``study.split``,
+which no run has seen. The report gives, per head and decoder, mean ± std over seeds of accuracy and micro hF1,
+the accuracy at every depth with the number of samples whose label reaches it, what the decoder predicts
+(``"1 node, depth 7.2"`` or ``"3.1-node set, depth 5.0"``), a label-prior row (the training label frequencies,
+the same prediction for every input: what a model learns without looking at the input), and the difference of
+the first two heads' micro hF1 with a paired bootstrap interval over the scored samples.
+
+Per-level accuracy here is the semantic-accuracy convention of Ridnik et al. (2021) applied per depth: of the
+samples whose label reaches depth ``d``, the fraction whose prediction has the label's node at depth ``d``; a
+prediction that stops above ``d`` is wrong there. (``per_level_accuracy`` of the metrics counts only samples
+whose prediction reaches ``d``, which leaves hedged node sets undefined at deep levels.)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hiercls.decode import DecoderSpec, parse_decoder
+from hiercls.evaluation import Evaluator, format_table
+from hiercls.metrics import hierarchical_counts
+from hiercls.metrics._validation import prepare_pair
+from hiercls.metrics.distance import per_level_counts
+from hiercls.taxonomy import Taxonomy
+from hiercls.train.config import StudyConfig, TrainConfig, apply_overrides
+from hiercls.train.distributed import cleanup_distributed, init_distributed
+from hiercls.train.inference import load_trained_model, split_loader
+from hiercls.train.loop import evaluate_model, train
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["label_prior", "paired_bootstrap", "run_study", "score_predictions"]
+
+
+def label_prior(labels: Sequence[int] | np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """Node probabilities ``[N]`` of the label frequencies: ``P(n)`` = share of labels at ``n`` or below it.
+
+    Labels may be internal nodes; ``-1`` is ignored. On a DAG a label counts once for every ancestor.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> label_prior([2, 2, 3, 4], tax).tolist()
+        [1.0, 0.75, 0.5, 0.25, 0.25]
+    """
+    y = np.asarray(labels, dtype=np.int64)
+    y = y[y >= 0]
+    if y.size == 0:
+        raise ValueError("label_prior: no labels (every label is -1)")
+    counts = np.bincount(y, minlength=taxonomy.num_nodes).astype(np.float64)
+    anc = taxonomy.ancestors_sparse  # row n: n and its ancestors
+    return np.asarray(anc.T @ counts).ravel() / y.size
+
+
+def paired_bootstrap(
+    counts_a: tuple[np.ndarray, np.ndarray, np.ndarray],
+    counts_b: tuple[np.ndarray, np.ndarray, np.ndarray],
+    *,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Micro hF1 of ``a`` minus ``b`` with a percentile bootstrap interval, resampling the same samples for both.
+
+    Args:
+        counts_a: per-sample ``(|T ∩ P|, |P|, |T|)`` of system ``a`` (:func:`hiercls.metrics.hierarchical_counts`;
+            several seeds may be summed per sample first).
+        counts_b: the same samples scored for system ``b``.
+        resamples: bootstrap resamples.
+        confidence: interval level.
+        seed: the resampling seed.
+
+    Returns:
+        ``{"difference", "low", "high", "resamples", "samples"}``.
+
+    Example:
+        >>> a = (np.array([2.0, 1, 2]), np.array([2.0, 2, 2]), np.array([2.0, 2, 2]))
+        >>> b = (np.array([1.0, 1, 0]), np.array([2.0, 2, 2]), np.array([2.0, 2, 2]))
+        >>> r = paired_bootstrap(a, b, resamples=200)
+        >>> round(r["difference"], 3), r["low"] <= r["difference"] <= r["high"]
+        (0.5, True)
+    """
+    a, b = np.stack(counts_a), np.stack(counts_b)  # [3, S]
+    if a.shape != b.shape:
+        raise ValueError(f"paired_bootstrap: the two systems scored different samples ({a.shape[1]} vs {b.shape[1]})")
+
+    def hf1(c: np.ndarray) -> np.ndarray:  # c [..., 3] summed counts
+        denom = c[..., 1] + c[..., 2]
+        return np.where(denom > 0, 2 * c[..., 0] / np.where(denom > 0, denom, 1), 0.0)
+
+    n = a.shape[1]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(resamples, n))
+    # How often each sample is drawn in each resample; one product then sums the counts of both systems.
+    weights = np.zeros((resamples, n))
+    np.add.at(weights, (np.repeat(np.arange(resamples), n), idx.ravel()), 1.0)
+    diffs = hf1(weights @ a.T) - hf1(weights @ b.T)
+    alpha = (1 - confidence) / 2
+    return {
+        "difference": float(hf1(a.sum(1)) - hf1(b.sum(1))),
+        "low": float(np.quantile(diffs, alpha)),
+        "high": float(np.quantile(diffs, 1 - alpha)),
+        "resamples": int(resamples),
+        "samples": int(n),
+    }
+
+
+def score_predictions(probs: np.ndarray, labels: np.ndarray, taxonomy: Taxonomy, spec: DecoderSpec) -> dict[str, Any]:
+    """What the study needs of one decoder on one run: per-sample counts, per-depth counts, prediction shape."""
+    pred = np.asarray(spec(probs, taxonomy))
+    inter, npred, ntrue = hierarchical_counts(labels, pred, taxonomy=taxonomy)
+    t, p, _ = prepare_pair(labels, pred, taxonomy)
+    correct, _, valid = per_level_counts(t, p, taxonomy, None, "depth")
+    depth = taxonomy.depth
+    if pred.ndim == 2:
+        sets = pred.astype(bool).copy()
+        sets[:, taxonomy.root] = False
+        size = sets.sum(1)
+        deepest = np.where(sets, depth[None, :], 0).max(1)
+    else:
+        size = (pred != taxonomy.root).astype(np.int64)
+        deepest = depth[pred]
+    return {
+        "counts": (inter, npred, ntrue),
+        "level_correct": correct,
+        "level_valid": valid,
+        "set": pred.ndim == 2,
+        "mean_size": float(size.mean()),
+        "mean_depth": float(deepest.mean()),
+    }
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def _describe(scores: Sequence[Mapping[str, Any]]) -> str:
+    size = float(np.mean([s["mean_size"] for s in scores]))
+    depth = float(np.mean([s["mean_depth"] for s in scores]))
+    if not scores[0]["set"]:
+        return f"1 node, depth {depth:.1f}"
+    return f"{size:.1f}-node set, depth {depth:.1f}"
+
+
+def _head_config(cfg: TrainConfig, head: str, seed: int, out: Path) -> TrainConfig:
+    run = copy.deepcopy(cfg)
+    if head != cfg.model.head:
+        run.model.head = head
+        run.model.head_options = {}
+    run.compare_heads = []
+    run.study = StudyConfig()
+    run.run.seed = seed
+    run.run.out_dir = str(out)
+    settings = cfg.study.head_settings.get(head, {})
+    return apply_overrides(run, [f"{k}={json.dumps(v)}" for k, v in settings.items()])
+
+
+def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
+    """Train and score every head of ``cfg`` once per ``cfg.study.seeds`` (see the module docstring).
+
+    Args:
+        cfg: a recipe with ``study.seeds`` set.
+        quick: only the first seed (no standard deviations; the interval still covers sample variation).
+
+    Returns:
+        The study (also written to ``<out_dir>/study.json``, the table to ``study.txt``, the plot to
+        ``study.png``): ``{"heads", "decoders", "seeds", "split", "samples", "levels", "rows", "difference"}``.
+
+    Raises:
+        ValueError: ``study.seeds`` is empty, or the split has no labelled sample.
+    """
+    study = cfg.study
+    if not study.seeds:
+        raise ValueError("run_study: study.seeds is empty (set e.g. study.seeds=[0,1,2])")
+    seeds = list(study.seeds[:1] if quick else study.seeds)
+    heads = list(dict.fromkeys([cfg.model.head, *cfg.compare_heads]))
+    specs = [parse_decoder(d) for d in cfg.eval.decoders]
+    out_dir = cfg.out_dir
+    info = init_distributed(cfg.run.device)
+    if info.distributed:
+        cleanup_distributed(info)
+        raise ValueError("run_study runs in one process (the runs are small); launch it without torchrun")
+    device = info.device
+    scores: dict[str, dict[str, list[dict[str, Any]]]] = {h: {s.label: [] for s in specs} for h in heads}
+    results: dict[str, list[dict[str, Any]]] = {h: [] for h in heads}
+    taxonomy: Taxonomy | None = None
+    labels: np.ndarray | None = None
+    try:
+        for head in heads:
+            for seed in seeds:
+                run_cfg = _head_config(cfg, head, seed, out_dir / "runs" / f"{head}-seed{seed}")
+                logger.info("study: head %s, seed %d -> %s", head, seed, run_cfg.run.out_dir)
+                train(run_cfg)
+                model, taxonomy, _ = load_trained_model(run_cfg.out_dir, which="best", device=device)
+                _, loader = split_loader(model, taxonomy, run_cfg, study.split, study.max_samples, None, device)
+                res, probs, y = evaluate_model(model, loader, taxonomy, specs, device=device, keep_probs=True)
+                if probs is None or y is None or not (y >= 0).any():
+                    raise ValueError(f"study.split {study.split!r}: no labelled sample to score")
+                keep = y >= 0
+                probs, y = probs[keep], y[keep]
+                if labels is not None and not np.array_equal(labels, y):
+                    raise ValueError("study: the runs scored different samples (the split must load in one order)")
+                labels = y
+                results[head].append(res)
+                for spec in specs:
+                    scores[head][spec.label].append(score_predictions(probs, y, taxonomy, spec))
+        assert taxonomy is not None and labels is not None
+        prior_row = None
+        if study.prior:
+            prior_row = _prior_scores(cfg, taxonomy, labels, specs)
+    finally:
+        cleanup_distributed(info)
+    report = _report(cfg, heads, specs, seeds, labels, taxonomy, results, scores, prior_row)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "study.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "study.txt").write_text(format_study(report) + "\n", encoding="utf-8")
+    try:
+        plot_study(report, out_dir / "study.png")
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        logger.warning("matplotlib missing: no study.png")
+    return report
+
+
+def _prior_scores(
+    cfg: TrainConfig, taxonomy: Taxonomy, labels: np.ndarray, specs: Sequence[DecoderSpec]
+) -> dict[str, Any]:
+    from hiercls.data import build_dataset, subsample
+
+    train_set = subsample(
+        build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options), cfg.data.max_train_samples
+    )
+    prior = label_prior(_targets(train_set), taxonomy)
+    probs = np.broadcast_to(prior, (len(labels), prior.size)).astype(np.float32)
+    ev = Evaluator(taxonomy, specs, k=())
+    ev.update(probs, labels)
+    res = ev.compute()
+    return {"results": res, "scores": {s.label: [score_predictions(probs, labels, taxonomy, s)] for s in specs}}
+
+
+def _targets(ds: Any) -> np.ndarray:
+    if isinstance(ds, torch.utils.data.Subset):
+        return np.asarray(_targets(ds.dataset))[np.asarray(ds.indices)]
+    targets = getattr(ds, "targets", None)
+    if targets is None:
+        return np.asarray([int(ds[i][1]) for i in range(len(ds))])
+    return np.asarray(targets.numpy() if isinstance(targets, torch.Tensor) else targets)
+
+
+def _report(
+    cfg: TrainConfig,
+    heads: list[str],
+    specs: Sequence[DecoderSpec],
+    seeds: list[int],
+    labels: np.ndarray,
+    taxonomy: Taxonomy,
+    results: Mapping[str, list[dict[str, Any]]],
+    scores: Mapping[str, Mapping[str, list[dict[str, Any]]]],
+    prior: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    valid = scores[heads[0]][specs[0].label][0]["level_valid"]
+    levels = [int(v) for v in valid]
+    rows = []
+
+    def row(name: str, label: str, runs: list[dict[str, Any]], sc: list[dict[str, Any]]) -> dict[str, Any]:
+        acc = _mean_std([r[f"{label}/accuracy"] for r in runs])
+        hf1 = _mean_std([r[f"{label}/hF1_micro"] for r in runs])
+        per = np.stack([s["level_correct"] / np.maximum(s["level_valid"], 1) for s in sc])
+        return {
+            "head": name,
+            "decoder": label,
+            "prediction": _describe(sc),
+            "accuracy": acc,
+            "hF1_micro": hf1,
+            "level_accuracy": [[float(m), float(sd)] for m, sd in zip(per.mean(0), _std0(per), strict=True)],
+            "per_seed_hF1_micro": [r[f"{label}/hF1_micro"] for r in runs],
+        }
+
+    for head in heads:
+        for spec in specs:
+            rows.append(row(head, spec.label, results[head], scores[head][spec.label]))
+    if prior is not None:
+        for spec in specs:
+            rows.append(row("label prior", spec.label, [prior["results"]], prior["scores"][spec.label]))
+    differences = []
+    if len(heads) >= 2:
+        for spec in specs:
+
+            def pooled(head: str, label: str = spec.label) -> tuple[np.ndarray, ...]:
+                return tuple(np.sum([s["counts"][i] for s in scores[head][label]], axis=0) for i in range(3))
+
+            diff = paired_bootstrap(
+                pooled(heads[0]), pooled(heads[1]), resamples=cfg.study.bootstrap, confidence=cfg.study.confidence
+            )
+            differences.append({"a": heads[0], "b": heads[1], "decoder": spec.label, **diff})
+    return {
+        "name": cfg.name,
+        "heads": heads,
+        "decoders": [s.label for s in specs],
+        "seeds": seeds,
+        "split": cfg.study.split,
+        "samples": len(labels),
+        "levels": levels,
+        "confidence": cfg.study.confidence,
+        "rows": rows,
+        "difference": differences,
+        "taxonomy": taxonomy.name,
+    }
+
+
+def _std0(per: np.ndarray) -> np.ndarray:
+    return per.std(0, ddof=1) if per.shape[0] > 1 else np.zeros(per.shape[1])
+
+
+def _pm(v: Sequence[float], seeds: int) -> str:
+    m, sd = v
+    return f"{m:.3f}" if seeds < 2 or math.isnan(sd) else f"{m:.3f} ± {sd:.3f}"
+
+
+def format_study(report: Mapping[str, Any]) -> str:
+    """The study as text: the table (mean ± std over seeds) and the paired difference with its interval."""
+    n_seeds = len(report["seeds"])
+    levels = report["levels"]
+    shown = [i for i, n in enumerate(levels) if n > 0]
+    header = ["head", "decoder", "prediction", "accuracy", "hF1 (micro)", *[f"d{i + 1} (n={levels[i]})" for i in shown]]
+    rows = []
+    for r in report["rows"]:
+        seeds = n_seeds if r["head"] != "label prior" else 1
+        rows.append(
+            [
+                r["head"],
+                r["decoder"],
+                r["prediction"],
+                _pm(r["accuracy"], seeds),
+                _pm(r["hF1_micro"], seeds),
+                *[f"{r['level_accuracy'][i][0]:.3f}" for i in shown],
+            ]
+        )
+    seeds_txt = f"{n_seeds} seeds ({', '.join(map(str, report['seeds']))})" if n_seeds > 1 else "1 seed"
+    lines = [
+        f"{report['name']}: {seeds_txt}, {report['samples']} samples of split {report['split']!r}; "
+        "mean ± std over seeds; d<k>: accuracy at depth k over the n samples whose label reaches it",
+        format_table(header, rows),
+    ]
+    for d in report["difference"]:
+        level = round(100 * report["confidence"])
+        verdict = (
+            f"{d['a']} is ahead"
+            if d["low"] > 0
+            else (f"{d['b']} is ahead" if d["high"] < 0 else "no difference shown (the interval contains 0)")
+        )
+        lines.append(
+            f"hF1 (micro) {d['a']} - {d['b']}, {d['decoder']}: {d['difference']:+.3f} "
+            f"({level}% CI [{d['low']:+.3f}, {d['high']:+.3f}], paired bootstrap over {d['samples']} samples, "
+            f"seeds pooled, {d['resamples']} resamples): {verdict}"
+        )
+    return "\n".join(lines)
+
+
+def plot_study(report: Mapping[str, Any], png_path: str | Path) -> Path:
+    """Accuracy per depth of every head (mean ± std over seeds), one panel per decoder, prior dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    decoders = report["decoders"]
+    shown = [i for i, n in enumerate(report["levels"]) if n > 0]
+    fig, axes = plt.subplots(1, len(decoders), figsize=(5.5 * len(decoders), 4), squeeze=False)
+    for ax, dec in zip(axes[0], decoders, strict=True):
+        for r in report["rows"]:
+            if r["decoder"] != dec:
+                continue
+            m = np.array([r["level_accuracy"][i][0] for i in shown])
+            sd = np.array([r["level_accuracy"][i][1] for i in shown])
+            x = np.array(shown) + 1
+            style = "--" if r["head"] == "label prior" else "o-"
+            ax.plot(x, m, style, label=f"{r['head']} (hF1 {r['hF1_micro'][0]:.3f})")
+            ax.fill_between(x, m - sd, m + sd, alpha=0.2)
+        ax.set_title(f"decoder {dec}")
+        ax.set_xlabel("depth (1 = coarsest)")
+        ax.set_ylabel("accuracy at depth")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{report['name']}: {len(report['seeds'])} seed(s), split {report['split']}")
+    fig.tight_layout()
+    out = Path(png_path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

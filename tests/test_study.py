@@ -1,0 +1,133 @@
+"""The multi-seed head study: label prior, paired bootstrap, and a tiny end-to-end study on synthetic images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hiercls.cli import main
+from hiercls.taxonomy import Taxonomy
+from hiercls.train import config_from_dict
+from hiercls.train.inference import evaluate_run, load_trained_model
+from hiercls.train.study import format_study, label_prior, paired_bootstrap, run_study
+
+EDGES = [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2"), ("a1", "a1x"), ("a1", "a1y")]
+
+
+def test_label_prior_on_a_dag_counts_each_ancestor_once():
+    dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("b", "y")])
+    x, y, a = dag.index("x"), dag.index("y"), dag.index("a")
+    prior = label_prior([x, x, y, -1], dag)
+    assert prior[dag.root] == 1.0
+    assert prior[dag.index("b")] == 1.0 and prior[a] == pytest.approx(2 / 3) and prior[y] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="no labels"):
+        label_prior([-1], dag)
+
+
+def _hf1(c):
+    return 2 * c[0] / (c[1] + c[2])
+
+
+def test_paired_bootstrap_equals_explicit_resampling():
+    rng = np.random.default_rng(5)
+    n = 40
+    ntrue = rng.integers(1, 5, n).astype(float)
+    a = (np.minimum(ntrue, rng.integers(0, 5, n)).astype(float), rng.integers(1, 5, n).astype(float), ntrue)
+    b = (np.minimum(ntrue, rng.integers(0, 3, n)).astype(float), rng.integers(1, 5, n).astype(float), ntrue)
+    res = paired_bootstrap(a, b, resamples=300, confidence=0.9, seed=11)
+    # the same draws, one resample at a time
+    idx = np.random.default_rng(11).integers(0, n, size=(300, n))
+    diffs = [_hf1([c[i].sum() for c in a]) - _hf1([c[i].sum() for c in b]) for i in idx]
+    assert res["difference"] == pytest.approx(_hf1([c.sum() for c in a]) - _hf1([c.sum() for c in b]))
+    assert res["low"] == pytest.approx(np.quantile(diffs, 0.05))
+    assert res["high"] == pytest.approx(np.quantile(diffs, 0.95))
+    same = paired_bootstrap(a, a, resamples=200)
+    assert same["difference"] == same["low"] == same["high"] == 0.0
+    with pytest.raises(ValueError, match="different samples"):
+        paired_bootstrap(a, tuple(c[:-1] for c in b))
+
+
+def _recipe(tmp: Path) -> dict:
+    tax_file = tmp / "tax.txt"
+    tax_file.write_text("".join(f"{p} {c}\n" for p, c in EDGES), encoding="utf-8")
+    return {
+        "name": "tiny_study",
+        "taxonomy": str(tax_file),
+        "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "options": {"kind": "image", "train_samples": 32, "val_samples": 12, "test_samples": 20},
+        },
+        "optim": {"lr": 3e-3},
+        "schedule": {"epochs": 1},
+        "eval": {"decoders": ["argmax_leaf", "optimal_hf1"]},
+        "run": {"out_dir": str(tmp / "study"), "progress": False, "plot": False},
+        "compare_heads": ["flat"],
+        "study": {"seeds": [0, 1], "bootstrap": 200, "head_settings": {"flat": {"optim.lr": 1e-3}}},
+    }
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study")
+    cfg = config_from_dict(_recipe(tmp))
+    return cfg, run_study(cfg)
+
+
+def test_study_rows_match_independent_evaluations(study):
+    cfg, report = study
+    assert report["heads"] == ["semantic_softmax", "flat"] and report["seeds"] == [0, 1]
+    assert [r["head"] for r in report["rows"]].count("label prior") == 2
+    assert report["samples"] == 20 and report["levels"][0] == 20  # every label reaches depth 1
+    for head in ("semantic_softmax", "flat"):
+        row = next(r for r in report["rows"] if r["head"] == head and r["decoder"] == "optimal_hf1")
+        for seed, value in zip([0, 1], row["per_seed_hF1_micro"], strict=True):
+            run = cfg.out_dir / "runs" / f"{head}-seed{seed}"
+            model, tax, run_cfg = load_trained_model(run, which="best")
+            again = evaluate_run(model, tax, run_cfg, split="test", decoders=["optimal_hf1"])
+            assert value == pytest.approx(again["optimal_hf1/hF1_micro"])
+        assert row["hF1_micro"][0] == pytest.approx(np.mean(row["per_seed_hF1_micro"]))
+        assert row["hF1_micro"][1] == pytest.approx(np.std(row["per_seed_hF1_micro"], ddof=1))
+    flat_cfg = cfg.out_dir / "runs" / "flat-seed0" / "config.yaml"
+    assert "lr: 0.001" in flat_cfg.read_text(encoding="utf-8")  # the flat head's own setting
+
+
+def test_study_prior_row_is_the_most_frequent_training_leaf(study):
+    cfg, report = study
+    from hiercls.data import build_dataset
+    from hiercls.taxonomy import read_taxonomy
+
+    tax = read_taxonomy(cfg.taxonomy)
+    train_y = build_dataset("synthetic", "train", tax, cfg.data.options).targets
+    test_y = build_dataset("synthetic", "test", tax, cfg.data.options).targets
+    leaves, counts = np.unique(train_y, return_counts=True)
+    top = leaves[counts == counts.max()].min()  # ties: the smallest id, the decoders' rule
+    prior = next(r for r in report["rows"] if r["head"] == "label prior" and r["decoder"] == "argmax_leaf")
+    assert prior["accuracy"][0] == pytest.approx(np.mean(test_y == top))
+    assert prior["prediction"].startswith("1 node")
+
+
+def test_study_report_text_and_files(study):
+    cfg, report = study
+    text = format_study(report)
+    assert "95% CI [" in text and "paired bootstrap over 20 samples" in text and "label prior" in text
+    assert "d1 (n=20)" in text and "nan" not in text
+    assert "-node set, depth" in text  # the hF1-optimal decoder's sets are described, not shown as nan
+    for name in ("study.json", "study.txt", "study.png"):
+        assert (cfg.out_dir / name).is_file()
+
+
+def test_cli_quick_study(tmp_path, capsys):
+    import yaml
+
+    recipe = _recipe(tmp_path)
+    recipe["study"]["seeds"] = [3, 4]
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert main(["train", str(path), "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "1 seed" in out and "CI [" in out
+    assert not (tmp_path / "study" / "runs" / "flat-seed4").exists()
