@@ -19,7 +19,7 @@ import torch
 from hiercls.data import LabelEncoder
 from hiercls.data.text import HierTextDataset
 from hiercls.decode import chmcnn, decode, threshold_set
-from hiercls.evaluation import Evaluator, format_results
+from hiercls.evaluation import Evaluator, evaluate_probabilities, format_results
 from hiercls.metrics import ConstrainedF1, constrained_f1_score, node_f1_score, path_constrained_f1_score
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -152,6 +152,8 @@ def test_evaluator_switches_to_set_metrics_on_multi_hot_labels(dag: Taxonomy) ->
     assert "micro-F1" in table and "C-micro-F1" in table and "P-macro-F1" in table
     with pytest.raises(ValueError, match="one kind of labels"):
         ev.update(p, np.array([1, 2]))
+    once = evaluate_probabilities(p, y, dag, ["threshold_set", "chmcnn"])
+    assert once["samples"] == 2 and all(once[k] == v for k, v in r.items())
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -132,7 +132,8 @@ class Evaluator:
         Args:
             probs: node probabilities ``[B, N]`` (leaf ``[B, L]`` with ``leaf_probs``), NumPy or torch, or dense
                 ``[B, N, *spatial]`` with labels ``[B, *spatial]``.
-            labels: node ids ``[B]`` (``-1`` = ignored).
+            labels: node ids ``[B]`` (``-1`` = ignored), or ancestor-closed 0/1 node sets ``[B, N]``
+                (multi-label truth: the set metrics, see the module).
 
         Returns:
             ``{decoder label: predictions}`` (node ids ``[B]`` or boolean node sets ``[B, N]``, as NumPy).
@@ -229,7 +230,8 @@ def evaluate_probabilities(
     Args:
         probs: node probabilities ``[B, N]`` (leaf ``[B, L]`` with ``leaf_probs``), or a file
             :func:`~hiercls.evaluation.load_probabilities` reads.
-        labels: node ids ``[B]`` (``-1`` = ignored), or a file :func:`~hiercls.evaluation.load_labels` reads.
+        labels: node ids ``[B]`` (``-1`` = ignored), node sets ``[B, N]`` (multi-label), or a file
+            :func:`~hiercls.evaluation.load_labels` reads.
         taxonomy: the taxonomy.
         decoders: decoder specs.
         betas, k, leaf_probs: as for :class:`Evaluator`.
@@ -249,13 +251,17 @@ def evaluate_probabilities(
         probs = load_probabilities(probs)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels(labels, taxonomy)
-    y = np.asarray(to_numpy(labels), dtype=np.int64).ravel()
+    y = np.asarray(to_numpy(labels))
+    sets = y.ndim == 2 and np.ndim(probs) == 2  # node sets [B, N] (multi-label truth)
+    y = y.astype(np.float32 if sets else np.int64)
+    y = y if sets else y.ravel()
     evaluator = Evaluator(taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, sync_on_compute=False)
     evaluator.update(probs, y)
+    ignored = int((y < 0).any(1).sum()) if sets else int((y < 0).sum())
     return {
         "taxonomy": taxonomy.name,
         "fingerprint": taxonomy.fingerprint,
-        "samples": int((y >= 0).sum()),
-        "ignored": int((y < 0).sum()),
+        "samples": len(y) - ignored,
+        "ignored": ignored,
         **evaluator.compute(),
     }
