@@ -121,7 +121,9 @@ def test_label_smoothing_is_left_out_of_the_fit_and_restored() -> None:
         t = res["calibration"]["temperature"]
         direct = fit_temperature(lambda s: float(model.loss(out / s, y)))
         model.head.criterion.label_smoothing = 0.2
+        smoothed = fit_temperature(lambda s: float(model.loss(out / s, y)))
     assert t == pytest.approx(direct, rel=1e-6)
+    assert abs(smoothed - direct) > 1e-3 * direct  # smoothing does change the fit: leaving it out matters
 
 
 def test_training_with_calibrate_reports_both_and_saves_the_temperature(tmp_path: Path) -> None:
