@@ -85,6 +85,20 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
             }
 
         return Case(lambda: cls(tax, zero_division=0.0), (t, p), ref, _plain)
+    if name == "ConstrainedF1":
+        t = _ids(tax, rng, n)
+        p = rng.random((n, tax.num_nodes)) < 0.3  # raw sets: a node may come without its parent
+
+        def ref(t: Any, p: Any, w: Any = None) -> dict[str, float]:
+            kw = {"taxonomy": tax, "zero_division": 0.0, "sample_weight": w, "labels": "present"}
+            return {
+                "C_micro_f1": M.constrained_f1_score(t, p, average="micro", **kw),
+                "C_macro_f1": M.constrained_f1_score(t, p, average="macro", **kw),
+                "P_micro_f1": M.path_constrained_f1_score(t, p, average="micro", **kw),
+                "P_macro_f1": M.path_constrained_f1_score(t, p, average="macro", **kw),
+            }
+
+        return Case(lambda: cls(tax), (t, p), ref, _plain)
     if name == "MistakeSeverity":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
         return Case(

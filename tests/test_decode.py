@@ -12,6 +12,7 @@ import torch
 
 from hiercls.decode import (
     RULES,
+    SET_RULES,
     argmax_leaf,
     bayes_node,
     calibrate_info_gain,
@@ -191,8 +192,8 @@ def test_threshold_root_only_and_empty_batch() -> None:
     root_only = np.array([[1.0, 0.0, 0.0]])
     for rule in RULES:
         out = decode(root_only, tax, rule)
-        if rule == "optimal_hfbeta":
-            assert out.tolist() == [[True, False, False]]
+        if rule in SET_RULES:
+            assert out.tolist() == [[True, False, False]], rule
         elif rule not in ("argmax_leaf", "hie", "crm"):
             assert out.tolist() == [0], rule
         empty = decode(np.zeros((0, 3)), tax, rule)
@@ -214,7 +215,7 @@ def test_torch_in_torch_out_and_dtypes() -> None:
         ref = decode(node, tax, rule)
         got = decode(torch.tensor(node, dtype=torch.float64), tax, rule)
         assert isinstance(got, torch.Tensor)
-        assert got.dtype == (torch.bool if rule == "optimal_hfbeta" else torch.int64)
+        assert got.dtype == (torch.bool if rule in SET_RULES else torch.int64)
         np.testing.assert_array_equal(got.numpy(), ref, err_msg=rule)
         for low in (torch.tensor(node, dtype=torch.float32), node.astype(np.float32)):
             got = decode(low, tax, rule)

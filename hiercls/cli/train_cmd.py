@@ -13,7 +13,7 @@ import sys
 
 import yaml
 
-from hiercls.evaluation import format_results
+from hiercls.evaluation import format_calibration, format_results
 from hiercls.train.config import config_to_dict, load_config
 from hiercls.train.distributed import is_main_process
 from hiercls.train.report import run_recipe
@@ -75,5 +75,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"\n{cfg.name}: {cfg.description}".rstrip(": ") if cfg.description else f"\n{cfg.name}")
         print(format_results(runs))
+        calibration = format_calibration(runs)
+        if calibration:
+            print(f"\ncalibration (temperature fitted on the {cfg.data.eval_split} split):\n{calibration}")
         print(f"\nrun folder: {cfg.out_dir} (config.yaml, metrics.jsonl, results.json, curves.png, checkpoints/)")
     return 0

@@ -1,7 +1,8 @@
 """Datasets (images, text, Fashion-MNIST, the WordNet gloss set, synthetic sets), the dataset registry, label
 encoding and resumable DDP loaders.
 
-Every dataset yields ``(input, node_id)`` against a :class:`~hiercls.taxonomy.Taxonomy`; models supply the
+Every dataset yields ``(input, node_id)`` against a :class:`~hiercls.taxonomy.Taxonomy` (text data sets with
+label sets: ``(text, multi-hot [N])``, see :class:`~hiercls.data.text.HierTextDataset`); models supply the
 collate function (stacking images, tokenising text). Recipes name a data set kind of :data:`DATASETS`
 (:func:`build_dataset`).
 """

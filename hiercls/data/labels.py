@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -84,6 +84,86 @@ class LabelEncoder:
                 label=str(label),
             )
         return node
+
+    def encode_set(
+        self,
+        labels: str | int | Sequence[Any],
+        label_format: LabelFormat = "name",
+        *,
+        set_separator: str | None = None,
+        source: str | None = None,
+        line: int | None = None,
+    ) -> list[int]:
+        """Node ids of a label *set* (a multi-label sample), in first-seen order without repeats.
+
+        Args:
+            labels: a list of labels (each as :meth:`encode` takes it; with ``label_format="path"`` or ``"auto"``
+                an item may also be a list of names, the path's components), or one string holding several labels
+                separated by ``set_separator`` (a CSV cell such as ``"animal/cat|car"``), or a single label.
+            label_format: the format of each label (see :meth:`encode`).
+            set_separator: separator between the labels of a string; ``None`` reads the string as one label.
+                It is split on first, so it must differ from the path separator (the encoder's
+                ``separator``).
+            source, line: where the labels came from (named in errors).
+
+        Raises:
+            TaxonomyError: an unknown label (named with ``source``/``line``), or an empty set.
+            ValueError: ``set_separator`` equal to the path separator.
+
+        Example:
+            >>> tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "car")])
+            >>> enc = LabelEncoder(tax)
+            >>> enc.encode_set(["animal/cat", "car"], "path"), enc.encode_set("cat|car|cat", set_separator="|")
+            ([2, 4], [2, 4])
+            >>> enc.encode_set([["animal", "dog"], "car"], "path")
+            [3, 4]
+        """
+        if set_separator is not None and (not set_separator or set_separator == self.separator):
+            raise ValueError(
+                f"set_separator must be a non-empty string other than the path separator {self.separator!r}; "
+                f"got {set_separator!r}"
+            )
+        if isinstance(labels, str):
+            items: list[Any] = labels.split(set_separator) if set_separator is not None else [labels]
+        elif isinstance(labels, (int, np.integer)) and not isinstance(labels, bool):
+            items = [labels]
+        elif isinstance(labels, (list, tuple)):
+            items = list(labels)
+        else:
+            raise TaxonomyError(
+                f"a label set must be a list of labels or a string; got {type(labels).__name__}",
+                source=source,
+                line=line,
+                label=str(labels),
+            )
+        out: dict[int, None] = {}
+        for item in items:
+            fmt = label_format
+            if isinstance(item, (list, tuple)):
+                if label_format not in ("path", "auto") or not all(isinstance(x, str) for x in item):
+                    raise TaxonomyError(
+                        f"label {item!r}: a list inside a label set is a path of names and needs "
+                        "label_format='path' (or 'auto')",
+                        source=source,
+                        line=line,
+                        label=str(item),
+                    )
+                item, fmt = self.separator.join(item), "path"
+            elif isinstance(item, bool) or not isinstance(item, (str, int, np.integer)):
+                raise TaxonomyError(
+                    f"label {item!r} in a label set must be a string or an integer, not {type(item).__name__}",
+                    source=source,
+                    line=line,
+                    label=str(item),
+                )
+            if isinstance(item, str) and not item.strip():
+                raise TaxonomyError(
+                    f"empty label in the label set {labels!r}", source=source, line=line, label=str(labels)
+                )
+            out.setdefault(self.encode(item, fmt, source=source, line=line), None)
+        if not out:
+            raise TaxonomyError("empty label set", source=source, line=line, label=str(labels))
+        return list(out)
 
     def multi_hot(self, label_sets: Sequence[Iterable[int]]) -> torch.Tensor:
         """Ancestor-closed ``[B, N]`` float 0/1 targets from node-id sets (a sample with several labels).

@@ -1,4 +1,5 @@
-"""Text datasets: CSV / JSONL files with a text column and a label column (path, name or node id)."""
+"""Text datasets: CSV / JSONL files with a text column and a label column (path, name or node id), or a label
+set column (any number of labels per row) for multi-label hierarchical text classification."""
 
 from __future__ import annotations
 
@@ -23,32 +24,65 @@ __all__ = ["HierTextDataset", "read_text_rows"]
 
 
 class HierTextDataset(Dataset):
-    """``(text, node_id)`` pairs for a taxonomy.
+    """``(text, node_id)`` pairs for a taxonomy, or ``(text, multi-hot [N])`` pairs for label sets.
 
     Args:
         texts: the texts.
-        targets: node id of each text's label.
+        targets: node id of each text's label; with ``multilabel=True`` a collection of node ids per text
+            (its label set, any number of labels).
         taxonomy: the taxonomy the ids refer to.
+        multilabel: each target is a label set; items are then ``(text, y)`` with ``y`` the ancestor-closed
+            0/1 float tensor ``[N]`` of the set (:meth:`LabelEncoder.multi_hot`), which the models' collate
+            stacks into ``[B, N]``.
+        source: where the data came from (named in errors).
 
     Example:
         >>> tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("root", "car")])
         >>> ds = HierTextDataset(["a purring pet", "a vehicle"], [2, 3], tax)
         >>> ds[1]
         ('a vehicle', 3)
+        >>> ml = HierTextDataset(["a cat in a car"], [[2, 3]], tax, multilabel=True)
+        >>> ml[0][1].int().tolist(), ml.label_sets[0].tolist()
+        ([1, 1, 1, 1], [2, 3])
     """
 
     def __init__(
         self,
         texts: Sequence[str],
-        targets: Sequence[int] | np.ndarray,
+        targets: Sequence[int] | Sequence[Sequence[int]] | np.ndarray,
         taxonomy: Taxonomy,
         *,
+        multilabel: bool = False,
         source: str | None = None,
     ) -> None:
         if len(texts) != len(targets):
             raise ValueError(f"texts has {len(texts)} entries but targets has {len(targets)}")
         self.texts = list(texts)
+        self.taxonomy = taxonomy
+        self.source = source
+        self.multilabel = bool(multilabel)
+        self.label_sets: list[np.ndarray] = []
+        if self.multilabel:
+            for i, t in enumerate(targets):
+                ids = np.asarray(t, dtype=np.int64).reshape(-1)
+                if ids.size == 0 or ids.min() < 0 or ids.max() >= taxonomy.num_nodes:
+                    raise TaxonomyError(
+                        f"label set {ids.tolist()} of sample {i} is empty or has ids outside "
+                        f"[0, {taxonomy.num_nodes}) of taxonomy {taxonomy.name!r}",
+                        source=source,
+                        label=str(ids.tolist()),
+                    )
+                self.label_sets.append(ids)
+            # One node per sample for code that wants a single label (samplers, summaries): the first label.
+            self.targets = np.asarray([s[0] for s in self.label_sets], dtype=np.int64)
+            self._encoder = LabelEncoder(taxonomy)
+            return
         self.targets = np.asarray(targets, dtype=np.int64)
+        if self.targets.ndim != 1:
+            raise ValueError(
+                f"targets must be one node id per text; got shape {list(self.targets.shape)} "
+                "(pass multilabel=True for label sets)"
+            )
         if self.targets.size and (self.targets.min() < -1 or self.targets.max() >= taxonomy.num_nodes):
             bad = int(self.targets[(self.targets < -1) | (self.targets >= taxonomy.num_nodes)][0])
             raise TaxonomyError(
@@ -57,19 +91,22 @@ class HierTextDataset(Dataset):
                 source=source,
                 label=str(bad),
             )
-        self.taxonomy = taxonomy
-        self.source = source
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, index: int) -> tuple[str, int]:
+    def __getitem__(self, index: int) -> tuple[str, Any]:
+        if self.multilabel:
+            return self.texts[index], self._encoder.multi_hot([self.label_sets[index]])[0]
         return self.texts[index], int(self.targets[index])
 
     def subset(self, indices: Iterable[int]) -> HierTextDataset:
         """A new dataset with the samples at ``indices``."""
         idx = np.asarray(list(indices), dtype=np.int64)
-        return HierTextDataset([self.texts[i] for i in idx], self.targets[idx], self.taxonomy, source=self.source)
+        targets: Any = [self.label_sets[i] for i in idx] if self.multilabel else self.targets[idx]
+        return HierTextDataset(
+            [self.texts[i] for i in idx], targets, self.taxonomy, multilabel=self.multilabel, source=self.source
+        )
 
     # ------------------------------------------------------------------ readers
     @classmethod
@@ -84,6 +121,8 @@ class HierTextDataset(Dataset):
         separator: str = "/",
         delimiter: str = ",",
         encoding: str = "utf-8",
+        multilabel: bool = False,
+        label_set_separator: str = "|",
     ) -> HierTextDataset:
         """Read a CSV (or TSV with ``delimiter="\\t"``) file with a header row.
 
@@ -96,6 +135,10 @@ class HierTextDataset(Dataset):
             separator: separator of label paths.
             delimiter: field delimiter.
             encoding: text encoding.
+            multilabel: the label cell holds a label *set*: any number of labels separated by
+                ``label_set_separator`` (``CCAT/C15|ECAT/E11``); items are multi-hot (see the class).
+            label_set_separator: separator between the labels of a set (default ``|``; it must differ from
+                ``separator`` and from ``delimiter``).
 
         Raises:
             FileNotFoundError: no such file.
@@ -110,12 +153,17 @@ class HierTextDataset(Dataset):
             >>> _ = p.write_text('text,label\\n"meows, purrs",animal/cat\\nhonks,car\\n')
             >>> HierTextDataset.from_csv(p, "text", "label", tax).targets.tolist()
             [2, 3]
+            >>> _ = p.write_text('text,labels\\na cat in a car,animal/cat|car\\n')
+            >>> HierTextDataset.from_csv(p, "text", "labels", tax, multilabel=True).label_sets[0].tolist()
+            [2, 3]
         """
         path = Path(path)
         src = str(path)
         encoder = LabelEncoder(taxonomy, separator=separator)
+        if multilabel and label_set_separator == delimiter:
+            raise ValueError(f"label_set_separator {label_set_separator!r} must differ from the delimiter")
         texts: list[str] = []
-        targets: list[int] = []
+        targets: list[Any] = []
         with _open(path, encoding) as f:
             reader = csv.reader(f, delimiter=delimiter)
             try:
@@ -146,10 +194,17 @@ class HierTextDataset(Dataset):
                     raise ValueError(f"{src}:{line}: {len(row)} fields but the header has {len(header)}")
                 text, label = row[ti], row[li].strip()
                 _check_text_label(text, label, src, line, text_column, label_column)
-                targets.append(encoder.encode(label, label_format, source=src, line=line))
+                if multilabel:
+                    targets.append(
+                        encoder.encode_set(
+                            label, label_format, set_separator=label_set_separator, source=src, line=line
+                        )
+                    )
+                else:
+                    targets.append(encoder.encode(label, label_format, source=src, line=line))
                 texts.append(text)
         _check_not_empty(texts, src)
-        return cls(texts, targets, taxonomy, source=src)
+        return cls(texts, targets, taxonomy, multilabel=multilabel, source=src)
 
     @classmethod
     def from_jsonl(
@@ -162,10 +217,13 @@ class HierTextDataset(Dataset):
         label_format: LabelFormat = "path",
         separator: str = "/",
         encoding: str = "utf-8",
+        multilabel: bool = False,
     ) -> HierTextDataset:
         """Read a JSON-lines file: one object per line with ``text_column`` and ``label_column`` keys.
 
-        A label may also be a list of names (``["animal", "cat"]``) when ``label_format="path"``.
+        A label may also be a list of names (``["animal", "cat"]``) when ``label_format="path"``. With
+        ``multilabel=True`` the label is a *set*: a list of labels (``["CCAT/C15", "ECAT/E11"]``; an item may
+        itself be a list of names, a path) or a single label; items are then multi-hot (see the class).
 
         Raises:
             FileNotFoundError: no such file.
@@ -180,12 +238,15 @@ class HierTextDataset(Dataset):
             >>> _ = p.write_text('{"t": "meows", "y": ["animal", "cat"]}\\n{"t": "honks", "y": "car"}\\n')
             >>> HierTextDataset.from_jsonl(p, "t", "y", tax).targets.tolist()
             [2, 3]
+            >>> _ = p.write_text('{"t": "a cat in a car", "y": ["animal/cat", "car"]}\\n')
+            >>> HierTextDataset.from_jsonl(p, "t", "y", tax, multilabel=True).label_sets[0].tolist()
+            [2, 3]
         """
         path = Path(path)
         src = str(path)
         encoder = LabelEncoder(taxonomy, separator=separator)
         texts: list[str] = []
-        targets: list[int] = []
+        targets: list[Any] = []
         with _open(path, encoding) as f:
             for line, raw in enumerate(f, start=1):
                 if not raw.strip():
@@ -202,6 +263,14 @@ class HierTextDataset(Dataset):
                 text, label = obj[text_column], obj[label_column]
                 if not isinstance(text, str):
                     raise ValueError(f"{src}:{line}: {text_column!r} must be a string, got {type(text).__name__}")
+                if multilabel:
+                    if not text.strip():
+                        raise ValueError(f"{src}:{line}: empty text in column {text_column!r}")
+                    if isinstance(label, list) and not label:
+                        raise ValueError(f"{src}:{line}: empty label set in column {label_column!r}")
+                    targets.append(encoder.encode_set(label, label_format, source=src, line=line))
+                    texts.append(text)
+                    continue
                 if isinstance(label, list):
                     if label_format != "path" or not all(isinstance(x, str) for x in label):
                         raise ValueError(
@@ -218,7 +287,7 @@ class HierTextDataset(Dataset):
                 targets.append(encoder.encode(label, label_format, source=src, line=line))
                 texts.append(text)
         _check_not_empty(texts, src)
-        return cls(texts, targets, taxonomy, source=src)
+        return cls(texts, targets, taxonomy, multilabel=multilabel, source=src)
 
 
 def _open(path: Path, encoding: str) -> Any:

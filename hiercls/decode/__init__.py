@@ -18,6 +18,7 @@ from hiercls.decode.rules import (
     threshold,
     top_down,
 )
+from hiercls.decode.sets import chmcnn, threshold_set
 from hiercls.decode.spec import DECODER_ALIASES, DecoderSpec, parse_decoder, rule_options
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "argmax_leaf",
     "bayes_node",
     "calibrate_info_gain",
+    "chmcnn",
     "crm",
     "decode",
     "expected_cost",
@@ -43,5 +45,6 @@ __all__ = [
     "prediction_expected_cost",
     "rule_options",
     "threshold",
+    "threshold_set",
     "top_down",
 ]

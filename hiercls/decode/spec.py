@@ -29,7 +29,7 @@ from typing import Any
 
 from hiercls._checks import check_beta, did_you_mean
 from hiercls._registry import Registry
-from hiercls.decode import bayes, hfbeta, rules
+from hiercls.decode import bayes, hfbeta, rules, sets
 
 __all__ = ["DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "format_number", "parse_decoder", "rule_options"]
 
@@ -47,12 +47,16 @@ for _fn in (
     bayes.bayes_node,
     bayes.crm,
     hfbeta.optimal_hfbeta,
+    sets.threshold_set,
+    sets.chmcnn,
 ):
     RULES.register(_fn.__name__, _fn)
 del _fn
 
-SET_RULES = frozenset({"optimal_hfbeta"})
+SET_RULES = frozenset({"optimal_hfbeta", "threshold_set", "chmcnn"})
 """Rules that return boolean node sets ``[B, N]`` instead of node ids ``[B]``."""
+
+_MULTILABEL_RULES = frozenset({"threshold_set", "chmcnn"})
 
 DECODER_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "optimal_hf1": ("optimal_hfbeta", {"beta": 1.0}),
@@ -96,9 +100,12 @@ class DecoderSpec:
 
     @property
     def judged_on(self) -> str:
-        """The metric key this decoder is optimal for: ``hF{β}_samples`` for hF-β decoders, else ``hF1_micro``."""
+        """The metric key this decoder is judged on: ``hF{β}_samples`` for hF-β decoders, the node Micro-F1 of
+        multi-label text classification (``node_micro_f1``) for the label-set thresholds, else ``hF1_micro``."""
         beta = self.beta
-        return f"hF{format_number(beta)}_samples" if beta is not None else "hF1_micro"
+        if beta is not None:
+            return f"hF{format_number(beta)}_samples"
+        return "node_micro_f1" if self.rule in _MULTILABEL_RULES else "hF1_micro"
 
     def __call__(self, probs: Any, taxonomy: Any, **options: Any) -> Any:
         """Decode ``probs`` with this rule; ``options`` are added (rule options validated as in the spec, others
@@ -197,8 +204,9 @@ def parse_decoder(spec: str | DecoderSpec, **options: Any) -> DecoderSpec:
         >>> parse_decoder("argmax_leef")
         Traceback (most recent call last):
         ...
-        ValueError: unknown decoder 'argmax_leef' (did you mean 'argmax_leaf'?); valid: argmax_leaf, bayes_node, crm, \
-hie, info_gain, majority, max_info, optimal_hfbeta, plurality, threshold, top_down, optimal_hf1, optimal_hfbeta1
+        ValueError: unknown decoder 'argmax_leef' (did you mean 'argmax_leaf'?); valid: argmax_leaf, bayes_node, \
+chmcnn, crm, hie, info_gain, majority, max_info, optimal_hfbeta, plurality, threshold, threshold_set, top_down, \
+optimal_hf1, optimal_hfbeta1
     """
     if isinstance(spec, DecoderSpec):
         if not options:

@@ -4,9 +4,17 @@ It sits above :mod:`hiercls.decode` and :mod:`hiercls.metrics` and below :mod:`h
 
 * :class:`Evaluator` (``update`` / ``compute`` / ``reset``, exact under DDP) and :func:`evaluate_probabilities`;
 * :func:`format_results`, the one result table;
-* :func:`load_probabilities` / :func:`load_labels`, saved probabilities and labels from files.
+* :func:`load_probabilities` / :func:`load_labels`, saved probabilities and labels from files;
+* :mod:`hiercls.evaluation.calibration`: temperature scaling and the ECE per level (:func:`format_calibration`).
 """
 
+from hiercls.evaluation.calibration import (
+    LevelCalibration,
+    calibrate_outputs,
+    expected_calibration_error,
+    fit_temperature,
+    format_calibration,
+)
 from hiercls.evaluation.evaluator import DEFAULT_DECODERS, Evaluator, evaluate_probabilities, to_plain
 from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.evaluation.report import decoders_in, format_results, format_table
@@ -14,8 +22,13 @@ from hiercls.evaluation.report import decoders_in, format_results, format_table
 __all__ = [
     "DEFAULT_DECODERS",
     "Evaluator",
+    "LevelCalibration",
+    "calibrate_outputs",
     "decoders_in",
     "evaluate_probabilities",
+    "expected_calibration_error",
+    "fit_temperature",
+    "format_calibration",
     "format_results",
     "format_table",
     "load_labels",

@@ -7,7 +7,11 @@ Metric names are those of :class:`hiercls.metrics.HierarchicalMetrics` (``accura
 ``hF1_samples``, ``per_level_accuracy``, ``mistake_severity``, ...), keyed ``"<decoder label>/<metric>"``.
 The β of every hF-β decoder (and each β of ``betas``) adds ``hF{β}_micro`` and ``hF{β}_samples`` to every
 decoder's results (``hF2_samples`` for ``optimal_hfbeta:beta=2``, the expected score that decoder maximises),
-so rows stay comparable. Dense outputs ``[B, N, *spatial]`` are decoded per voxel and scored with
+so rows stay comparable. Multi-label truth (ancestor-closed 0/1 node sets ``[B, N]``, e.g. from a text data set
+with label sets) switches every decoder to the set metrics (``multilabel=True`` of
+:class:`~hiercls.metrics.HierarchicalMetrics`: exact match, hP/hR/hF, ``node_micro_f1`` / ``node_macro_f1``) and adds
+C-F1 and P-F1 of the decoder's raw sets (``C_micro_f1``, ``C_macro_f1``, ``P_micro_f1``, ``P_macro_f1``,
+:class:`~hiercls.metrics.ConstrainedF1`). Dense outputs ``[B, N, *spatial]`` are decoded per voxel and scored with
 :class:`hiercls.metrics.NestedDice`.
 """
 
@@ -24,7 +28,7 @@ from hiercls._checks import check_beta, check_taxonomy, to_numpy
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
-from hiercls.metrics import HierarchicalFBeta, HierarchicalMetrics, Metric, NestedDice
+from hiercls.metrics import ConstrainedF1, HierarchicalFBeta, HierarchicalMetrics, Metric, NestedDice
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["DEFAULT_DECODERS", "Evaluator", "evaluate_probabilities", "to_plain"]
@@ -62,6 +66,8 @@ class Evaluator:
             always added; β = 1 is ``hF1_*``, always there).
         k: top-k values of the score-based metrics (those above the number of leaves are left out).
         leaf_probs: ``update`` gets leaf probabilities ``[B, L]`` instead of node probabilities.
+        multilabel: the labels are node sets ``[B, N]``; ``None`` (default) decides on the first
+            :meth:`update` (2-D labels with 2-D probabilities are node sets).
         sync_on_compute: all-reduce over ``torch.distributed`` in :meth:`compute`.
         process_group: the process group of the reduction.
 
@@ -84,10 +90,12 @@ class Evaluator:
         betas: Iterable[float] = (),
         k: Iterable[int] = (1, 5),
         leaf_probs: bool = False,
+        multilabel: bool | None = None,
         sync_on_compute: bool = True,
         process_group: Any = None,
     ) -> None:
         self.taxonomy = check_taxonomy(taxonomy)
+        self.multilabel = multilabel
         specs = [parse_decoder(d) for d in decoders]
         if not specs:
             raise ValueError("decoders: needs at least one decoder, e.g. ['argmax_leaf']")
@@ -108,9 +116,10 @@ class Evaluator:
 
     def _flat_metrics(self, spec: DecoderSpec) -> dict[str, Metric]:
         tax, kw = self.taxonomy, self._metric_kw
-        out: dict[str, Metric] = {
-            "": HierarchicalMetrics(tax, k=() if spec.is_set else self.k, multilabel=spec.is_set, **kw)
-        }
+        sets = spec.is_set or bool(self.multilabel)
+        out: dict[str, Metric] = {"": HierarchicalMetrics(tax, k=() if sets else self.k, multilabel=sets, **kw)}
+        if self.multilabel:
+            out["constrained"] = ConstrainedF1(tax, **kw)
         for beta in self.betas:
             b = format_number(beta)
             for average in ("micro", "samples"):
@@ -123,7 +132,8 @@ class Evaluator:
         Args:
             probs: node probabilities ``[B, N]`` (leaf ``[B, L]`` with ``leaf_probs``), NumPy or torch, or dense
                 ``[B, N, *spatial]`` with labels ``[B, *spatial]``.
-            labels: node ids ``[B]`` (``-1`` = ignored).
+            labels: node ids ``[B]`` (``-1`` = ignored), or ancestor-closed 0/1 node sets ``[B, N]``
+                (multi-label truth: the set metrics, see the module).
 
         Returns:
             ``{decoder label: predictions}`` (node ids ``[B]`` or boolean node sets ``[B, N]``, as NumPy).
@@ -136,17 +146,33 @@ class Evaluator:
         n = int(np.shape(probs)[0]) if np.ndim(probs) == 2 else 1
         if len(y) != n:
             raise ValueError(f"labels has {len(y)} entries but probs has {n} rows")
+        self._set_label_kind(np.ndim(y) == 2)
         preds: dict[str, Any] = {}
         for label, spec in self.decoders.items():
             pred = to_numpy(spec(probs, self.taxonomy, leaf_probs=self.leaf_probs))
             scores = None if spec.is_set or not self.k else probs
             for name, metric in self.metrics[label].items():
-                if name:
+                if name == "constrained":
+                    metric.update(y, pred)  # the decoder's raw sets: C-F1 and P-F1 judge their consistency
+                elif name:
                     metric.update(y, pred)
                 else:
                     metric.update(y, pred, scores=scores)
             preds[label] = pred
         return preds
+
+    def _set_label_kind(self, sets: bool) -> None:
+        """Decide the label kind on the first update (node sets switch to the set metrics); refuse mixing kinds."""
+        if self.multilabel is None:
+            self.multilabel = sets
+            if sets:
+                self.metrics = {label: self._flat_metrics(spec) for label, spec in self.decoders.items()}
+        elif bool(self.multilabel) != sets:
+            kinds = ("node ids [B]", "node sets [B, N]")
+            raise ValueError(
+                f"labels: this evaluator scores {kinds[bool(self.multilabel)]} but got {kinds[sets]}; "
+                "use one kind of labels per evaluator"
+            )
 
     def _update_dense(self, probs: Any, y: np.ndarray) -> dict[str, Any]:
         if not self.dense:
@@ -171,6 +197,9 @@ class Evaluator:
         for label, metrics in self.metrics.items():
             for name, metric in metrics.items():
                 values = metric.compute()
+                if name == "constrained":
+                    out.update({f"{label}/{key}": to_plain(v) for key, v in values.items()})
+                    continue
                 if name:
                     out[f"{label}/{name}"] = to_plain(values["fbeta"])
                     continue
@@ -180,7 +209,7 @@ class Evaluator:
         return out
 
     def reset(self) -> None:
-        """Forget every update."""
+        """Forget every update (the label kind found by the first update is kept)."""
         for metrics in self.metrics.values():
             for metric in metrics.values():
                 metric.reset()
@@ -201,7 +230,8 @@ def evaluate_probabilities(
     Args:
         probs: node probabilities ``[B, N]`` (leaf ``[B, L]`` with ``leaf_probs``), or a file
             :func:`~hiercls.evaluation.load_probabilities` reads.
-        labels: node ids ``[B]`` (``-1`` = ignored), or a file :func:`~hiercls.evaluation.load_labels` reads.
+        labels: node ids ``[B]`` (``-1`` = ignored), node sets ``[B, N]`` (multi-label), or a file
+            :func:`~hiercls.evaluation.load_labels` reads.
         taxonomy: the taxonomy.
         decoders: decoder specs.
         betas, k, leaf_probs: as for :class:`Evaluator`.
@@ -221,13 +251,17 @@ def evaluate_probabilities(
         probs = load_probabilities(probs)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels(labels, taxonomy)
-    y = np.asarray(to_numpy(labels), dtype=np.int64).ravel()
+    y = np.asarray(to_numpy(labels))
+    sets = y.ndim == 2 and np.ndim(probs) == 2  # node sets [B, N] (multi-label truth)
+    y = y.astype(np.float32 if sets else np.int64)
+    y = y if sets else y.ravel()
     evaluator = Evaluator(taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, sync_on_compute=False)
     evaluator.update(probs, y)
+    ignored = int((y < 0).any(1).sum()) if sets else int((y < 0).sum())
     return {
         "taxonomy": taxonomy.name,
         "fingerprint": taxonomy.fingerprint,
-        "samples": int((y >= 0).sum()),
-        "ignored": int((y < 0).sum()),
+        "samples": len(y) - ignored,
+        "ignored": ignored,
         **evaluator.compute(),
     }

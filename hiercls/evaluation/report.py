@@ -19,6 +19,15 @@ from typing import Any
 __all__ = ["decoders_in", "format_results", "format_table"]
 
 _HF_MICRO = re.compile(r"^hF(.+)_micro$")
+_MULTILABEL_COLUMNS = ("node_micro_f1", "node_macro_f1", "C_micro_f1", "C_macro_f1", "P_micro_f1", "P_macro_f1")
+_COLUMN_NAMES = {
+    "node_micro_f1": "micro-F1",
+    "node_macro_f1": "macro-F1",
+    "C_micro_f1": "C-micro-F1",
+    "C_macro_f1": "C-macro-F1",
+    "P_micro_f1": "P-micro-F1",
+    "P_macro_f1": "P-macro-F1",
+}
 
 
 def decoders_in(results: Mapping[str, Any]) -> list[str]:
@@ -60,6 +69,9 @@ def format_results(
     """One row per (run, decoder): accuracy (exact match), micro hF1 (and the micro hF-β of every other β in
     the results, e.g. ``hF2``), and the per-level accuracy of the first levels.
 
+    Multi-label results (those with C-F1, from node-set labels) add the metrics of hierarchical text
+    classification: the node Micro-F1 and Macro-F1 and the C-/P- Micro/Macro-F1.
+
     Args:
         runs: run label (a head name, a file name) -> results of :class:`hiercls.evaluation.Evaluator`
             (keys ``<decoder>/<metric>``; other keys are ignored).
@@ -80,13 +92,16 @@ def format_results(
             per = res.get(f"{d}/per_level_accuracy")
             if isinstance(per, list):
                 levels = max(levels, min(max_levels, len(per)))
+    multilabel = any(f"{d}/C_micro_f1" in res for res in runs.values() for d in decoders_in(res))
+    if multilabel:
+        extra = (*_MULTILABEL_COLUMNS, *extra)
     header = [
         name,
         "decoder",
         "accuracy",
         "hF1",
         *[f"hF{b}" for b in betas],
-        *extra,
+        *[_COLUMN_NAMES.get(k, k) for k in extra],
         *[f"level {i + 1}" for i in range(levels)],
     ]
     rows = []

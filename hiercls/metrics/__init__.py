@@ -42,6 +42,7 @@ from hiercls.metrics.hierarchical import (
 )
 from hiercls.metrics.nodes import (
     consistent_subsets,
+    constrained_counts,
     constrained_f1_score,
     exact_match_score,
     hamming_loss,
@@ -52,6 +53,7 @@ from hiercls.metrics.nodes import (
 from hiercls.metrics.report import hierarchical_report
 from hiercls.metrics.segmentation import dice_counts, nested_dice_score, region_masks
 from hiercls.metrics.stateful import (
+    ConstrainedF1,
     HierarchicalFBeta,
     HierarchicalMetrics,
     LevelAccuracy,
@@ -64,6 +66,7 @@ from hiercls.metrics.stateful import (
 )
 
 __all__ = [
+    "ConstrainedF1",
     "HierarchicalFBeta",
     "HierarchicalMetrics",
     "LevelAccuracy",
@@ -76,6 +79,7 @@ __all__ = [
     "all_reduce_states",
     "average_hierarchical_distance_at_k",
     "consistent_subsets",
+    "constrained_counts",
     "constrained_f1_score",
     "dice_counts",
     "exact_match_score",

@@ -32,6 +32,7 @@ from hiercls.taxonomy import Taxonomy
 
 __all__ = [
     "consistent_subsets",
+    "constrained_counts",
     "constrained_f1_score",
     "exact_match_score",
     "hamming_loss",
@@ -256,6 +257,26 @@ def _column_sums(m: sp.csr_matrix, w: np.ndarray | None) -> np.ndarray:
     return np.asarray(m.sum(axis=0)).ravel() if w is None else np.asarray(m.T @ w).ravel()
 
 
+def constrained_counts(
+    ts: sp.csr_matrix, ps: sp.csr_matrix, taxonomy: Taxonomy, w: np.ndarray | None
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per-node ``(tp, fp, fn)`` of C-F1 (``"C"``) and P-F1 (``"P"``) from closed true sets and *raw* predicted sets.
+
+    The one counting behind :func:`constrained_f1_score`, :func:`path_constrained_f1_score` and the stateful
+    :class:`~hiercls.metrics.ConstrainedF1`.
+    """
+    consistent = consistent_subsets(ps, taxonomy)
+    # P-F1: a predicted node is a true positive only if it is true and its whole path is predicted.
+    good = consistent.multiply(ts)
+    p_tp = _column_sums(good, w)
+    p_fp = _column_sums(ps, w) - p_tp
+    p_fn = _column_sums(ts, w) - p_tp
+    # C-F1: the inconsistent predictions are dropped first, then the usual node counts.
+    n = taxonomy.num_nodes
+    c_tp, c_fp, c_fn = node_confusion(Labels(None, ts, n), Labels(None, consistent, n), taxonomy, w)
+    return {"C": (c_tp, c_fp, c_fn), "P": (p_tp, p_fp, p_fn)}
+
+
 def path_constrained_f1_score(
     y_true: Any,
     y_pred: Any,
@@ -280,10 +301,7 @@ def path_constrained_f1_score(
     check_choice(average, ("micro", "macro"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
-    good = consistent_subsets(ps, taxonomy).multiply(ts)
-    tp = _column_sums(good, w)
-    fp = _column_sums(ps, w) - tp
-    fn = _column_sums(ts, w) - tp
+    tp, fp, fn = constrained_counts(ts, ps, taxonomy, w)["P"]
     mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]
 
@@ -310,7 +328,6 @@ def constrained_f1_score(
     check_choice(average, ("micro", "macro"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
-    kept = Labels(None, consistent_subsets(ps, taxonomy), taxonomy.num_nodes)
-    tp, fp, fn = node_confusion(Labels(None, ts, taxonomy.num_nodes), kept, taxonomy, w)
+    tp, fp, fn = constrained_counts(ts, ps, taxonomy, w)["C"]
     mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]

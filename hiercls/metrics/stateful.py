@@ -45,10 +45,12 @@ from hiercls.metrics.hierarchical import (
     present_mask,
     root_free_counts,
 )
+from hiercls.metrics.nodes import constrained_counts
 from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
+    "ConstrainedF1",
     "HierarchicalFBeta",
     "HierarchicalMetrics",
     "LevelAccuracy",
@@ -338,6 +340,58 @@ class NodeF1(Metric):
             "macro_f1": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, "node F1"))),
             "hamming_loss": float(hamming_errors / total) if total else math.nan,
         }
+
+
+class ConstrainedF1(Metric):
+    """Stateful C-F1 and P-F1 (micro and macro over nodes) of *raw* predicted sets against closed true sets.
+
+    ``compute()`` returns ``{"C_micro_f1", "C_macro_f1", "P_micro_f1", "P_macro_f1"}``; the macro means run over
+    the nodes (root aside) that are true or predicted at least once, as ``node_macro_f1`` of
+    :class:`HierarchicalMetrics` does. See :func:`~hiercls.metrics.constrained_f1_score` and
+    :func:`~hiercls.metrics.path_constrained_f1_score`. On ancestor-closed predictions both equal the node F1.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = ConstrainedF1(tax)
+        >>> m.update([["x"], ["b"]], [["a", "y"], ["x"]])  # y kept (fp); x lacks its parent a
+        >>> r = m.compute()
+        >>> r["C_micro_f1"], r["P_micro_f1"]
+        (0.4, 0.3333333333333333)
+    """
+
+    def __init__(self, taxonomy: Taxonomy, *, zero_division: Any = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.taxonomy = check_taxonomy(taxonomy)
+        self.zero_division = check_zero_division(zero_division)
+        self.mask = labels_mask(None, taxonomy, False)
+        for kind in ("C", "P"):
+            for name in ("tp", "fp", "fn"):
+                self.add_state(f"{kind}_{name}", taxonomy.num_nodes)
+
+    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=True, close_pred=False)
+        self.update_labels(t, p, w)
+
+    def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
+        """Add a batch of closed true labels and raw predicted labels."""
+        counts = constrained_counts(t.as_sets(self.taxonomy), p.as_sets(self.taxonomy), self.taxonomy, w)
+        self.accumulate(
+            **{f"{k}_{n}": v for k, c in counts.items() for n, v in zip(("tp", "fp", "fn"), c, strict=True)}
+        )
+
+    def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
+        zd, out = self.zero_division, {}
+        for kind in ("C", "P"):
+            tp, fp, fn = s[f"{kind}_tp"], s[f"{kind}_fp"], s[f"{kind}_fn"]
+            mask = present_mask(self.mask, "present", tp, fp, fn)
+            tp, fp, fn = tp[mask], fp[mask], fn[mask]
+            stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
+            out[f"{kind}_micro_f1"] = float(fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, f"{kind}-micro F1"))
+            out[f"{kind}_macro_f1"] = macro_mean(
+                np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, f"{kind}-node F1"))
+            )
+        return out
 
 
 class MistakeSeverity(Metric):

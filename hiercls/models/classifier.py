@@ -106,6 +106,8 @@ class HierarchicalClassifier(nn.Module):
             as saved in ``config.json``).
         modality: the backbone's: ``"image"``, ``"text"`` or ``"volume"``.
         dense: whether the head gets feature maps ``[B, D, *spatial]`` (always for ``conv3d``).
+        temperature: the calibration temperature :meth:`node_probs` divides the logits by (1: none; fitted on
+            the validation split by ``eval.calibrate``, saved in ``config.json``).
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class HierarchicalClassifier(nn.Module):
         self.taxonomy = taxonomy
         self.head_name = ""
         self.head_options: dict[str, Any] = {}
+        self.temperature = 1.0
         self._build_head(head, taxonomy, dict(head_options or {}))
         if self.dense and not getattr(self.head, "supports_dense", False):
             why = f"backbone {spec!r} gives per-voxel features" if backbone.always_dense else "dense=True"
@@ -326,7 +329,17 @@ class HierarchicalClassifier(nn.Module):
         return self.head.loss(output, targets)
 
     def node_probs(self, output: Any) -> torch.Tensor:
-        """Node probabilities ``[B, N]`` float32 (root = 1, parents >= children)."""
+        """Node probabilities ``[B, N]`` float32 (root = 1, parents >= children).
+
+        A calibrated model (``temperature != 1``, fitted by ``eval.calibrate``; see
+        :mod:`hiercls.evaluation.calibration`) divides the head's logits by its temperature first.
+        """
+        if self.temperature != 1.0:
+            if not isinstance(output, torch.Tensor):
+                raise TypeError(
+                    f"temperature {self.temperature} needs a logit tensor output; got {type(output).__name__}"
+                )
+            output = output / self.temperature
         return self.head.node_probs(output)
 
     # ------------------------------------------------------------------ data side
@@ -402,6 +415,7 @@ class HierarchicalClassifier(nn.Module):
             "taxonomy_fingerprint": self.taxonomy.fingerprint,
             "num_nodes": self.taxonomy.num_nodes,
             "taxonomy_file": "taxonomy.json.gz",
+            "temperature": self.temperature,
         }
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
@@ -506,6 +520,10 @@ class HierarchicalClassifier(nn.Module):
             head_options=_decode_options(cfg.get("head_options") or {}),
             dense=bool(cfg.get("dense", False)),
         )
+        temperature = cfg.get("temperature", 1.0)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"{cfg_path}: temperature must be a positive number; got {temperature!r}")
+        model.temperature = float(temperature)
         weights = d / "model.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"saved model {str(d)!r} lacks model.safetensors")

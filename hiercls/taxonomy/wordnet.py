@@ -45,6 +45,7 @@ __all__ = [
     "WORDNET_ROOT_WNID",
     "WordNetUnavailableError",
     "is_wnid",
+    "noun_glosses",
     "synset_to_wnid",
     "wnid_to_synset",
     "wordnet",
@@ -384,6 +385,38 @@ def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]
                 raise TaxonomyError("malformed WordNet data line", source=str(path), line=lineno) from None
             table["n" + fields[0]] = (tuple(hyper), tuple(inst), lemma.replace("_", " "))
     return table
+
+
+@lru_cache(maxsize=2)
+def _gloss_table(source: str) -> dict[str, str]:
+    table: dict[str, str] = {}
+    path = Path(source) / "data.noun"
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.startswith("  "):  # the license header
+                continue
+            head, sep, gloss = line.partition(" | ")
+            if not sep or not head[:8].isdigit():
+                raise TaxonomyError("malformed WordNet data line (no ' | ' gloss)", source=str(path), line=lineno)
+            # The gloss is the definition, then quoted examples after '; "': keep the definition.
+            table["n" + head[:8]] = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
+    return table
+
+
+def noun_glosses(source: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """``wnid -> definition`` of every WordNet 3.0 noun synset, read from ``data.noun`` (examples left out).
+
+    Raises:
+        WordNetUnavailableError: the WordNet files are missing.
+
+    Example:
+        >>> noun_glosses()["n02084071"][:26]  # doctest: +SKIP
+        'a member of the genus Cani'
+    """
+    src = _source_dir(source)
+    if _missing_files(src):
+        wordnet_data_dir(src)  # raises WordNetUnavailableError naming the packages
+    return dict(_gloss_table(str(src.resolve())))
 
 
 def _parent_list(entry: tuple[tuple[str, ...], tuple[str, ...], str], include_instances: bool) -> list[str]:

@@ -175,6 +175,11 @@ class EvalConfig:
         best_mode: ``max`` or ``min``.
         save_probs: write the evaluation node probabilities and labels (``eval_probs.npy``,
             ``eval_labels.npy``) so ``hiercls evaluate --probs`` can re-score them.
+        calibrate: at every evaluation, fit a temperature on the evaluation split (the validation split of the
+            recipe) by minimising the head's NLL, report every decoder also on the calibrated probabilities
+            (``"<decoder> (calibrated)/<metric>"``) and the ECE per level before and after (``calibration``), and
+            save the temperature with the checkpoints (see :mod:`hiercls.evaluation.calibration`).
+        ece_bins: number of equal-width bins of the ECE.
     """
 
     decoders: list[str] = field(default_factory=lambda: ["argmax_leaf"])
@@ -182,6 +187,8 @@ class EvalConfig:
     best_metric: str | None = None
     best_mode: Literal["max", "min"] = "max"
     save_probs: bool = False
+    calibrate: bool = False
+    ece_bins: int = 15
 
 
 @dataclass
@@ -642,6 +649,7 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         need(label not in labels, "eval.decoders", f"{spec!r} and {labels.get(label)!r} are the same decoder")
         labels[label] = spec
     need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
+    need(cfg.eval.ece_bins >= 1, "eval.ece_bins", f"must be >= 1, got {cfg.eval.ece_bins}")
     need(cfg.run.log_every >= 1, "run.log_every", "must be >= 1")
     need(cfg.run.save_every_steps is None or cfg.run.save_every_steps >= 1, "run.save_every_steps", "must be >= 1")
     need(cfg.run.threads is None or cfg.run.threads >= 1, "run.threads", "must be >= 1")

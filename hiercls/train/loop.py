@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 from hiercls.data import build_dataset, dataset_taxonomy, image_transform, make_loader, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
+from hiercls.evaluation.calibration import calibrate_outputs
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
@@ -281,11 +282,14 @@ def evaluate_model(
     amp_dtype: torch.dtype | None = None,
     progress: bool = False,
     keep_probs: bool = False,
+    collect: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray | None]:
     """Hierarchical metrics of ``model`` on ``loader`` under each decoder (exact over DDP ranks).
 
     The node probabilities go through one :class:`hiercls.evaluation.Evaluator`, the same code as
     ``hiercls evaluate --probs`` and ``hiercls decode --labels``.
+
+    ``collect``, when given, receives this rank's ``(output, targets)`` batches on the CPU (for calibration).
 
     Returns:
         ``({"<decoder label>/<metric>": value, ..., "eval_loss": mean loss}, probs, labels)``; ``probs``/``labels``
@@ -304,6 +308,8 @@ def evaluate_model(
         loss_sum += torch.tensor([float(loss) * n, n], dtype=torch.float64)
         probs = model.node_probs(output).float().cpu()
         y = targets.cpu()
+        if collect is not None:
+            collect.append((output.detach().float().cpu() if isinstance(output, torch.Tensor) else output, y))
         evaluator.update(probs, y)
         if keep_probs:
             kept_p.append(probs.numpy())
@@ -568,7 +574,11 @@ class _Run:
             # A finished run started again (run.resume=auto): report its results instead of training.
             done = self.out_dir / "results.json"
             results = (
-                {k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items() if "/" in k}
+                {
+                    k: v
+                    for k, v in json.loads(done.read_text(encoding="utf-8")).items()
+                    if "/" in k or k == "calibration"
+                }
                 if done.is_file()
                 else self.evaluate()
             )
@@ -689,6 +699,9 @@ class _Run:
         cfg = self.cfg
         if self.eval_loader is None:
             return {}
+        collected: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if cfg.eval.calibrate else None
+        if collected is not None:
+            self.model.temperature = 1.0  # the raw probabilities first; the fit below sets the new temperature
         results, probs, labels = evaluate_model(
             self.model,
             self.eval_loader,
@@ -698,7 +711,13 @@ class _Run:
             amp_dtype=self.amp_dtype,
             progress=self.main and cfg.run.progress,
             keep_probs=cfg.eval.save_probs,
+            collect=collected,
         )
+        if collected is not None:
+            results.update(
+                calibrate_outputs(self.model, collected, self.taxonomy, self.decoders, n_bins=cfg.eval.ece_bins)
+            )
+            del collected
         if cfg.eval.save_probs:
             self.save_probs(probs, labels)
         key = self.best_key or _best_metric_key(cfg, results)

@@ -1,0 +1,79 @@
+"""Set decoders for multi-label (label-set) probabilities: a threshold per node, and C-HMCNN's coherent decoding.
+
+In multi-label hierarchical classification (a text with the labels ``CCAT/C15`` and ``ECAT/E11``) the answer is a
+set of nodes, not one node. Both rules return boolean node sets ``[B, N]`` that contain the root.
+
+* :func:`threshold_set` keeps every node whose probability exceeds ``threshold`` (the usual HTC decoding of
+  per-node sigmoids). On probabilities that respect the hierarchy (a parent at least as likely as each
+  child, as every hiercls head gives) the set is ancestor-closed; on raw per-node scores (a probability file
+  from another model) it may not be.
+* :func:`chmcnn` is C-HMCNN's coherent decoding (Giunchiglia & Lukasiewicz, NeurIPS 2020): the max-constraint
+  ``P'(n) = max(P(d) for d descendant-or-self of n)`` then the threshold. Since ``P'(n) > t`` exactly when some
+  descendant-or-self of ``n`` exceeds ``t``, the set is the ancestor closure of :func:`threshold_set`'s: always
+  coherent, and equal to it on hierarchy-consistent probabilities (the ``multilabel`` head's
+  :meth:`~hiercls.heads.MultiLabelHead.node_probs` are already the max-constraint output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hiercls.decode._common import chunked, prepare, restore_sets
+from hiercls.taxonomy import Taxonomy
+
+__all__ = ["chmcnn", "threshold_set"]
+
+
+def _unit(value: float, name: str) -> float:
+    v = float(value)
+    if not np.isfinite(v) or v < 0 or v > 1:
+        raise ValueError(f"{name} must be a probability in [0, 1]; got {value!r}")
+    return v
+
+
+def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> tuple[np.ndarray, Any]:
+    t = _unit(threshold, "threshold")
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
+    sets = batch.node > t
+    sets[:, 0] = True  # every set holds the root
+    return sets, batch
+
+
+@chunked
+def threshold_set(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
+    """The set of nodes whose probability exceeds ``threshold`` (plus the root).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.9, 0.7, 0.2, 0.6]])  # two paths: a/x and b
+        >>> threshold_set(p, tax).astype(int).tolist()
+        [[1, 1, 1, 0, 1]]
+        >>> threshold_set(p, tax, threshold=0.65).astype(int).tolist()
+        [[1, 1, 1, 0, 0]]
+    """
+    sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
+    return restore_sets(sets, batch)
+
+
+@chunked
+def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
+    """C-HMCNN's coherent decoding: threshold the max-constraint ``max(P(d), d descendant-or-self)``.
+
+    The nodes above ``threshold`` and all their ancestors (every parent on a DAG): a coherent set even when the
+    input scores are not (a child above its parent).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> raw = np.array([[1.0, 0.3, 0.7, 0.2, 0.1]])  # incoherent scores: x above its parent a
+        >>> threshold_set(raw, tax).astype(int).tolist(), chmcnn(raw, tax).astype(int).tolist()
+        ([[1, 0, 1, 0, 0]], [[1, 1, 1, 0, 0]])
+    """
+    sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
+    # Row d of the ancestor matrix lists d's ancestors-or-self: S @ A marks every ancestor of a kept node.
+    closed = (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
+    return restore_sets(closed, batch)
