@@ -18,6 +18,7 @@ Example:
 
 from hiercls.metrics._validation import UndefinedMetricWarning
 from hiercls.metrics.distance import (
+    DISTANCES,
     average_hierarchical_distance_at_k,
     hierarchical_distance_loss,
     level_argmax_accuracy_score,
@@ -64,6 +65,7 @@ from hiercls.metrics.stateful import (
 )
 
 __all__ = [
+    "DISTANCES",
     "HierarchicalFBeta",
     "HierarchicalMetrics",
     "LevelAccuracy",

@@ -30,7 +30,7 @@ from hiercls.metrics._validation import (
     safe_divide,
     to_labels,
 )
-from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
 
 __all__ = [
     "DISTANCES",
@@ -49,16 +49,8 @@ __all__ = [
     "zhao_loss",
 ]
 
-DISTANCES = (
-    "lca_height",
-    "shortest_path",
-    "wu_palmer",
-    "wu_palmer_root1",
-    "zhao",
-    "ic_distance",
-    "jiang_conrath",
-    "lca_node_height",
-)
+DISTANCES: tuple[str, ...] = (*DISTANCE_KINDS, "lca_node_height")
+"""The ``distance`` names of the metrics: every kind of :meth:`Taxonomy.distance` and ``"lca_node_height"``."""
 LevelKind = Literal["depth", "semantic"]
 
 
