@@ -267,3 +267,18 @@ def test_cli_table(tmp_path, capsys) -> None:
     assert want.format() in printed
     rc = main(["evaluate", "--model", str(tmp_path), "--table"])
     assert rc == 1 and "--table scores saved probabilities" in capsys.readouterr().err
+
+
+def test_row_blocks_do_not_change_the_values(monkeypatch) -> None:
+    import hiercls.evaluation.table as table_module
+
+    rng = np.random.default_rng(11)
+    tax = random_tree(14, rng)
+    leaf = _posteriors(rng, tax.num_leaves, 9)
+    labels = np.asarray(tax.leaves)[rng.integers(0, tax.num_leaves, 9)]
+    whole = decoder_metric_table(leaf, labels, tax, leaf_probs=True).to_dict()
+    monkeypatch.setattr(table_module, "CHUNK_ELEMENTS", 1)  # one row per block
+    blocks = decoder_metric_table(leaf, labels, tax, leaf_probs=True).to_dict()
+    for d in whole["decoders"]:
+        for m in whole["metrics"]:
+            assert _close(blocks["expected"][d][m], whole["expected"][d][m]), (d, m)

@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from hiercls._checks import check_beta, check_taxonomy, did_you_mean, to_numpy
 from hiercls.decode import COST_KINDS, DecoderSpec, expected_cost, expected_hfbeta, parse_decoder
-from hiercls.decode._common import prepare
+from hiercls.decode._common import CHUNK_ELEMENTS, prepare
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.evaluation.report import format_table
@@ -65,6 +66,7 @@ from hiercls.metrics import (
     mistake_severity,
     realized_cost,
 )
+from hiercls.metrics._validation import to_labels
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["TABLE_DECODERS", "TABLE_METRICS", "DecoderMetricTable", "decoder_metric_table"]
@@ -274,14 +276,6 @@ class DecoderMetricTable:
         return self.format()
 
 
-def _closed_sets(pred: np.ndarray, anc: np.ndarray, is_set: bool) -> np.ndarray:
-    """Ancestor-closed boolean node sets ``[B, N]`` of node ids or of (possibly open) node sets; ``anc[m, a]``:
-    ``a`` is an ancestor-or-self of ``m``."""
-    if not is_set:
-        return anc[pred] > 0
-    return (np.asarray(pred, dtype=np.float64) @ anc) > 0
-
-
 def decoder_metric_table(
     probs: Any,
     labels: Any,
@@ -340,13 +334,10 @@ def decoder_metric_table(
         arr = arr[None, :]
     y = None
     if labels is not None:
-        lab = to_numpy(labels, passthrough=True)
-        lab = np.asarray(lab)
-        y = np.array([tax.index(str(v)) for v in lab], dtype=np.int64) if lab.dtype.kind in "USO" else lab
-        y = np.asarray(y).ravel()
-        if y.dtype.kind not in "iu":
-            raise TypeError(f"labels must be node ids or names [B]; got dtype {y.dtype}")
-        y = y.astype(np.int64)
+        lab = to_labels(labels, tax, name="labels", allow_ignore=True)
+        if not lab.is_ids:
+            raise ValueError("labels must be one node id or name per sample [B]; got node sets")
+        y = lab.ids
         if len(y) != arr.shape[0]:
             raise ValueError(f"labels has {len(y)} entries but probs has {arr.shape[0]} rows")
         keep = y >= 0
@@ -399,15 +390,8 @@ def decoder_metric_table(
     # Decode once from node probabilities, so no rule or expectation marginalises the leaves again.
     node = batch.node
     predictions = {s.label: np.asarray(to_numpy(s(node, tax))) for s in specs}
-    anc = tax.ancestors_sparse.toarray().astype(np.float64)
-    sets = {s.label: _closed_sets(predictions[s.label], anc, s.is_set) for s in specs}
-    realised: dict[str, dict[str, float | None]] = {s.label: {} for s in specs}
-    expected: dict[str, dict[str, float | None]] = {s.label: {} for s in specs}
-    for col in columns:
-        for spec, (r, e) in zip(
-            specs, _column_values(col, specs, predictions, sets, y, node, tax, p_label), strict=True
-        ):
-            realised[spec.label][col.key], expected[spec.label][col.key] = r, e
+    expected = _expected_values(columns, specs, predictions, node, tax)
+    realised = {s.label: {c.key: _realised(c, s, predictions[s.label], y, tax) for c in columns} for s in specs}
     return DecoderMetricTable(
         decoders=[s.label for s in specs],
         metrics=[c.key for c in columns],
@@ -423,67 +407,93 @@ def decoder_metric_table(
     )
 
 
-def _column_values(
-    col: _Column,
+def _realised(col: _Column, spec: DecoderSpec, pred: np.ndarray, y: np.ndarray | None, tax: Taxonomy) -> Any:
+    """The metric against the labels, from the metric functions (``None`` without labels or where undefined)."""
+    if y is None or (spec.is_set and col.kind in ("severity", "cost")):
+        return None
+    if col.kind == "accuracy":
+        return exact_match_score(y, pred, taxonomy=tax)
+    if col.kind == "hf":
+        # 0/0 only for a root label predicted as the root: right, 1, as in expected_hfbeta
+        return hierarchical_fbeta_score(y, pred, taxonomy=tax, beta=col.beta, average="samples", zero_division=1.0)
+    if col.kind == "hamming":
+        return hamming_loss(y, pred, taxonomy=tax)
+    if col.kind == "severity":
+        return mistake_severity(y, pred, taxonomy=tax, distance=col.cost, zero_division=float("nan"))
+    return realized_cost(y, pred, taxonomy=tax, cost=col.cost)
+
+
+def _expected_values(
+    columns: list[_Column],
     specs: list[DecoderSpec],
     predictions: dict[str, np.ndarray],
-    sets: dict[str, np.ndarray],
-    y: np.ndarray | None,
     node: np.ndarray,
     tax: Taxonomy,
-    p_label: np.ndarray,
-) -> list[tuple[float | None, float | None]]:
-    """``(realised, expected)`` of every decoder under one column; the expectations of all decoders at once."""
-    b = node.shape[0]
-    labelled = y is not None
-    if col.kind in ("accuracy", "hf", "hamming"):
-        stack = np.concatenate([sets[s.label] for s in specs])  # [D * B, N] closed sets
-        if col.kind == "accuracy":
-            # The closed sets agree (root aside) iff |S ∩ anc(m)| = |S| = |anc(m)| for the label m.
-            anc = tax.ancestors_sparse[:, 1:].astype(np.float64)
-            inter = np.asarray(anc @ stack[:, 1:].T.astype(np.float64)).T  # [D * B, N]
-            equal = (inter == stack[:, 1:].sum(1)[:, None]) & (inter == tax.depth[None, :])
-            exp = (np.tile(p_label, (len(specs), 1)) * equal).sum(1)
-        elif col.kind == "hf":
-            exp = np.asarray(expected_hfbeta(stack, np.tile(node, (len(specs), 1)), tax, col.beta))
-        else:
-            # E|S Δ Y| over the non-root nodes needs only the marginals P(n in Y).
-            marg = np.asarray(tax.ancestors_sparse.T.astype(np.float64) @ p_label.T).T[:, 1:]
-            pm = np.tile(marg, (len(specs), 1))
-            exp = np.where(stack[:, 1:], 1.0 - pm, pm).sum(1) / (tax.num_nodes - 1)
-        exp = exp.reshape(len(specs), b).mean(1)
-        out = []
-        for spec, e in zip(specs, exp, strict=True):
-            yl = sets[spec.label] if spec.is_set else predictions[spec.label]  # the form the metrics score
-            r = None
-            if labelled and col.kind == "accuracy":
-                r = exact_match_score(y, yl, taxonomy=tax)
-            elif labelled and col.kind == "hf":
-                # 0/0 only for a root label predicted as the root: right, 1, as in expected_hfbeta
-                r = hierarchical_fbeta_score(y, yl, taxonomy=tax, beta=col.beta, average="samples", zero_division=1.0)
-            elif labelled:
-                r = hamming_loss(y, yl, taxonomy=tax)
-            out.append((r, float(e)))
-        return out
-    costs = np.asarray(expected_cost(node, tax, col.cost))  # [B, N]: E[cost(n, y)] for every node n
-    out = []
-    rows = np.arange(b)
-    for spec in specs:
-        if spec.is_set:
-            out.append((None, None))
-            continue
-        pred = predictions[spec.label]
-        exp_cost = costs[rows, pred]
-        if col.kind == "severity":
-            wrong = float((1.0 - p_label[rows, pred]).sum())
-            e = float(exp_cost.sum() / wrong) if wrong > _INTERNAL_TOL * b else float("nan")
-            r = (
-                mistake_severity(y, pred, taxonomy=tax, distance=col.cost, zero_division=float("nan"))
-                if labelled
-                else None
-            )
-        else:
-            e = float(exp_cost.mean())
-            r = realized_cost(y, pred, taxonomy=tax, cost=col.cost) if labelled else None
-        out.append((r, e))
+) -> dict[str, dict[str, float | None]]:
+    """``expected[decoder][column]`` under the label distribution of ``node``.
+
+    Rows go in blocks. Within a block the closed sets to score are stacked ``[M, N]`` so that each set column
+    is one vectorised call: one row per *distinct* (sample, node) among the single-node decoders (they agree
+    often) and one per sample and set decoder; the block size keeps the stack near ``CHUNK_ELEMENTS`` entries.
+    """
+    n, rows_total, d = tax.num_nodes, node.shape[0], len(specs)
+    anc = tax.ancestors_sparse.astype(np.float64).tocsr()  # anc[m, a] = 1: a is an ancestor-or-self of m
+    depth = tax.depth
+    sums = np.zeros((d, len(columns)))
+    wrong = np.zeros(d)  # summed mistake probability, the denominator of Bertinetto's ratio
+    singles = [i for i, s in enumerate(specs) if not s.is_set]
+    sets = [i for i, s in enumerate(specs) if s.is_set]
+    step = max(1, CHUNK_ELEMENTS // (n * d))
+    for lo in range(0, rows_total, step):
+        nb = node[lo : lo + step]
+        b = np.arange(nb.shape[0])
+        pl = prepare(nb, tax).label  # [b, N]: probability that the label is exactly each node
+        ids = np.stack([predictions[specs[i].label][lo : lo + step] for i in singles]) if singles else None
+        parts, row_of = [], []
+        if ids is not None:
+            pairs, inverse = np.unique(b[None, :] * n + ids, return_inverse=True)
+            parts.append(anc[pairs % n].toarray() > 0)
+            row_of.append(pairs // n)
+        for i in sets:
+            pred = predictions[specs[i].label][lo : lo + step]
+            parts.append((sp.csr_matrix(np.asarray(pred, dtype=np.float64)) @ anc).toarray() > 0)
+            row_of.append(b)
+        stack, row_of = np.concatenate(parts), np.concatenate(row_of)
+        stack[:, 0] = True  # the root is in every closed set; the metrics leave it out
+        n_pairs = len(stack) - len(sets) * len(b)
+
+        for j, col in enumerate(columns):
+            if col.kind == "accuracy":
+                # A closed set equals anc(m) iff it is the chain down to its deepest node m.
+                deepest = np.where(stack, depth[None, :], -1).argmax(1)
+                chain = stack[:, 1:].sum(1) == depth[deepest]
+                per = np.where(chain, pl[row_of, deepest], 0.0)
+            elif col.kind == "hf":
+                per = np.asarray(expected_hfbeta(stack, nb[row_of], tax, col.beta))
+            elif col.kind == "hamming":
+                # E|S Δ Y| = sum of P(n) over the nodes, plus 1 - 2 P(n) over the nodes of S (root aside).
+                marg = np.asarray(anc.T @ pl.T).T[:, 1:][row_of]  # P(n in the closed label set)
+                per = (marg.sum(1) + (stack[:, 1:] * (1.0 - 2.0 * marg)).sum(1)) / (n - 1)
+            else:  # a node-to-label cost: single-node decoders only
+                if ids is not None:
+                    costs = np.asarray(expected_cost(nb, tax, col.cost))  # [b, N]: E[cost(n, y)] for every node
+                    sums[singles, j] += costs[b[None, :], ids].sum(1)
+                continue
+            if ids is not None:
+                sums[singles, j] += per[:n_pairs][inverse.reshape(ids.shape)].sum(1)
+            if sets:
+                sums[sets, j] += per[n_pairs:].reshape(len(sets), -1).sum(1)
+        if ids is not None and any(c.kind == "severity" for c in columns):
+            wrong[singles] += (1.0 - pl[b[None, :], ids]).sum(1)
+    out: dict[str, dict[str, float | None]] = {}
+    for i, spec in enumerate(specs):
+        row: dict[str, float | None] = {}
+        for j, col in enumerate(columns):
+            if spec.is_set and col.kind in ("severity", "cost"):
+                row[col.key] = None
+            elif col.kind == "severity":
+                row[col.key] = float(sums[i, j] / wrong[i]) if wrong[i] > _INTERNAL_TOL * rows_total else math.nan
+            else:
+                row[col.key] = float(sums[i, j] / rows_total)
+        out[spec.label] = row
     return out
