@@ -143,12 +143,14 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
         scores = rng.random((n, len(tax.leaves)))
 
         def update(m: stateful.Metric, t: Any, p: Any, s: Any, w: Any = None) -> None:
-            m.update(t, p, scores=s, sample_weight=w)
+            m.update(t, p, y_score=s, sample_weight=w)
 
         return Case(
             lambda: cls(tax, k=(1, 2)),
             (t, p, scores),
-            lambda t, p, s, w=None: M.hierarchical_report(t, p, taxonomy=tax, scores=s, k=(1, 2), sample_weight=w),
+            lambda t, p, s, w=None: M.hierarchical_report(
+                t, p, taxonomy=tax, y_score=s, k=(1, 2), sample_weight=w, output_dict=True
+            ),
             update,
         )
     raise KeyError(name)

@@ -344,3 +344,16 @@ def test_every_builtin_head_is_covered_by_the_contract_tests():
         and get_head_class(n).__module__ != "hiercls.heads.prompt"
     }
     assert builtin <= {name for name, _, _ in VARIANTS.values()}
+
+
+def test_soft_label_head_passes_normalize_distances_to_its_loss() -> None:
+    # TREE: leaves x1, x2, y, z, c; x1 vs c has the LCA at the root, lca_height 3 = d_max
+    feats = torch.randn(4, D, generator=torch.Generator().manual_seed(0))
+    y = torch.as_tensor(TREE.leaves[[0, 1, 3, 4]])
+    for normalize in (True, False):
+        head = create_head("soft_labels", TREE, D, beta=3.0, normalize_distances=normalize)
+        assert head.criterion.normalize_distances is normalize
+        logp = torch.log_softmax(head(feats), dim=1)
+        d = torch.as_tensor(TREE.distance_matrix("lca_height", nodes=y.numpy()), dtype=torch.float32)
+        q = torch.softmax(-3.0 * d / (3.0 if normalize else 1.0), dim=1)  # softmax(-beta d / d_max)
+        assert torch.allclose(head.loss(head(feats), y), -(q * logp).sum(1).mean(), atol=1e-6)

@@ -456,7 +456,7 @@ def test_present_labels_equal_sklearn_multiclass_macro_on_a_flat_taxonomy():
     ) == pytest.approx(want)
     everything = skm.f1_score(t, p, average="macro", labels=np.arange(1, 13), zero_division=0.0)
     assert M.node_f1_score(t, p, taxonomy=flat, average="macro", zero_division=0.0) == pytest.approx(everything)
-    assert M.hierarchical_report(t, p, taxonomy=flat, k=())["node_macro_f1"] == pytest.approx(want)
+    assert M.hierarchical_report(t, p, taxonomy=flat, k=(), output_dict=True)["node_macro_f1"] == pytest.approx(want)
     assert M.exact_match_score(t, p, taxonomy=flat) == pytest.approx(skm.accuracy_score(t, p))
 
 
@@ -581,7 +581,9 @@ def test_ignored_targets_are_dropped():
     t = np.array([1, -1, 2, -1])
     p = np.array([2, 3, 2, 5])
     assert M.hierarchical_f1_score(t, p, taxonomy=tax) == M.hierarchical_f1_score([1, 2], [2, 2], taxonomy=tax)
-    assert M.hierarchical_report(t, p, taxonomy=tax, k=()) == M.hierarchical_report([1, 2], [2, 2], taxonomy=tax, k=())
+    assert M.hierarchical_report(t, p, taxonomy=tax, k=(), output_dict=True) == M.hierarchical_report(
+        [1, 2], [2, 2], taxonomy=tax, k=(), output_dict=True
+    )
 
 
 # ----------------------------------------------------------------------------- segmentation
@@ -702,8 +704,8 @@ def test_stateful_batches_equal_functional():
 def test_empty_batches_and_taxonomy_mismatch_in_stateful_metrics():
     tax = animal_tree()
     m = M.HierarchicalMetrics(tax, k=(1,))
-    m.update([], [], scores=np.zeros((0, tax.num_leaves)))  # a rank or batch without samples
-    m.update(["cat"], ["dog"], scores=np.array([[0.1, 0.8, 0.1]]))
+    m.update([], [], y_score=np.zeros((0, tax.num_leaves)))  # a rank or batch without samples
+    m.update(["cat"], ["dog"], y_score=np.array([[0.1, 0.8, 0.1]]))
     m.update(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
     assert m.compute()["mistake_severity"] == 2.0 and m.compute()["accuracy"] == 0.0
     other = M.HierarchicalMetrics(diamond_dag(), k=(1,))
@@ -722,7 +724,7 @@ def test_report_and_collection_agree_with_functions():
     t = rng.choice(leaves, 40)
     scores = rng.random((40, len(leaves)))
     p = leaves[scores.argmax(1)]
-    r = M.hierarchical_report(t, p, taxonomy=tax, scores=scores, k=(1, 2))
+    r = M.hierarchical_report(t, p, taxonomy=tax, y_score=scores, k=(1, 2), output_dict=True)
     kw = {"taxonomy": tax}
     assert r["accuracy"] == pytest.approx(np.mean(t == p))
     assert r["top1_accuracy"] == pytest.approx(r["accuracy"])
@@ -738,8 +740,8 @@ def test_report_and_collection_agree_with_functions():
     assert r["semantic_accuracy"] == pytest.approx(M.semantic_accuracy_score(t, p, **kw))
     assert np.allclose(r["per_level_accuracy"], M.per_level_accuracy_score(t, p, **kw), equal_nan=True)
     coll = M.HierarchicalMetrics(tax, k=(1, 2))
-    coll.update(t[:13], p[:13], scores=scores[:13])
-    coll.update(t[13:], p[13:], scores=scores[13:])
+    coll.update(t[:13], p[:13], y_score=scores[:13])
+    coll.update(t[13:], p[13:], y_score=scores[13:])
     got = coll.compute()
     assert got.keys() == r.keys()
     assert r["mistake_severity_distance"] == "lca_height"
@@ -750,7 +752,7 @@ def test_report_and_collection_agree_with_functions():
     coll.load_state_dict(saved)
     assert coll.compute()["hF1_micro"] == pytest.approx(r["hF1_micro"])
     # multi-label: node sets, distance metrics left out
-    ml = M.hierarchical_report([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax)
+    ml = M.hierarchical_report([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax, output_dict=True)
     assert "mistake_severity" not in ml and ml["hF1_micro"] == pytest.approx(
         M.hierarchical_f1_score([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax)
     )
@@ -778,8 +780,8 @@ def test_errors_name_the_parameter_and_the_expectation():
         M.hierarchical_f1_score([1, 7], [1, 1], **kw)
     with pytest.raises(TypeError, match="must be integers"):
         M.hierarchical_f1_score(np.array([1.0, 2.0]), [1, 1], **kw)
-    with pytest.raises(ValueError, match="average must be one of 'micro', 'macro', 'samples'; got 'weighted'"):
-        M.hierarchical_f1_score([1], [1], average="weighted", **kw)
+    with pytest.raises(ValueError, match="average must be one of 'micro', 'macro', 'weighted', 'samples'; got 'bin'"):
+        M.hierarchical_f1_score([1], [1], average="bin", **kw)
     with pytest.raises(ValueError, match="beta must be a finite number >= 0; got -1"):
         M.hierarchical_fbeta_score([1], [1], beta=-1, **kw)
     with pytest.raises(ValueError, match="beta must be a finite number >= 0; got inf"):

@@ -68,7 +68,7 @@ SETUP = textwrap.dedent("""
         metrics["topk"].update(d["t"], d["scores"])
         metrics["dice_map"].update(d["seg_t"], d["seg_p"])
         metrics["dice_mask"].update(d["mask_t"], d["mask_p"])
-        metrics["collection"].update(d["t"], d["p"], scores=d["scores"])
+        metrics["collection"].update(d["t"], d["p"], y_score=d["scores"])
 """)
 
 WORKER = textwrap.dedent("""

@@ -136,3 +136,20 @@ def test_constructors_and_children_json(tmp_path):
         Taxonomy.from_children({"root": ["animal"], "animal": "cat"})
     with pytest.raises(TypeError, match="undirected"):
         Taxonomy.from_networkx(nx.Graph([("r", "a")]))
+
+
+def test_references_table_names_every_public_decoder_metric_loss_and_head() -> None:
+    import importlib
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "references.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)", text))
+    missing = {
+        m: [n for n in importlib.import_module(m).__all__ if n not in named]
+        for m in ("hiercls.decode", "hiercls.metrics", "hiercls.losses", "hiercls.heads")
+    }
+    missing["hiercls.evaluation"] = [
+        n for n in ("decoder_metric_table", "DecoderMetricTable", "TABLE_DECODERS", "TABLE_METRICS") if n not in named
+    ]
+    assert not any(missing.values()), f"docs/references.md lacks rows for {missing}"

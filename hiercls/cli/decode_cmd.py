@@ -24,13 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode import RULES, DecoderSpec, parse_decoder, rule_options
+from hiercls.decode import COST_KINDS, RULES, DecoderSpec, parse_decoder, rule_options
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
 from hiercls.taxonomy.registry import load_taxonomy
 
 HELP = "decode saved node probabilities with a metric-optimal rule"
-
-_COSTS = ("shortest_path", "lca_height", "wu_palmer", "zhao")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cost",
         default=None,
-        choices=_COSTS,
+        choices=COST_KINDS,
         help="cost for bayes_node (default shortest_path) and crm (default lca_height)",
     )
     parser.add_argument(

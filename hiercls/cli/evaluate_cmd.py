@@ -6,9 +6,12 @@ Examples::
     hiercls evaluate --model runs/quickstart --data test --decoder argmax_leaf --decoder optimal_hf1 --out m.json
     hiercls evaluate --probs runs/x/eval_probs.npy --labels runs/x/eval_labels.npy --taxonomy imagenet1k_tree \\
         --decoder argmax_leaf --decoder optimal_hfbeta:beta=2                  # reports hF2 too
+    hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --table --cost wu_palmer --out t.json
 
 Both modes decode with the same decoder specs (``name`` or ``name:key=value,...``) and print the same metrics
-as training (``hiercls.evaluation.Evaluator``).
+as training (``hiercls.evaluation.Evaluator``). ``--table`` prints instead the decoder x metric table of Plaud et
+al. (``hiercls.evaluation.decoder_metric_table``): every decoder (default: every rule, and each column's
+Bayes-optimal one) under every metric, realised against the labels and expected under the model's posterior.
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ import argparse
 import json
 from pathlib import Path
 
-from hiercls.evaluation import DEFAULT_DECODERS, evaluate_probabilities, format_results, load_labels, load_probabilities
+from hiercls.decode import COST_KINDS
+from hiercls.evaluation import (
+    DEFAULT_DECODERS,
+    decoder_metric_table,
+    evaluate_probabilities,
+    format_results,
+    load_labels,
+    load_probabilities,
+)
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train.config import apply_overrides, load_config
 from hiercls.train.distributed import resolve_device
@@ -62,6 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", metavar="FILE", help="with --probs: true labels (.npy node ids or a text file)")
     parser.add_argument("--taxonomy", metavar="NAME_OR_PATH", help="with --probs: the taxonomy")
     parser.add_argument("--leaf-probs", action="store_true", help="with --probs: the file holds leaf probabilities")
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="with --probs: the decoder x metric table (realised and expected values, optimal decoders marked)",
+    )
+    parser.add_argument(
+        "--cost", default="lca_height", choices=COST_KINDS, help="with --table: the cost of its 'cost' column"
+    )
     parser.add_argument("--out", metavar="FILE.json", help="write the metrics as JSON")
 
 
@@ -71,6 +90,14 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
     taxonomy = load_taxonomy(args.taxonomy)
     probs = load_probabilities(args.probs)
     labels = load_labels(args.labels, taxonomy)
+    if args.table:
+        table = decoder_metric_table(probs, labels, taxonomy, args.decoder, cost=args.cost, leaf_probs=args.leaf_probs)
+        print(f"{args.probs}: {table.samples} samples ({int((labels < 0).sum())} ignored)")
+        print(table.format())
+        if args.out:
+            Path(args.out).write_text(json.dumps(table.to_dict(), indent=2), encoding="utf-8")
+            print(f"wrote {args.out}")
+        return 0
     results = evaluate_probabilities(
         probs, labels, taxonomy, args.decoder or DEFAULT_DECODERS, leaf_probs=args.leaf_probs
     )
@@ -85,6 +112,8 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.probs:
         return _evaluate_probs(args)
+    if args.table:
+        raise ValueError("--table scores saved probabilities: use it with --probs FILE --labels FILE --taxonomy T")
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
     if args.recipe:

@@ -21,8 +21,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +94,17 @@ class DecoderSpec:
         return self.rule in SET_RULES
 
     @property
+    def resolved_options(self) -> dict[str, Any]:
+        """Every option of the rule, the spec's own over the rule's defaults: two specs name the same decoder
+        exactly when their rules and resolved options agree (``bayes_node`` = ``bayes_node:cost=shortest_path``).
+
+        Example:
+            >>> parse_decoder("bayes_node").resolved_options
+            {'cost': 'shortest_path', 'candidates': None}
+        """
+        return {**{n: p.default for n, p in _parameters(self.rule).items()}, **self.options}
+
+    @property
     def beta(self) -> float | None:
         """The β of an hF-β decoder (its option, else the rule's default), ``None`` for other rules."""
         if self.rule != "optimal_hfbeta":
@@ -134,13 +147,24 @@ def rule_options(rule: str) -> list[str]:
     return list(_parameters(RULES.canonical(rule)))
 
 
-def _parameters(rule: str) -> dict[str, inspect.Parameter]:
-    params = inspect.signature(RULES[rule]).parameters
-    return {
-        n: p
-        for n, p in params.items()
-        if n not in _NOT_OPTIONS and not n.startswith("return_") and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
+def _parameters(rule: str) -> Mapping[str, inspect.Parameter]:
+    return _function_parameters(RULES[rule])
+
+
+@functools.cache
+def _function_parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    # Keyed by the function, so a rule registered again under the same name is read afresh; signatures are
+    # slow to build and every decoder call checks its options against them.
+    params = inspect.signature(fn).parameters
+    return types.MappingProxyType(
+        {
+            n: p
+            for n, p in params.items()
+            if n not in _NOT_OPTIONS
+            and not n.startswith("return_")
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+    )
 
 
 def _parse_value(text: str) -> Any:

@@ -4,6 +4,7 @@ It sits above :mod:`hiercls.decode` and :mod:`hiercls.metrics` and below :mod:`h
 
 * :class:`Evaluator` (``update`` / ``compute`` / ``reset``, exact under DDP) and :func:`evaluate_probabilities`;
 * :func:`format_results`, the one result table;
+* :func:`decoder_metric_table`, the decoder x metric table of Plaud et al. (ICML 2025);
 * :func:`load_probabilities` / :func:`load_labels`, saved probabilities and labels from files;
 * :mod:`hiercls.evaluation.calibration`: temperature scaling and the ECE per level (:func:`format_calibration`).
 """
@@ -18,12 +19,17 @@ from hiercls.evaluation.calibration import (
 from hiercls.evaluation.evaluator import DEFAULT_DECODERS, Evaluator, evaluate_probabilities, to_plain
 from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.evaluation.report import decoders_in, format_results, format_table
+from hiercls.evaluation.table import TABLE_DECODERS, TABLE_METRICS, DecoderMetricTable, decoder_metric_table
 
 __all__ = [
     "DEFAULT_DECODERS",
+    "TABLE_DECODERS",
+    "TABLE_METRICS",
+    "DecoderMetricTable",
     "Evaluator",
     "LevelCalibration",
     "calibrate_outputs",
+    "decoder_metric_table",
     "decoders_in",
     "evaluate_probabilities",
     "expected_calibration_error",

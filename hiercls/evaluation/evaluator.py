@@ -157,7 +157,7 @@ class Evaluator:
                 elif name:
                     metric.update(y, pred)
                 else:
-                    metric.update(y, pred, scores=scores)
+                    metric.update(y, pred, y_score=scores)
             preds[label] = pred
         return preds
 

@@ -110,14 +110,23 @@ class HXEHead(_LeafSoftmaxHead):
 
 @register_head("soft_labels")
 class SoftLabelHead(_LeafSoftmaxHead):
-    """Leaf softmax trained on soft labels ``softmax(-beta * d(leaf, y))`` (:class:`~hiercls.losses.SoftLabelLoss`).
+    """Leaf softmax trained on soft labels ``softmax(-beta * d(leaf, y) / d_max)``
+    (:class:`~hiercls.losses.SoftLabelLoss`).
 
     Args:
         taxonomy: a tree (a DAG only when small enough for the precomputed table).
         in_features: feature dimension.
-        beta: sharpness (default 10).
+        beta: sharpness (default 10), the paper's hardness when ``normalize_distances`` (Bertinetto et al.).
         kind: taxonomy distance (default ``"lca_height"``).
+        normalize_distances: divide the distances by the largest leaf-to-leaf one, ``d_max``, as the reference
+            code does (default); ``False`` keeps hiercls's earlier raw scale (``d_max = 1``).
         bias: linear layer bias.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> SoftLabelHead(tax, 4, beta=4.0, normalize_distances=False).criterion.distance_scale
+        1.0
     """
 
     def __init__(
@@ -127,11 +136,12 @@ class SoftLabelHead(_LeafSoftmaxHead):
         *,
         beta: float = 10.0,
         kind: DistanceKind = "lca_height",
+        normalize_distances: bool = True,
         bias: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(taxonomy, in_features, bias=bias, **options)
-        self.criterion = SoftLabelLoss(taxonomy, beta=beta, kind=kind)
+        self.criterion = SoftLabelLoss(taxonomy, beta=beta, kind=kind, normalize_distances=normalize_distances)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.criterion(output, targets)

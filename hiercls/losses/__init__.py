@@ -1,7 +1,14 @@
 """Hierarchical losses, usable on their own with any model that produces logits in the documented layout."""
 
 from hiercls.losses.conditional import ConditionalSoftmax, ConditionalSoftmaxLoss, huffman_tree
-from hiercls.losses.leaf import HXELoss, LeafCrossEntropy, SoftLabelLoss, hxe_weights, soft_label_targets
+from hiercls.losses.leaf import (
+    HXELoss,
+    LeafCrossEntropy,
+    SoftLabelLoss,
+    hxe_weights,
+    max_leaf_distance,
+    soft_label_targets,
+)
 from hiercls.losses.multilabel import HierarchicalBCELoss, close_targets, mcm_logits
 from hiercls.losses.nested import NestedRegionLoss, NestedSigmoid, node_ids_to_regions, soft_dice_loss
 from hiercls.losses.semantic import SemanticKDLoss, SemanticLayout, SemanticSoftmaxLoss, semantic_level_weights
@@ -26,6 +33,7 @@ __all__ = [
     "close_targets",
     "huffman_tree",
     "hxe_weights",
+    "max_leaf_distance",
     "mcm_logits",
     "node_ids_to_regions",
     "segment_logsumexp",

@@ -15,7 +15,7 @@ from torch import nn
 
 from hiercls._checks import check_finite_number
 from hiercls.losses.validation import check_node_targets, upcast
-from hiercls.taxonomy import DistanceKind, Taxonomy
+from hiercls.taxonomy import DISTANCE_KINDS, DistanceKind, Taxonomy
 from hiercls.taxonomy.ops import TreeOps, as_tensor, leaf_ranges, require_tree
 
 __all__ = ["HXELoss", "LeafCrossEntropy", "SoftLabelLoss", "hxe_weights", "max_leaf_distance", "soft_label_targets"]
@@ -265,7 +265,7 @@ class SoftLabelLoss(_LeafBase):
         True
     """
 
-    _KINDS = ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath")
+    _KINDS = DISTANCE_KINDS
 
     def __init__(
         self,

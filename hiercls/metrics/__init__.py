@@ -18,6 +18,7 @@ Example:
 
 from hiercls.metrics._validation import UndefinedMetricWarning
 from hiercls.metrics.distance import (
+    DISTANCES,
     average_hierarchical_distance_at_k,
     hierarchical_distance_loss,
     level_argmax_accuracy_score,
@@ -66,6 +67,7 @@ from hiercls.metrics.stateful import (
 )
 
 __all__ = [
+    "DISTANCES",
     "ConstrainedF1",
     "HierarchicalFBeta",
     "HierarchicalMetrics",

@@ -8,13 +8,14 @@ or an ancestor-closed boolean CSR matrix ``[B, N]``. The CSR form is what lets a
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,6 +24,8 @@ from hiercls._checks import check_choice, check_taxonomy, to_numpy
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = ["Labels", "UndefinedMetricWarning", "to_labels"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class UndefinedMetricWarning(UserWarning):
@@ -299,25 +302,69 @@ def check_zero_division(zero_division: Any) -> Any:
     raise ValueError(f"zero_division must be 'warn', 0.0, 1.0 or nan; got {zero_division!r}")
 
 
-def safe_divide(num: Any, den: Any, zero_division: Any, what: str) -> Any:
-    """``num / den`` elementwise with ``zero_division`` where ``den == 0`` (``"warn"``: 0 and a warning)."""
+def divide(num: Any, den: Any, zero_division: Any) -> tuple[Any, np.ndarray]:
+    """``(num / den with zero_division where den == 0, the 0/0 mask)``, never warning (``"warn"`` fills 0)."""
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
     zero = den == 0
     with np.errstate(divide="ignore", invalid="ignore"):
         out = num / np.where(zero, 1.0, den)
     if zero.any():
-        if zero_division == "warn":
-            warnings.warn(
-                f"{what} is ill-defined (0/0) and set to 0.0; pass zero_division to choose the value",
-                UndefinedMetricWarning,
-                stacklevel=3,
-            )
-            fill = 0.0
-        else:
-            fill = zero_division
-        out = np.where(zero, fill, out)
-    return out if out.ndim else float(out)
+        out = np.where(zero, 0.0 if zero_division == "warn" else zero_division, out)
+    return (out if out.ndim else float(out)), zero
+
+
+def warn_undefined(what: str, zero_division: Any, stacklevel: int = 3) -> None:
+    """The one :class:`UndefinedMetricWarning` of an undefined metric (only under ``zero_division="warn"``)."""
+    if zero_division == "warn":
+        warnings.warn(
+            f"{what} is ill-defined (0/0) and set to 0.0; pass zero_division to choose the value",
+            UndefinedMetricWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
+def safe_divide(num: Any, den: Any, zero_division: Any, what: str, *, warn: bool = True) -> Any:
+    """``num / den`` elementwise with ``zero_division`` where ``den == 0`` (``"warn"``: 0 and one warning, unless
+    ``warn=False``: the caller warns once for the metric)."""
+    out, zero = divide(num, den, zero_division)
+    if warn and zero.any():
+        warn_undefined(what, zero_division, stacklevel=3)
+    return out
+
+
+def renamed_keyword(old: str, new: str) -> Callable[[F], F]:
+    """Accept the keyword ``old`` for ``new`` for one more release, with a :class:`FutureWarning`.
+
+    Example:
+        >>> @renamed_keyword("scores", "y_score")
+        ... def f(y_true, y_score=None):
+        ...     return y_score
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always")
+        ...     f([1], scores=[2]), w[0].category.__name__
+        ([2], 'FutureWarning')
+    """
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{fn.__qualname__}() got both {new}= and its deprecated name {old}=; pass {new}=")
+                warnings.warn(
+                    f"{fn.__qualname__}(): {old}= is deprecated and will be removed in the next release; "
+                    f"pass {new}= (scikit-learn's name)",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
 
 
 def weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:

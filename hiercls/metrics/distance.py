@@ -27,10 +27,11 @@ from hiercls.metrics._validation import (
     check_weights,
     check_zero_division,
     prepare_pair,
+    renamed_keyword,
     safe_divide,
     to_labels,
 )
-from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
 
 __all__ = [
     "DISTANCES",
@@ -49,16 +50,8 @@ __all__ = [
     "zhao_loss",
 ]
 
-DISTANCES = (
-    "lca_height",
-    "shortest_path",
-    "wu_palmer",
-    "wu_palmer_root1",
-    "zhao",
-    "ic_distance",
-    "jiang_conrath",
-    "lca_node_height",
-)
+DISTANCES: tuple[str, ...] = (*DISTANCE_KINDS, "lca_node_height")
+"""The ``distance`` names of the metrics: every kind of :meth:`Taxonomy.distance` and ``"lca_node_height"``."""
 LevelKind = Literal["depth", "semantic"]
 
 
@@ -288,13 +281,14 @@ def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tupl
     raise ValueError(f"scores has {width} columns; expected {len(ids)} (one per candidate) or {n} (one per node)")
 
 
-def top_k_predictions(scores: Any, k: int, *, taxonomy: Taxonomy, candidates: Any = None) -> np.ndarray:
+@renamed_keyword("scores", "y_score")
+def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: Any = None) -> np.ndarray:
     """Node ids of the ``k`` highest-scoring candidates per sample, best first, ``[B, k]``.
 
     Ties: among equal scores the smaller node id comes first (the decoders' rule).
 
     Args:
-        scores: ``[B, num_leaves]`` leaf scores, ``[B, N]`` node scores (then ``candidates`` selects the
+        y_score: ``[B, num_leaves]`` leaf scores, ``[B, N]`` node scores (then ``candidates`` selects the
             columns; default the leaves, since node probabilities always rank ancestors first), or
             ``[B, len(candidates)]``.
         k: how many.
@@ -307,11 +301,11 @@ def top_k_predictions(scores: Any, k: int, *, taxonomy: Taxonomy, candidates: An
         >>> top_k_predictions(np.array([[0.2, 0.5, 0.3]]), 2, taxonomy=tax).tolist()  # leaves x, y, b
         [[3, 4]]
     """
-    s = np.asarray(to_numpy(scores))
+    s = np.asarray(to_numpy(y_score))
     if s.ndim != 2:
-        raise ValueError(f"scores must be 2-D [B, C]; got shape {s.shape}")
+        raise ValueError(f"y_score must be 2-D [B, C]; got shape {s.shape}")
     if s.dtype.kind not in "biuf":
-        raise TypeError(f"scores must be numeric; got dtype {s.dtype}")
+        raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
     ids, s = _candidates(taxonomy, s, candidates)
     if not isinstance(k, int | np.integer) or not 1 <= k <= len(ids):
         raise ValueError(f"k must be an integer in [1, {len(ids)}] (the number of candidates); got {k!r}")
@@ -334,16 +328,18 @@ def _scores_pair(
     t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True)
     ids = _ids(t, "y_true")
     if len(ids) != len(top):
-        raise ValueError(f"y_true has {len(ids)} samples but scores has {len(top)} rows")
+        raise ValueError(f"y_true has {len(ids)} samples but y_score has {len(top)} rows")
     w = check_weights(sample_weight, len(ids))
     keep = ids >= 0
     return ids[keep], top[keep], None if w is None else w[keep]
 
 
+@renamed_keyword("scores", "y_score")
 def top_k_accuracy_score(
-    y_true: Any, scores: Any, *, taxonomy: Taxonomy, k: int = 5, candidates: Any = None, sample_weight: Any = None
+    y_true: Any, y_score: Any, *, taxonomy: Taxonomy, k: int = 5, candidates: Any = None, sample_weight: Any = None
 ) -> float:
-    """Fraction of samples whose true node is among the ``k`` best-scored candidates.
+    """Fraction of samples whose true node is among the ``k`` best-scored candidates (``y_score`` ``[B, C]``, as
+    :func:`top_k_predictions` takes it; ``scores=`` is the deprecated name).
 
     Ties at the k-th score: the smaller node id is taken (:func:`top_k_predictions`). A true node that is not a
     candidate (an internal node when the candidates are the leaves) is never a hit.
@@ -354,15 +350,16 @@ def top_k_accuracy_score(
         >>> top_k_accuracy_score(["x", "b"], np.array([[0.2, 0.5, 0.3], [0.2, 0.5, 0.3]]), taxonomy=tax, k=2)
         0.5
     """
-    t, top, w = _scores_pair(y_true, scores, taxonomy, sample_weight, k, candidates)
+    t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
     _nonempty(Labels(t, None, taxonomy.num_nodes))
     hit = (top == t[:, None]).any(axis=1)
     return float(np.average(hit, weights=w)) if w is not None else float(hit.mean())
 
 
+@renamed_keyword("scores", "y_score")
 def average_hierarchical_distance_at_k(
     y_true: Any,
-    scores: Any,
+    y_score: Any,
     *,
     taxonomy: Taxonomy,
     k: int = 5,
@@ -370,7 +367,7 @@ def average_hierarchical_distance_at_k(
     candidates: Any = None,
     sample_weight: Any = None,
 ) -> float:
-    """Mean distance between the truth and each of the top-k predictions (Bertinetto et al. 2020).
+    """Mean distance between the truth and each of the top-k predictions of ``y_score`` (Bertinetto et al. 2020).
 
     Ties among the scores: the smaller node id ranks first (:func:`top_k_predictions`).
 
@@ -381,7 +378,7 @@ def average_hierarchical_distance_at_k(
         >>> average_hierarchical_distance_at_k(["x"], np.array([[0.2, 0.5, 0.3]]), taxonomy=tax, k=2)
         1.5
     """
-    t, top, w = _scores_pair(y_true, scores, taxonomy, sample_weight, k, candidates)
+    t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
     _nonempty(Labels(t, None, taxonomy.num_nodes))
     d = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance).mean(axis=1)
     return float(np.average(d, weights=w)) if w is not None else float(d.mean())

@@ -10,6 +10,8 @@ parents, by node identity). With ``Y_b`` the true set and ``Ŷ_b`` the predicted
 * ``average="macro"`` (scikit-learn's meaning): every node is a binary label; the mean over nodes of the
   per-node precision / recall / F of the closed sets (the node Macro-F1 of hierarchical text classification).
   Its micro counterpart over nodes is exactly ``average="micro"``.
+* ``average="weighted"`` (scikit-learn's meaning): the per-node values of ``"macro"`` averaged with weights
+  equal to each node's support (the number of samples whose true set holds it).
 
 ``hF_beta = (1 + β²) |Ŷ ∩ Y| / (β² |Y| + |Ŷ|)`` from the counts (equal to the harmonic form whenever hP and hR
 are defined). ``include_root=False`` (default) leaves the root out of every set (the dataset-aggregated
@@ -28,8 +30,10 @@ from hiercls.metrics._validation import (
     Labels,
     ancestors_int32,
     check_zero_division,
+    divide,
     prepare_pair,
     safe_divide,
+    warn_undefined,
     weighted_sum,
 )
 from hiercls.taxonomy import Taxonomy
@@ -45,7 +49,7 @@ __all__ = [
     "node_confusion",
 ]
 
-Average = Literal["micro", "macro", "samples"]
+Average = Literal["micro", "macro", "weighted", "samples"]
 
 
 def root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -116,13 +120,16 @@ def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | Non
     return tp, pos_p - tp, pos_t - tp
 
 
-def fbeta_from_counts(inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str) -> Any:
+def fbeta_from_counts(
+    inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str, *, warn: bool = True
+) -> Any:
     """``(1 + β²) |T ∩ P| / (β² |T| + |P|)`` elementwise, ``zero_division`` where the denominator is 0."""
     return safe_divide(
         (1.0 + beta2) * np.asarray(inter, dtype=np.float64),
         beta2 * np.asarray(ntrue, dtype=np.float64) + np.asarray(npred, dtype=np.float64),
         zero_division,
         what,
+        warn=warn,
     )
 
 
@@ -131,6 +138,60 @@ def macro_mean(values: np.ndarray) -> float:
     # zero_division=nan marks undefined labels to leave out of the mean (scikit-learn >= 1.4 semantics).
     finite = values[~np.isnan(values)]
     return float(finite.mean()) if finite.size else float("nan")
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray, zero_division: Any) -> float:
+    """Support-weighted mean of the non-NaN entries (scikit-learn's ``average="weighted"``); ``zero_division``
+    (``"warn"``: 0) when no weight is left."""
+    keep = ~np.isnan(values)
+    w = weights[keep]
+    if w.sum() == 0:
+        return 0.0 if zero_division == "warn" else float(zero_division)
+    return float(values[keep] @ w / w.sum())
+
+
+WARN_FOR = ("precision", "recall", "f-score")
+"""The metrics that warn when undefined, by default (scikit-learn's ``warn_for``)."""
+
+
+def reduce_node_counts(
+    tp: np.ndarray,
+    fp: np.ndarray,
+    fn: np.ndarray,
+    beta2: float,
+    average: str | None,
+    zero_division: Any,
+    warn_for: Any = WARN_FOR,
+    what: str = "node",
+) -> tuple[Any, Any, Any, Any]:
+    """``(precision, recall, F-beta, support)`` of per-node counts (already restricted to the nodes to score).
+
+    ``average``: ``None`` (arrays), ``"micro"`` (pooled counts), ``"macro"`` (mean over nodes) or
+    ``"weighted"`` (mean weighted by the support ``tp + fn``). Each metric named in ``warn_for`` that is undefined
+    (a 0/0 that reaches the result) gives one :class:`UndefinedMetricWarning` under ``zero_division="warn"``.
+    """
+    support = tp + fn
+    zd = zero_division
+    if average == "micro":
+        tp, fp, fn = tp.sum(), fp.sum(), fn.sum()
+    prec, zp = divide(tp, tp + fp, zd)
+    rec, zr = divide(tp, tp + fn, zd)
+    f, zf = divide((1.0 + beta2) * np.asarray(tp, dtype=np.float64), beta2 * (tp + fn) + tp + fp, zd)
+    zeros = (zp, zr, zf)
+    if average != "weighted":
+        undefined = [bool(np.any(z)) for z in zeros]
+        if average == "macro":
+            prec, rec, f = (macro_mean(np.atleast_1d(v)) for v in (prec, rec, f))
+        elif average is None:
+            prec, rec, f = (np.atleast_1d(v) for v in (prec, rec, f))
+    else:  # weighted: a 0/0 of a node without support has no weight
+        w = np.asarray(support, dtype=np.float64)
+        undefined = [bool((np.atleast_1d(z) & (w > 0)).any()) or w.sum() == 0 for z in zeros]
+        prec, rec, f = (weighted_mean(np.atleast_1d(v), w, zd) for v in (prec, rec, f))
+    for name, und in zip(WARN_FOR, undefined, strict=True):
+        if und and name in warn_for:
+            warn_undefined(f"{average or 'per-' + what} {what} {name}", zd)
+    return prec, rec, f, (np.atleast_1d(support) if average is None else float(np.sum(support)))
 
 
 def present_mask(mask: np.ndarray, labels: Any, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
@@ -169,6 +230,7 @@ def hierarchical_precision_recall_fscore(
     zero_division: Any = "warn",
     labels: Any = None,
     close: bool = True,
+    warn_for: Any = WARN_FOR,
 ) -> tuple[float, float, float]:
     """Hierarchical precision, recall and F-beta in one pass (see the module docstring for the averages).
 
@@ -178,15 +240,18 @@ def hierarchical_precision_recall_fscore(
         y_pred: the same forms (no ``-1``).
         taxonomy: the taxonomy both refer to.
         beta: weight of recall in the F score.
-        average: ``"micro"``, ``"samples"`` or ``"macro"``.
+        average: ``"micro"``, ``"samples"``, ``"macro"`` or ``"weighted"`` (the node means of ``"macro"``
+            weighted by each node's support, the number of samples whose true set holds it, as scikit-learn).
         include_root: count the root as a member of every set.
         sample_weight: optional non-negative weight per sample.
         zero_division: value of a 0/0 ratio: ``"warn"`` (0 with a warning), ``0.0``, ``1.0`` or ``nan`` (for
             ``"macro"``: leave the node out of the mean).
-        labels: for ``"macro"``, the nodes to average over: ids or names, ``None`` (every node, minus the
-            root unless ``include_root``) or ``"present"`` (those true or predicted at least once, as
-            scikit-learn's multiclass default).
+        labels: for ``"macro"`` and ``"weighted"``, the nodes to average over: ids or names, ``None`` (every
+            node, minus the root unless ``include_root``) or ``"present"`` (those true or predicted at least once,
+            as scikit-learn's multiclass default).
         close: add missing ancestors to node sets (the default; ``False`` scores raw sets as given).
+        warn_for: the metrics (``"precision"``, ``"recall"``, ``"f-score"``) that warn when undefined, one
+            :class:`UndefinedMetricWarning` each per call (the single-score functions warn for their own).
 
     Returns:
         ``(hP, hR, hF_beta)`` as floats.
@@ -198,11 +263,13 @@ def hierarchical_precision_recall_fscore(
         >>> hierarchical_precision_recall_fscore(["x", "x"], ["y", "a"], taxonomy=tax)
         (0.6666666666666666, 0.5, 0.5714285714285714)
     """
-    check_choice(average, ("micro", "macro", "samples"), "average")
+    check_choice(average, ("micro", "macro", "weighted", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
-    if average == "macro":
+    if len(t) == 0:
+        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    if average in ("macro", "weighted"):
         tp, fp, fn = node_confusion(t, p, taxonomy, w)
         mask = labels_mask(labels, taxonomy, include_root)
         if include_root:
@@ -211,30 +278,26 @@ def hierarchical_precision_recall_fscore(
             tp, fp, fn = tp.copy(), fp.copy(), fn.copy()
             tp[0], fp[0], fn[0] = total, 0.0, 0.0
         mask = present_mask(mask, labels, tp, fp, fn)
-        tp, fp, fn = tp[mask], fp[mask], fn[mask]
-        prec = safe_divide(tp, tp + fp, zero_division, "macro hierarchical precision of a node without predictions")
-        rec = safe_divide(tp, tp + fn, zero_division, "macro hierarchical recall of a node without true samples")
-        f = fbeta_from_counts(
-            tp, tp + fn, tp + fp, beta2, zero_division, "macro hierarchical F of a node absent from both"
+        prec, rec, f, _ = reduce_node_counts(
+            tp[mask], fp[mask], fn[mask], beta2, average, zero_division, warn_for, "hierarchical node"
         )
-        return macro_mean(np.atleast_1d(prec)), macro_mean(np.atleast_1d(rec)), macro_mean(np.atleast_1d(f))
+        return prec, rec, f
     if labels is not None:
-        raise ValueError("labels is only used with average='macro'")
+        raise ValueError("labels is only used with average='macro' or 'weighted'")
     inter, npred, ntrue = root_free_counts(t, p, taxonomy)
     if include_root:
         inter, npred, ntrue = inter + 1.0, npred + 1.0, ntrue + 1.0
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    zd = zero_division
     if average == "micro":
         si, sp_, st = weighted_sum(inter, w), weighted_sum(npred, w), weighted_sum(ntrue, w)
         return (
-            safe_divide(si, sp_, zero_division, "hierarchical precision with no predicted node"),
-            safe_divide(si, st, zero_division, "hierarchical recall with no true node"),
-            fbeta_from_counts(si, st, sp_, beta2, zero_division, "hierarchical F with no node at all"),
+            safe_divide(si, sp_, zd, "hierarchical precision with no predicted node", warn="precision" in warn_for),
+            safe_divide(si, st, zd, "hierarchical recall with no true node", warn="recall" in warn_for),
+            fbeta_from_counts(si, st, sp_, beta2, zd, "hierarchical F with no node at all", warn="f-score" in warn_for),
         )
-    prec = safe_divide(inter, npred, zero_division, "per-sample hierarchical precision")
-    rec = safe_divide(inter, ntrue, zero_division, "per-sample hierarchical recall")
-    f = fbeta_from_counts(inter, ntrue, npred, beta2, zero_division, "per-sample hierarchical F")
+    prec = safe_divide(inter, npred, zd, "per-sample hierarchical precision", warn="precision" in warn_for)
+    rec = safe_divide(inter, ntrue, zd, "per-sample hierarchical recall", warn="recall" in warn_for)
+    f = fbeta_from_counts(inter, ntrue, npred, beta2, zd, "per-sample hierarchical F", warn="f-score" in warn_for)
     total = float(len(t) if w is None else w.sum())
     if total == 0:
         raise ValueError("sample_weight sums to 0")
@@ -279,6 +342,7 @@ def hierarchical_fbeta_score(
         zero_division=zero_division,
         labels=labels,
         close=close,
+        warn_for=("f-score",),
     )[2]
 
 
@@ -312,6 +376,7 @@ def hierarchical_f1_score(
         zero_division=zero_division,
         labels=labels,
         close=close,
+        warn_for=("f-score",),
     )[2]
 
 
@@ -345,6 +410,7 @@ def hierarchical_precision_score(
         zero_division=zero_division,
         labels=labels,
         close=close,
+        warn_for=("precision",),
     )[0]
 
 
@@ -378,6 +444,7 @@ def hierarchical_recall_score(
         zero_division=zero_division,
         labels=labels,
         close=close,
+        warn_for=("recall",),
     )[1]
 
 

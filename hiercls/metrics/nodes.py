@@ -25,9 +25,14 @@ from hiercls.metrics._validation import (
     Labels,
     check_zero_division,
     prepare_pair,
-    safe_divide,
 )
-from hiercls.metrics.hierarchical import fbeta_from_counts, labels_mask, macro_mean, node_confusion, present_mask
+from hiercls.metrics.hierarchical import (
+    WARN_FOR,
+    labels_mask,
+    node_confusion,
+    present_mask,
+    reduce_node_counts,
+)
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
@@ -41,30 +46,20 @@ __all__ = [
     "path_constrained_f1_score",
 ]
 
-NodeAverage = Literal["micro", "macro"] | None
+NodeAverage = Literal["micro", "macro", "weighted"] | None
 
 
 def _reduce(
-    tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, mask: np.ndarray, beta2: float, average: Any, zero_division: Any
+    tp: np.ndarray,
+    fp: np.ndarray,
+    fn: np.ndarray,
+    mask: np.ndarray,
+    beta2: float,
+    average: Any,
+    zero_division: Any,
+    warn_for: Any = WARN_FOR,
 ) -> tuple[Any, Any, Any, Any]:
-    tp, fp, fn = tp[mask], fp[mask], fn[mask]
-    support = tp + fn
-    if average == "micro":
-        stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
-        return (
-            safe_divide(stp, stp + sfp, zero_division, "micro precision with no predicted node"),
-            safe_divide(stp, stp + sfn, zero_division, "micro recall with no true node"),
-            fbeta_from_counts(stp, stp + sfn, stp + sfp, beta2, zero_division, "micro F with no node"),
-            float(support.sum()),
-        )
-    prec = np.atleast_1d(safe_divide(tp, tp + fp, zero_division, "precision of a node never predicted"))
-    rec = np.atleast_1d(safe_divide(tp, tp + fn, zero_division, "recall of a node never true"))
-    f = np.atleast_1d(
-        fbeta_from_counts(tp, tp + fn, tp + fp, beta2, zero_division, "F of a node neither true nor predicted")
-    )
-    if average is None:
-        return prec, rec, f, support
-    return macro_mean(prec), macro_mean(rec), macro_mean(f), float(support.sum())
+    return reduce_node_counts(tp[mask], fp[mask], fn[mask], beta2, average, zero_division, warn_for)
 
 
 def node_precision_recall_fscore_support(
@@ -79,6 +74,7 @@ def node_precision_recall_fscore_support(
     sample_weight: Any = None,
     zero_division: Any = "warn",
     close: bool = True,
+    warn_for: Any = WARN_FOR,
 ) -> tuple[Any, Any, Any, Any]:
     """Per-node precision, recall, F-beta and support over the node sets (scikit-learn's multilabel form).
 
@@ -87,7 +83,8 @@ def node_precision_recall_fscore_support(
         y_pred: labels in the same forms.
         taxonomy: the taxonomy.
         beta: weight of recall.
-        average: ``None`` (per-node arrays, in the order of ``labels``), ``"micro"`` or ``"macro"``.
+        average: ``None`` (per-node arrays, in the order of ``labels``), ``"micro"``, ``"macro"`` or
+            ``"weighted"`` (the per-node values weighted by their support, as scikit-learn).
         labels: nodes to score: ids or names, ``None`` (every node but the root; with it if ``include_root``)
             or ``"present"`` (the nodes true or predicted at least once: scikit-learn's multiclass default).
         include_root: score the root too (always a true positive of non-empty sets).
@@ -97,6 +94,8 @@ def node_precision_recall_fscore_support(
             node that is neither true nor predicted anywhere.
         close: close the sets under ancestors first (``False`` scores raw thresholded predictions, as
             HTC papers do).
+        warn_for: the metrics (``"precision"``, ``"recall"``, ``"f-score"``) that warn when undefined, one
+            :class:`UndefinedMetricWarning` each per call.
 
     Returns:
         ``(precision, recall, fbeta, support)``: floats for an average, arrays for ``average=None``.
@@ -109,13 +108,13 @@ def node_precision_recall_fscore_support(
         >>> f.tolist(), s.tolist()  # nodes a, x, y, b
         ([1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 1.0])
     """
-    check_choice(average, (None, "micro", "macro"), "average")
+    check_choice(average, (None, "micro", "macro", "weighted"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     tp, fp, fn = node_confusion(t, p, taxonomy, w)
     mask = present_mask(labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
-    return _reduce(tp, fp, fn, mask, beta2, average, zero_division)
+    return _reduce(tp, fp, fn, mask, beta2, average, zero_division, warn_for)
 
 
 def node_f1_score(
@@ -150,6 +149,7 @@ def node_f1_score(
         sample_weight=sample_weight,
         zero_division=zero_division,
         close=close,
+        warn_for=("f-score",),
     )[2]
 
 
@@ -282,7 +282,7 @@ def path_constrained_f1_score(
     y_pred: Any,
     *,
     taxonomy: Taxonomy,
-    average: Literal["micro", "macro"] = "micro",
+    average: Literal["micro", "macro", "weighted"] = "micro",
     labels: Any = None,
     sample_weight: Any = None,
     zero_division: Any = "warn",
@@ -298,12 +298,12 @@ def path_constrained_f1_score(
         >>> path_constrained_f1_score([["x"]], [["x"]], taxonomy=tax, zero_division=0.0)
         0.0
     """
-    check_choice(average, ("micro", "macro"), "average")
+    check_choice(average, ("micro", "macro", "weighted"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     tp, fp, fn = constrained_counts(ts, ps, taxonomy, w)["P"]
     mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
-    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]
+    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division, ("f-score",))[2]
 
 
 def constrained_f1_score(
@@ -311,7 +311,7 @@ def constrained_f1_score(
     y_pred: Any,
     *,
     taxonomy: Taxonomy,
-    average: Literal["micro", "macro"] = "micro",
+    average: Literal["micro", "macro", "weighted"] = "micro",
     labels: Any = None,
     sample_weight: Any = None,
     zero_division: Any = "warn",
@@ -325,9 +325,9 @@ def constrained_f1_score(
         >>> constrained_f1_score([["x"], ["b"]], [["a", "y"], ["x"]], taxonomy=tax)  # tp=1 (a), fp=1, fn=2
         0.4
     """
-    check_choice(average, ("micro", "macro"), "average")
+    check_choice(average, ("micro", "macro", "weighted"), "average")
     zero_division = check_zero_division(zero_division)
     _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
     tp, fp, fn = constrained_counts(ts, ps, taxonomy, w)["C"]
     mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
-    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division)[2]
+    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division, ("f-score",))[2]

@@ -25,9 +25,12 @@ from hiercls.metrics._validation import (
     Labels,
     check_weights,
     check_zero_division,
+    divide,
     prepare_pair,
+    renamed_keyword,
     safe_divide,
     to_labels,
+    warn_undefined,
 )
 from hiercls.metrics.distance import (
     DISTANCES,
@@ -43,6 +46,7 @@ from hiercls.metrics.hierarchical import (
     macro_mean,
     node_confusion,
     present_mask,
+    reduce_node_counts,
     root_free_counts,
 )
 from hiercls.metrics.nodes import constrained_counts
@@ -207,16 +211,19 @@ class HierarchicalFBeta(Metric):
         super().__init__(**kwargs)
         self.taxonomy = check_taxonomy(taxonomy)
         self.beta2 = check_beta(beta) ** 2
-        self.average = check_choice(average, ("micro", "macro", "samples"), "average")
+        self.average = check_choice(average, ("micro", "macro", "weighted", "samples"), "average")
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
         self.mask = labels_mask(labels, taxonomy, include_root)
         self.labels = labels
-        if average != "macro" and labels is not None:
-            raise ValueError("labels is only used with average='macro'")
+        if average not in ("macro", "weighted") and labels is not None:
+            raise ValueError("labels is only used with average='macro' or 'weighted'")
+        # undefined_*: how many per-sample ratios were 0/0, so compute() warns once per metric, not per update
         for name in ("inter", "npred", "ntrue", "sum_p", "sum_r", "sum_f", "total"):
             self.add_state(name)
-        if average == "macro":
+        for name in ("undefined_p", "undefined_r", "undefined_f"):
+            self.add_state(name)
+        if average in ("macro", "weighted"):
             for name in ("tp", "fp", "fn"):
                 self.add_state(name, taxonomy.num_nodes)
 
@@ -231,19 +238,22 @@ class HierarchicalFBeta(Metric):
             inter, npred, ntrue = inter + 1, npred + 1, ntrue + 1
         ww = np.ones(len(t)) if w is None else w
         zd = self.zero_division
-        prec = np.atleast_1d(safe_divide(inter, npred, zd, "per-sample hierarchical precision"))
-        rec = np.atleast_1d(safe_divide(inter, ntrue, zd, "per-sample hierarchical recall"))
-        f = np.atleast_1d(fbeta_from_counts(inter, ntrue, npred, self.beta2, zd, "per-sample hierarchical F"))
+        prec, zp = divide(inter, npred, zd)
+        rec, zr = divide(inter, ntrue, zd)
+        f, zf = divide((1.0 + self.beta2) * inter, self.beta2 * ntrue + npred, zd)
         self.accumulate(
             inter=inter @ ww,
             npred=npred @ ww,
             ntrue=ntrue @ ww,
-            sum_p=prec @ ww,
-            sum_r=rec @ ww,
-            sum_f=f @ ww,
+            sum_p=np.atleast_1d(prec) @ ww,
+            sum_r=np.atleast_1d(rec) @ ww,
+            sum_f=np.atleast_1d(f) @ ww,
             total=ww.sum(),
+            undefined_p=float(zp.sum()),
+            undefined_r=float(zr.sum()),
+            undefined_f=float(zf.sum()),
         )
-        if self.average == "macro":
+        if self.average in ("macro", "weighted"):
             tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
             self.accumulate(tp=tp, fp=fp, fn=fn)
 
@@ -260,6 +270,9 @@ class HierarchicalFBeta(Metric):
             tot = float(s["total"])
             if tot == 0:
                 return {"precision": math.nan, "recall": math.nan, "fbeta": math.nan}
+            for key, what in (("undefined_p", "precision"), ("undefined_r", "recall"), ("undefined_f", "F")):
+                if float(s.get(key, 0.0)) > 0:
+                    warn_undefined(f"per-sample hierarchical {what}", zd)
             return {
                 "precision": float(s["sum_p"]) / tot,
                 "recall": float(s["sum_r"]) / tot,
@@ -269,19 +282,18 @@ class HierarchicalFBeta(Metric):
         if self.include_root:
             tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
         mask = present_mask(self.mask, self.labels, tp, fp, fn)
-        tp, fp, fn = tp[mask], fp[mask], fn[mask]
-        return {
-            "precision": macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
-            "recall": macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
-            "fbeta": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, self.beta2, zd, "node F"))),
-        }
+        prec, rec, f, _ = reduce_node_counts(
+            tp[mask], fp[mask], fn[mask], self.beta2, average, zd, what="hierarchical node"
+        )
+        return {"precision": prec, "recall": rec, "fbeta": f}
 
 
 class NodeF1(Metric):
     """Per-node ``tp/fp/fn`` vectors: Micro-/Macro-F1 over nodes and the Hamming loss.
 
     ``compute()`` returns ``{"micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall",
-    "macro_f1", "hamming_loss"}``.
+    "macro_f1", "weighted_precision", "weighted_recall", "weighted_f1", "hamming_loss"}`` (``weighted``: the
+    per-node values weighted by their support, scikit-learn's ``average="weighted"``).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -329,17 +341,13 @@ class NodeF1(Metric):
         mask = present_mask(full, self.labels, tp, fp, fn)
         hamming_errors = fp[full].sum() + fn[full].sum()
         tp, fp, fn = tp[mask], fp[mask], fn[mask]
-        stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
         total = float(s["total"]) * int(full.sum())
-        return {
-            "micro_precision": safe_divide(stp, stp + sfp, zd, "micro precision"),
-            "micro_recall": safe_divide(stp, stp + sfn, zd, "micro recall"),
-            "micro_f1": fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, "micro F1"),
-            "macro_precision": macro_mean(np.atleast_1d(safe_divide(tp, tp + fp, zd, "node precision"))),
-            "macro_recall": macro_mean(np.atleast_1d(safe_divide(tp, tp + fn, zd, "node recall"))),
-            "macro_f1": macro_mean(np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, "node F1"))),
-            "hamming_loss": float(hamming_errors / total) if total else math.nan,
-        }
+        out: dict[str, float] = {}
+        for average in ("micro", "macro", "weighted"):
+            prec, rec, f, _ = reduce_node_counts(tp, fp, fn, 1.0, average, zd)
+            out.update({f"{average}_precision": prec, f"{average}_recall": rec, f"{average}_f1": f})
+        out["hamming_loss"] = float(hamming_errors / total) if total else math.nan
+        return out
 
 
 class ConstrainedF1(Metric):
@@ -469,17 +477,18 @@ class TopKMetrics(Metric):
         self.add_state("dist", len(self.k))
         self.add_state("total")
 
-    def update(self, y_true: Any, scores: Any, sample_weight: Any = None) -> None:
+    @renamed_keyword("scores", "y_score")
+    def update(self, y_true: Any, y_score: Any, sample_weight: Any = None) -> None:
         t = to_labels(y_true, self.taxonomy, name="y_true", allow_ignore=True)
         if not t.is_ids:
             raise ValueError("top-k metrics need single node ids or names as y_true")
         w = check_weights(sample_weight, len(t))
         keep = t.ids >= 0
-        self.update_ids(t.ids[keep], np.asarray(to_numpy(scores))[keep], None if w is None else w[keep])
+        self.update_ids(t.ids[keep], np.asarray(to_numpy(y_score))[keep], None if w is None else w[keep])
 
     def update_ids(self, t: np.ndarray, scores: np.ndarray, w: np.ndarray | None) -> None:
         if len(t) != len(scores):
-            raise ValueError(f"y_true has {len(t)} samples but scores has {len(scores)} rows")
+            raise ValueError(f"y_true has {len(t)} samples but y_score has {len(scores)} rows")
         top = top_k_predictions(scores, max(self.k), taxonomy=self.taxonomy, candidates=self.candidates)
         ww = np.ones(len(t)) if w is None else w
         dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, self.taxonomy, self.distance)
@@ -500,8 +509,9 @@ class TopKMetrics(Metric):
 class LevelAccuracy(Metric):
     """Per-level accuracy and semantic accuracy (micro over valid ``(sample, level)`` pairs).
 
-    ``compute()`` returns ``{"per_level_accuracy": [...], "semantic_accuracy": float}`` where
-    ``levels="depth"`` indexes depths 1..height and ``levels="semantic"`` the semantic levels.
+    ``compute()`` returns ``{"per_level_accuracy": [...], "per_level_support": [...], "semantic_accuracy": float}``
+    where ``levels="depth"`` indexes depths 1..height and ``levels="semantic"`` the semantic levels, and the
+    support of a level is the (weighted) number of samples whose truth reaches it.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -509,7 +519,7 @@ class LevelAccuracy(Metric):
         >>> m = LevelAccuracy(tax)
         >>> m.update(["x", "x"], ["y", "a"])
         >>> m.compute()
-        {'per_level_accuracy': [1.0, 0.0], 'semantic_accuracy': 0.5}
+        {'per_level_accuracy': [1.0, 0.0], 'per_level_support': [2.0, 2.0], 'semantic_accuracy': 0.5}
     """
 
     def __init__(self, taxonomy: Taxonomy, *, levels: str = "depth", **kwargs: Any) -> None:
@@ -531,7 +541,11 @@ class LevelAccuracy(Metric):
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, Any]:
         c, b, v = s["correct"], s["both"], s["valid"]
         per = [float(ci / bi) if bi else math.nan for ci, bi in zip(c, b, strict=True)]
-        return {"per_level_accuracy": per, "semantic_accuracy": float(c.sum() / v.sum()) if v.sum() else math.nan}
+        return {
+            "per_level_accuracy": per,
+            "per_level_support": [float(x) for x in v],
+            "semantic_accuracy": float(c.sum() / v.sum()) if v.sum() else math.nan,
+        }
 
 
 class NestedDice(Metric):
@@ -598,7 +612,7 @@ class HierarchicalMetrics(Metric):
 
     Args:
         taxonomy: the taxonomy.
-        k: top-k values for the score-based metrics (used when ``update`` gets ``scores``).
+        k: top-k values for the score-based metrics (used when ``update`` gets ``y_score``).
         distance: distance of the mistake severity and hdist@k.
         include_root: root convention of the hierarchical P/R/F and node metrics.
         multilabel: ``True`` for node-set labels: the metrics between two single nodes (mistake severity,
@@ -609,8 +623,10 @@ class HierarchicalMetrics(Metric):
 
     ``compute()`` returns a flat dict: ``accuracy`` (exact match), ``hP/hR/hF1`` with ``_micro`` and
     ``_samples`` suffixes, ``hF1_macro`` (= ``node_macro_f1``: the mean F1 over the nodes that are true or
-    predicted at least once), ``node_micro_f1``, ``hamming_loss`` (over all nodes),
-    ``per_level_accuracy`` (list), ``per_semantic_level_accuracy`` (list), ``semantic_accuracy``, and for
+    predicted at least once), ``hF1_weighted`` (= ``node_weighted_f1``: the same weighted by node support),
+    ``node_micro_f1``, ``hamming_loss`` (over all nodes),
+    ``per_level_accuracy`` (list), ``per_level_support`` (list: how many truths reach each depth),
+    ``per_semantic_level_accuracy`` (list), ``semantic_accuracy``, and for
     single-label ``mistake_severity`` (with ``mistake_severity_distance``, the name of its distance),
     ``error_rate``, ``mean_distance``, ``wu_palmer_loss``, ``zhao_loss``,
     ``top{k}_accuracy``, ``hdist@{k}``.
@@ -619,7 +635,7 @@ class HierarchicalMetrics(Metric):
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = HierarchicalMetrics(tax, k=(1,))
-        >>> m.update(["x", "b"], ["y", "b"], scores=np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]))
+        >>> m.update(["x", "b"], ["y", "b"], y_score=np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]))
         >>> r = m.compute()
         >>> r["accuracy"], r["hF1_micro"], r["mistake_severity"], r["top1_accuracy"]
         (0.5, 0.6666666666666666, 1.0, 0.5)
@@ -658,8 +674,10 @@ class HierarchicalMetrics(Metric):
         self.add_state("exact")
         self.add_state("total")
 
-    def update(self, y_true: Any, y_pred: Any, scores: Any = None, sample_weight: Any = None) -> None:
-        """Add a batch: labels as the functions take them, optional scores ``[B, C]`` for the top-k metrics."""
+    @renamed_keyword("scores", "y_score")
+    def update(self, y_true: Any, y_pred: Any, y_score: Any = None, sample_weight: Any = None) -> None:
+        """Add a batch: labels as the functions take them, optional scores ``y_score`` ``[B, C]`` for the top-k
+        metrics (``scores=`` is the deprecated name)."""
         t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
         if not self.multilabel and not (t.is_ids and p.is_ids):
             raise ValueError(
@@ -676,10 +694,10 @@ class HierarchicalMetrics(Metric):
         for name, child in self.children.items():
             if name != "topk":
                 child.update_labels(t, p, w)
-        if scores is not None and "topk" in self.children:
-            s = np.asarray(to_numpy(scores))
+        if y_score is not None and "topk" in self.children:
+            s = np.asarray(to_numpy(y_score))
             if len(s) != len(keep):
-                raise ValueError(f"y_true has {len(keep)} samples but scores has {len(s)} rows")
+                raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(s)} rows")
             self.children["topk"].update_ids(t.ids, s[keep], w)
 
     def reset(self) -> None:
@@ -745,8 +763,10 @@ class HierarchicalMetrics(Metric):
                 "hR_samples": samples["recall"],
                 "hF1_samples": samples["fbeta"],
                 "hF1_macro": node["macro_f1"],
+                "hF1_weighted": node["weighted_f1"],
                 "node_micro_f1": node["micro_f1"],
                 "node_macro_f1": node["macro_f1"],
+                "node_weighted_f1": node["weighted_f1"],
                 "hamming_loss": node["hamming_loss"],
             }
         )
@@ -755,6 +775,7 @@ class HierarchicalMetrics(Metric):
         out.update(
             {
                 "per_level_accuracy": depth["per_level_accuracy"],
+                "per_level_support": depth["per_level_support"],
                 "per_semantic_level_accuracy": sem["per_level_accuracy"],
                 "semantic_accuracy": sem["semantic_accuracy"],
             }

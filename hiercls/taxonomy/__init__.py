@@ -12,12 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hiercls.taxonomy.core import DistanceKind, Taxonomy, TaxonomyError, TreeStrategy
+from hiercls.taxonomy.core import DISTANCE_KINDS, DistanceKind, Taxonomy, TaxonomyError, TreeStrategy
 from hiercls.taxonomy.io import (
     FORMATS,
     TAXONOMY_FORMATS,
     detect_format,
     label_paths,
+    read_children_json,
     read_edge_list,
     read_folders,
     read_json,
@@ -32,6 +33,7 @@ from hiercls.taxonomy.io import (
     taxonomy_to_dict,
     taxonomy_to_nested,
     taxonomy_to_node_link,
+    write_children_json,
     write_edge_list,
     write_folders,
     write_json,
@@ -73,6 +75,7 @@ _IMAGENET_NAMES = (
 )
 
 __all__ = [
+    "DISTANCE_KINDS",
     "FORMATS",
     "TAXONOMY_FORMATS",
     "DistanceKind",
@@ -86,6 +89,7 @@ __all__ = [
     "list_taxonomies",
     "load_taxonomy",
     "nested_regions",
+    "read_children_json",
     "read_edge_list",
     "read_folders",
     "read_json",
@@ -101,6 +105,7 @@ __all__ = [
     "taxonomy_to_dict",
     "taxonomy_to_nested",
     "taxonomy_to_node_link",
+    "write_children_json",
     "write_edge_list",
     "write_folders",
     "write_json",
