@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hiercls.evaluation import DEFAULT_DECODERS, evaluate_probabilities, format_results, load_labels, load_probabilities
+from hiercls.evaluation import DEFAULT_DECODERS, evaluate_probabilities, format_results
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train.config import apply_overrides, load_config
 from hiercls.train.distributed import resolve_device
@@ -63,16 +63,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--taxonomy", metavar="NAME_OR_PATH", help="with --probs: the taxonomy")
     parser.add_argument("--leaf-probs", action="store_true", help="with --probs: the file holds leaf probabilities")
     parser.add_argument("--out", metavar="FILE.json", help="write the metrics as JSON")
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="with --probs: skip the probability checks (values in [0, 1], root 1, child <= parent, leaf sums 1)",
+    )
 
 
 def _evaluate_probs(args: argparse.Namespace) -> int:
     if not args.labels or not args.taxonomy:
         raise ValueError("--probs needs --labels FILE and --taxonomy NAME_OR_PATH")
     taxonomy = load_taxonomy(args.taxonomy)
-    probs = load_probabilities(args.probs)
-    labels = load_labels(args.labels, taxonomy)
     results = evaluate_probabilities(
-        probs, labels, taxonomy, args.decoder or DEFAULT_DECODERS, leaf_probs=args.leaf_probs
+        args.probs,
+        args.labels,
+        taxonomy,
+        args.decoder or DEFAULT_DECODERS,
+        leaf_probs=args.leaf_probs,
+        check=args.check,
     )
     print(f"{args.probs}: {results['samples']} samples ({results['ignored']} ignored)")
     print(format_results({Path(args.probs).name: results}, name="probs"))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls._checks import check_beta, check_taxonomy, to_numpy
+from hiercls._checks import check_beta, check_probabilities, check_taxonomy, to_numpy
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
@@ -62,6 +62,9 @@ class Evaluator:
             always added; β = 1 is ``hF1_*``, always there).
         k: top-k values of the score-based metrics (those above the number of leaves are left out).
         leaf_probs: ``update`` gets leaf probabilities ``[B, L]`` instead of node probabilities.
+        check: refuse probabilities that are not probabilities of ``taxonomy`` (a
+            :class:`~hiercls.decode.ProbabilityError` naming row and node; see
+            :func:`~hiercls.decode.check_probabilities`); ``False`` skips the check.
         sync_on_compute: all-reduce over ``torch.distributed`` in :meth:`compute`.
         process_group: the process group of the reduction.
 
@@ -84,6 +87,7 @@ class Evaluator:
         betas: Iterable[float] = (),
         k: Iterable[int] = (1, 5),
         leaf_probs: bool = False,
+        check: bool = True,
         sync_on_compute: bool = True,
         process_group: Any = None,
     ) -> None:
@@ -100,6 +104,7 @@ class Evaluator:
         self.betas = tuple(sorted(all_betas - {1.0}))
         self.k = tuple(int(v) for v in k if int(v) <= taxonomy.num_leaves)
         self.leaf_probs = leaf_probs
+        self.check = bool(check)
         self._metric_kw = {"sync_on_compute": sync_on_compute, "process_group": process_group}
         self.dense = False
         self.metrics: dict[str, dict[str, Metric]] = {
@@ -138,7 +143,7 @@ class Evaluator:
             raise ValueError(f"labels has {len(y)} entries but probs has {n} rows")
         preds: dict[str, Any] = {}
         for label, spec in self.decoders.items():
-            pred = to_numpy(spec(probs, self.taxonomy, leaf_probs=self.leaf_probs))
+            pred = to_numpy(spec(probs, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check))
             scores = None if spec.is_set or not self.k else probs
             for name, metric in self.metrics[label].items():
                 if name:
@@ -160,7 +165,7 @@ class Evaluator:
                 raise ValueError(
                     f"decoder {label!r} returns node sets; dense outputs need a single-node rule (e.g. threshold)"
                 )
-            pred = to_numpy(spec(flat, self.taxonomy, leaf_probs=self.leaf_probs)).reshape(y.shape)
+            pred = to_numpy(spec(flat, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check)).reshape(y.shape)
             self.metrics[label][""].update(y, pred)
             preds[label] = pred
         return preds
@@ -195,6 +200,7 @@ def evaluate_probabilities(
     betas: Iterable[float] = (),
     k: Iterable[int] = (1, 5),
     leaf_probs: bool = False,
+    check: bool = True,
 ) -> dict[str, Any]:
     """Decode saved probabilities with each decoder and score them: :class:`Evaluator` in one call.
 
@@ -204,10 +210,15 @@ def evaluate_probabilities(
         labels: node ids ``[B]`` (``-1`` = ignored), or a file :func:`~hiercls.evaluation.load_labels` reads.
         taxonomy: the taxonomy.
         decoders: decoder specs.
-        betas, k, leaf_probs: as for :class:`Evaluator`.
+        betas, k, leaf_probs, check: as for :class:`Evaluator`.
 
     Returns:
         ``{"taxonomy", "fingerprint", "samples", "ignored", "<decoder label>/<metric>": ...}``.
+
+    Raises:
+        ProbabilityError: ``probs`` are not probabilities (naming the file when ``probs`` is one, the row and the
+            node).
+        ValueError: no probabilities, or every label ignored.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -217,12 +228,23 @@ def evaluate_probabilities(
         >>> res["argmax_leaf/accuracy"], res["crm/accuracy"], res["samples"]
         (0.5, 1.0, 2)
     """
+    source = str(probs) if isinstance(probs, (str, os.PathLike)) else "probs"
     if isinstance(probs, (str, os.PathLike)):
         probs = load_probabilities(probs)
+    labels_name = str(labels) if isinstance(labels, (str, os.PathLike)) else "labels"
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels(labels, taxonomy)
     y = np.asarray(to_numpy(labels), dtype=np.int64).ravel()
-    evaluator = Evaluator(taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, sync_on_compute=False)
+    if np.ndim(probs) >= 1 and np.shape(probs)[0] == 0:
+        raise ValueError(f"{source}: no rows of probabilities to evaluate")
+    if y.size and not (y >= 0).any():
+        raise ValueError(f"{labels_name}: every one of the {y.size} labels is -1 (ignored): nothing to evaluate")
+    evaluator = Evaluator(
+        taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, check=check, sync_on_compute=False
+    )
+    if check:  # up front, so that the message names the file (the decoders check rows again, without it)
+        kind = "leaf" if leaf_probs else "node"
+        check_probabilities(probs, taxonomy, kind=kind, name=source)
     evaluator.update(probs, y)
     return {
         "taxonomy": taxonomy.name,

@@ -77,7 +77,7 @@ def load_probabilities(path: str | os.PathLike, *, key: str | None = None) -> np
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: unknown format, unreadable file, ambiguous key, or not a 2-D float array.
+        ValueError: unknown format, unreadable file, ambiguous key, not a 2-D float array, or empty.
 
     Example:
         >>> import tempfile, os
@@ -93,6 +93,8 @@ def load_probabilities(path: str | os.PathLike, *, key: str | None = None) -> np
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{path}: probabilities must be a 2-D array [samples, nodes]; got shape {list(arr.shape)}")
+    if arr.size == 0:
+        raise ValueError(f"{path}: holds no probabilities (shape {list(arr.shape)}); expected [samples, nodes]")
     return arr
 
 
@@ -111,7 +113,7 @@ def load_labels(
     Raises:
         FileNotFoundError: no such file.
         TaxonomyError: an unknown label, naming the file and line.
-        ValueError: an id out of range or a malformed array.
+        ValueError: an id out of range, a malformed array, or no labels at all.
 
     Example:
         >>> import tempfile, os
@@ -128,6 +130,8 @@ def load_labels(
     encoder = LabelEncoder(taxonomy)
     if p.suffix.lower() in (".npy", ".npz", ".pt", ".pth"):
         arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()
+        if arr.size == 0:
+            raise ValueError(f"{p}: holds no labels (an empty array)")
         if arr.dtype.kind in "US":
             out = np.empty(len(arr), dtype=np.int64)
             for i, name in enumerate(arr.tolist()):
@@ -174,6 +178,8 @@ def load_labels(
             s = line.strip()
             if s and not s.startswith("#"):
                 rows.append((i, s))
+    if not rows:
+        raise ValueError(f"{p}: no labels (the file is empty or holds only blank and '#' comment lines)")
     out = np.empty(len(rows), dtype=np.int64)
     for j, (line_no, label) in enumerate(rows):
         out[j] = _encode(encoder, label, str(p), line_no)
