@@ -73,7 +73,7 @@ def decode_text(data: bytes, source: str, what: str = "file") -> str:
         TextFileError: the bytes are not UTF-8, naming the file, line, byte offset and the fix.
 
     Example:
-        >>> decode_text("café".encode("latin-1"), "labels.txt", "label file")
+        >>> decode_text("café au lait".encode("latin-1"), "labels.txt", "label file")
         Traceback (most recent call last):
         ...
         hiercls._textio.TextFileError: labels.txt:1: the label file is not UTF-8 text: byte 0xe9 at offset 3

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hiercls._checks import to_numpy
+from hiercls._textio import read_text
 from hiercls.data.labels import LabelEncoder
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -150,7 +151,7 @@ def load_labels(
                 f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
             )
         return ids
-    text = p.read_text(encoding="utf-8-sig")
+    text = read_text(p, "label file")
     rows: list[tuple[int, str]] = []
     if p.suffix.lower() in (".csv", ".tsv"):
         delim = "\t" if p.suffix.lower() == ".tsv" else ","

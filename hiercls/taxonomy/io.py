@@ -210,7 +210,7 @@ def check_names(names: Iterable[str], source: str, locations: Mapping[str, str |
         >>> check_names(["caf\u00e9", "cafe\u0301"], "t.tsv", {"caf\u00e9": "t.tsv:2", "cafe\u0301": "t.tsv:5"})
         Traceback (most recent call last):
         ...
-        hiercls.taxonomy.core.TaxonomyError: t.tsv:5: labels 'café' (at t.tsv:2) and 'café' (at t.tsv:5) differ
+        hiercls.taxonomy.core.TaxonomyError: t.tsv:5: labels 'caf...' (at t.tsv:2) and 'caf...' (at t.tsv:5) differ
         only in Unicode normalisation or invisible characters ('caf\\xe9' vs 'cafe\\u0301'): they would be two
         different nodes; write them the same way (NFC) or give them distinct names
     """

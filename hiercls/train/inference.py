@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls._textio import read_text
 from hiercls.data import build_dataset, image_transform, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.models import HierarchicalClassifier, move_to_device
@@ -131,7 +132,7 @@ def read_inputs(items: Sequence[str]) -> tuple[list[Any], list[str], str]:
             shown.append(str(p))
             kinds.add("image")
         elif p.suffix.lower() == ".txt" and p.is_file():
-            for line in p.read_text(encoding="utf-8").splitlines():
+            for line in read_text(p, "input list").splitlines():
                 if line.strip():
                     inputs.append(line.strip())
                     shown.append(line.strip())
