@@ -39,6 +39,7 @@ __all__ = [
     "LinedList",
     "TextFileError",
     "atomic_write",
+    "check_writable",
     "decode_text",
     "dump_json",
     "load_yaml",
@@ -344,6 +345,29 @@ def umask() -> int:
     return _UMASK
 
 
+def check_writable(path: str | os.PathLike[str], what: str = "output file") -> Path:
+    """``path`` as a Path if a file can be written there: not a folder, and its nearest existing folder writable.
+
+    Call it before a long computation whose result goes to ``path``, so that a mistyped ``--out`` fails at once.
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder.
+        NotADirectoryError: a parent of ``path`` is a file.
+        PermissionError: the folder it would be written to is not writable.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"{p}: is a folder; give the {what} a file name")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"cannot write {p}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {p}: the folder {parent} is not writable")
+    return p
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
     """Open a temporary file next to ``path`` and rename it onto ``path`` when the block ends without error.
@@ -352,8 +376,8 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: A
     Missing parent folders are created.
 
     Raises:
-        IsADirectoryError: ``path`` is a folder.
-        OSError: the folder is not writable, naming ``path``.
+        IsADirectoryError, NotADirectoryError, PermissionError: see :func:`check_writable`.
+        OSError: the folder cannot be written, naming ``path``.
 
     Example:
         >>> import os, tempfile
@@ -363,9 +387,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: A
         >>> open(p).read()
         'done'
     """
-    p = Path(path)
-    if p.is_dir():
-        raise IsADirectoryError(f"{p}: is a folder; give a file name to write to")
+    p = check_writable(path, "file")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")

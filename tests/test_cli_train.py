@@ -60,13 +60,13 @@ def test_train_errors_are_one_line(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  backbone: timm:test_vit\n  haed: flat\n", encoding="utf-8")
-    assert main(["train", str(bad)]) == 1
+    assert main(["train", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:3: model.haed: unknown key 'haed'" in err and "did you mean 'head'" in err
     assert "Traceback" not in err
-    assert main(["train", str(tmp_path / "missing.yaml")]) == 1
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
-    assert main(["train", str(trained["recipe"]), "--set", "optim.lr=abc"]) == 1
+    assert main(["train", str(trained["recipe"]), "--set", "optim.lr=abc"]) == 2
     assert "--set optim.lr: expected float, got 'abc'" in capsys.readouterr().err
 
 
@@ -148,7 +148,7 @@ def test_every_path_reports_the_same_metrics(
     _assert_same(training, _metrics(json.loads(decoded_json.read_text())["metrics"]))
     assert _table_rows(text) == training_table
 
-    assert main(["evaluate", "--probs", str(run / "eval_probs.npy")]) == 1
+    assert main(["evaluate", "--probs", str(run / "eval_probs.npy")]) == 2
     assert "--probs needs --labels" in capsys.readouterr().err
 
 
@@ -198,7 +198,7 @@ def test_evaluate_probs_with_an_hfbeta_decoder_reports_its_hfbeta(
                 "optimal_hfbeta:bta=2",
             ]
         )
-        == 1
+        == 2
     )
     err = capsys.readouterr().err
     assert "unknown option 'bta'" in err and "did you mean 'beta'" in err
@@ -226,9 +226,9 @@ def test_predict_images(trained: dict[str, Path], tmp_path: Path, capsys: pytest
         assert p["prediction"]["name"] in names and len(p["top_k"]) == 2
         assert p["path"][0] == "root" and p["path"][-1] == p["prediction"]["display_name"]
         assert p["top_k"][0]["prob"] >= p["top_k"][1]["prob"]
-    assert main(["predict", "--model", str(run), "some text"]) == 1
+    assert main(["predict", "--model", str(run), "some text"]) == 2
     assert "image model" in capsys.readouterr().err
-    assert main(["predict", "--model", str(tmp_path / "nope"), "x"]) == 1
+    assert main(["predict", "--model", str(tmp_path / "nope"), "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from hiercls._textio import atomic_write, check_writable
 from hiercls.decode import RULES, DecoderSpec, check_probabilities, parse_decoder, rule_options
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
 from hiercls.taxonomy.registry import load_taxonomy
@@ -109,6 +110,8 @@ def _specs(args: argparse.Namespace, is_tree: bool) -> list[DecoderSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out)
     tax = load_taxonomy(args.taxonomy)
     probs = load_probabilities(args.probs, key=args.key)
     labels = load_labels(args.labels, tax) if args.labels else None
@@ -166,8 +169,7 @@ def run(args: argparse.Namespace) -> int:
         payload["metrics"] = metrics
         print(format_results({Path(args.probs).name: metrics}, name="probs"))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=1, allow_nan=True)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

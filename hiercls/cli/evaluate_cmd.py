@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hiercls._textio import atomic_write, check_writable
 from hiercls.evaluation import DEFAULT_DECODERS, evaluate_probabilities, format_results
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train.config import apply_overrides, load_config
@@ -86,12 +87,15 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
     print(f"{args.probs}: {results['samples']} samples ({results['ignored']} ignored)")
     print(format_results({Path(args.probs).name: results}, name="probs"))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(results, indent=2))
         print(f"wrote {args.out}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out)
     if args.probs:
         return _evaluate_probs(args)
     device = resolve_device(args.device)
@@ -117,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.model}: {results['samples']} samples of split {results['split']!r}")
     print(format_results({head: results}))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(results, indent=2))
         print(f"wrote {args.out}")
     return 0

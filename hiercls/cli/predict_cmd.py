@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hiercls._textio import atomic_write, check_writable
 from hiercls.evaluation import format_table
 from hiercls.train.distributed import resolve_device
 from hiercls.train.inference import load_trained_model, predict, read_inputs
@@ -39,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out)
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     device = resolve_device(args.device)
@@ -65,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(["input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
     if args.out:
         payload = [{"input": s, **p} for s, p in zip(shown, preds, strict=True)]
-        Path(args.out).write_text(
-            json.dumps({"model": str(args.model), "decoder": args.decoder, "predictions": payload}, indent=2),
-            encoding="utf-8",
-        )
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"model": str(args.model), "decoder": args.decoder, "predictions": payload}, indent=2))
         print(f"wrote {args.out}")
     return 0
