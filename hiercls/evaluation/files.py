@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import pickle  # for its exception class only: nothing here unpickles
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def _load_array(path: str | os.PathLike, key: str | None, keys: Sequence[str], w
             if isinstance(obj, (list, tuple)) and obj and hasattr(obj[0], "detach"):
                 obj = torch.cat([o.reshape(-1, *o.shape[-1:]) if o.ndim else o.reshape(1) for o in obj])
             return to_numpy(obj)
-    except (ValueError, OSError, RuntimeError, EOFError) as err:
+    except (ValueError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:  # refused pickles too
         if isinstance(err, ValueError) and str(err).startswith(str(p)):
             raise
         raise ValueError(f"{p}: cannot read {what} ({type(err).__name__}: {err})") from err

@@ -367,7 +367,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     fmt = obj.get("format")
     _expect(
         fmt == JSON_FORMAT_ID,
-        f'not a hiercls taxonomy file: "format" is {fmt!r}, expected {JSON_FORMAT_ID!r} '
+        f'not a hiercls taxonomy file: "format" is {reprlib.repr(fmt)}, expected {JSON_FORMAT_ID!r} '
         "(for other JSON layouts pass format='nested' or 'nodelink')",
         source,
         obj,
@@ -375,7 +375,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     version = obj.get("version")
     _expect(
         isinstance(version, int) and 1 <= version <= JSON_FORMAT_VERSION,
-        f"unsupported hiercls taxonomy version {version!r} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
+        f"unsupported hiercls taxonomy version {reprlib.repr(version)} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
         "newer files need a newer hiercls)",
         source,
         obj,
@@ -394,7 +394,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     for k, e in enumerate(edges_raw):
         _expect(
             isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e),
-            f"edges[{k}] must be a [parent, child] pair of strings, got {e!r}",
+            f"edges[{k}] must be a [parent, child] pair of strings, got {reprlib.repr(e)}",
             source,
             e,
         )
@@ -898,14 +898,14 @@ def _taxonomy_from_node_link(
     for k, nd in enumerate(nodes_raw):
         if not isinstance(nd, Mapping) or "id" not in nd:
             raise TaxonomyError(
-                f'nodes[{k}] must be an object with an "id", got {nd!r}',
+                f'nodes[{k}] must be an object with an "id", got {reprlib.repr(nd)}',
                 source=source,
                 line=_line_of(nd) or _line_of(nodes_raw),
             )
         nid = str(nd["id"])
         if nid in seen:
             raise TaxonomyError(
-                f"duplicate node id {nid!r} (nodes[{seen[nid]}] and nodes[{k}])",
+                f"duplicate node id {reprlib.repr(nid)} (nodes[{seen[nid]}] and nodes[{k}])",
                 source=source,
                 line=_line_of(nd),
                 label=nid,
@@ -925,7 +925,7 @@ def _taxonomy_from_node_link(
     for k, ed in enumerate(data[key]):
         if not isinstance(ed, Mapping) or "source" not in ed or "target" not in ed:
             raise TaxonomyError(
-                f'{key}[{k}] must be an object with "source" and "target", got {ed!r}',
+                f'{key}[{k}] must be an object with "source" and "target", got {reprlib.repr(ed)}',
                 source=source,
                 line=_line_of(ed) or _line_of(data[key]),
             )
@@ -1104,11 +1104,11 @@ def taxonomy_from_label_paths(
                 parts.pop()
         else:
             raise TaxonomyError(
-                f"a label path must be a string or a list of strings, got {p!r}", source=source, line=line
+                f"a label path must be a string or a list of strings, got {reprlib.repr(p)}", source=source, line=line
             )
         if not parts or any(not s for s in parts):
             raise TaxonomyError(
-                f"empty component in label path {p!r} (separator {separator!r})", source=source, line=line
+                f"empty component in label path {reprlib.repr(p)} (separator {separator!r})", source=source, line=line
             )
         for j, part in enumerate(parts):
             if not isinstance(p, str) and separator in part:
