@@ -36,6 +36,7 @@ __all__ = [
     "check_probabilities",
     "check_taxonomy",
     "did_you_mean",
+    "probabilities_named",
     "probability_checks",
     "probability_checks_enabled",
     "to_numpy",
@@ -141,6 +142,26 @@ def probability_checks(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _CHECK_PROBS.reset(token)
+
+
+@contextlib.contextmanager
+def probabilities_named(name: str) -> Iterator[None]:
+    """Inside the block, probability errors about ``probs`` name ``name`` instead (a file the array came from).
+
+    Example:
+        >>> with probabilities_named("val_probs.npy"):
+        ...     raise ProbabilityError("probs: row 0: ...")
+        Traceback (most recent call last):
+        ...
+        hiercls._checks.ProbabilityError: val_probs.npy: row 0: ...
+    """
+    try:
+        yield
+    except ProbabilityError as err:
+        msg = str(err)
+        if msg.startswith("probs: "):
+            raise ProbabilityError(f"{name}: {msg[len('probs: ') :]}") from None
+        raise
 
 
 def probability_checks_enabled() -> bool:

@@ -475,6 +475,12 @@ def _(c: Ctx) -> Any:
     return c.cli("decode", "--probs", p, "--taxonomy", _tax_file(c), "--leaf-probs", "--rule", "optimal_hfbeta")
 
 
+@case("cli_decode_children_above_parent", CliErr("p.npy: row 0", "children of node 'r' (id 0)"))
+def _(c: Ctx) -> Any:
+    p = c.npy("p.npy", [[1.0, 0.9, 0.5, 0.4, 0.9]])  # every child below its parent, but a + b = 1.8 > 1
+    return c.cli("decode", "--probs", p, "--taxonomy", _tax_file(c), "--rule", "crm")
+
+
 @case("cli_evaluate_root_not_one", CliErr("p.npy", "root 'r' (id 0)"))
 def _(c: Ctx) -> Any:
     p, y = c.npy("p.npy", [[0.9, 0.5, 0.2, 0.2, 0.4]]), c.npy("y.npy", [2])

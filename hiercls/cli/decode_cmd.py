@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from hiercls._checks import probabilities_named
 from hiercls._textio import atomic_write, check_writable
 from hiercls.decode import RULES, DecoderSpec, check_probabilities, parse_decoder, rule_options
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
@@ -140,9 +141,11 @@ def run(args: argparse.Namespace) -> int:
             check=args.check,
             sync_on_compute=False,
         )
-        preds = evaluator.update(probs, labels)
+        with probabilities_named(str(args.probs)):
+            preds = evaluator.update(probs, labels)
     else:
-        preds = {s.label: np.asarray(s(probs, tax, leaf_probs=args.leaf_probs, check=args.check)) for s in specs}
+        with probabilities_named(str(args.probs)):
+            preds = {s.label: np.asarray(s(probs, tax, leaf_probs=args.leaf_probs, check=args.check)) for s in specs}
     names = tax.names
     for spec in specs:
         pred = preds[spec.label]

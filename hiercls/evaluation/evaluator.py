@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls._checks import check_beta, check_probabilities, check_taxonomy, to_numpy
+from hiercls._checks import check_beta, check_probabilities, check_taxonomy, probabilities_named, to_numpy
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
@@ -245,7 +245,8 @@ def evaluate_probabilities(
     if check:  # up front, so that the message names the file (the decoders check rows again, without it)
         kind = "leaf" if leaf_probs else "node"
         check_probabilities(probs, taxonomy, kind=kind, name=source)
-    evaluator.update(probs, y)
+    with probabilities_named(source):
+        evaluator.update(probs, y)
     return {
         "taxonomy": taxonomy.name,
         "fingerprint": taxonomy.fingerprint,
