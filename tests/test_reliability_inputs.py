@@ -512,6 +512,14 @@ def _(c: Ctx) -> Any:
     return c.cli("evaluate", "--probs", p, "--labels", y, "--taxonomy", _tax_file(c), "--out", notes / "m.json")
 
 
+@case("cli_decode_out_read_only", CliErr("m.json", "is not writable"))
+def _(c: Ctx) -> Any:
+    from unittest import mock
+
+    with mock.patch("hiercls._textio.os.access", return_value=False):  # a read-only folder, also when run as root
+        return c.cli("decode", "--probs", c.npy("p.npy", GOOD), "--taxonomy", _tax_file(c), "--out", c.out / "m.json")
+
+
 @case("cli_labels_latin1", CliErr("y.txt:1", "not UTF-8"))
 def _(c: Ctx) -> Any:
     p, y = c.npy("p.npy", GOOD[:1]), c.write("y.txt", "\xe9\n".encode("latin-1"))
