@@ -60,13 +60,13 @@ def test_train_errors_are_one_line(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  backbone: timm:test_vit\n  haed: flat\n", encoding="utf-8")
-    assert main(["train", str(bad)]) == 1
+    assert main(["train", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:3: model.haed: unknown key 'haed'" in err and "did you mean 'head'" in err
     assert "Traceback" not in err
-    assert main(["train", str(tmp_path / "missing.yaml")]) == 1
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
-    assert main(["train", str(trained["recipe"]), "--set", "optim.lr=abc"]) == 1
+    assert main(["train", str(trained["recipe"]), "--set", "optim.lr=abc"]) == 2
     assert "--set optim.lr: expected float, got 'abc'" in capsys.readouterr().err
 
 
@@ -148,7 +148,7 @@ def test_every_path_reports_the_same_metrics(
     _assert_same(training, _metrics(json.loads(decoded_json.read_text())["metrics"]))
     assert _table_rows(text) == training_table
 
-    assert main(["evaluate", "--probs", str(run / "eval_probs.npy")]) == 1
+    assert main(["evaluate", "--probs", str(run / "eval_probs.npy")]) == 2
     assert "--probs needs --labels" in capsys.readouterr().err
 
 
@@ -198,7 +198,7 @@ def test_evaluate_probs_with_an_hfbeta_decoder_reports_its_hfbeta(
                 "optimal_hfbeta:bta=2",
             ]
         )
-        == 1
+        == 2
     )
     err = capsys.readouterr().err
     assert "unknown option 'bta'" in err and "did you mean 'beta'" in err
@@ -226,9 +226,9 @@ def test_predict_images(trained: dict[str, Path], tmp_path: Path, capsys: pytest
         assert p["prediction"]["name"] in names and len(p["top_k"]) == 2
         assert p["path"][0] == "root" and p["path"][-1] == p["prediction"]["display_name"]
         assert p["top_k"][0]["prob"] >= p["top_k"][1]["prob"]
-    assert main(["predict", "--model", str(run), "some text"]) == 1
+    assert main(["predict", "--model", str(run), "some text"]) == 2
     assert "image model" in capsys.readouterr().err
-    assert main(["predict", "--model", str(tmp_path / "nope"), "x"]) == 1
+    assert main(["predict", "--model", str(tmp_path / "nope"), "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -297,11 +297,16 @@ def test_predict_batch_folder_to_csv_and_jsonl(trained: dict[str, Path], tmp_pat
     assert main([*args, "--out", str(out_jsonl)]) == 0
     lines = [json.loads(line) for line in out_jsonl.read_text(encoding="utf-8").splitlines()]
     assert len(lines) == 3
+    from hiercls.train import load_trained_model
+
+    tax_of_run = load_trained_model(run)[1]
     for rec in lines:
         pred = rec["prediction"]
-        assert pred["size"] == len(pred["ids"]) and pred["deepest"]["id"] in pred["ids"]
-        assert rec["path"][-1] == pred["deepest"]["display_name"]  # the path leads to the set's deepest node
-    assert main(["predict", "--model", str(run), str(tmp_path / "photos"), "--out", str(tmp_path / "p.txt")]) == 1
+        assert pred["size"] == len(pred["ids"]) and {t["id"] for t in pred["tips"]} <= set(pred["ids"])
+        common = pred["common"]["id"]
+        assert rec["path"][-1] == pred["common"]["display_name"]  # the path leads to what the set is sure of
+        assert all(common == t["id"] or common in tax_of_run.ancestors(t["id"]) for t in pred["tips"])
+    assert main(["predict", "--model", str(run), str(tmp_path / "photos"), "--out", str(tmp_path / "p.txt")]) == 2
     assert "suffix must be one of .json, .jsonl, .csv" in capsys.readouterr().err
     assert not (tmp_path / "p.txt").exists()
 
@@ -318,7 +323,7 @@ def test_predict_texts_from_csv_and_jsonl(tiny_bert, small_tree, tmp_path: Path,
     assert [r["input"] for r in recs] == ["a cat, purrs", "the dog barks"]
     jl = tmp_path / "texts.jsonl"
     jl.write_text('{"body": "a cat"}\n{"text": "no body"}\n', encoding="utf-8")
-    assert main(["predict", "--model", str(model_dir), str(jl), "--text-column", "body"]) == 1
+    assert main(["predict", "--model", str(model_dir), str(jl), "--text-column", "body"]) == 2
     assert f"{jl}:2: expected a JSON object with key 'body'" in capsys.readouterr().err
-    assert main(["predict", "--model", str(model_dir), str(data), "--text-column", "txt"]) == 1
+    assert main(["predict", "--model", str(model_dir), str(data), "--text-column", "txt"]) == 2
     assert "no column 'txt'" in capsys.readouterr().err

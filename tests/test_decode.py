@@ -43,7 +43,9 @@ def sample_case(rng: np.random.Generator, *, dag: bool = False, batch: int = 3):
     a = ancestor_indicator(tax)
     p = random_label_distribution(rng, n, tax.leaves, batch)
     p = quantised(p, rng)
-    p = p / np.maximum(p.sum(1, keepdims=True), 1e-12)
+    zero = p.sum(1) == 0  # quantising can empty a row: that is no distribution (the decoders refuse it)
+    p[zero, 0] = 1.0
+    p = p / p.sum(1, keepdims=True)
     return tax, a, p, p @ a
 
 
@@ -241,23 +243,28 @@ def test_input_validation_messages(small_tree: Taxonomy) -> None:
     with pytest.raises(ValueError, match=r"leaf probabilities \[B, num_leaves\]"):
         argmax_leaf(np.ones((2, 5)), tax, leaf_probs=True)
     with pytest.raises(ValueError, match="NaN"):
+        decode(np.full((1, 5), np.nan), tax, check=False)
+    with pytest.raises(ValueError, match=r"row 0: node 'r' \(id 0\) is nan"):
         argmax_leaf(np.full((1, 5), np.nan), tax)
     with pytest.raises(ValueError, match="negative"):
+        decode(-np.ones((1, 5)), tax, check=False)
+    with pytest.raises(ValueError, match=r"expected a value in \[0, 1\]"):
         argmax_leaf(-np.ones((1, 5)), tax)
+    ok = np.array([[1.0, 0.6, 0.3, 0.3, 0.4]])  # valid probabilities: these cases test the options
     with pytest.raises(TypeError, match="taxonomy"):
-        argmax_leaf(np.ones((1, 5)), "tree")
+        argmax_leaf(ok, "tree")
     with pytest.raises(ValueError, match="threshold"):
-        threshold(np.ones((1, 5)), tax, threshold=1.5)
+        threshold(ok, tax, threshold=1.5)
     with pytest.raises(ValueError, match="lam"):
-        info_gain(np.ones((1, 5)), tax, lam=-1)
+        info_gain(ok, tax, lam=-1)
     with pytest.raises(ValueError, match="cost must be one of"):
-        bayes_node(np.ones((1, 5)), tax, "euclid")
+        bayes_node(ok, tax, "euclid")
     with pytest.raises(ValueError, match=r"cost matrix must be \[N, L\]"):
-        bayes_node(np.ones((1, 5)), tax, np.ones((5, 2)))
+        bayes_node(ok, tax, np.ones((5, 2)))
     with pytest.raises(ValueError, match="internal nodes"):
         bayes_node(np.array([[1.0, 1.0, 0.0, 0.0, 0.0]]), tax, np.ones((5, 3)))
     with pytest.raises(ValueError, match="candidates"):
-        bayes_node(np.ones((1, 5)), tax, candidates="some")
+        bayes_node(ok, tax, candidates="some")
     dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")])
     with pytest.raises(TaxonomyError, match="tree"):
         hie(np.ones((1, 4)), dag)

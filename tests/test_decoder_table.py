@@ -266,7 +266,7 @@ def test_cli_table(tmp_path, capsys) -> None:
     assert json.loads(out.read_text()) == json.loads(json.dumps(want.to_dict()))
     assert want.format() in printed
     rc = main(["evaluate", "--model", str(tmp_path), "--table"])
-    assert rc == 1 and "--table scores saved probabilities" in capsys.readouterr().err
+    assert rc == 2 and "--table scores saved probabilities" in capsys.readouterr().err
 
 
 def test_row_blocks_do_not_change_the_values(monkeypatch) -> None:

@@ -261,7 +261,7 @@ def test_cli_decode_writes_json_and_prints_table(tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     assert all(r in printed for r in ("argmax_leaf", "plurality", "bayes_node", "optimal_hfbeta"))
     rc = main(["decode", "--probs", str(tmp_path / "p.npy"), "--taxonomy", str(tmp_path / "tax.json"), "--rule", "all"])
-    assert rc == 1 and "pass --labels" in capsys.readouterr().err
+    assert rc == 2 and "pass --labels" in capsys.readouterr().err
 
 
 def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
@@ -280,13 +280,13 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
         ]
     )
     err = capsys.readouterr().err
-    assert rc == 1 and "y.txt:2" in err and "kitten" in err and "Traceback" not in err
+    assert rc == 2 and "y.txt:2" in err and "kitten" in err and "Traceback" not in err
     np.save(tmp_path / "wide.npy", np.ones((2, 7)))
     rc = main(["decode", "--probs", str(tmp_path / "wide.npy"), "--taxonomy", str(tmp_path / "tax.json")])
     err = capsys.readouterr().err
-    assert rc == 1 and "[B, 5]" in err
+    assert rc == 2 and "[B, 5]" in err
     rc = main(["decode", "--probs", str(tmp_path / "nope.npy"), "--taxonomy", str(tmp_path / "tax.json")])
-    assert rc == 1 and "nope.npy" in capsys.readouterr().err
+    assert rc == 2 and "nope.npy" in capsys.readouterr().err
     rc = main(
         [
             "decode",
@@ -298,7 +298,7 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
             "optimal_hfbeta:beta=-2",
         ]
     )
-    assert rc == 1 and "beta must be a finite number >= 0; got -2" in capsys.readouterr().err
+    assert rc == 2 and "beta must be a finite number >= 0; got -2" in capsys.readouterr().err
     rc = main(
         [
             "decode",
@@ -310,4 +310,4 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
             "crm:cots=zhao",
         ]
     )
-    assert rc == 1 and "unknown option 'cots'" in capsys.readouterr().err
+    assert rc == 2 and "unknown option 'cots'" in capsys.readouterr().err

@@ -173,7 +173,7 @@ def test_convert_dag_to_tree_and_options(tmp_path: Path, capsys: pytest.CaptureF
     rc, out, _ = run_cli(capsys, "validate", str(paths), "--format", "paths", "--separator", "::")
     assert rc == 0 and "3 nodes" in out  # a single top-level component is the root itself
     rc, _, err = run_cli(capsys, "show", str(two), "--separator", "::")
-    assert rc == 1 and "takes no option 'separator'" in err
+    assert rc == 2 and "takes no option 'separator'" in err
 
 
 def test_list_and_errors(shipped: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -182,6 +182,6 @@ def test_list_and_errors(shipped: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert rc == 0 and lines[0].split() == ["name", "kind", "nodes", "leaves", "description"]
     assert lines[1].split()[:4] == ["animals", "tree", "5", "3"] and "Four animals" in lines[1]
     rc, _, err = run_cli(capsys, "show", "nope")
-    assert rc == 1 and "unknown taxonomy 'nope'" in err and "animals" in err
+    assert rc == 2 and "unknown taxonomy 'nope'" in err and "animals" in err
     with pytest.raises(SystemExit):
         main(["taxonomy", "frobnicate"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from hiercls import __version__
@@ -53,14 +54,43 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from hiercls.taxonomy import TaxonomyError  # lazy: numpy/scipy would slow down `hiercls --help`
-
     try:
-        return int(importlib.import_module(COMMANDS[args.command]).run(args) or 0)
-    except (TaxonomyError, FileNotFoundError, ValueError, KeyError) as err:
-        # User errors get one clear line, not a traceback; -vv shows the traceback.
+        status = int(importlib.import_module(COMMANDS[args.command]).run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _broken_pipe()
+    except (ValueError, KeyError, OSError) as err:
+        # A user's mistake (TaxonomyError, ConfigError, ProbabilityError, TextFileError are ValueErrors; a missing,
+        # unreadable or unwritable path an OSError) gets one line naming the culprit, not a traceback;
+        # -vv shows the traceback.
         if args.verbose >= 2:
             raise
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"hiercls {args.command}: error: {msg}", file=sys.stderr)
-        return 1
+        print(f"hiercls {args.command}: error: {error_line(err)}", file=sys.stderr)
+        return 2
+
+
+def error_line(err: BaseException) -> str:
+    """The one-line message of a user error: the exception's text, its lines joined (a KeyError unquoted).
+
+    Example:
+        >>> error_line(KeyError("unknown taxonomy 'x'")), error_line(ValueError("a\\n  b"))
+        ("unknown taxonomy 'x'", 'a b')
+    """
+    msg = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, OSError) and not msg.startswith("[Errno") and err.filename and err.filename not in msg:
+        msg = f"{err.filename}: {msg}"
+    return " ".join(part.strip() for part in msg.splitlines() if part.strip()) or type(err).__name__
+
+
+def _broken_pipe() -> int:
+    """The reader of our output went away (``hiercls taxonomy show ... | head``): stop quietly, as Unix tools do.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush does not fail a second time.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
+    return 0

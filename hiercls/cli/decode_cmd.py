@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode import COST_KINDS, RULES, DecoderSpec, parse_decoder, rule_options
+from hiercls._checks import probabilities_named
+from hiercls._textio import atomic_write, check_writable
+from hiercls.decode import COST_KINDS, RULES, DecoderSpec, check_probabilities, parse_decoder, rule_options
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
 from hiercls.taxonomy.registry import load_taxonomy
 
@@ -76,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lam", type=float, default=None, help="Lagrange multiplier of info_gain (default 0)")
     parser.add_argument("--include-root", action="store_true", help="optimal_hfbeta: count the root in every set")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="write predictions and metrics as JSON")
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip the probability checks (values in [0, 1], root 1, child <= parent, leaf rows summing to 1)",
+    )
 
 
 def _specs(args: argparse.Namespace, is_tree: bool) -> list[DecoderSpec]:
@@ -101,6 +109,8 @@ def _specs(args: argparse.Namespace, is_tree: bool) -> list[DecoderSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out)
     tax = load_taxonomy(args.taxonomy)
     probs = load_probabilities(args.probs, key=args.key)
     labels = load_labels(args.labels, tax) if args.labels else None
@@ -108,7 +118,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.labels}: {len(labels)} labels for {probs.shape[0]} rows of {args.probs}")
     if args.rule and "all" in args.rule and labels is None:
         raise ValueError("--rule all compares rules on labelled data: pass --labels")
+    if labels is not None and not (labels >= 0).any():
+        raise ValueError(f"{args.labels}: every one of the {len(labels)} labels is -1 (ignored): nothing to score")
     specs = _specs(args, tax.is_tree)
+    if args.check:  # up front, so that the message names the file
+        check_probabilities(probs, tax, kind="leaf" if args.leaf_probs else "node", name=str(args.probs))
 
     payload: dict[str, Any] = {
         "taxonomy": tax.name,
@@ -122,11 +136,14 @@ def run(args: argparse.Namespace) -> int:
             specs,
             betas=() if args.beta is None else (args.beta,),
             leaf_probs=args.leaf_probs,
+            check=args.check,
             sync_on_compute=False,
         )
-        preds = evaluator.update(probs, labels)
+        with probabilities_named(str(args.probs)):
+            preds = evaluator.update(probs, labels)
     else:
-        preds = {s.label: np.asarray(s(probs, tax, leaf_probs=args.leaf_probs)) for s in specs}
+        with probabilities_named(str(args.probs)):
+            preds = {s.label: np.asarray(s(probs, tax, leaf_probs=args.leaf_probs, check=args.check)) for s in specs}
     names = tax.names
     for spec in specs:
         pred = preds[spec.label]
@@ -153,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
         payload["metrics"] = metrics
         print(format_results({Path(args.probs).name: metrics}, name="probs"))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=1, allow_nan=True)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -20,7 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from hiercls.decode import COST_KINDS
+from hiercls._textio import atomic_write, check_writable
+from hiercls.decode import COST_KINDS, check_probabilities
 from hiercls.evaluation import (
     DEFAULT_DECODERS,
     decoder_metric_table,
@@ -82,34 +83,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cost", default="lca_height", choices=COST_KINDS, help="with --table: the cost of its 'cost' column"
     )
     parser.add_argument("--out", metavar="FILE.json", help="write the metrics as JSON")
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="with --probs: skip the probability checks (values in [0, 1], root 1, child <= parent, leaf sums 1)",
+    )
 
 
 def _evaluate_probs(args: argparse.Namespace) -> int:
     if not args.labels or not args.taxonomy:
         raise ValueError("--probs needs --labels FILE and --taxonomy NAME_OR_PATH")
     taxonomy = load_taxonomy(args.taxonomy)
-    probs = load_probabilities(args.probs)
-    labels = load_labels(args.labels, taxonomy)
     if args.table:
+        probs = load_probabilities(args.probs)
+        labels = load_labels(args.labels, taxonomy)
+        if args.check:
+            check_probabilities(probs, taxonomy, kind="leaf" if args.leaf_probs else "node", name=args.probs)
         table = decoder_metric_table(probs, labels, taxonomy, args.decoder, cost=args.cost, leaf_probs=args.leaf_probs)
         print(f"{args.probs}: {table.samples} samples ({int((labels < 0).sum())} ignored)")
         print(table.format())
         if args.out:
-            Path(args.out).write_text(json.dumps(table.to_dict(), indent=2), encoding="utf-8")
+            with atomic_write(args.out, "w", encoding="utf-8") as f:
+                f.write(json.dumps(table.to_dict(), indent=2))
             print(f"wrote {args.out}")
         return 0
     results = evaluate_probabilities(
-        probs, labels, taxonomy, args.decoder or DEFAULT_DECODERS, leaf_probs=args.leaf_probs
+        args.probs,
+        args.labels,
+        taxonomy,
+        args.decoder or DEFAULT_DECODERS,
+        leaf_probs=args.leaf_probs,
+        check=args.check,
     )
     print(f"{args.probs}: {results['samples']} samples ({results['ignored']} ignored)")
     print(format_results({Path(args.probs).name: results}, name="probs"))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(results, indent=2))
         print(f"wrote {args.out}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out)
     if args.probs:
         return _evaluate_probs(args)
     if args.table:
@@ -137,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.model}: {results['samples']} samples of split {results['split']!r}")
     print(format_results({head: results}))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(results, indent=2))
         print(f"wrote {args.out}")
     return 0

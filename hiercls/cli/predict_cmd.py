@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hiercls._textio import check_writable
 from hiercls.evaluation import format_table
 from hiercls.train.distributed import resolve_device
 from hiercls.train.inference import PREDICTION_FORMATS, load_trained_model, predict, read_inputs, write_predictions
@@ -53,12 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _label(prediction: dict) -> tuple[str, str]:
     """``(prediction column, prob column)`` of a table row."""
     if "ids" in prediction:
-        deepest = prediction["deepest"]
-        return f"{deepest['display_name']} ({prediction['size']}-node set, depth {prediction['depth']})", "set"
+        tips = " | ".join(t["display_name"] for t in prediction["tips"]) or "(root)"
+        return f"{tips} ({prediction['size']}-node set, depth {prediction['depth']})", "set"
     return prediction["display_name"], f"{prediction['prob']:.3f}"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out)
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if args.batch_size < 1:

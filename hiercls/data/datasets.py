@@ -129,12 +129,14 @@ def _fashion_mnist(split: str, taxonomy: Taxonomy | None, options: dict[str, Any
 
 
 def _image_folder(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
-    opts = _opts(options, {"root", "name"}, "image_folder")
+    opts = _opts(options, {"root", "name", "on_error"}, "image_folder")
     if "root" not in opts:
         raise ValueError(
             "data.options.root: the 'image_folder' data set needs root: <folder with one sub-folder per split>"
         )
-    return HierImageFolder(Path(opts["root"]) / split, taxonomy, transform, name=opts.get("name"))
+    return HierImageFolder(
+        Path(opts["root"]) / split, taxonomy, transform, name=opts.get("name"), on_error=opts.get("on_error", "fail")
+    )
 
 
 def _text_file(fmt: str) -> Callable[..., Any]:

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from hiercls._checks import check_choice
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.registry import load_taxonomy
 
@@ -34,6 +35,10 @@ __all__ = [
     "image_transform",
     "read_idx",
 ]
+
+# What PIL raises for a corrupt file: OSError (UnidentifiedImageError, truncated data), and for some malformed
+# headers ValueError, SyntaxError or a decompression-bomb error.
+_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -83,10 +88,16 @@ class HierImageFolder(Dataset):
         taxonomy: the taxonomy for the second layout.
         transform: applied to the RGB ``PIL.Image``; without it images become ``[3, H, W]`` float tensors.
         name: name of the built taxonomy (default: the folder name).
+        on_error: what a corrupt or unreadable image does: ``"fail"`` (default) raises an error naming the file
+            when the image is loaded; ``"skip"`` checks every image up front (its header and structure, with
+            ``PIL.Image.verify``), leaves out those that fail with one warning giving their number and the first
+            of them, and replaces an image that still fails to decode later by the next readable one (warned once
+            per process, with a count).
 
     Raises:
         FileNotFoundError: ``root`` is not a folder.
         TaxonomyError: a folder not in the taxonomy, images directly in ``root`` of a nested tree, no images.
+        OSError: (``on_error="fail"``, on loading) a corrupt image, naming the file.
 
     Example:
         >>> import tempfile, PIL.Image
@@ -109,7 +120,10 @@ class HierImageFolder(Dataset):
         transform: Callable[[Any], Any] | None = None,
         *,
         name: str | None = None,
+        on_error: str = "fail",
     ) -> None:
+        self.on_error = check_choice(on_error, ("fail", "skip"), "on_error")
+        self._skipped_at_load = 0
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder {str(self.root)!r} does not exist or is not a folder")
@@ -158,6 +172,8 @@ class HierImageFolder(Dataset):
         self.samples: list[tuple[str, int]] = [
             (str(self.root / rel / f), label_of[rel]) for rel, files in folders.items() for f in files
         ]
+        if self.on_error == "skip" and self.samples:
+            self.samples = self._readable(self.samples)
         if not self.samples:
             raise TaxonomyError(
                 f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {str(self.root)!r}", source=str(self.root)
@@ -188,13 +204,55 @@ class HierImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def _readable(self, samples: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The samples whose image passes ``PIL.Image.verify``; one warning for those left out."""
+        kept, bad = [], []
+        for path, target in samples:
+            try:
+                with Image.open(path) as im:
+                    im.verify()
+            except _IMAGE_ERRORS as err:
+                bad.append((path, err))
+                continue
+            kept.append((path, target))
+        if bad:
+            logger.warning(
+                "HierImageFolder %s: skipped %d unreadable image(s) of %d (on_error='skip'); first: %s (%s)",
+                self.root,
+                len(bad),
+                len(samples),
+                bad[0][0],
+                bad[0][1],
+            )
+        return kept
+
+    def _load(self, path: str) -> Any:
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except _IMAGE_ERRORS as err:
+            raise OSError(f"cannot read image {path!r}: {type(err).__name__}: {err}") from err
+
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, target = self.samples[index]
         try:
-            with Image.open(path) as im:
-                img = im.convert("RGB")
-        except OSError as err:
-            raise OSError(f"cannot read image {path!r}: {err}") from err
+            img = self._load(path)
+        except OSError:
+            if self.on_error == "fail":
+                raise
+            # Passed verify() but its pixel data is broken (e.g. truncated): the next readable image stands in.
+            self._skipped_at_load += 1
+            if self._skipped_at_load == 1:
+                logger.warning("HierImageFolder %s: %s; using the next readable image instead", self.root, path)
+            for step in range(1, len(self.samples)):
+                path, target = self.samples[(index + step) % len(self.samples)]
+                try:
+                    img = self._load(path)
+                    break
+                except OSError:
+                    self._skipped_at_load += 1
+            else:
+                raise OSError(f"no image under {str(self.root)!r} can be read") from None
         return (self.transform(img) if self.transform is not None else _to_tensor(img)), target
 
 

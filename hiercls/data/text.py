@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from hiercls._textio import TextFileError, decode_text
 from hiercls.data.labels import LabelEncoder, LabelFormat
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -291,11 +293,29 @@ class HierTextDataset(Dataset):
 
 
 def _open(path: Path, encoding: str) -> Any:
+    """The file's text as a stream (``newline=""`` for csv); a wrong encoding names the file, line and offset."""
     if not path.is_file():
         raise FileNotFoundError(f"text dataset file {str(path)!r} does not exist")
+    data = path.read_bytes()
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding=encoding, newline="")
-    return open(path, encoding=encoding, newline="")
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise ValueError(f"{path}: corrupt gzip file ({err})") from None
+    if encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig"):
+        text = decode_text(data, str(path), "text dataset file")
+    else:
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError as err:
+            line = data.count(b"\n", 0, err.start) + 1
+            raise TextFileError(
+                f"not {encoding} text: byte 0x{data[err.start]:02x} at offset {err.start} cannot be decoded; "
+                "pass the file's encoding= (or re-encode it as UTF-8)",
+                source=str(path),
+                line=line,
+            ) from None
+    return io.StringIO(text, newline="")
 
 
 def _check_text_label(text: str, label: str, src: str, line: int, text_column: str, label_column: str) -> None:

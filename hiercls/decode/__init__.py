@@ -4,7 +4,7 @@ One front door, :func:`decode`, one function per rule, and one spec parser, :fun
 (``"optimal_hfbeta:beta=2"``). See ``docs/decoding.md`` for the rules, their optimality and their tie-breaking.
 """
 
-from hiercls.decode.api import RULES, SET_RULES, decode
+from hiercls.decode.api import RULES, SET_RULES, ProbabilityError, check_probabilities, decode, probability_checks
 from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost, prediction_expected_cost
 from hiercls.decode.hfbeta import expected_hfbeta, optimal_hfbeta
 from hiercls.decode.rules import (
@@ -27,9 +27,11 @@ __all__ = [
     "RULES",
     "SET_RULES",
     "DecoderSpec",
+    "ProbabilityError",
     "argmax_leaf",
     "bayes_node",
     "calibrate_info_gain",
+    "check_probabilities",
     "chmcnn",
     "crm",
     "decode",
@@ -43,6 +45,7 @@ __all__ = [
     "parse_decoder",
     "plurality",
     "prediction_expected_cost",
+    "probability_checks",
     "rule_options",
     "threshold",
     "threshold_set",

@@ -7,6 +7,7 @@ framework: NumPy in, NumPy out; torch in, torch out on the input's device.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 from collections.abc import Callable
@@ -17,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from hiercls._checks import check_taxonomy
+from hiercls._checks import check_label_mass, check_probabilities, check_taxonomy, probability_checks_enabled
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["Batch", "chunked", "label_distribution", "prepare", "restore_ids", "restore_sets", "restore_values"]
@@ -28,6 +29,9 @@ CHUNK_ELEMENTS = 1 << 22
 """Rows x nodes per block: keeps the float64 working copies near 32 MB (a 21k-node row is ~170 KB)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# First row of the block being decoded, so that probability errors name the caller's row, not the block's.
+_ROW_OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("hiercls_decode_row_offset", default=0)
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -53,7 +57,14 @@ def chunked(fn: F) -> F:
         step = max(16, min(ROW_CHUNK, CHUNK_ELEMENTS // max(1, shape[1]))) if rows else ROW_CHUNK
         if rows <= step:
             return fn(probs, *args, **kwargs)
-        return _concat([fn(probs[s : s + step], *args, **kwargs) for s in range(0, rows, step)])
+        parts = []
+        for s in range(0, rows, step):
+            token = _ROW_OFFSET.set(_ROW_OFFSET.get() + s)
+            try:
+                parts.append(fn(probs[s : s + step], *args, **kwargs))
+            finally:
+                _ROW_OFFSET.reset(token)
+        return _concat(parts)
 
     return wrapper  # type: ignore[return-value]
 
@@ -85,7 +96,13 @@ class Batch:
 
 
 def prepare(
-    probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs", exact: bool = True
+    probs: Any,
+    taxonomy: Taxonomy,
+    *,
+    leaf_probs: bool = False,
+    name: str = "probs",
+    exact: bool = True,
+    scores: bool = False,
 ) -> Batch:
     """Validate ``probs`` against ``taxonomy`` and convert it to a float64 NumPy :class:`Batch`.
 
@@ -98,10 +115,14 @@ def prepare(
         name: parameter name used in error messages.
         exact: convert to float64 (the optimal decoders); ``False`` keeps float32 input as is, for rules that
             only compare and multiply probabilities.
+        scores: ``probs`` may be independent per-node scores in ``[0, 1]`` (a child may exceed its parent), for
+            the label-set rules that make them coherent.
 
     Raises:
         TypeError: ``taxonomy`` is not a Taxonomy, or ``probs`` is not numeric.
         ValueError: wrong shape, NaN/inf or negative probabilities.
+        ProbabilityError: not probabilities of ``taxonomy`` (see :func:`hiercls._checks.check_probabilities`);
+            skipped inside ``probability_checks(False)`` (``decode(..., check=False)``).
     """
     taxonomy = check_taxonomy(taxonomy)
     device = dtype = None
@@ -130,6 +151,9 @@ def prepare(
             f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape "
             f"{list(np.shape(probs))}{hint}"
         )
+    if probability_checks_enabled():
+        kind = "leaf" if leaf_probs else ("scores" if scores else "node")
+        check_probabilities(arr, taxonomy, kind=kind, name=name, row_offset=_ROW_OFFSET.get())
     if arr.size and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or infinite values")
     if arr.size and arr.min() < -1e-6:
@@ -167,6 +191,7 @@ def label_distribution_t(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np
     out = np.array(node_probs.T, dtype=np.float64, order="C", copy=True)
     if taxonomy.num_nodes > 1:
         out -= _child_csr(taxonomy) @ out
+    check_label_mass(out, taxonomy, node_probs, node_major=True, row_offset=_ROW_OFFSET.get())
     return np.maximum(out, 0.0, out=out)
 
 
@@ -189,6 +214,7 @@ def label_distribution(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.n
         a_t = taxonomy.ancestors_sparse.T.tocsr().astype(np.float64)
         out = spla.spsolve_triangular(a_t, node_probs.T, lower=False).T
         out = np.asarray(out)
+        check_label_mass(out, taxonomy, node_probs, row_offset=_ROW_OFFSET.get())
     return np.maximum(out, 0.0, out=out)
 
 

@@ -36,7 +36,7 @@ def _unit(value: float, name: str) -> float:
 
 def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> tuple[np.ndarray, Any]:
     t = _unit(threshold, "threshold")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False, scores=True)
     sets = batch.node > t
     sets[:, 0] = True  # every set holds the root
     return sets, batch

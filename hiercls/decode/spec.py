@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hiercls._checks import check_beta, did_you_mean
+from hiercls._checks import check_beta, did_you_mean, probability_checks
 from hiercls._registry import Registry
 from hiercls.decode import bayes, hfbeta, rules, sets
 
@@ -120,14 +121,17 @@ class DecoderSpec:
             return f"hF{format_number(beta)}_samples"
         return "node_micro_f1" if self.rule in _MULTILABEL_RULES else "hF1_micro"
 
-    def __call__(self, probs: Any, taxonomy: Any, **options: Any) -> Any:
+    def __call__(self, probs: Any, taxonomy: Any, *, check: bool = True, **options: Any) -> Any:
         """Decode ``probs`` with this rule; ``options`` are added (rule options validated as in the spec, others
-        such as ``leaf_probs=True`` passed on)."""
+        such as ``leaf_probs=True`` passed on). ``check=False`` skips the probability checks
+        (:func:`hiercls._checks.check_probabilities`)."""
         params = _parameters(self.rule)
         rule_options = {k: v for k, v in options.items() if k in params}
         spec = parse_decoder(self, **rule_options) if rule_options else self
         rest = {k: v for k, v in options.items() if k not in params}
-        return RULES[spec.rule](probs, taxonomy, **spec.options, **rest)
+        # check=True leaves an enclosing probability_checks(False) in force
+        with probability_checks(False) if not check else contextlib.nullcontext():
+            return RULES[spec.rule](probs, taxonomy, **spec.options, **rest)
 
 
 def format_number(value: float) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls._checks import check_beta, check_taxonomy, to_numpy
+from hiercls._checks import check_beta, check_probabilities, check_taxonomy, probabilities_named, to_numpy
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
@@ -68,6 +68,9 @@ class Evaluator:
         leaf_probs: ``update`` gets leaf probabilities ``[B, L]`` instead of node probabilities.
         multilabel: the labels are node sets ``[B, N]``; ``None`` (default) decides on the first
             :meth:`update` (2-D labels with 2-D probabilities are node sets).
+        check: refuse probabilities that are not probabilities of ``taxonomy`` (a
+            :class:`~hiercls.decode.ProbabilityError` naming row and node; see
+            :func:`~hiercls.decode.check_probabilities`); ``False`` skips the check.
         sync_on_compute: all-reduce over ``torch.distributed`` in :meth:`compute`.
         process_group: the process group of the reduction.
 
@@ -91,6 +94,7 @@ class Evaluator:
         k: Iterable[int] = (1, 5),
         leaf_probs: bool = False,
         multilabel: bool | None = None,
+        check: bool = True,
         sync_on_compute: bool = True,
         process_group: Any = None,
     ) -> None:
@@ -108,6 +112,7 @@ class Evaluator:
         self.betas = tuple(sorted(all_betas - {1.0}))
         self.k = tuple(int(v) for v in k if int(v) <= taxonomy.num_leaves)
         self.leaf_probs = leaf_probs
+        self.check = bool(check)
         self._metric_kw = {"sync_on_compute": sync_on_compute, "process_group": process_group}
         self.dense = False
         self.metrics: dict[str, dict[str, Metric]] = {
@@ -149,7 +154,7 @@ class Evaluator:
         self._set_label_kind(np.ndim(y) == 2)
         preds: dict[str, Any] = {}
         for label, spec in self.decoders.items():
-            pred = to_numpy(spec(probs, self.taxonomy, leaf_probs=self.leaf_probs))
+            pred = to_numpy(spec(probs, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check))
             scores = None if spec.is_set or not self.k else probs
             for name, metric in self.metrics[label].items():
                 if name == "constrained":
@@ -186,7 +191,7 @@ class Evaluator:
                 raise ValueError(
                     f"decoder {label!r} returns node sets; dense outputs need a single-node rule (e.g. threshold)"
                 )
-            pred = to_numpy(spec(flat, self.taxonomy, leaf_probs=self.leaf_probs)).reshape(y.shape)
+            pred = to_numpy(spec(flat, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check)).reshape(y.shape)
             self.metrics[label][""].update(y, pred)
             preds[label] = pred
         return preds
@@ -224,6 +229,7 @@ def evaluate_probabilities(
     betas: Iterable[float] = (),
     k: Iterable[int] = (1, 5),
     leaf_probs: bool = False,
+    check: bool = True,
 ) -> dict[str, Any]:
     """Decode saved probabilities with each decoder and score them: :class:`Evaluator` in one call.
 
@@ -234,10 +240,15 @@ def evaluate_probabilities(
             :func:`~hiercls.evaluation.load_labels` reads.
         taxonomy: the taxonomy.
         decoders: decoder specs.
-        betas, k, leaf_probs: as for :class:`Evaluator`.
+        betas, k, leaf_probs, check: as for :class:`Evaluator`.
 
     Returns:
         ``{"taxonomy", "fingerprint", "samples", "ignored", "<decoder label>/<metric>": ...}``.
+
+    Raises:
+        ProbabilityError: ``probs`` are not probabilities (naming the file when ``probs`` is one, the row and the
+            node).
+        ValueError: no probabilities, or every label ignored.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -247,16 +258,28 @@ def evaluate_probabilities(
         >>> res["argmax_leaf/accuracy"], res["crm/accuracy"], res["samples"]
         (0.5, 1.0, 2)
     """
+    source = str(probs) if isinstance(probs, (str, os.PathLike)) else "probs"
     if isinstance(probs, (str, os.PathLike)):
         probs = load_probabilities(probs)
+    labels_name = str(labels) if isinstance(labels, (str, os.PathLike)) else "labels"
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels(labels, taxonomy)
     y = np.asarray(to_numpy(labels))
     sets = y.ndim == 2 and np.ndim(probs) == 2  # node sets [B, N] (multi-label truth)
     y = y.astype(np.float32 if sets else np.int64)
     y = y if sets else y.ravel()
-    evaluator = Evaluator(taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, sync_on_compute=False)
-    evaluator.update(probs, y)
+    if np.ndim(probs) >= 1 and np.shape(probs)[0] == 0:
+        raise ValueError(f"{source}: no rows of probabilities to evaluate")
+    if y.size and not (y >= 0).any():
+        raise ValueError(f"{labels_name}: every one of the {y.size} labels is -1 (ignored): nothing to evaluate")
+    evaluator = Evaluator(
+        taxonomy, decoders, betas=betas, k=k, leaf_probs=leaf_probs, check=check, sync_on_compute=False
+    )
+    if check:  # up front, so that the message names the file (the decoders check rows again, without it)
+        kind = "leaf" if leaf_probs else "node"
+        check_probabilities(probs, taxonomy, kind=kind, name=source)
+    with probabilities_named(source):
+        evaluator.update(probs, y)
     ignored = int((y < 0).any(1).sum()) if sets else int((y < 0).sum())
     return {
         "taxonomy": taxonomy.name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import pickle  # for its exception class only: nothing here unpickles
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from hiercls._checks import to_numpy
+from hiercls._textio import read_text
 from hiercls.data.labels import LabelEncoder
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -60,7 +62,7 @@ def _load_array(path: str | os.PathLike, key: str | None, keys: Sequence[str], w
             if isinstance(obj, (list, tuple)) and obj and hasattr(obj[0], "detach"):
                 obj = torch.cat([o.reshape(-1, *o.shape[-1:]) if o.ndim else o.reshape(1) for o in obj])
             return to_numpy(obj)
-    except (ValueError, OSError, RuntimeError, EOFError) as err:
+    except (ValueError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:  # refused pickles too
         if isinstance(err, ValueError) and str(err).startswith(str(p)):
             raise
         raise ValueError(f"{p}: cannot read {what} ({type(err).__name__}: {err})") from err
@@ -77,7 +79,7 @@ def load_probabilities(path: str | os.PathLike, *, key: str | None = None) -> np
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: unknown format, unreadable file, ambiguous key, or not a 2-D float array.
+        ValueError: unknown format, unreadable file, ambiguous key, not a 2-D float array, or empty.
 
     Example:
         >>> import tempfile, os
@@ -93,6 +95,8 @@ def load_probabilities(path: str | os.PathLike, *, key: str | None = None) -> np
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"{path}: probabilities must be a 2-D array [samples, nodes]; got shape {list(arr.shape)}")
+    if arr.size == 0:
+        raise ValueError(f"{path}: holds no probabilities (shape {list(arr.shape)}); expected [samples, nodes]")
     return arr
 
 
@@ -111,7 +115,7 @@ def load_labels(
     Raises:
         FileNotFoundError: no such file.
         TaxonomyError: an unknown label, naming the file and line.
-        ValueError: an id out of range or a malformed array.
+        ValueError: an id out of range, a malformed array, or no labels at all.
 
     Example:
         >>> import tempfile, os
@@ -128,6 +132,8 @@ def load_labels(
     encoder = LabelEncoder(taxonomy)
     if p.suffix.lower() in (".npy", ".npz", ".pt", ".pth"):
         arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()
+        if arr.size == 0:
+            raise ValueError(f"{p}: holds no labels (an empty array)")
         if arr.dtype.kind in "US":
             out = np.empty(len(arr), dtype=np.int64)
             for i, name in enumerate(arr.tolist()):
@@ -146,7 +152,7 @@ def load_labels(
                 f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
             )
         return ids
-    text = p.read_text(encoding="utf-8-sig")
+    text = read_text(p, "label file")
     rows: list[tuple[int, str]] = []
     if p.suffix.lower() in (".csv", ".tsv"):
         delim = "\t" if p.suffix.lower() == ".tsv" else ","
@@ -174,6 +180,8 @@ def load_labels(
             s = line.strip()
             if s and not s.startswith("#"):
                 rows.append((i, s))
+    if not rows:
+        raise ValueError(f"{p}: no labels (the file is empty or holds only blank and '#' comment lines)")
     out = np.empty(len(rows), dtype=np.int64)
     for j, (line_no, label) in enumerate(rows):
         out[j] = _encode(encoder, label, str(p), line_no)

@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import difflib
 import gzip
 import inspect
@@ -37,14 +37,18 @@ import io
 import json
 import logging
 import os
+import reprlib
+import shutil
+import tempfile
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from json import decoder as jdec
-from json import scanner as jscan
 from pathlib import Path
 from typing import Any, Literal
 
 from hiercls._registry import Registry
+from hiercls._textio import LinedList, TextFileError, atomic_write, decode_text, dump_json, parse_json
+from hiercls._textio import umask as _umask
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ __all__ = [
     "FORMATS",
     "TAXONOMY_FORMATS",
     "TaxonomyFormat",
+    "check_names",
     "detect_format",
     "read_children_json",
     "read_edge_list",
@@ -101,41 +106,27 @@ def _read_text(path: PathLike) -> str:
     """The file's text (gunzipped when compressed); non-UTF-8 bytes are an error naming line and offset."""
     data = _read_bytes(path)
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        bad = data[err.start : err.start + 4]
-        raise TaxonomyError(
-            f"not UTF-8 text: byte {bad[:1]!r} at offset {err.start} cannot be decoded "
-            f"({err.reason}); re-encode the file as UTF-8",
-            source=str(path),
-            line=line,
-        ) from None
-    return text[1:] if text.startswith("\ufeff") else text  # a byte-order mark is not part of the first name
+        return decode_text(data, str(path), "taxonomy file")
+    except TextFileError as err:
+        raise TaxonomyError(err.reason, source=err.source, line=err.line) from None
 
 
-def _open_write(path: PathLike) -> io.TextIOBase:
+@contextlib.contextmanager
+def _open_write(path: PathLike) -> Iterator[io.TextIOBase]:
+    """A UTF-8 text stream onto ``path`` (gzipped for ``.gz``), written atomically: the file appears only
+    complete (a temporary file renamed into place), and a failure leaves ``path`` as it was."""
     p = Path(path)
-    if p.parent and not p.parent.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-    if str(p).endswith(".gz"):
-        # mtime=0 and no file name in the header: the same taxonomy always gives the same bytes (diffable in git).
-        raw = open(p, "wb")  # noqa: SIM115 - closed by the TextIOWrapper
-        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9)
-        return _ClosingWrapper(gz, raw)
-    return open(p, "w", encoding="utf-8", newline="\n")
-
-
-class _ClosingWrapper(io.TextIOWrapper):
-    def __init__(self, gz: gzip.GzipFile, raw: Any) -> None:
-        super().__init__(gz, encoding="utf-8", newline="\n")
-        self._raw = raw
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._raw.close()
+    with atomic_write(p, "wb") as raw:
+        gz = None
+        if str(p).endswith(".gz"):
+            # mtime=0 and no file name in the header: the same taxonomy always gives the same bytes (diffable).
+            gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9)
+        text = io.TextIOWrapper(gz or raw, encoding="utf-8", newline="\n")
+        yield text
+        text.flush()
+        text.detach()  # leave the raw file open for atomic_write's fsync and rename
+        if gz is not None:
+            gz.close()  # writes the gzip trailer; a GzipFile on a fileobj leaves it open
 
 
 def _base_name(path: PathLike) -> str:
@@ -194,8 +185,74 @@ def _check_roots(
     )
 
 
+_INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp"))  # controls, format characters (zero-width...), spaces
+
+
+def _name_key(name: str) -> str:
+    """What a reader sees of ``name``: NFC-normalised, without invisible characters or surrounding spaces."""
+    if name.isascii() and name.isprintable():
+        return name.strip()
+    text = unicodedata.normalize("NFC", name)
+    return "".join(ch for ch in text if unicodedata.category(ch) not in _INVISIBLE or ch == " ").strip()
+
+
+def check_names(names: Iterable[str], source: str, locations: Mapping[str, str | None] | None = None) -> None:
+    """Refuse names that are only invisible characters, and distinct names that look the same.
+
+    Two names that differ only in Unicode normalisation (``"é"`` as one code point or as ``e`` + accent) or in
+    invisible characters (zero-width spaces, control characters) would silently become two nodes; the error
+    names both (``repr`` shows the difference) and where each comes from.
+
+    Raises:
+        TaxonomyError: naming the names and their ``file:line``.
+
+    Example:
+        >>> check_names(["caf\u00e9", "cafe\u0301"], "t.tsv", {"caf\u00e9": "t.tsv:2", "cafe\u0301": "t.tsv:5"})
+        Traceback (most recent call last):
+        ...
+        hiercls.taxonomy.core.TaxonomyError: t.tsv:5: labels 'caf...' (at t.tsv:2) and 'caf...' (at t.tsv:5) differ
+        only in Unicode normalisation or invisible characters ('caf\\xe9' vs 'cafe\\u0301'): they would be two
+        different nodes; write them the same way (NFC) or give them distinct names
+    """
+    locations = locations or {}
+    seen: dict[str, str] = {}
+
+    def line_of(name: str) -> int | None:
+        loc = locations.get(name) or ""
+        tail = loc.rpartition(":")[2]
+        return int(tail) if tail.isdigit() else None
+
+    for name in names:
+        key = _name_key(name)
+        if not key:
+            raise TaxonomyError(
+                f"label {name!r} is only invisible or whitespace characters; give the node a visible name",
+                source=source,
+                line=line_of(name),
+                label=name,
+            )
+        other = seen.setdefault(key, name)
+        if other != name:
+            where_a = f" (at {locations[other]})" if locations.get(other) else ""
+            where_b = f" (at {locations[name]})" if locations.get(name) else ""
+            raise TaxonomyError(
+                f"labels '{other}'{where_a} and '{name}'{where_b} differ only in Unicode normalisation or invisible "
+                f"characters ({other!a} vs {name!a}): they would be two different nodes; write them the "
+                "same way (NFC) or give them distinct names",
+                source=source,
+                line=line_of(name),
+                label=name,
+            )
+
+
 def _build(source: str, edges: Sequence[tuple[str, str]], **kwargs: Any) -> Taxonomy:
-    """``Taxonomy(edges, **kwargs)``, with the file named in errors that have no location of their own."""
+    """``Taxonomy(edges, **kwargs)``, with the file named in errors that have no location of their own, after
+    :func:`check_names` on every name."""
+    locs: dict[str, str | None] = {}
+    for (p, c), loc in zip(edges, kwargs.get("locations") or [None] * len(edges), strict=False):
+        locs.setdefault(p, loc)
+        locs.setdefault(c, loc)
+    check_names([*(kwargs.get("nodes") or ()), *locs], source, locs)
     try:
         return Taxonomy(edges, **kwargs)
     except TaxonomyError as err:
@@ -205,48 +262,41 @@ def _build(source: str, edges: Sequence[tuple[str, str]], **kwargs: Any) -> Taxo
 
 
 # ---------------------------------------------------------------------------------------------- JSON positions
-class _LinedDict(dict):
-    line: int = 0
-
-
-class _LinedList(list):
-    line: int = 0
-
-
-def _json_with_lines(text: str) -> Any:
-    """Parse JSON with the pure-Python scanner, tagging every object and array with its start line.
+def _json_with_lines(text: str, source: str = "<json>") -> Any:
+    """Parse JSON tagging every object and array with its start line (iterative: any nesting depth).
 
     Only used to say where a problem is, after the fast parse found one.
     """
-    newlines = [i for i, ch in enumerate(text) if ch == "\n"]
+    try:
+        return parse_json(text, source, lines=True)
+    except TextFileError as err:
+        raise TaxonomyError(err.reason, source=err.source, line=err.line) from None
 
-    def line_at(offset: int) -> int:
-        return bisect.bisect_right(newlines, offset - 1) + 1
 
-    def parse_object(s_and_end: tuple[str, int], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-        obj, end = jdec.JSONObject(s_and_end, *args, **kwargs)
-        tagged = _LinedDict(obj)
-        tagged.line = line_at(s_and_end[1] - 1)
-        return tagged, end
+class _DuplicateKey(Exception):
+    pass
 
-    def parse_array(s_and_end: tuple[str, int], scan_once: Any) -> tuple[Any, int]:
-        arr, end = jdec.JSONArray(s_and_end, scan_once)
-        tagged = _LinedList(arr)
-        tagged.line = line_at(s_and_end[1] - 1)
-        return tagged, end
 
-    dec = json.JSONDecoder()
-    dec.parse_object = parse_object
-    dec.parse_array = parse_array
-    dec.scan_once = jscan.py_make_scanner(dec)
-    return dec.decode(text)
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
 
 
 def _load_json(text: str, source: str) -> Any:
+    """JSON with the C parser; a duplicate key or a nesting too deep for it goes to the iterative parser, which
+    names the line of the duplicate (``json.loads`` alone keeps the last value without a word)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as err:
         raise TaxonomyError(f"invalid JSON: {err.msg} (column {err.colno})", source=source, line=err.lineno) from None
+    except (_DuplicateKey, RecursionError):
+        pass
+    try:
+        return parse_json(text, source)
+    except TextFileError as err:
+        raise TaxonomyError(err.reason, source=err.source, line=err.line) from None
 
 
 def _line_of(obj: Any) -> int | None:
@@ -317,7 +367,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     fmt = obj.get("format")
     _expect(
         fmt == JSON_FORMAT_ID,
-        f'not a hiercls taxonomy file: "format" is {fmt!r}, expected {JSON_FORMAT_ID!r} '
+        f'not a hiercls taxonomy file: "format" is {reprlib.repr(fmt)}, expected {JSON_FORMAT_ID!r} '
         "(for other JSON layouts pass format='nested' or 'nodelink')",
         source,
         obj,
@@ -325,7 +375,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     version = obj.get("version")
     _expect(
         isinstance(version, int) and 1 <= version <= JSON_FORMAT_VERSION,
-        f"unsupported hiercls taxonomy version {version!r} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
+        f"unsupported hiercls taxonomy version {reprlib.repr(version)} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
         "newer files need a newer hiercls)",
         source,
         obj,
@@ -344,7 +394,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     for k, e in enumerate(edges_raw):
         _expect(
             isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e),
-            f"edges[{k}] must be a [parent, child] pair of strings, got {e!r}",
+            f"edges[{k}] must be a [parent, child] pair of strings, got {reprlib.repr(e)}",
             source,
             e,
         )
@@ -422,7 +472,7 @@ def read_json(path: PathLike) -> Taxonomy:
         if err.line is not None:
             raise
     # The fast parse keeps no positions: parse again, slowly, so the same error can name its line.
-    return taxonomy_from_dict(_json_with_lines(text), source=source)
+    return taxonomy_from_dict(_json_with_lines(text, source), source=source)
 
 
 # ---------------------------------------------------------------------------------------------- edge list
@@ -646,6 +696,10 @@ def write_tsv(tax: Taxonomy, path: PathLike) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- nested JSON
+_MAX_NESTING = 10000
+"""Deepest nested-JSON taxonomy read or written (deeper ones: an edge list or hiercls JSON)."""
+
+
 def taxonomy_from_nested(
     tree: Mapping[str, Any], *, source: str = "<nested>", virtual_root: str | None = None, **kwargs: Any
 ) -> Taxonomy:
@@ -667,12 +721,12 @@ def taxonomy_from_nested(
         line = _line_of(obj)
         return f"{source}:{line}" if line else f"{source}:" + "/".join(trail)
 
-    def visit(parent: str | None, value: Any, container: Any, trail: list[str]) -> None:
+    def items_of(value: Any, container: Any, trail: list[str]) -> list[tuple[str, Any, Any]]:
         if value is None:
-            return
+            return []
         if isinstance(value, Mapping):
-            items: list[tuple[str, Any, Any]] = [(k, v, value) for k, v in value.items()]
-        elif isinstance(value, list):
+            return [(k, v, value) for k, v in value.items()]
+        if isinstance(value, list):
             items = []
             for el in value:
                 if isinstance(el, str):
@@ -681,39 +735,57 @@ def taxonomy_from_nested(
                     items.extend((k, v, el) for k, v in el.items())
                 else:
                     raise TaxonomyError(
-                        f"under {'/'.join(trail) or 'the top level'}: a list may hold names or objects, got {el!r}",
+                        f"under {'/'.join(trail) or 'the top level'}: a list may hold names or objects, "
+                        f"got {reprlib.repr(el)}",
                         source=source,
                         line=_line_of(value),
                     )
-        else:
-            raise TaxonomyError(
-                f"under {'/'.join(trail)}: expected an object, a list, {{}} or null for the children, got {value!r}",
-                source=source,
-                line=_line_of(container),
-                label=trail[-1],
-            )
-        for key, child_value, holder in items:
-            if not str(key).strip():
-                raise TaxonomyError(
-                    f"empty node name under {'/'.join(trail) or 'the top level'}", source=source, line=_line_of(holder)
-                )
-            key = str(key)
-            nodes.append(key)
-            if parent is not None:
-                first_holder = seen.get((parent, key))
-                if first_holder is not None and first_holder is not holder:
-                    # A DAG repeats a shared subtree under each parent: the same edges again, not new ones.
-                    continue
-                seen[(parent, key)] = holder
-                edges.append((parent, key))
-                locations.append(where(holder, [*trail, key]))
-            if len(trail) > 10000:
-                raise TaxonomyError("nesting deeper than 10000 levels", source=source)
-            visit(key, child_value, holder, [*trail, key])
+            return items
+        raise TaxonomyError(
+            f"under {'/'.join(trail)}: expected an object, a list, {{}} or null for the children, "
+            f"got {reprlib.repr(value)}",
+            source=source,
+            line=_line_of(container),
+            label=trail[-1],
+        )
 
     if not isinstance(tree, Mapping):
         raise TaxonomyError(f"expected a JSON object at the top level, got {type(tree).__name__}", source=source)
-    visit(None, tree, tree, [])
+    # Depth-first with an explicit stack (a deep chain is no RecursionError); ``trail`` is the path of the stack.
+    trail: list[str] = []
+    stack: list[tuple[str | None, Iterator[tuple[str, Any, Any]]]] = [(None, iter(items_of(tree, tree, [])))]
+    while stack:
+        parent, it = stack[-1]
+        item = next(it, None)
+        if item is None:
+            stack.pop()
+            if trail:
+                trail.pop()
+            continue
+        key, child_value, holder = item
+        if not str(key).strip():
+            raise TaxonomyError(
+                f"empty node name under {'/'.join(trail) or 'the top level'}", source=source, line=_line_of(holder)
+            )
+        key = str(key)
+        nodes.append(key)
+        if parent is not None:
+            first_holder = seen.get((parent, key))
+            if first_holder is not None and first_holder is not holder:
+                # A DAG repeats a shared subtree under each parent: the same edges again, not new ones.
+                continue
+            seen[(parent, key)] = holder
+            edges.append((parent, key))
+            locations.append(where(holder, [*trail, key]))
+        if len(trail) >= _MAX_NESTING:
+            raise TaxonomyError(
+                f"nesting deeper than {_MAX_NESTING} levels (under {reprlib.repr('/'.join(trail[:3]))}...); "
+                "write a taxonomy this deep as an edge list or hiercls JSON",
+                source=source,
+                line=_line_of(holder),
+            )
+        trail.append(key)
+        stack.append((key, iter(items_of(child_value, holder, trail))))
     if not nodes:
         raise TaxonomyError("empty taxonomy: the top-level object has no keys", source=source)
     nodes = list(dict.fromkeys(nodes))
@@ -766,12 +838,17 @@ def read_nested_json(
 def taxonomy_to_nested(tax: Taxonomy) -> dict[str, Any]:
     """The nested mapping of ``tax`` (leaves as ``{}``); a DAG node appears under each of its parents."""
 
-    def sub(n: int) -> dict[str, Any]:
-        return {tax.names[c]: sub(c) for c in tax.children(n)}
-
-    if tax.virtual_root is not None:
-        return {tax.names[c]: sub(c) for c in tax.children(0)}
-    return {tax.names[0]: sub(0)}
+    # Iterative (a deep chain is no RecursionError): every node's dict is filled in depth-first order.
+    top: dict[str, Any] = {}
+    stack: list[tuple[int, dict[str, Any]]] = [(c, top) for c in reversed(tax.children(0))]
+    if tax.virtual_root is None:
+        stack = [(0, top)]
+    while stack:
+        n, holder = stack.pop()
+        mine: dict[str, Any] = {}
+        holder[tax.names[n]] = mine
+        stack.extend((c, mine) for c in reversed(tax.children(n)))
+    return top
 
 
 def write_nested_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 2) -> None:
@@ -782,8 +859,13 @@ def write_nested_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 2) 
     """
     if not tax.is_tree and tax.num_nodes > 5000:
         logger.warning("writing DAG %r as nested JSON repeats every multi-parent subtree", tax.name)
+    if tax.height > _MAX_NESTING:
+        raise TaxonomyError(
+            f"taxonomy {tax.name!r} is {tax.height} levels deep; nested JSON is read back to at most {_MAX_NESTING} "
+            "levels: write it as an edge list or hiercls JSON"
+        )
     with _open_write(path) as f:
-        json.dump(taxonomy_to_nested(tax), f, ensure_ascii=False, indent=indent)
+        dump_json(taxonomy_to_nested(tax), f, ensure_ascii=False, indent=indent)  # iterative: any depth
         f.write("\n")
 
 
@@ -816,14 +898,14 @@ def _taxonomy_from_node_link(
     for k, nd in enumerate(nodes_raw):
         if not isinstance(nd, Mapping) or "id" not in nd:
             raise TaxonomyError(
-                f'nodes[{k}] must be an object with an "id", got {nd!r}',
+                f'nodes[{k}] must be an object with an "id", got {reprlib.repr(nd)}',
                 source=source,
                 line=_line_of(nd) or _line_of(nodes_raw),
             )
         nid = str(nd["id"])
         if nid in seen:
             raise TaxonomyError(
-                f"duplicate node id {nid!r} (nodes[{seen[nid]}] and nodes[{k}])",
+                f"duplicate node id {reprlib.repr(nid)} (nodes[{seen[nid]}] and nodes[{k}])",
                 source=source,
                 line=_line_of(nd),
                 label=nid,
@@ -843,7 +925,7 @@ def _taxonomy_from_node_link(
     for k, ed in enumerate(data[key]):
         if not isinstance(ed, Mapping) or "source" not in ed or "target" not in ed:
             raise TaxonomyError(
-                f'{key}[{k}] must be an object with "source" and "target", got {ed!r}',
+                f'{key}[{k}] must be an object with "source" and "target", got {reprlib.repr(ed)}',
                 source=source,
                 line=_line_of(ed) or _line_of(data[key]),
             )
@@ -962,6 +1044,8 @@ def read_children_json(
     obj, _ = _parse_json_file(path)
     if not isinstance(obj, Mapping):
         raise TaxonomyError(f"expected a JSON object parent -> [children], got {type(obj).__name__}", source=str(path))
+    names = [str(k) for k in obj] + [str(c) for v in obj.values() if isinstance(v, list) for c in v]
+    check_names(names, str(path))
     try:
         return Taxonomy.from_children(obj, virtual_root=virtual_root, name=name or _base_name(path), **kwargs)
     except TaxonomyError as err:
@@ -1020,11 +1104,11 @@ def taxonomy_from_label_paths(
                 parts.pop()
         else:
             raise TaxonomyError(
-                f"a label path must be a string or a list of strings, got {p!r}", source=source, line=line
+                f"a label path must be a string or a list of strings, got {reprlib.repr(p)}", source=source, line=line
             )
         if not parts or any(not s for s in parts):
             raise TaxonomyError(
-                f"empty component in label path {p!r} (separator {separator!r})", source=source, line=line
+                f"empty component in label path {reprlib.repr(p)} (separator {separator!r})", source=source, line=line
             )
         for j, part in enumerate(parts):
             if not isinstance(p, str) and separator in part:
@@ -1088,7 +1172,7 @@ def read_label_paths(
                 root=root,
                 source=source,
                 name=name,
-                line_numbers=[_line_of(el) or 1 for el in o] if isinstance(o, _LinedList) else None,
+                line_numbers=[_line_of(el) or 1 for el in o] if isinstance(o, LinedList) else None,
                 **kwargs,
             ),
             obj,
@@ -1197,7 +1281,7 @@ def read_folders(
     display = {root: base.resolve().name or root}
     with_files: list[str] = []
 
-    def walk(folder: Path, rel: str, chain: tuple[str, ...]) -> None:
+    def entries_of(folder: Path, rel: str) -> Iterator[os.DirEntry[str]]:
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as err:
@@ -1207,22 +1291,32 @@ def read_folders(
             if e.name.startswith("."):
                 continue
             if e.is_dir(follow_symlinks=follow_symlinks):
-                child = f"{rel}/{e.name}" if rel else e.name
-                real = os.path.realpath(e.path)
-                if real in chain:
-                    raise TaxonomyError(
-                        f"symlinked folder loops back to its ancestor {real}", source=e.path, label=child
-                    )
-                nodes.append(child)
-                display[child] = e.name
-                edges.append((rel or root, child))
-                walk(Path(e.path), child, (*chain, real))
+                yield e
             elif e.is_file(follow_symlinks=True):
                 has_file = True
         if has_file and rel:
             with_files.append(rel)
 
-    walk(base, "", (os.path.realpath(base),))
+    # Depth-first with an explicit stack of open folders (a deep tree is no RecursionError); ``chain`` holds the
+    # real paths of the open folders, to catch symlink loops.
+    chain = [os.path.realpath(base)]
+    stack = [("", entries_of(base, ""))]
+    while stack:
+        rel, it = stack[-1]
+        e = next(it, None)
+        if e is None:
+            stack.pop()
+            chain.pop()
+            continue
+        child = f"{rel}/{e.name}" if rel else e.name
+        real = os.path.realpath(e.path)
+        if real in chain:
+            raise TaxonomyError(f"symlinked folder loops back to its ancestor {real}", source=e.path, label=child)
+        nodes.append(child)
+        display[child] = e.name
+        edges.append((rel or root, child))
+        chain.append(real)
+        stack.append((child, entries_of(Path(e.path), child)))
     if root in nodes[1:]:
         raise TaxonomyError(
             f"a top-level folder is called {root!r}, the root's name; pass root='<another name>'",
@@ -1249,9 +1343,33 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
         if "/" in d or "\\" in d or d in (".", "..") or d.startswith(".") or not d.strip() or "\0" in d:
             raise TaxonomyError(f"display name {d!r} cannot be a folder name", label=d)
     base = Path(path)
-    base.mkdir(parents=True, exist_ok=exist_ok)
-    for n in range(1, tax.num_nodes):
-        (base.joinpath(*[tax.display_names[i] for i in tax.path(n)[1:]])).mkdir(exist_ok=exist_ok)
+    if base.exists() and not exist_ok:
+        raise FileExistsError(f"{base}: already exists; remove it or write elsewhere")
+    if base.exists() and not base.is_dir():
+        raise FileExistsError(f"{base}: is a file, not a folder to write the tree into")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    # Build the tree in a temporary sibling and rename it into place: a failure leaves no half tree. Into an
+    # existing folder (exist_ok=True) the rename cannot replace it, so the folders are added where they are.
+    target = base if base.exists() else Path(tempfile.mkdtemp(dir=base.parent, prefix=f".{base.name}.", suffix=".tmp"))
+    try:
+        for n in range(1, tax.num_nodes):
+            # two siblings with one display name must fail here, not merge into one folder
+            folder = target.joinpath(*[tax.display_names[i] for i in tax.path(n)[1:]])
+            try:
+                folder.mkdir(exist_ok=exist_ok and target == base)
+            except OSError as err:
+                raise type(err)(
+                    err.errno,
+                    f"cannot write {base}: the folder of node {tax.names[n]!r} (depth {tax.depth[n]}, "
+                    f"{len(str(folder))} characters of path): {err.strerror}",
+                ) from None
+        if target != base:
+            os.chmod(target, 0o777 & ~_umask())
+            os.replace(target, base)
+    except BaseException:
+        if target != base:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------- front door
@@ -1299,6 +1417,13 @@ def detect_format(path: PathLike) -> str:
     ext = os.path.splitext(name)[1]
     if ext in _EXT_FORMATS and _EXT_FORMATS[ext] is not None:
         return _EXT_FORMATS[ext]
+    if ext in (".yaml", ".yml"):
+        raise TaxonomyError(
+            f"a {ext} file is not a taxonomy format hiercls reads (YAML would be misread as an edge list); "
+            f"convert it to JSON (nested {{parent: {{child: {{}}}}}} or {{parent: [children]}}) or an edge list, "
+            f"or pass format= one of {', '.join(FORMATS)} if it really is one",
+            source=str(p),
+        )
     if not p.exists():
         if ext == ".json":
             return "json"
@@ -1396,7 +1521,7 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
         except TaxonomyError as err:
             if err.line is not None:
                 raise
-        return taxonomy_from_dict(_json_with_lines(text), source=str(path))
+        return taxonomy_from_dict(_json_with_lines(text, str(path)), source=str(path))
     if fmt == "json" and kwargs:
         raise ValueError(f"read_json takes no options; got {', '.join(kwargs)}")
     return TAXONOMY_FORMATS[fmt].reader(path, **kwargs)

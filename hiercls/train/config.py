@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -29,6 +30,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from hiercls._textio import TextFileError, load_yaml, read_text
 from hiercls.decode import parse_decoder
 
 __all__ = [
@@ -387,15 +389,20 @@ def _coerce(value: Any, tp: Any, where: str, from_string: bool) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise fail()
+        number: float | None = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # PyYAML reads "1e-4" (no dot) as a string; accept it.
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise fail() from None
-        raise fail()
+        if number is None:
+            raise fail()
+        if not math.isfinite(number):  # nan passes every "< 0" check; inf makes a run diverge on its first step
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -533,14 +540,17 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
 
     Raises:
         FileNotFoundError: the recipe does not exist.
-        ConfigError: invalid YAML, unknown keys, wrong types (the message names the file and line).
+        ConfigError: invalid YAML, a duplicate key, not UTF-8, unknown keys, wrong types, non-finite numbers (the
+            message names the file and line).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"recipe {str(path)!r} not found" + (" (it is a folder)" if path.is_dir() else ""))
-    text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        text = read_text(path, "recipe")
+        data = load_yaml(text, str(path))  # refuses a key given twice (PyYAML alone keeps the last)
+    except TextFileError as err:
+        raise ConfigError(str(err)) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

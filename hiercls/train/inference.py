@@ -6,6 +6,7 @@ A *run folder* (``config.yaml`` + ``checkpoints/{best,last}``) or a *model folde
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls._textio import atomic_write, read_text
 from hiercls.data import build_dataset, image_transform, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.models import HierarchicalClassifier, move_to_device
@@ -167,7 +169,7 @@ def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[lis
             shown.append(str(p))
             kinds.add("image")
         elif p.suffix.lower() == ".txt" and p.is_file():
-            for line in p.read_text(encoding="utf-8").splitlines():
+            for line in read_text(p, "input list").splitlines():
                 if line.strip():
                     inputs.append(line.strip())
                     shown.append(line.strip())
@@ -230,8 +232,10 @@ def predict(
     Returns:
         Per input ``{"prediction": ..., "path": [display names root -> node], "top_k": [{"name",
         "display_name", "prob"}] (leaves)}``. A single-node prediction is ``{"id", "name", "display_name",
-        "prob"}``; a node set is ``{"ids", "names", "display_names", "size", "depth", "deepest"}``, where
-        ``deepest`` is its deepest node (``{"id", "name", "display_name", "prob"}``) and ``path`` leads to it.
+        "prob"}``; a node set is ``{"ids", "names", "display_names", "size", "depth", "tips", "common"}``: its
+        nodes root-first, ``depth`` its deepest node's, ``tips`` its nodes without a child in the set and ``common``
+        the lowest common ancestor of the tips, the node the set is sure of (each ``{"id", "name",
+        "display_name", "prob"}``); ``path`` leads to ``common``.
 
     Example:
         >>> from hiercls.models import create_model
@@ -274,15 +278,20 @@ def predict(
             if pred.dim() == 2:
                 ids = [j for j in pred[i].nonzero().flatten().tolist() if j != taxonomy.root]
                 ids.sort(key=lambda j: (int(depth[j]), j))  # root -> deepest, as the path reads
-                deepest = ids[-1] if ids else taxonomy.root
+                in_set = set(ids)
+                tips = [j for j in ids if not in_set.intersection(taxonomy.children(j))]
+                # the node the set is sure of: the lowest common ancestor of its tips (the root for an empty set)
+                sure = functools.reduce(lambda a, b: int(taxonomy.lca(a, b)), tips) if tips else taxonomy.root
                 prediction = {
                     "ids": ids,
                     "names": [names[j] for j in ids],
                     "display_names": [disp[j] for j in ids],
                     "size": len(ids),
-                    "depth": int(depth[deepest]),
-                    "deepest": node(deepest, probs[i]),
+                    "depth": int(max((depth[j] for j in ids), default=0)),
+                    "tips": [node(j, probs[i]) for j in tips],
+                    "common": node(sure, probs[i]),
                 }
+                deepest = sure
             else:
                 deepest = int(pred[i])
                 prediction = node(deepest, probs[i])
@@ -313,11 +322,12 @@ def write_predictions(
     * ``.json``: ``{**meta, "predictions": [{"input", **prediction}]}``;
     * ``.jsonl``: one ``{"input", **prediction}`` object per line;
     * ``.csv``: columns ``input, name, display_name, prob, set_size, path, top_k`` (``name`` is the
-      predicted node, or a set's nodes joined by ``|``; ``prob`` that node's probability, or a set's deepest
+      predicted node, or a set's nodes joined by ``|``; ``prob`` that node's probability, or a set's common
       node's; ``path`` the display names joined by `` > ``; ``top_k`` ``name:prob`` pairs joined by ``|``).
 
     Raises:
-        ValueError: an unknown suffix or a path that is a folder.
+        ValueError: an unknown suffix; OSError: ``path`` cannot be written (see
+            :func:`hiercls._textio.atomic_write`).
     """
     import csv
     import io
@@ -327,8 +337,6 @@ def write_predictions(
     suffix = out.suffix.lower()
     if suffix not in PREDICTION_FORMATS:
         raise ValueError(f"--out {str(out)!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
-    if out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a folder; give a file name ending in {', '.join(PREDICTION_FORMATS)}")
     rows = [{"input": s, **p} for s, p in zip(shown, predictions, strict=True)]
     if suffix == ".json":
         text = json.dumps({**meta, "predictions": rows}, indent=2, ensure_ascii=False) + "\n"
@@ -340,7 +348,7 @@ def write_predictions(
         writer.writerow(["input", "name", "display_name", "prob", "set_size", "path", "top_k"])
         for r in rows:
             pr = r["prediction"]
-            one = pr.get("deepest", pr)
+            one = pr.get("common", pr)
             writer.writerow(
                 [
                     r["input"],
@@ -353,11 +361,6 @@ def write_predictions(
                 ]
             )
         text = buf.getvalue()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(out, "w", encoding="utf-8") as f:
+        f.write(text)
     return out
