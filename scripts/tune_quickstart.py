@@ -4,7 +4,7 @@ Every head gets the same sweep: ``optim.head_lr`` in a grid, seed 0, selected on
 under the hF1-optimal decoder. The test split, which the main job reports on, is never looked at. Prints one JSON
 and writes ``runs/tune_quickstart/sweep.json``; docs/main_job.md records the result.
 
-    .venv/bin/python scripts/tune_quickstart.py [--grid 3e-3 1e-2 3e-2] [--heads semantic_softmax flat]
+    .venv/bin/python scripts/tune_quickstart.py [--grid 3e-3 1e-2 3e-2 1e-1 3e-1] [--heads semantic_softmax flat]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", nargs="+", type=float, default=[3e-3, 1e-2, 3e-2])
+    parser.add_argument("--grid", nargs="+", type=float, default=[3e-3, 1e-2, 3e-2, 1e-1, 3e-1])
     parser.add_argument("--heads", nargs="+", default=["semantic_softmax", "flat"])
     parser.add_argument("--out", default="runs/tune_quickstart")
     parser.add_argument("--metric", default="optimal_hf1/hF1_micro")
