@@ -129,3 +129,45 @@ def test_run_folder_loads_through_auto_model_and_its_card_has_the_metrics(tiny_b
     card = (best / "README.md").read_text()
     assert "flat" in card and "6 nodes, 3 leaves" in card and "argmax_leaf" in card
     assert f"| argmax_leaf | {result['argmax_leaf/accuracy']:.4f} | {result['argmax_leaf/hF1_micro']:.4f} |" in card
+
+
+def test_trainer_checkpoints_and_best_model_reload_use_the_hiercls_files(text_dir: Path, tmp_path: Path) -> None:
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+    model = HierclsModel.from_pretrained(text_dir)
+    tok = model.hiercls_model.backbone.tokenizer
+    labels = [2, 3, 5, 5]
+    data = [{**tok(t, truncation=True, max_length=16), "labels": y} for t, y in zip(TEXTS, labels, strict=True)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=4,
+        learning_rate=0.05,  # small full-batch steps on the evaluation data: the loss goes down
+        optim="sgd",
+        lr_scheduler_type="constant",
+        use_cpu=True,
+        report_to="none",
+        logging_strategy="no",
+        disable_tqdm=True,
+        save_strategy="steps",
+        save_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="loss",
+        greater_is_better=True,  # "best" = the highest loss: the step-2 checkpoint, not the final weights
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=data, eval_dataset=data, data_collator=DataCollatorWithPadding(tok)
+    )
+    trainer.train()
+    losses = {r["step"]: r["eval_loss"] for r in trainer.state.log_history if "eval_loss" in r}
+    best = max(losses, key=losses.get)
+    assert best == 2, losses  # otherwise the final weights would be the best ones without any reload
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best}")
+    ckpt = Path(trainer.state.best_model_checkpoint)
+    assert HierarchicalClassifier.from_pretrained(ckpt).head_name == "conditional_softmax"  # hiercls's own files
+    saved = load_file(str(ckpt / "model.safetensors"))
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())  # the reload took every weight
+    other = load_file(str(tmp_path / f"checkpoint-{6 - best}" / "model.safetensors"))
+    assert not all(torch.equal(v, other[k]) for k, v in model.state_dict().items())
