@@ -122,6 +122,10 @@ def test_state_dict_round_trip_inside_a_module():
     again = M.HierarchicalMetrics(tax, k=(1,))
     again.update(np.concatenate([t, t[:5]]), np.concatenate([p, p[:5]]), scores=np.concatenate([scores, scores[:5]]))
     assert dst.metrics.compute()["hF1_micro"] == pytest.approx(again.compute()["hF1_micro"])
+    lean = Holder()
+    lean.metrics.persistent(False)  # torchmetrics's switch: the sums stay out of the module's state_dict
+    assert not any(k.startswith("metrics.") for k in lean.state_dict())
+    lean.load_state_dict({k: v for k, v in sd.items() if not k.startswith("metrics.")})
     bad = dict(sd)
     bad["metrics.node.tp"] = torch.zeros(3)
     with pytest.raises(ValueError, match=r"metrics.node.tp.*shape \(3,\)"):

@@ -247,7 +247,7 @@ class Metric(torchmetrics.Metric):
         for k in self.state_names():
             key = prefix + k
             if key not in state_dict:
-                if strict:
+                if strict and self._persistent[k]:
                     raise ValueError(
                         f"state_dict does not match {type(self).__name__}: missing {key!r} "
                         f"(expected the states {self.state_names()})"
