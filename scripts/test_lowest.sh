@@ -18,6 +18,6 @@ if [ ! -x .venv-lowest/bin/python ] || [ constraints/lowest.txt -nt .venv-lowest
 fi
 .venv-lowest/bin/python - <<'PY'
 import importlib.metadata as md
-print("test_lowest: " + ", ".join(f"{p} {md.version(p)}" for p in ("torch", "timm", "transformers", "networkx", "nltk")))
+print("test_lowest: " + ", ".join(f"{p} {md.version(p)}" for p in ("torch", "timm", "transformers", "torchmetrics", "networkx", "nltk")))
 PY
 exec .venv-lowest/bin/python -m pytest -q "$@"

@@ -135,7 +135,7 @@ class LevelCalibration(Metric):
             raise ValueError(f"n_bins must be a positive integer; got {n_bins!r}")
         self.n_bins = n_bins
         self.levels = [np.flatnonzero(taxonomy.depth == d) for d in range(1, taxonomy.height + 1)]
-        self.add_state("sums", (len(self.levels), 3, n_bins))
+        self.add_sum_state("sums", (len(self.levels), 3, n_bins))
 
     def update(self, probs: Any, labels: Any) -> None:
         p = np.asarray(to_numpy(probs), dtype=np.float64)

@@ -64,6 +64,7 @@ from hiercls.metrics.stateful import (
     NodeF1,
     TopKMetrics,
     all_reduce_states,
+    flatten_results,
 )
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "constrained_f1_score",
     "dice_counts",
     "exact_match_score",
+    "flatten_results",
     "hamming_loss",
     "hiclass_precision_recall_fscore",
     "hierarchical_counts",

@@ -13,12 +13,15 @@ can be called repeatedly. ``sync()`` returns the reduced state explicitly.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+import torchmetrics
 
 from hiercls._checks import check_beta, check_choice, check_taxonomy, to_numpy
 from hiercls.metrics._validation import (
@@ -64,12 +67,13 @@ __all__ = [
     "NodeF1",
     "TopKMetrics",
     "all_reduce_states",
+    "flatten_results",
 ]
 
 
-def _dist_world() -> int:
+def _dist_world(group: Any = None) -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
+        return torch.distributed.get_world_size(group)
     return 1
 
 
@@ -79,7 +83,7 @@ def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = No
     Without an initialised process group (or with one process) the copies are the local values.
     """
     out = [{k: v.clone() for k, v in s.items()} for s in states]
-    if _dist_world() == 1:
+    if _dist_world(group) == 1:
         return out
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for s in out:
@@ -95,87 +99,236 @@ def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = No
     return out
 
 
-class Metric:
-    """Base class: named sum states, ``reset``, ``sync``, ``state_dict``, ``merge``, ``to``.
+def flatten_results(results: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of a ``compute()`` result as one flat ``{name: float}``, ready for a logger.
 
-    Subclasses declare states with :meth:`add_state` in ``__init__``, add to them in ``update`` with
-    :meth:`accumulate`, and turn a (reduced) state dict into results in ``_compute``.
+    Lists become one entry per position, numbered from 1 (``per_level_accuracy/1`` is depth 1, as in
+    :func:`~hiercls.evaluation.format_results`); strings (``mistake_severity_distance``) are left out; NaN
+    stays NaN. Lightning's ``self.log_dict`` takes the result (log it with ``sync_dist=False``: ``compute()``
+    already summed the ranks).
+
+    Example:
+        >>> flatten_results({"accuracy": 0.5, "per_level_accuracy": [1.0, 0.25], "mistake_severity_distance": "x"})
+        {'accuracy': 0.5, 'per_level_accuracy/1': 1.0, 'per_level_accuracy/2': 0.25}
+    """
+    out: dict[str, float] = {}
+    for key, value in results.items():
+        if isinstance(value, str):
+            continue
+        if isinstance(value, (list, tuple, np.ndarray)):
+            for i, v in enumerate(value, start=1):
+                out[f"{prefix}{key}/{i}"] = float(v)
+        else:
+            out[f"{prefix}{key}"] = float(value)
+    return out
+
+
+class Metric(torchmetrics.Metric):
+    """Base class: a :class:`torchmetrics.Metric` whose every state is a float64 sum (``dist_reduce_fx="sum"``).
+
+    It is an ``nn.Module``: ``.to(device)`` moves it with the module that holds it, ``MetricCollection`` takes
+    it, and ``state_dict``/``load_state_dict``/``merge_state``/``sync``/``unsync`` are torchmetrics's. Under
+    ``torch.distributed`` the states are summed with one ``all_reduce`` per dtype (:func:`all_reduce_states`;
+    a custom ``dist_sync_fn`` takes torchmetrics's gather path instead), so every rank gets the single-process
+    result. ``compute()`` returns plain Python numbers and lists and raises (on every rank) when no rank has
+    called ``update`` since the last reset.
+
+    Subclasses declare states with :meth:`add_sum_state` in ``__init__``, end it with :meth:`set_config`,
+    add to the states in ``update`` with :meth:`accumulate`, and turn a state dict into results in ``_compute``.
     """
 
-    def __init__(self, *, sync_on_compute: bool = True, process_group: Any = None) -> None:
-        self._defaults: dict[str, torch.Tensor] = {}
-        self._state: dict[str, torch.Tensor] = {}
-        self.sync_on_compute = sync_on_compute
-        self.process_group = process_group
-        self.device = torch.device("cpu")
+    is_differentiable = False
+    full_state_update = False
 
-    def add_state(self, name: str, shape: int | tuple[int, ...] = (), dtype: torch.dtype = torch.float64) -> None:
-        self._defaults[name] = torch.zeros(shape, dtype=dtype)
-        self._state[name] = self._defaults[name].clone().to(self.device)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Counted so that "never updated" is told apart from "updated with empty batches", on every rank alike.
+        self.add_sum_state("updates")
+        self._config_state: str | None = None
+        self._owner: tuple[Metric, str] | None = None
+
+    def add_sum_state(self, name: str, shape: int | tuple[int, ...] = ()) -> None:
+        """Declare a float64 sum state (zeros of ``shape``), saved in ``state_dict``."""
+        self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum", persistent=True)
+
+    def set_config(self, **config: Any) -> None:
+        """Record the settings that change what ``update`` adds or what ``compute`` returns.
+
+        ``MetricCollection`` shares one state among metrics whose states are equal after the first batch;
+        two metrics of the same class but another configuration (say, two distances of
+        :class:`MistakeSeverity` on a batch without mistakes) would then be merged wrongly. A zero state
+        whose name carries a digest of the configuration keeps them apart, and :meth:`merge` refuses
+        metrics of another configuration.
+        """
+        tax = getattr(self, "taxonomy", None)
+        text = repr((type(self).__name__, None if tax is None else tax.fingerprint, sorted(config.items())))
+        name = "config_" + hashlib.sha1(text.encode()).hexdigest()[:12]
+        if self._config_state is not None:
+            del self._defaults[self._config_state], self._persistent[self._config_state]
+            del self._reductions[self._config_state]
+            delattr(self, self._config_state)
+        self.add_state(name, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
+        self._config_state = name
+
+    def state_names(self) -> list[str]:
+        """The names of the sum states (``updates`` included, the configuration marker left out)."""
+        return [k for k in self._defaults if k != self._config_state]
 
     def accumulate(self, **values: Any) -> None:
+        """Add ``values`` (NumPy or torch, the state's shape) to the states of the same names."""
+        owner, prefix = self._owner or (self, "")
         for name, v in values.items():
-            cur = self._state[name]
-            cur += torch.as_tensor(np.asarray(v), dtype=cur.dtype).to(cur.device)
-
-    def reset(self) -> None:
-        """Zero every state."""
-        for name, d in self._defaults.items():
-            self._state[name] = d.clone().to(self.device)
+            key = prefix + name
+            cur = getattr(owner, key)
+            delta = torch.as_tensor(np.asarray(to_numpy(v)), dtype=cur.dtype).to(cur.device)
+            setattr(owner, key, cur + delta)
 
     def states(self) -> dict[str, torch.Tensor]:
-        return self._state
+        """The sum states by name (live tensors; :meth:`state_dict` gives copies)."""
+        return {k: getattr(self, k) for k in self.state_names()}
 
-    def sync(self) -> dict[str, torch.Tensor]:
-        """The states summed over all ranks (local copies without a process group)."""
-        return all_reduce_states([self._state], self.process_group)[0]
+    def update(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def _wrap_update(self, update: Callable) -> Callable:
+        inner = super()._wrap_update(update)
+
+        @functools.wraps(update)
+        def wrapped(*args: Any, **kwargs: Any) -> None:
+            inner(*args, **kwargs)
+            self.accumulate(updates=1.0)
+
+        return wrapped
+
+    def _wrap_compute(self, compute: Callable) -> Callable:
+        inner = super()._wrap_compute(compute)
+
+        @functools.wraps(compute)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if float(self.updates) == 0 and _dist_world(self.process_group) == 1:
+                self._raise_not_updated()
+            try:
+                return inner(*args, **kwargs)
+            except BaseException:
+                # torchmetrics's sync context does not restore the local state when compute raises
+                if self._is_synced:
+                    self.unsync()
+                raise
+
+        return wrapped
+
+    def _raise_not_updated(self) -> None:
+        raise RuntimeError(
+            f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
+            "there is nothing to score; call update() with a batch first"
+        )
 
     def compute(self) -> Any:
-        """Results from the states summed over all ranks (with ``sync_on_compute``) or the local ones."""
-        st = self.sync() if self.sync_on_compute else {k: v.clone() for k, v in self._state.items()}
-        return self._compute({k: v.cpu().numpy() for k, v in st.items()})
+        """Results from the states (summed over all ranks with ``sync_on_compute``, the default)."""
+        if float(self.updates) == 0:  # after the reduction: the same answer on every rank
+            self._raise_not_updated()
+        return self._compute({k: v.detach().cpu().numpy() for k, v in self.states().items()})
 
     def _compute(self, state: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self._state.items()}
+    def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
+        if self.dist_sync_fn is not None:
+            super()._sync_dist(self.dist_sync_fn, process_group)
+            return
+        reduced = all_reduce_states([self.metric_state], process_group or self.process_group)[0]
+        for k, v in reduced.items():
+            setattr(self, k, v)
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        missing = set(self._defaults) - set(state)
-        extra = set(state) - set(self._defaults)
-        if missing or extra:
-            raise ValueError(
-                f"state_dict does not match {type(self).__name__}: missing {sorted(missing)}, "
-                f"unexpected {sorted(extra)}"
-            )
-        for k, v in state.items():
+    def _load_from_state_dict(
+        self,
+        state_dict: dict,
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        for k in self.state_names():
+            key = prefix + k
+            if key not in state_dict:
+                if strict and self._persistent[k]:
+                    raise ValueError(
+                        f"state_dict does not match {type(self).__name__}: missing {key!r} "
+                        f"(expected the states {self.state_names()})"
+                    )
+                continue
+            v = torch.as_tensor(state_dict.pop(key))
+            want = self._defaults[k]
+            if tuple(v.shape) != tuple(want.shape):
+                raise ValueError(
+                    f"state_dict[{key!r}] has shape {tuple(v.shape)}; {type(self).__name__} expects "
+                    f"{tuple(want.shape)} (another taxonomy or configuration?)"
+                )
+            setattr(self, k, v.detach().to(dtype=want.dtype, device=self.device).clone())
+        self._computed = None
+        self._update_count = int(float(self.updates))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """torchmetrics's, plus: with ``strict``, a key that is not a state raises ``ValueError`` naming it."""
+        if strict:
+            extra = sorted(set(state_dict) - set(self.state_names()))
+            if extra:
+                raise ValueError(
+                    f"state_dict does not match {type(self).__name__}: unexpected {extra} "
+                    f"(expected the states {self.state_names()})"
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def merge_state(self, incoming_state: dict[str, Any] | torchmetrics.Metric) -> None:
+        """Add another metric's states (same class, taxonomy and configuration) or a dict of states."""
+        if isinstance(incoming_state, torchmetrics.Metric):
+            other = incoming_state
+            if type(other) is not type(self):
+                raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+            mine, theirs = getattr(self, "taxonomy", None), getattr(other, "taxonomy", None)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
+            if other._config_state != self._config_state:
+                raise ValueError(f"cannot merge {type(self).__name__} metrics of different configurations")
+            incoming = other.metric_state
+            count = other._update_count
+        else:
+            incoming = {self._config_state: torch.zeros((), dtype=torch.float64), **incoming_state}
+            count = int(float(incoming.get("updates", 0)))
+        for k in self.state_names():
+            if k not in incoming:
+                raise ValueError(f"cannot merge: state {k!r} is missing")
+            v = torch.as_tensor(incoming[k])
             if tuple(v.shape) != tuple(self._defaults[k].shape):
-                raise ValueError(f"state {k!r} has shape {tuple(v.shape)}; expected {tuple(self._defaults[k].shape)}")
-            self._state[k] = v.detach().to(dtype=self._defaults[k].dtype, device=self.device).clone()
+                raise ValueError(
+                    f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(self._defaults[k].shape)}"
+                )
+        self._reduce_states({k: torch.as_tensor(v).to(self.device, torch.float64) for k, v in incoming.items()})
+        self._update_count += count
+        self._computed = None
 
     def merge(self, other: Metric) -> Metric:
-        """Add the states of another metric of the same kind and configuration (e.g. from another worker)."""
-        if type(other) is not type(self):
-            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
-        mine, theirs = getattr(self, "taxonomy", None), getattr(other, "taxonomy", None)
-        if mine is not None and theirs is not None and mine != theirs:
-            raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
-        for k, v in other.states().items():
-            if v.shape != self._state[k].shape:
-                raise ValueError(
-                    f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(self._state[k].shape)}"
-                )
-            self._state[k] += v.to(self._state[k].device)
+        """:meth:`merge_state` with another metric (e.g. from another worker); returns ``self``."""
+        self.merge_state(other)
         return self
 
-    def to(self, device: str | torch.device) -> Metric:
-        self.device = torch.device(device)
-        self._state = {k: v.to(self.device) for k, v in self._state.items()}
-        return self
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+def _digest(x: Any) -> str | None:
+    """A short digest of an array-like setting (``None`` stays ``None``) for :meth:`Metric.set_config`."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray) or type(x).__module__.startswith("torch"):
+        a = np.ascontiguousarray(to_numpy(x))
+        body = a.tobytes() if a.dtype != object else repr(a.tolist()).encode()
+        payload = repr((a.dtype.str, a.shape)).encode() + body
+    else:
+        payload = repr(x).encode()
+    return hashlib.sha1(payload).hexdigest()[:12]
 
 
 def _weight_total(n: int, w: np.ndarray | None) -> float:
@@ -220,12 +373,21 @@ class HierarchicalFBeta(Metric):
             raise ValueError("labels is only used with average='macro' or 'weighted'")
         # undefined_*: how many per-sample ratios were 0/0, so compute() warns once per metric, not per update
         for name in ("inter", "npred", "ntrue", "sum_p", "sum_r", "sum_f", "total"):
-            self.add_state(name)
+            self.add_sum_state(name)
         for name in ("undefined_p", "undefined_r", "undefined_f"):
-            self.add_state(name)
+            self.add_sum_state(name)
         if average in ("macro", "weighted"):
             for name in ("tp", "fp", "fn"):
-                self.add_state(name, taxonomy.num_nodes)
+                self.add_sum_state(name, taxonomy.num_nodes)
+        self.set_config(
+            beta2=self.beta2,
+            average=average,
+            include_root=include_root,
+            zero_division=self.zero_division,
+            mask=_digest(self.mask),
+            labels=_digest(labels),
+            close=close,
+        )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
@@ -321,8 +483,15 @@ class NodeF1(Metric):
         self.include_root, self.close = include_root, close
         self.zero_division = check_zero_division(zero_division)
         for name in ("tp", "fp", "fn"):
-            self.add_state(name, taxonomy.num_nodes)
-        self.add_state("total")
+            self.add_sum_state(name, taxonomy.num_nodes)
+        self.add_sum_state("total")
+        self.set_config(
+            mask=_digest(self.mask),
+            labels=_digest(labels),
+            include_root=include_root,
+            zero_division=self.zero_division,
+            close=close,
+        )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
@@ -375,7 +544,7 @@ class ConstrainedF1(Metric):
         self.mask = labels_mask(None, taxonomy, False)
         for kind in ("C", "P"):
             for name in ("tp", "fp", "fn"):
-                self.add_state(f"{kind}_{name}", taxonomy.num_nodes)
+                self.add_sum_state(f"{kind}_{name}", taxonomy.num_nodes)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=True, close_pred=False)
@@ -422,7 +591,8 @@ class MistakeSeverity(Metric):
         self.taxonomy = check_taxonomy(taxonomy)
         self.distance = check_choice(distance, DISTANCES, "distance")
         for name in ("dist_sum", "mistakes", "total"):
-            self.add_state(name)
+            self.add_sum_state(name)
+        self.set_config(distance=self.distance)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
@@ -473,9 +643,10 @@ class TopKMetrics(Metric):
             raise ValueError(f"k must be positive integers; got {k!r}")
         self.distance = check_choice(distance, DISTANCES, "distance")
         self.candidates = candidates
-        self.add_state("hits", len(self.k))
-        self.add_state("dist", len(self.k))
-        self.add_state("total")
+        self.add_sum_state("hits", len(self.k))
+        self.add_sum_state("dist", len(self.k))
+        self.add_sum_state("total")
+        self.set_config(k=self.k, distance=self.distance, candidates=_digest(candidates))
 
     @renamed_keyword("scores", "y_score")
     def update(self, y_true: Any, y_score: Any, sample_weight: Any = None) -> None:
@@ -528,7 +699,8 @@ class LevelAccuracy(Metric):
         self.levels = check_choice(levels, ("depth", "semantic"), "levels")
         n = num_levels(taxonomy, levels)
         for name in ("correct", "both", "valid"):
-            self.add_state(name, n)
+            self.add_sum_state(name, n)
+        self.set_config(levels=self.levels)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
@@ -583,14 +755,15 @@ class NestedDice(Metric):
             self.regions = None
             r = int(num_regions)
         for name in ("inter", "true", "pred", "sample_dice", "sample_count"):
-            self.add_state(name, r)
+            self.add_sum_state(name, r)
+        self.set_config(smooth=self.smooth, empty_score=self.empty_score, regions=_digest(self.regions), r=r)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         inter, ts, ps = dice_counts(
             y_true, y_pred, taxonomy=self.taxonomy, regions=None if self.taxonomy is None else self.regions
         )
-        if inter.shape[1] != self._state["inter"].shape[0]:
-            raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self._state['inter'].shape[0]}")
+        if inter.shape[1] != self.inter.shape[0]:
+            raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self.inter.shape[0]}")
         w = check_weights(sample_weight, inter.shape[0])
         ww = np.ones(inter.shape[0]) if w is None else w
         d = dice_from_counts(inter, ts, ps, self.smooth, self.empty_score)
@@ -657,22 +830,36 @@ class HierarchicalMetrics(Metric):
         self.taxonomy = check_taxonomy(taxonomy)
         self.multilabel = multilabel
         zd = check_zero_division(zero_division)
-        kw = {"sync_on_compute": False}
-        self.children: dict[str, Metric] = {
-            "hier": HierarchicalFBeta(taxonomy, average="samples", include_root=include_root, zero_division=zd, **kw),
-            "node": NodeF1(taxonomy, labels="present", include_root=include_root, zero_division=zd, **kw),
-            "depth": LevelAccuracy(taxonomy, levels="depth", **kw),
-            "semantic": LevelAccuracy(taxonomy, levels="semantic", **kw),
+        # The parts hold the update and compute logic; their states live here, flattened as "<part>.<state>",
+        # so that one sync, one state_dict and MetricCollection's shared states cover them all. They are
+        # kept in a plain dict, not registered as submodules.
+        parts: dict[str, Metric] = {
+            "hier": HierarchicalFBeta(taxonomy, average="samples", include_root=include_root, zero_division=zd),
+            "node": NodeF1(taxonomy, labels="present", include_root=include_root, zero_division=zd),
+            "depth": LevelAccuracy(taxonomy, levels="depth"),
+            "semantic": LevelAccuracy(taxonomy, levels="semantic"),
         }
         if not multilabel:
-            self.children["severity"] = MistakeSeverity(taxonomy, distance=distance, **kw)
-            self.children["wu_palmer"] = MistakeSeverity(taxonomy, distance="wu_palmer", **kw)
-            self.children["zhao"] = MistakeSeverity(taxonomy, distance="zhao", **kw)
+            parts["severity"] = MistakeSeverity(taxonomy, distance=distance)
+            parts["wu_palmer"] = MistakeSeverity(taxonomy, distance="wu_palmer")
+            parts["zhao"] = MistakeSeverity(taxonomy, distance="zhao")
             k = tuple(k)
             if k:
-                self.children["topk"] = TopKMetrics(taxonomy, k=k, distance=distance, candidates=candidates, **kw)
-        self.add_state("exact")
-        self.add_state("total")
+                parts["topk"] = TopKMetrics(taxonomy, k=k, distance=distance, candidates=candidates)
+        self._parts = parts
+        self.add_sum_state("exact")
+        self.add_sum_state("total")
+        for name, part in parts.items():
+            part._owner = (self, f"{name}.")
+            for key in part.state_names():
+                if key != "updates":
+                    self.add_sum_state(f"{name}.{key}", tuple(part._defaults[key].shape))
+        self.set_config(multilabel=multilabel, **{name: part._config_state for name, part in parts.items()})
+
+    @property
+    def parts(self) -> dict[str, Metric]:
+        """The metrics whose logic this collection runs (their own states stay empty; the sums are here)."""
+        return self._parts
 
     @renamed_keyword("scores", "y_score")
     def update(self, y_true: Any, y_pred: Any, y_score: Any = None, sample_weight: Any = None) -> None:
@@ -691,69 +878,27 @@ class HierarchicalMetrics(Metric):
             equal = (ts != ps).getnnz(axis=1) == 0
         ww = np.ones(len(t)) if w is None else w
         self.accumulate(exact=equal @ ww, total=ww.sum())
-        for name, child in self.children.items():
+        for name, part in self._parts.items():
             if name != "topk":
-                child.update_labels(t, p, w)
-        if y_score is not None and "topk" in self.children:
+                part.update_labels(t, p, w)
+        if y_score is not None and "topk" in self._parts:
             s = np.asarray(to_numpy(y_score))
             if len(s) != len(keep):
                 raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(s)} rows")
-            self.children["topk"].update_ids(t.ids, s[keep], w)
+            self._parts["topk"].update_ids(t.ids, s[keep], w)
 
-    def reset(self) -> None:
-        super().reset()
-        for child in self.children.values():
-            child.reset()
-
-    def states(self) -> dict[str, torch.Tensor]:
-        out = dict(self._state)
-        for name, child in self.children.items():
-            out.update({f"{name}.{k}": v for k, v in child.states().items()})
-        return out
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.states().items()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        own = {k: v for k, v in state.items() if "." not in k}
-        super().load_state_dict(own)
-        for name, child in self.children.items():
-            child.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")})
-
-    def merge(self, other: Metric) -> Metric:
-        if not isinstance(other, HierarchicalMetrics) or set(other.children) != set(self.children):
-            raise TypeError("can only merge a HierarchicalMetrics of the same configuration")
-        if other.taxonomy != self.taxonomy:
-            raise ValueError(f"cannot merge metrics of different taxonomies ({self.taxonomy!r} vs {other.taxonomy!r})")
-        for k, v in other._state.items():
-            self._state[k] += v
-        for name, child in self.children.items():
-            child.merge(other.children[name])
-        return self
-
-    def to(self, device: str | torch.device) -> HierarchicalMetrics:
-        super().to(device)
-        for child in self.children.values():
-            child.to(device)
-        return self
-
-    def sync(self) -> dict[str, torch.Tensor]:
-        return all_reduce_states([self.states()], self.process_group)[0]
-
-    def compute(self) -> dict[str, Any]:
-        st = self.sync() if self.sync_on_compute else self.state_dict()
-        arr = {k: v.cpu().numpy() for k, v in st.items()}
-
+    def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
         def part(name: str) -> dict[str, np.ndarray]:
             return {k.split(".", 1)[1]: v for k, v in arr.items() if k.startswith(f"{name}.")}
 
+        parts = self._parts
         n = float(arr["total"])
         out: dict[str, Any] = {"accuracy": float(arr["exact"]) / n if n else math.nan}
-        hier = self.children["hier"]
+        hier = parts["hier"]
         hs = part("hier")
         micro = hier._compute(hs, average="micro")
         samples = hier._compute(hs)
-        node = self.children["node"]._compute(part("node"))
+        node = parts["node"]._compute(part("node"))
         out.update(
             {
                 "hP_micro": micro["precision"],
@@ -770,8 +915,8 @@ class HierarchicalMetrics(Metric):
                 "hamming_loss": node["hamming_loss"],
             }
         )
-        depth = self.children["depth"]._compute(part("depth"))
-        sem = self.children["semantic"]._compute(part("semantic"))
+        depth = parts["depth"]._compute(part("depth"))
+        sem = parts["semantic"]._compute(part("semantic"))
         out.update(
             {
                 "per_level_accuracy": depth["per_level_accuracy"],
@@ -781,11 +926,11 @@ class HierarchicalMetrics(Metric):
             }
         )
         if not self.multilabel:
-            sev = self.children["severity"]._compute(part("severity"))
+            sev = parts["severity"]._compute(part("severity"))
             out.update(sev)
-            out["mistake_severity_distance"] = self.children["severity"].distance
-            out["wu_palmer_loss"] = self.children["wu_palmer"]._compute(part("wu_palmer"))["mean_distance"]
-            out["zhao_loss"] = self.children["zhao"]._compute(part("zhao"))["mean_distance"]
-            if "topk" in self.children:
-                out.update(self.children["topk"]._compute(part("topk")))
+            out["mistake_severity_distance"] = parts["severity"].distance
+            out["wu_palmer_loss"] = parts["wu_palmer"]._compute(part("wu_palmer"))["mean_distance"]
+            out["zhao_loss"] = parts["zhao"]._compute(part("zhao"))["mean_distance"]
+            if "topk" in parts:
+                out.update(parts["topk"]._compute(part("topk")))
         return out

@@ -12,6 +12,8 @@ Example:
     ('flat', 'image', True)
 """
 
+from typing import Any
+
 from hiercls.models.backbones import (
     BACKBONES,
     HFBackbone,
@@ -49,3 +51,14 @@ __all__ = [
     "read_state_dict",
     "rebuild_backbone",
 ]
+
+_HF_NAMES = ("HierarchicalClassificationPipeline", "HierarchicalClassifierOutput", "HierclsConfig", "HierclsModel")
+
+
+def __getattr__(name: str) -> Any:
+    # The Hugging Face classes load transformers' modelling code (seconds): only when asked for.
+    if name in _HF_NAMES:
+        from hiercls.models import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module 'hiercls.models' has no attribute {name!r}")

@@ -40,15 +40,17 @@ from hiercls.models.backbones import (
     jsonable,
     rebuild_backbone,
 )
+from hiercls.models.card import model_card
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import read_json, write_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONFIG_FORMAT", "PROMPT_HEADS", "HierarchicalClassifier", "create_model", "move_to_device"]
+__all__ = ["CONFIG_FORMAT", "MODEL_TYPE", "PROMPT_HEADS", "HierarchicalClassifier", "create_model", "move_to_device"]
 
 CONFIG_FORMAT = "hiercls.model"
 CONFIG_VERSION = 1
+MODEL_TYPE = "hiercls"
 #: Heads that are prompting models: ``name -> builder(network, taxonomy, **options)``. The builder takes the
 #: backbone's network (a timm ViT or a Hugging Face encoder) and the model's head then contains it.
 PROMPT_HEADS: Registry[Any] = Registry("prompting head")
@@ -405,6 +407,8 @@ class HierarchicalClassifier(nn.Module):
         return {
             "format": CONFIG_FORMAT,
             "version": CONFIG_VERSION,
+            # transformers' AutoConfig/AutoModel key (hiercls.models.hf registers it); no remote code involved
+            "model_type": MODEL_TYPE,
             "hiercls_version": __version__,
             **self.backbone.spec(),
             "modality": self.modality,
@@ -418,8 +422,16 @@ class HierarchicalClassifier(nn.Module):
             "temperature": self.temperature,
         }
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``model.safetensors``, ``config.json``, ``taxonomy.json.gz`` (and the tokenizer) to ``directory``.
+    def save_pretrained(self, directory: str | os.PathLike[str], *, metrics: Mapping[str, Any] | None = None) -> Path:
+        """Write ``model.safetensors``, ``config.json``, ``taxonomy.json.gz``, the model card ``README.md`` (and,
+        for text models, the encoder config and tokenizer) to ``directory``.
+
+        The one persistence path: :meth:`from_pretrained`, ``hiercls.models.hf.HierclsModel`` and
+        ``transformers.AutoModel`` all read these files.
+
+        Args:
+            directory: the folder (created if needed).
+            metrics: evaluation results (``"<decoder>/<metric>"``) for the card's metrics table.
 
         Example:
             >>> import tempfile
@@ -427,7 +439,7 @@ class HierarchicalClassifier(nn.Module):
             >>> model = create_model("timm:resnet10t", tax, head="flat").eval()
             >>> d = model.save_pretrained(tempfile.mkdtemp())
             >>> sorted(p.name for p in d.iterdir())
-            ['config.json', 'model.safetensors', 'taxonomy.json.gz']
+            ['README.md', 'config.json', 'model.safetensors', 'taxonomy.json.gz']
             >>> back = HierarchicalClassifier.from_pretrained(d).eval()
             >>> x = torch.randn(1, 3, 32, 32)
             >>> bool(torch.equal(model(x), back(x)))
@@ -448,6 +460,7 @@ class HierarchicalClassifier(nn.Module):
             self.backbone.save_files(out, encoder)
         save_model(self, str(out / "model.safetensors"), metadata={"format": "pt", "hiercls": CONFIG_FORMAT})
         (out / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out / "README.md").write_text(model_card(cfg, self.taxonomy, metrics), encoding="utf-8")
         logger.info("saved %s (%s, head %s) to %s", cfg["backbone"], self.taxonomy.name, self.head_name, out)
         return out
 

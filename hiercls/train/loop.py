@@ -730,7 +730,10 @@ class _Run:
         if improved:
             self.best_value = float(value)
             if self.main:
-                _save_dir_atomically(self.out_dir / "checkpoints" / "best", self.model.save_pretrained)
+                _save_dir_atomically(
+                    self.out_dir / "checkpoints" / "best",
+                    lambda d: self.model.save_pretrained(d, metrics=results),  # the card's metrics table
+                )
             barrier()
         self.log(
             {
