@@ -329,8 +329,8 @@ def test_resume_after_interruption_equals_uninterrupted(taxonomy_file: Path, tmp
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    sa = torch.load(tmp_path / "ref" / "checkpoints" / "last" / "resume.pt", weights_only=False)
-    sb = torch.load(tmp_path / "cut" / "checkpoints" / "last" / "resume.pt", weights_only=False)
+    sa = torch.load(tmp_path / "ref" / "checkpoints" / "last" / "resume.pt", weights_only=True)
+    sb = torch.load(tmp_path / "cut" / "checkpoints" / "last" / "resume.pt", weights_only=True)
     assert sa["scheduler"] == sb["scheduler"] and sa["data"] == sb["data"]
     for ga, gb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True):
         assert torch.equal(ga["exp_avg_sq"], gb["exp_avg_sq"])

@@ -55,6 +55,7 @@ from hiercls.data import build_dataset, dataset_taxonomy, image_transform, make_
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
+from hiercls.models.files import CheckpointError
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
 from hiercls.train.distributed import (
@@ -202,15 +203,31 @@ def _seed_everything(seed: int) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain values, so that ``resume.pt`` loads with ``weights_only=True``."""
+    version, mt, gauss = random.getstate()
+    key, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "key": str(key),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    np.random.set_state(
+        (npy["key"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -229,6 +246,33 @@ def _save_dir_atomically(final: Path, write: Callable[[Path], None]) -> None:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+#: Keys every ``resume.pt`` holds (written by :meth:`_Run.save_last`).
+_RESUME_KEYS = ("optimizer", "scheduler", "scaler", "data", "step", "rng")
+
+
+def _read_resume_state(path: Path) -> dict[str, Any]:
+    """``resume.pt`` read with ``weights_only=True``: tensors and plain values only, never code from the file.
+
+    Raises:
+        CheckpointError: unreadable, not a resume state, or written by a hiercls that pickled NumPy objects.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # unpickling errors come in many types; all mean "not a state we can trust"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{path}: not a resume state this hiercls can read safely ({first[:200]}); it is corrupt or was "
+            "written by another program or an older hiercls. Start over with --set run.resume=false (the "
+            "weights in model.safetensors next to it stay loadable with from_pretrained)"
+        ) from None
+    missing = [k for k in _RESUME_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path}: not a hiercls resume state (missing {', '.join(missing)}); start over with --set run.resume=false"
+        )
+    return state
 
 
 def _checkpoint_dir(out_dir: Path, which: str) -> Path | None:
@@ -509,7 +553,7 @@ class _Run:
         """Restore weights, optimizer, scheduler, scaler, data position, step, best metric and every rank's RNG."""
         cfg, info, taxonomy = self.cfg, self.info, self.taxonomy
         resume_file = last_dir / "resume.pt"
-        state = torch.load(resume_file, map_location="cpu", weights_only=False)
+        state = _read_resume_state(resume_file)
         if state.get("taxonomy_fingerprint") not in (None, taxonomy.fingerprint):
             raise ConfigError(
                 f"{resume_file}: saved for taxonomy fingerprint {state['taxonomy_fingerprint']} but the "
