@@ -55,7 +55,8 @@ from hiercls.data import build_dataset, dataset_taxonomy, image_transform, make_
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
-from hiercls.models.files import CheckpointError
+from hiercls.models.classifier import verify_model_files
+from hiercls.models.files import CheckpointError, read_json_file
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
 from hiercls.train.distributed import (
@@ -285,13 +286,21 @@ def _checkpoint_dir(out_dir: Path, which: str) -> Path | None:
 
 
 def _load_model_weights(model: nn.Module, ckpt: Path) -> None:
+    """The checkpoint's verified weights (hash and identity, as ``from_pretrained``) into ``model``."""
     path = ckpt / "model.safetensors"
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(ckpt)!r} has no model.safetensors")
-    missing, unexpected = load_model(model, str(path), strict=False)
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} has no model.safetensors; start over with run.resume=false")
+    if (ckpt / "config.json").is_file():
+        verify_model_files(ckpt, read_json_file(ckpt / "config.json", "checkpoint's config"))
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except Exception as err:  # SafetensorError carries no file name
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
     # Non-persistent buffers are rebuilt from the taxonomy; anything else missing is an error.
     if missing or unexpected:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {str(path)!r} does not match the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
