@@ -36,9 +36,7 @@ import contextlib
 import json
 import logging
 import math
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -56,7 +54,7 @@ from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
 from hiercls.models.classifier import verify_model_files
-from hiercls.models.files import CheckpointError, read_json_file
+from hiercls.models.files import CheckpointError, read_json_file, writing
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
 from hiercls.train.distributed import (
@@ -69,6 +67,13 @@ from hiercls.train.distributed import (
     init_distributed,
 )
 from hiercls.train.plots import plot_run
+from hiercls.train.runfolder import (
+    RunLock,
+    check_out_dir,
+    clear_previous_run,
+    recover_checkpoints,
+    save_dir_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -235,20 +240,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
-def _save_dir_atomically(final: Path, write: Callable[[Path], None]) -> None:
-    """Write a checkpoint folder via a temporary folder and renames, so a kill never leaves a torn one."""
-    tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 #: Keys every ``resume.pt`` holds (written by :meth:`_Run.save_last`).
 _RESUME_KEYS = ("optimizer", "scheduler", "scaler", "data", "step", "rng")
 
@@ -440,38 +431,65 @@ class _Run:
         self.history_loss: list[float] = []
         self.at_epoch_start = False
         self.log_file: Any = None
+        self.lock: RunLock | None = None
+        self.best_step: int | None = None
 
     def run(self) -> dict[str, Any]:
         """Train (or resume) to the end or to an interruption; returns the final results."""
-        last_dir = self.prepare_run_folder()
-        self.build()
-        if last_dir is not None:
-            self.resume(last_dir)
-        else:
-            self.start()
-        self.train_model: nn.Module = self.model
-        if self.info.distributed:
-            self.train_model = nn.parallel.DistributedDataParallel(
-                self.model,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=self.cfg.run.find_unused_parameters,
-            )
-        self.log_file = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if self.main else None
         try:
-            results, interrupted = self.fit()
+            last_dir = self.prepare_run_folder()
+            self.build()
+            if last_dir is not None:
+                self.resume(last_dir)
+            else:
+                self.start()
+            finished = self.finished_results()
+            if finished is not None:
+                return finished
+            self.train_model: nn.Module = self.model
+            if self.info.distributed:
+                self.train_model = nn.parallel.DistributedDataParallel(
+                    self.model,
+                    device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                    find_unused_parameters=self.cfg.run.find_unused_parameters,
+                )
+            self.log_file = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if self.main else None
+            try:
+                results, interrupted = self.fit()
+            finally:
+                if self.log_file is not None:
+                    self.log_file.close()
+            return self.finish(results, interrupted)
         finally:
-            if self.log_file is not None:
-                self.log_file.close()
-        return self.finish(results, interrupted)
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
     # ------------------------------------------------------------------ setup
     def prepare_run_folder(self) -> Path | None:
-        """Decide whether to resume (before touching the run folder) and write ``config.yaml``.
+        """Lock the run folder, clean up after killed runs, decide whether to resume, write ``config.yaml``.
+
+        Starting fresh removes the previous run's outputs (``hiercls.train.runfolder.clear_previous_run``).
 
         Returns:
             The checkpoint folder to resume from, or ``None`` to start fresh.
         """
         cfg, out_dir = self.cfg, self.out_dir
+        problem = None
+        if self.main:
+            # Lock first: nothing of the folder is read or cleaned while another training may be writing it.
+            try:
+                check_out_dir(out_dir)
+                self.lock = RunLock.acquire(out_dir)
+                recover_checkpoints(out_dir, locked=self.lock.fd is not None)
+            except (ConfigError, CheckpointError) as err:
+                problem = err
+        # Every rank learns rank 0's verdict (and waits for its clean-up) before looking at the folder.
+        verdicts = all_gather_object(None if problem is None else str(problem))
+        if problem is not None:
+            raise problem
+        if verdicts[0] is not None:
+            raise ConfigError(verdicts[0])
         last_dir = _checkpoint_dir(out_dir, "last")
         has_state = last_dir is not None and (last_dir / "resume.pt").is_file()
         if cfg.run.resume is True and not has_state:
@@ -491,8 +509,13 @@ class _Run:
                 )
         barrier()  # every rank has read the saved config before rank 0 may overwrite it
         if self.main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, out_dir / "config.yaml")
+            if not resuming:
+                # A new run's best/, results and probabilities must never sit next to an old run's.
+                why = "run.resume=false" if has_state else "starting a new run"
+                clear_previous_run(out_dir, why)
+            with writing(out_dir / "config.yaml"):
+                save_config(cfg, out_dir / "config.yaml")
+        barrier()
         return last_dir if resuming else None
 
     def build(self) -> None:
@@ -581,8 +604,10 @@ class _Run:
         else:
             logger.warning("resuming %d-rank state on %d ranks: RNG streams are reseeded", len(rngs), info.world_size)
             _seed_everything(cfg.run.seed + info.rank + 7919 * self.step)
+        self.best_step = state.get("best_step")
         if self.main:
-            _truncate_log(self.out_dir / "metrics.jsonl", self.step)
+            # The log up to the checkpoint is kept; its last training loss is the run's until new steps log.
+            self.history_loss = _truncate_log(self.out_dir / "metrics.jsonl", self.step)
             logger.info(
                 "resumed from %s at step %d (epoch %d, sample %d)",
                 last_dir,
@@ -590,6 +615,22 @@ class _Run:
                 self.epoch,
                 state["data"]["index"],
             )
+
+    def finished_results(self) -> dict[str, Any] | None:
+        """A finished run started again (``run.resume=auto``): its saved ``results.json``, left untouched."""
+        done = self.out_dir / "results.json"
+        if self.step < self.total_steps or not done.is_file():
+            return None
+        try:
+            final = read_json_file(done, "run's results")
+        except CheckpointError as err:
+            logger.warning("%s; evaluating the final checkpoint again", err)
+            return None
+        if self.main:
+            logger.info(
+                "%s: the run already finished at step %d; its saved results are reported", self.out_dir, self.step
+            )
+        return final
 
     def start(self) -> None:
         """A fresh run: per-rank RNG streams and an empty log."""
@@ -618,13 +659,8 @@ class _Run:
         self.t_log, self.samples_since_log = time.perf_counter(), 0
         self.at_epoch_start = False
         if self.step >= self.total_steps and self.eval_loader is not None:
-            # A finished run started again (run.resume=auto): report its results instead of training.
-            done = self.out_dir / "results.json"
-            results = (
-                {k: v for k, v in json.loads(done.read_text(encoding="utf-8")).items() if "/" in k}
-                if done.is_file()
-                else self.evaluate()
-            )
+            # Killed after its last checkpoint but before results.json: evaluate that checkpoint again.
+            results = self.evaluate()
         while self.step < self.total_steps and not interrupted:
             consumed, remaining, interrupted = self.train_epoch()
             if interrupted:
@@ -764,7 +800,7 @@ class _Run:
         if improved:
             self.best_value = float(value)
             if self.main:
-                _save_dir_atomically(self.out_dir / "checkpoints" / "best", self.model.save_pretrained)
+                save_dir_atomically(self.out_dir / "checkpoints" / "best", self.model.save_pretrained)
             barrier()
         self.log(
             {
@@ -830,7 +866,7 @@ class _Run:
                 self.model.save_pretrained(d)
                 torch.save(state, d / "resume.pt")
 
-            _save_dir_atomically(self.out_dir / "checkpoints" / "last", write)
+            save_dir_atomically(self.out_dir / "checkpoints" / "last", write)
         barrier()
 
     def finish(self, results: dict[str, Any], interrupted: bool) -> dict[str, Any]:
@@ -858,13 +894,19 @@ class _Run:
         return final
 
 
-def _truncate_log(path: Path, step: int) -> None:
-    """Drop log records written after the checkpoint we resume from (they will be logged again)."""
+def _truncate_log(path: Path, step: int) -> list[float]:
+    """Drop log records written after the checkpoint we resume from (they will be logged again); returns the
+    training losses that remain."""
     if not path.is_file():
-        return
-    keep = []
+        return []
+    keep, losses = [], []
     for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            if json.loads(line).get("step", 0) <= step:
+        with contextlib.suppress(json.JSONDecodeError, AttributeError, TypeError):
+            record = json.loads(line)
+            if record.get("step", 0) <= step:
                 keep.append(line)
-    path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+                if record.get("type") == "train" and isinstance(record.get("loss"), (int, float)):
+                    losses.append(float(record["loss"]))
+    with writing(path):
+        path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+    return losses
