@@ -36,7 +36,9 @@ import contextlib
 import json
 import logging
 import math
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -54,7 +56,7 @@ from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
 from hiercls.models.classifier import verify_model_files
-from hiercls.models.files import CheckpointError, read_json_file, writing
+from hiercls.models.files import CheckpointError, folder_size, read_json_file, writing
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
 from hiercls.train.distributed import (
@@ -79,6 +81,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "StopTraining",
+    "TrainingDiverged",
     "build_model",
     "build_optimizer",
     "cosine_schedule",
@@ -108,6 +111,14 @@ RESUME_FREE_KEYS = frozenset(
 
 class StopTraining(Exception):
     """Raise from a callback to stop training after the current step (a resumable checkpoint is written)."""
+
+
+class TrainingDiverged(ConfigError):
+    """The loss (or the weights) became NaN or infinite; the message names the step, the loss and the lr.
+
+    Raised before the bad step reaches the weights; the last checkpoint written stays as it was. A
+    :class:`~hiercls.train.config.ConfigError` because the cure is a config change (a lower ``optim.lr``).
+    """
 
 
 # ------------------------------------------------------------------------------------------- building blocks
@@ -432,7 +443,8 @@ class _Run:
         self.at_epoch_start = False
         self.log_file: Any = None
         self.lock: RunLock | None = None
-        self.best_step: int | None = None
+        self.best_step: int | None = None  # the step of checkpoints/best
+        self.saved_step: int | None = None  # the step of checkpoints/last
 
     def run(self) -> dict[str, Any]:
         """Train (or resume) to the end or to an interruption; returns the final results."""
@@ -719,7 +731,7 @@ class _Run:
         cfg, info, model, device, amp_dtype = self.cfg, self.info, self.model, self.device, self.amp_dtype
         local_n = sum(_num_samples(t) for _, t in window)
         global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
-        step_loss = 0.0
+        step_loss, bad_loss = 0.0, None
         for i, (inputs, targets) in enumerate(window):
             inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
             n = _num_samples(targets)
@@ -732,7 +744,14 @@ class _Run:
                 scaled = loss * weight if n > 0 else sum(p.sum() for p in model.parameters()) * 0.0
                 self.scaler.scale(scaled).backward()
             if n > 0:
-                step_loss += float(loss.detach()) * n / global_n
+                value = float(loss.detach())
+                step_loss += value * n / global_n
+                if not math.isfinite(value):
+                    bad_loss = value
+        # Every rank must agree before one of them stops (the others would wait in the next all-reduce).
+        if float(all_reduce_sum(torch.tensor([0.0 if bad_loss is None else 1.0], dtype=torch.float64))[0]):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.diverged(bad_loss)
         if cfg.optim.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad_norm)
@@ -741,6 +760,20 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return step_loss, global_n
+
+    def diverged(self, loss: float | None, what: str = "the training loss") -> None:
+        """Stop at the first non-finite loss (or weights) before it reaches the weights or a checkpoint."""
+        lr = self.scheduler.get_last_lr()[0]
+        value = "non-finite on another rank" if loss is None else f"{loss}"
+        kept = (
+            f"the last good checkpoint {self.out_dir / 'checkpoints' / 'last'} (step {self.saved_step}) is kept"
+            if self.saved_step is not None
+            else "no checkpoint had been written yet"
+        )
+        raise TrainingDiverged(
+            f"step {self.step + 1}: {what} is {value} at lr {lr:.3g}: training diverged; {kept}. Lower optim.lr "
+            "(or set optim.clip_grad_norm / optim.warmup_steps) and start over with --set run.resume=false"
+        )
 
     def log_train(self, step_loss: float, global_n: float, lr: float) -> None:
         """Accumulate the step's loss; every ``run.log_every`` steps log the mean over ranks and steps."""
@@ -799,6 +832,7 @@ class _Run:
         )
         if improved:
             self.best_value = float(value)
+            self.best_step = self.step
             if self.main:
                 save_dir_atomically(self.out_dir / "checkpoints" / "best", self.model.save_pretrained)
             barrier()
@@ -837,12 +871,20 @@ class _Run:
                 p_all[r::world] = p
                 if y_all is not None:
                     y_all[r::world] = y
-        np.save(self.out_dir / "eval_probs.npy", p_all)
+        _write_atomically(self.out_dir / "eval_probs.npy", lambda t: np.save(t, p_all))
         if y_all is not None:
-            np.save(self.out_dir / "eval_labels.npy", y_all)
+            _write_atomically(self.out_dir / "eval_labels.npy", lambda t: np.save(t, y_all))
 
     def save_last(self) -> None:
-        """``checkpoints/last``: the weights and everything exact resumption needs (written atomically)."""
+        """``checkpoints/last``: the weights and everything exact resumption needs (written atomically).
+
+        ``resume.pt`` holds the optimizer, scheduler, scaler, data position and RNG states, not the weights
+        (they are the checkpoint's ``model.safetensors``). When ``best`` is the same step, ``last`` hard-links
+        its files instead of a second copy (files are only ever replaced, never rewritten in place, so the two
+        folders cannot diverge by a later write).
+        """
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            self.diverged(None, "a weight")
         rngs = all_gather_object(_rng_state())
         if self.main:
             data_state = self.loader.state_dict()
@@ -858,15 +900,20 @@ class _Run:
                 "rng": rngs,
                 "best_value": self.best_value,
                 "best_key": self.best_key,
+                "best_step": self.best_step,
                 "world_size": self.info.world_size,
                 "taxonomy_fingerprint": self.taxonomy.fingerprint,
             }
+            best = self.out_dir / "checkpoints" / "best"
 
             def write(d: Path) -> None:
-                self.model.save_pretrained(d)
-                torch.save(state, d / "resume.pt")
+                if not (self.best_step == self.step and best.is_dir() and _link_tree(best, d)):
+                    self.model.save_pretrained(d)
+                with writing(d / "resume.pt"):
+                    torch.save(state, d / "resume.pt")
 
             save_dir_atomically(self.out_dir / "checkpoints" / "last", write)
+        self.saved_step = self.step
         barrier()
 
     def finish(self, results: dict[str, Any], interrupted: bool) -> dict[str, Any]:
@@ -883,8 +930,17 @@ class _Run:
             "best_value": self.best_value,
             **results,
         }
+        if self.main:
+            final["best_step"] = self.best_step
+            final["run_folder_bytes"] = size = folder_size(self.out_dir)
+            logger.info(
+                "run folder %s: %.1f MB%s",
+                self.out_dir,
+                size / 1e6,
+                f" (best = last, step {self.step}: one copy)" if self.best_step == self.saved_step == self.step else "",
+            )
         if self.main and not interrupted:
-            (self.out_dir / "results.json").write_text(json.dumps(final, indent=2), encoding="utf-8")
+            _write_atomically(self.out_dir / "results.json", lambda t: t.write_text(json.dumps(final, indent=2), encoding="utf-8"))
             if self.cfg.run.plot:
                 try:
                     plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
@@ -892,6 +948,29 @@ class _Run:
                     logger.warning("could not write %s: %s", self.out_dir / "curves.png", err)
         barrier()
         return final
+
+
+def _link_tree(src: Path, dst: Path) -> bool:
+    """Hard-link every file of ``src`` into ``dst``; ``False`` (and ``dst`` emptied) where links are impossible."""
+    try:
+        shutil.copytree(src, dst, copy_function=os.link, dirs_exist_ok=True)
+        return True
+    except OSError as err:  # another file system, or one without hard links: write a copy instead
+        logger.debug("cannot hard-link %s into %s (%s); writing a copy", src, dst, err)
+        for child in dst.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return False
+
+
+def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: a full disk or a kill never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        with writing(path):
+            write(tmp)
+            tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _truncate_log(path: Path, step: int) -> list[float]:

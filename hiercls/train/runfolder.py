@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -234,19 +235,28 @@ def save_dir_atomically(final: Path, write: Callable[[Path], Any]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _fault_point(where: str, folder: Path) -> None:
-    """Test hook: ``HIERCLS_FAULT_SLEEP=<where>:<seconds>`` pauses here so a test can kill the process.
+_FAULT_SEEN: dict[str, int] = {}
 
-    ``where`` is ``write`` (inside the temporary folder, before the files), ``renames`` (files written, before
-    the renames) or ``between-renames`` (the previous checkpoint moved aside, the new one not yet in place).
+
+def _fault_point(where: str, folder: Path) -> None:
+    """Test hook: ``HIERCLS_FAULT_SLEEP=<where>:<seconds>[:<skip>]`` pauses here so that a test can kill the run.
+
+    ``where`` is ``write`` (inside the temporary folder, before its files), ``renames`` (files written, before
+    the renames), ``between-renames`` (the previous checkpoint moved aside, the new one not yet in place) or
+    ``all``; the first ``skip`` passes are not paused. ``HIERCLS_FAULT_MARKER`` names a file that is written
+    on each pause (so the test knows when to kill).
     """
     spec = os.environ.get("HIERCLS_FAULT_SLEEP")
-    if spec:
-        point, _, seconds = spec.partition(":")
-        if point in (where, "all"):
-            import time
-
-            marker = os.environ.get("HIERCLS_FAULT_MARKER")
-            if marker:
-                Path(marker).write_text(f"{where} {folder}\n", encoding="utf-8")
-            time.sleep(float(seconds or 1))
+    if not spec:
+        return
+    point, _, rest = spec.partition(":")
+    seconds, _, skip = rest.partition(":")
+    if point not in (where, "all"):
+        return
+    _FAULT_SEEN[point] = seen = _FAULT_SEEN.get(point, 0) + 1
+    if seen <= int(skip or 0):
+        return
+    marker = os.environ.get("HIERCLS_FAULT_MARKER")
+    if marker:
+        Path(marker).write_text(f"{where} {folder}\n", encoding="utf-8")
+    time.sleep(float(seconds or 1))
