@@ -94,6 +94,7 @@ __all__ = [
 RESUME_FREE_KEYS = frozenset(
     {
         "run.resume",
+        "run.out_dir",
         "run.progress",
         "run.plot",
         "run.log_every",
@@ -264,11 +265,18 @@ def _read_resume_state(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # unpickling errors come in many types; all mean "not a state we can trust"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        text = str(err).strip()
+        if "Weights only load failed" in text:
+            # torch's message goes on to explain how to load it unsafely; name only what was refused.
+            detail = next((x.strip() for x in text.splitlines() if "WeightsUnpickler error" in x), "")
+            why = "it holds Python objects, not only tensors and plain values, and loading them could run code"
+            why += f"; {detail.split(':', 1)[-1].strip()[:200]}" if detail else ""
+        else:
+            why = text.splitlines()[0][:200] if text else type(err).__name__
         raise CheckpointError(
-            f"{path}: not a resume state this hiercls can read safely ({first[:200]}); it is corrupt or was "
-            "written by another program or an older hiercls. Start over with --set run.resume=false (the "
-            "weights in model.safetensors next to it stay loadable with from_pretrained)"
+            f"{path}: not a resume state hiercls can read safely ({why}); it is corrupt or was written by "
+            "another program or an older hiercls. Start over with --set run.resume=false (the weights in "
+            "model.safetensors next to it stay loadable with from_pretrained)"
         ) from None
     missing = [k for k in _RESUME_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
@@ -761,18 +769,22 @@ class _Run:
         self.scheduler.step()
         return step_loss, global_n
 
-    def diverged(self, loss: float | None, what: str = "the training loss") -> None:
+    def diverged(self, loss: float | None, *, weights: bool = False) -> None:
         """Stop at the first non-finite loss (or weights) before it reaches the weights or a checkpoint."""
         lr = self.scheduler.get_last_lr()[0]
-        value = "non-finite on another rank" if loss is None else f"{loss}"
+        if weights:
+            what = f"step {self.step}: the weights are no longer finite after this step (lr {lr:.3g})"
+        else:
+            value = "not finite on another rank" if loss is None else f"{loss}"
+            what = f"step {self.step + 1}: the training loss is {value} at lr {lr:.3g}"
         kept = (
             f"the last good checkpoint {self.out_dir / 'checkpoints' / 'last'} (step {self.saved_step}) is kept"
             if self.saved_step is not None
             else "no checkpoint had been written yet"
         )
         raise TrainingDiverged(
-            f"step {self.step + 1}: {what} is {value} at lr {lr:.3g}: training diverged; {kept}. Lower optim.lr "
-            "(or set optim.clip_grad_norm / optim.warmup_steps) and start over with --set run.resume=false"
+            f"{what}: training diverged; {kept}. Lower optim.lr (or set optim.clip_grad_norm / "
+            "optim.warmup_steps) and start over with --set run.resume=false"
         )
 
     def log_train(self, step_loss: float, global_n: float, lr: float) -> None:
@@ -884,7 +896,7 @@ class _Run:
         folders cannot diverge by a later write).
         """
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            self.diverged(None, "a weight")
+            self.diverged(None, weights=True)
         rngs = all_gather_object(_rng_state())
         if self.main:
             data_state = self.loader.state_dict()
@@ -940,7 +952,9 @@ class _Run:
                 f" (best = last, step {self.step}: one copy)" if self.best_step == self.saved_step == self.step else "",
             )
         if self.main and not interrupted:
-            _write_atomically(self.out_dir / "results.json", lambda t: t.write_text(json.dumps(final, indent=2), encoding="utf-8"))
+            _write_atomically(
+                self.out_dir / "results.json", lambda t: t.write_text(json.dumps(final, indent=2), encoding="utf-8")
+            )
             if self.cfg.run.plot:
                 try:
                     plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")

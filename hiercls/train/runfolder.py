@@ -16,7 +16,6 @@ them (docs/reliability.md states them as promises):
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import json
@@ -142,9 +141,7 @@ class RunLock:
     def release(self) -> None:
         """Drop the lock (the file stays: removing it would let two processes lock two different files)."""
         if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)
-            os.close(self.fd)  # closing the descriptor releases the flock
+            os.close(self.fd)  # closing the descriptor releases the flock; the file keeps the last holder's facts
             self.fd = None
 
 
