@@ -550,8 +550,10 @@ def test_best_equal_to_last_is_one_copy_and_resume_state_holds_no_weights(base: 
     assert results["run_folder_bytes"] == folder_size(ref) - (ref / "results.json").stat().st_size
     naive = sum(p.stat().st_size for p in ref.rglob("*") if p.is_file())
     assert results["run_folder_bytes"] < naive - (best / "model.safetensors").stat().st_size + 1
-    # resume.pt: the optimizer's moments (2 per trained parameter) and small state, no copy of the weights.
-    state = torch.load(last / "resume.pt", weights_only=True)
+    # A finished run drops resume.pt (it can never be used again); an unfinished one keeps it, holding the
+    # optimizer's moments (2 per trained parameter) and small state, no copy of the weights.
+    assert not (last / "resume.pt").exists()
+    state = torch.load(base["cut"] / "checkpoints" / "last" / "resume.pt", weights_only=True)
     assert "model" not in state and "state_dict" not in state
     moments = sum(t.numel() for s in state["optimizer"]["state"].values() for k, t in s.items() if k != "step")
     params = sum(t.numel() for t in weights(ref).values())

@@ -95,6 +95,7 @@ RESUME_FREE_KEYS = frozenset(
     {
         "run.resume",
         "run.out_dir",
+        "run.keep_resume_state",
         "run.progress",
         "run.plot",
         "run.log_every",
@@ -453,11 +454,22 @@ class _Run:
         self.lock: RunLock | None = None
         self.best_step: int | None = None  # the step of checkpoints/best
         self.saved_step: int | None = None  # the step of checkpoints/last
+        self.done_without_state = False  # a finished run whose resume.pt was removed at its end
 
     def run(self) -> dict[str, Any]:
         """Train (or resume) to the end or to an interruption; returns the final results."""
         try:
             last_dir = self.prepare_run_folder()
+            if self.done_without_state:
+                # Finished, its resume state dropped: nothing to build, the saved results are the answer.
+                saved = self.finished_results()
+                if saved is None:
+                    raise CheckpointError(
+                        f"{self.out_dir / 'results.json'}: unreadable, and the finished run's resume state was "
+                        f"removed; its final model is {self.out_dir / 'checkpoints' / 'last'}. Start over with "
+                        "--set run.resume=false"
+                    )
+                return saved
             self.build()
             if last_dir is not None:
                 self.resume(last_dir)
@@ -512,6 +524,9 @@ class _Run:
             raise ConfigError(verdicts[0])
         last_dir = _checkpoint_dir(out_dir, "last")
         has_state = last_dir is not None and (last_dir / "resume.pt").is_file()
+        # A finished run drops its resume state (run.keep_resume_state); its results.json marks it finished.
+        self.done_without_state = last_dir is not None and not has_state and (out_dir / "results.json").is_file()
+        has_state = has_state or self.done_without_state
         if cfg.run.resume is True and not has_state:
             raise ConfigError(
                 f"run.resume: true but {str(out_dir / 'checkpoints' / 'last' / 'resume.pt')!r} does "
@@ -639,16 +654,18 @@ class _Run:
     def finished_results(self) -> dict[str, Any] | None:
         """A finished run started again (``run.resume=auto``): its saved ``results.json``, left untouched."""
         done = self.out_dir / "results.json"
-        if self.step < self.total_steps or not done.is_file():
+        if not done.is_file() or (not self.done_without_state and self.step < self.total_steps):
             return None
         try:
             final = read_json_file(done, "run's results")
         except CheckpointError as err:
             logger.warning("%s; evaluating the final checkpoint again", err)
             return None
+        if not isinstance(final, dict):
+            return None
         if self.main:
             logger.info(
-                "%s: the run already finished at step %d; its saved results are reported", self.out_dir, self.step
+                "%s: the run finished at step %s; its saved results are reported", self.out_dir, final.get("step")
             )
         return final
 
@@ -942,24 +959,32 @@ class _Run:
             "best_value": self.best_value,
             **results,
         }
+        if self.main and not interrupted and self.cfg.run.plot:
+            try:
+                plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
+            except Exception as err:  # a plotting problem must not lose a finished run
+                logger.warning("could not write %s: %s", self.out_dir / "curves.png", err)
         if self.main:
+            # Finished: the optimizer's moments in resume.pt (twice the weights) can never be used again.
+            state = self.out_dir / "checkpoints" / "last" / "resume.pt"
+            drop = not interrupted and not self.cfg.run.keep_resume_state and state.is_file()
             final["best_step"] = self.best_step
-            final["run_folder_bytes"] = size = folder_size(self.out_dir)
+            final["run_folder_bytes"] = size = folder_size(self.out_dir) - (state.stat().st_size if drop else 0)
             logger.info(
                 "run folder %s: %.1f MB%s",
                 self.out_dir,
                 size / 1e6,
-                f" (best = last, step {self.step}: one copy)" if self.best_step == self.saved_step == self.step else "",
+                f" (best = last = step {self.step}, one copy)"
+                if self.best_step == self.saved_step == self.step
+                else "",
             )
-        if self.main and not interrupted:
-            _write_atomically(
-                self.out_dir / "results.json", lambda t: t.write_text(json.dumps(final, indent=2), encoding="utf-8")
-            )
-            if self.cfg.run.plot:
-                try:
-                    plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
-                except Exception as err:  # a plotting problem must not lose a finished run
-                    logger.warning("could not write %s: %s", self.out_dir / "curves.png", err)
+            if not interrupted:
+                text = json.dumps(final, indent=2)
+                _write_atomically(self.out_dir / "results.json", lambda t: t.write_text(text, encoding="utf-8"))
+                if drop:
+                    # After results.json: a kill in between leaves a run that still reads as finished.
+                    state.unlink()
+                    logger.info("removed %s: the run is finished (run.keep_resume_state=true keeps it)", state)
         barrier()
         return final
 
