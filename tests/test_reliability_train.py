@@ -224,6 +224,15 @@ def test_old_model_folder_without_hash_loads_with_a_warning(
     )
 
 
+def test_truncated_weights_file_given_as_model_weights_is_named(base: dict[str, Path], tmp_path: Path) -> None:
+    from hiercls.models import read_state_dict
+
+    f = tmp_path / "w.safetensors"
+    f.write_bytes((base["model"] / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"w\.safetensors' are not a readable safetensors file"):
+        read_state_dict(f)
+
+
 def test_cli_evaluate_names_a_damaged_checkpoint_in_one_line(
     base: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

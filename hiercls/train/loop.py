@@ -11,7 +11,9 @@ Files in ``<out_dir>``:
 
 * ``config.yaml`` — the resolved config; ``metrics.jsonl`` — one JSON record per log step / evaluation;
 * ``checkpoints/last/`` and ``checkpoints/best/`` — ``model.safetensors`` + ``config.json`` (loadable with
-  ``HierarchicalClassifier.from_pretrained``), ``last`` also ``resume.pt``;
+  ``HierarchicalClassifier.from_pretrained``; ``last`` hard-links ``best``'s files when they are the same step),
+  ``last`` also ``resume.pt`` until the run finishes;
+* ``.lock`` — held by the training that uses the folder (``hiercls.train.runfolder``, docs/reliability.md);
 * ``results.json`` — the final metrics; ``curves.png`` — loss curve and per-level accuracy.
 
 DDP equivalence: every rank gets ``data.batch_size / world_size`` samples of each global batch (the data
@@ -533,6 +535,7 @@ class _Run:
                 "not exist (use run.resume=auto to start fresh when there is nothing to resume)"
             )
         resuming = has_state and cfg.run.resume in (True, "auto")
+        self.done_without_state = self.done_without_state and resuming
         if resuming and (out_dir / "config.yaml").is_file():
             saved = yaml.safe_load((out_dir / "config.yaml").read_text(encoding="utf-8")) or {}
             diffs = _config_differences(saved, config_to_dict(cfg))
