@@ -327,6 +327,7 @@ RESUME_OK: list[tuple[str, Callable[[Path], None]]] = [
         lambda run: shutil.copytree(run / "checkpoints" / "last", run / "checkpoints" / "last.old"),
     ),
     ("no-metrics-log", lambda run: (run / "metrics.jsonl").unlink()),
+    ("half-written-results", lambda run: (run / f".results.json.tmp-{_dead_pid()}.json").write_text('{"st')),
     ("stale-results", lambda run: (run / "results.json").write_text('{"argmax_leaf/accuracy": 0.99}')),
 ]
 
@@ -341,7 +342,7 @@ def test_leftovers_of_killed_runs_are_cleaned_and_resume_is_exact(
     result = train(recipe(base["tax"], run))
     assert result["step"] == 2 and not result["interrupted"]
     assert_same_weights(weights(run), weights(base["ref"]))
-    assert leftovers(run) == []
+    assert leftovers(run) == [] and not [p.name for p in run.iterdir() if ".tmp-" in p.name]
     ref = json.loads((base["ref"] / "results.json").read_text())
     assert result["argmax_leaf/accuracy"] == ref["argmax_leaf/accuracy"]
 
@@ -442,6 +443,15 @@ def test_starting_over_removes_the_previous_runs_outputs(
     assert json.loads((run / "results.json").read_text())["step"] == 1
     assert sha256_file(run / "checkpoints" / "best" / "model.safetensors") != old_best
     assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] == 1e-2
+
+
+def test_starting_over_with_a_broken_recipe_keeps_the_previous_run(base: dict[str, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(base["ref"], run)
+    before = snapshot(run)
+    with pytest.raises(HeadOptionError, match="unknown option 'bais'"):
+        train(recipe(base["tax"], run, **{"run.resume": "false", "model.head_options": "{bais: false}"}))
+    assert snapshot(run) == before
 
 
 def test_a_finished_run_started_again_keeps_its_results(base: dict[str, Path], tmp_path: Path) -> None:

@@ -457,6 +457,7 @@ class _Run:
         self.best_step: int | None = None  # the step of checkpoints/best
         self.saved_step: int | None = None  # the step of checkpoints/last
         self.done_without_state = False  # a finished run whose resume.pt was removed at its end
+        self.fresh_reason: str | None = None  # why the run starts fresh (None: it resumes)
 
     def run(self) -> dict[str, Any]:
         """Train (or resume) to the end or to an interruption; returns the final results."""
@@ -473,6 +474,7 @@ class _Run:
                     )
                 return saved
             self.build()
+            self.claim_run_folder()
             if last_dir is not None:
                 self.resume(last_dir)
             else:
@@ -501,9 +503,7 @@ class _Run:
 
     # ------------------------------------------------------------------ setup
     def prepare_run_folder(self) -> Path | None:
-        """Lock the run folder, clean up after killed runs, decide whether to resume, write ``config.yaml``.
-
-        Starting fresh removes the previous run's outputs (``hiercls.train.runfolder.clear_previous_run``).
+        """Lock the run folder, clean up after killed runs, decide whether to resume (nothing else is written).
 
         Returns:
             The checkpoint folder to resume from, or ``None`` to start fresh.
@@ -545,16 +545,22 @@ class _Run:
                     f"different config ({'; '.join(diffs[:5])}); resume with the same config, or pass "
                     "--set run.resume=false to start over, or choose another run.out_dir"
                 )
+        self.fresh_reason = None if resuming else ("run.resume=false" if has_state else "starting a new run")
+        return last_dir if resuming else None
+
+    def claim_run_folder(self) -> None:
+        """Once the recipe has proved buildable: clear a previous run when starting over, write ``config.yaml``.
+
+        Not earlier, so that a recipe that fails to build leaves the folder (and its config.yaml) as it was.
+        """
         barrier()  # every rank has read the saved config before rank 0 may overwrite it
         if self.main:
-            if not resuming:
+            if self.fresh_reason is not None:
                 # A new run's best/, results and probabilities must never sit next to an old run's.
-                why = "run.resume=false" if has_state else "starting a new run"
-                clear_previous_run(out_dir, why)
-            with writing(out_dir / "config.yaml"):
-                save_config(cfg, out_dir / "config.yaml")
+                clear_previous_run(self.out_dir, self.fresh_reason)
+            with writing(self.out_dir / "config.yaml"):
+                save_config(self.cfg, self.out_dir / "config.yaml")
         barrier()
-        return last_dir if resuming else None
 
     def build(self) -> None:
         """Taxonomy, model, data sets and loaders, optimizer, scheduler, scaler (the same init on every rank)."""

@@ -169,6 +169,12 @@ def recover_checkpoints(out_dir: Path, *, locked: bool) -> None:
     With the run lock held (``locked``) no other process writes here, so every other pid's temporary folder is
     stale; without it (no ``fcntl``) only those of processes that are gone are removed.
     """
+    for f in sorted(out_dir.glob(f".*{_TMP}*")):
+        # Half-written results.json / eval_probs.npy of a killed run (written as .<name>.tmp-<pid><suffix>).
+        pid_text = f.name.rpartition(_TMP)[2].split(".", 1)[0]
+        stale = pid_text.isdigit() and int(pid_text) != os.getpid() and (locked or not _pid_alive(int(pid_text)))
+        if stale and f.is_file():
+            f.unlink(missing_ok=True)
     ckpt = out_dir / "checkpoints"
     if not ckpt.is_dir():
         return
