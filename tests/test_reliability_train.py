@@ -463,6 +463,22 @@ def test_a_finished_run_started_again_keeps_its_results(base: dict[str, Path], t
     assert again["train_loss"] is not None and again["train_loss"] == json.loads(before)["train_loss"]
 
 
+def test_a_run_finished_by_an_older_hiercls_still_reports(
+    base: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import numpy as np
+
+    run = tmp_path / "run"
+    shutil.copytree(base["ref"], run)
+    # Older versions pickled NumPy's RNG state into resume.pt, which weights_only=True refuses.
+    torch.save({"step": 2, "rng": [{"numpy": np.random.get_state()}]}, run / "checkpoints" / "last" / "resume.pt")
+    before = (run / "results.json").read_bytes()
+    with caplog.at_level(logging.WARNING):
+        again = train(recipe(base["tax"], run))
+    assert "resume.pt: not a resume state hiercls can read safely" in caplog.text and "had finished" in caplog.text
+    assert again == json.loads(before) and (run / "results.json").read_bytes() == before
+
+
 def test_a_changed_config_is_refused_and_nothing_is_removed(base: dict[str, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(base["cut"], run)

@@ -476,7 +476,15 @@ class _Run:
             self.build()
             self.claim_run_folder()
             if last_dir is not None:
-                self.resume(last_dir)
+                try:
+                    self.resume(last_dir)
+                except CheckpointError as err:
+                    # A run finished by an older hiercls (its resume.pt pickled NumPy state) still reports.
+                    saved = self.finished_results(require_step=False)
+                    if saved is None:
+                        raise
+                    logger.warning("%s\nThe run had finished: its saved results are reported", err)
+                    return saved
             else:
                 self.start()
             finished = self.finished_results()
@@ -660,10 +668,15 @@ class _Run:
                 state["data"]["index"],
             )
 
-    def finished_results(self) -> dict[str, Any] | None:
-        """A finished run started again (``run.resume=auto``): its saved ``results.json``, left untouched."""
+    def finished_results(self, require_step: bool = True) -> dict[str, Any] | None:
+        """A finished run started again (``run.resume=auto``): its saved ``results.json``, left untouched.
+
+        ``None`` unless the run is finished (``results.json`` exists and, with ``require_step``, the restored
+        step is the last one).
+        """
         done = self.out_dir / "results.json"
-        if not done.is_file() or (not self.done_without_state and self.step < self.total_steps):
+        at_end = self.done_without_state or not require_step or self.step >= self.total_steps
+        if not done.is_file() or not at_end:
             return None
         try:
             final = read_json_file(done, "run's results")
