@@ -308,6 +308,7 @@ def test_resume_after_interruption_equals_uninterrupted(taxonomy_file: Path, tmp
         "schedule.epochs": 3,
         "data.options.noise": 1.0,
         "model.backbone_options": "{img_size: 16, proj_drop_rate: 0.2}",
+        "run.keep_resume_state": "true",  # the optimizer states are compared below
     }
     ref = train(image_recipe(taxonomy_file, tmp_path / "ref", **common))
     assert ref["step"] == 6
@@ -329,8 +330,8 @@ def test_resume_after_interruption_equals_uninterrupted(taxonomy_file: Path, tmp
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    sa = torch.load(tmp_path / "ref" / "checkpoints" / "last" / "resume.pt", weights_only=False)
-    sb = torch.load(tmp_path / "cut" / "checkpoints" / "last" / "resume.pt", weights_only=False)
+    sa = torch.load(tmp_path / "ref" / "checkpoints" / "last" / "resume.pt", weights_only=True)
+    sb = torch.load(tmp_path / "cut" / "checkpoints" / "last" / "resume.pt", weights_only=True)
     assert sa["scheduler"] == sb["scheduler"] and sa["data"] == sb["data"]
     for ga, gb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True):
         assert torch.equal(ga["exp_avg_sq"], gb["exp_avg_sq"])
@@ -412,3 +413,26 @@ def test_decoder_specs_are_checked_when_the_config_loads() -> None:
         config_from_dict({"eval": {"decoders": ["optimal_hfbeta:beta=-2"]}})
     with pytest.raises(ConfigError, match="are the same decoder"):
         config_from_dict({"eval": {"decoders": ["optimal_hf1", "optimal_hfbeta:beta=1"]}})
+
+
+def test_results_report_the_best_checkpoint_that_evaluate_loads(taxonomy_file: Path, tmp_path: Path) -> None:
+    """``results.json`` holds the metrics of ``checkpoints/best``, also when an earlier epoch was the best."""
+    from hiercls.train.inference import evaluate_run, load_trained_model
+    from hiercls.train.plots import read_log
+
+    # eval loss falls as training goes on: "max" makes the first evaluation the best, not the last
+    cfg = image_recipe(
+        taxonomy_file,
+        tmp_path / "run",
+        **{"schedule.epochs": 3, "eval.best_metric": "eval_loss", "eval.best_mode": "max"},
+    )
+    res = train(cfg)
+    evals = [r for r in read_log(tmp_path / "run" / "metrics.jsonl") if r.get("type") == "eval"]
+    best = max(evals, key=lambda r: r["eval_loss"])
+    assert res["reported_step"] == res["best_step"] == best["step"] < res["step"]
+    assert res["argmax_leaf/accuracy"] == best["argmax_leaf/accuracy"]
+    assert res["last"]["argmax_leaf/accuracy"] == evals[-1]["argmax_leaf/accuracy"]
+    model, tax, run_cfg = load_trained_model(tmp_path / "run", which="best")
+    again = evaluate_run(model, tax, run_cfg)
+    assert again["argmax_leaf/accuracy"] == pytest.approx(res["argmax_leaf/accuracy"])
+    assert again["eval_loss"] == pytest.approx(res["eval_loss"], rel=1e-5)

@@ -27,6 +27,7 @@ from hiercls.models.backbones import (
 from hiercls.models.classifier import PROMPT_HEADS, HierarchicalClassifier, create_model, move_to_device
 from hiercls.models.contract import Backbone, HierarchicalModel
 from hiercls.models.conv3d import TinySegNet3D
+from hiercls.models.files import CheckpointError
 from hiercls.models.weights import PACKAGE_WEIGHTS, PackageWeights, load_by_name, load_by_order, read_state_dict
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "PACKAGE_WEIGHTS",
     "PROMPT_HEADS",
     "Backbone",
+    "CheckpointError",
     "HFBackbone",
     "HierarchicalClassifier",
     "HierarchicalModel",

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -41,12 +42,21 @@ from hiercls.models.backbones import (
     rebuild_backbone,
 )
 from hiercls.models.card import model_card
+from hiercls.models.files import CheckpointError, read_json_file, sha256_file, writing
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import read_json, write_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONFIG_FORMAT", "MODEL_TYPE", "PROMPT_HEADS", "HierarchicalClassifier", "create_model", "move_to_device"]
+__all__ = [
+    "CONFIG_FORMAT",
+    "MODEL_TYPE",
+    "PROMPT_HEADS",
+    "HierarchicalClassifier",
+    "create_model",
+    "move_to_device",
+    "verify_model_files",
+]
 
 CONFIG_FORMAT = "hiercls.model"
 CONFIG_VERSION = 1
@@ -95,6 +105,77 @@ def move_to_device(x: Any, device: torch.device | str) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(move_to_device(v, device) for v in x)
     return x
+
+
+#: Header metadata key of ``model.safetensors`` holding the identity of the model the weights belong to.
+IDENTITY_KEY = "hiercls_identity"
+#: ``config.json`` fields that are provenance, not identity (changing them does not change what the weights mean).
+_NOT_IDENTITY = frozenset({"format", "version", "hiercls_version", "taxonomy_name", "weights_source", "weights_sha256"})
+_RECOPY = "copy the model folder again from where it came from, or retrain it"
+
+
+def _identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k not in _NOT_IDENTITY}
+
+
+def _identity_json(cfg: Mapping[str, Any]) -> str:
+    return json.dumps(_identity(cfg), sort_keys=True, ensure_ascii=False)
+
+
+def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]) -> None:
+    """Check that ``model.safetensors`` in ``directory`` is the file its ``config.json`` (``cfg``) describes.
+
+    The file's SHA-256 must equal ``cfg["weights_sha256"]`` (a flipped bit, a truncated copy, another model's
+    file) and the identity stored in its header must equal ``cfg``'s backbone / head / options / taxonomy
+    (an edited ``config.json``). Folders saved before hashes existed (no ``weights_sha256``) load with a
+    warning and without these checks.
+
+    Raises:
+        CheckpointError: naming the file, what differs and what to do.
+    """
+    d = Path(directory)
+    weights, cfg_path = d / "model.safetensors", d / "config.json"
+    want = cfg.get("weights_sha256")
+    if want is None:
+        # Folders of older hiercls versions (and their config.json forms) carry neither hash nor identity.
+        logger.warning(
+            "%s has no weights_sha256 (saved by an older hiercls): %s is loaded without an integrity check; "
+            "save the model again to add one",
+            cfg_path,
+            weights.name,
+        )
+        return
+    got = sha256_file(weights)
+    if got != want:
+        raise CheckpointError(
+            f"{weights}: content hash {got[:16]} differs from the {str(want)[:16]} recorded in {cfg_path} "
+            f"({weights.stat().st_size} bytes): the file is damaged (truncated copy, flipped bits) or "
+            f"belongs to another model; {_RECOPY}"
+        )
+    try:
+        with safe_open(str(weights), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:  # SafetensorError (no file name in it) for a corrupt header
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(f"{weights}: not a readable safetensors file ({err}); {_RECOPY}") from None
+    if IDENTITY_KEY not in meta:
+        raise CheckpointError(f"{weights}: no hiercls identity in its header, yet {cfg_path} has a hash; {_RECOPY}")
+    try:
+        saved = json.loads(meta[IDENTITY_KEY])
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{weights}: its hiercls identity header is not JSON; {_RECOPY}") from None
+    now = _identity(cfg)
+    diffs = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if diffs:
+        shown = "; ".join(
+            f"{k!r} is {now.get(k)!r} but the weights were saved with {saved.get(k)!r}" for k in diffs[:3]
+        )
+        raise CheckpointError(
+            f"{cfg_path}: does not describe {weights.name} ({shown}); the config was edited or the two files "
+            "come from different models. Restore the original config.json, or load the weights into a new "
+            "model with hiercls.models.read_state_dict"
+        )
 
 
 class HierarchicalClassifier(nn.Module):
@@ -452,15 +533,26 @@ class HierarchicalClassifier(nn.Module):
                 "Hugging Face model"
             )
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
         cfg = self.config()
-        write_json(self.taxonomy, out / cfg["taxonomy_file"])
+        with writing(out / cfg["taxonomy_file"]):
+            write_json(self.taxonomy, out / cfg["taxonomy_file"])
         if isinstance(self.backbone, HFBackbone):
             encoder = self.head.encoder if self.is_prompted else self.backbone.model
-            self.backbone.save_files(out, encoder)
-        save_model(self, str(out / "model.safetensors"), metadata={"format": "pt", "hiercls": CONFIG_FORMAT})
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        (out / "README.md").write_text(model_card(cfg, self.taxonomy, metrics), encoding="utf-8")
+            with writing(out / "backbone"):
+                self.backbone.save_files(out, encoder)
+        weights = out / "model.safetensors"
+        # The weights file carries the identity of the model it belongs to, config.json the hash of the file:
+        # an edited config or a damaged / swapped weights file is refused on load.
+        metadata = {"format": "pt", "hiercls": CONFIG_FORMAT, IDENTITY_KEY: _identity_json(cfg)}
+        with writing(weights):
+            save_model(self, str(weights), metadata=metadata)
+            cfg["weights_sha256"] = sha256_file(weights)
+        with writing(out / "config.json"):
+            (out / "config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        with writing(out / "README.md"):
+            (out / "README.md").write_text(model_card(cfg, self.taxonomy, metrics), encoding="utf-8")
         logger.info("saved %s (%s, head %s) to %s", cfg["backbone"], self.taxonomy.name, self.head_name, out)
         return out
 
@@ -485,15 +577,15 @@ class HierarchicalClassifier(nn.Module):
             FileNotFoundError: a file of the saved model is missing.
             TaxonomyError: ``taxonomy`` differs from the one the model was trained on, or the saved copy is corrupt.
             ValueError: not a hiercls model folder, or weights that do not fit the config.
+            CheckpointError: (a ``ValueError``) ``config.json`` is not valid JSON, ``model.safetensors`` is damaged
+                (its SHA-256 differs from the one in ``config.json``) or does not belong to the config (an
+                edited ``"head"``); the message names the file.
         """
         d = Path(directory)
         cfg_path = d / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"{str(d)!r} is not a saved hiercls model: no config.json")
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{cfg_path}:{err.lineno}: invalid JSON ({err.msg})") from None
+        cfg = read_json_file(cfg_path, "saved model's config")
         if not isinstance(cfg, dict) or cfg.get("format") != CONFIG_FORMAT:
             raise ValueError(
                 f"{cfg_path}: not a hiercls model config (format {cfg.get('format')!r} is not {CONFIG_FORMAT!r})"
@@ -505,6 +597,13 @@ class HierarchicalClassifier(nn.Module):
                 f"{cfg_path}: config version {cfg['version']} is newer than this hiercls supports "
                 f"({CONFIG_VERSION}); upgrade hiercls"
             )
+        missing_keys = [k for k in ("backbone", "head", "taxonomy_fingerprint") if k not in cfg]
+        if missing_keys:
+            raise CheckpointError(f"{cfg_path}: missing {', '.join(missing_keys)}; the saved model's config is corrupt")
+        weights = d / "model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"saved model {str(d)!r} lacks model.safetensors")
+        verify_model_files(d, cfg)
         want = cfg["taxonomy_fingerprint"]
         if taxonomy is not None and taxonomy.fingerprint != want:
             raise TaxonomyError(
@@ -537,10 +636,12 @@ class HierarchicalClassifier(nn.Module):
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
             raise ValueError(f"{cfg_path}: temperature must be a positive number; got {temperature!r}")
         model.temperature = float(temperature)
-        weights = d / "model.safetensors"
-        if not weights.is_file():
-            raise FileNotFoundError(f"saved model {str(d)!r} lacks model.safetensors")
-        missing, unexpected = load_model(model, str(weights), strict=False, device=str(map_location))
+        try:
+            missing, unexpected = load_model(model, str(weights), strict=False, device=str(map_location))
+        except Exception as err:  # SafetensorError (a corrupt header or a truncated file) carries no file name
+            if type(err).__name__ != "SafetensorError":
+                raise
+            raise CheckpointError(f"{weights}: not a readable safetensors file ({err}); {_RECOPY}") from None
         if missing or unexpected:
             raise ValueError(
                 f"{weights}: weights do not fit the saved config ({len(missing)} missing e.g. "

@@ -152,7 +152,12 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     if not p.is_file():
         raise FileNotFoundError(f"weights file {str(p)!r} does not exist")
     if p.suffix == ".safetensors":
-        return dict(load_file(str(p), device="cpu"))
+        try:
+            return dict(load_file(str(p), device="cpu"))
+        except Exception as err:  # SafetensorError (corrupt or truncated file) carries no file name
+            if type(err).__name__ != "SafetensorError":
+                raise
+            raise ValueError(f"weights {str(p)!r} are not a readable safetensors file ({err})") from None
     try:
         obj = torch.load(str(p), map_location="cpu", weights_only=True)
     except Exception as err:  # pickle errors come in many types; all mean "not a plain state dict"

@@ -213,6 +213,9 @@ class RunConfig:
         deterministic: ask torch for deterministic algorithms.
         find_unused_parameters: DDP option; needed when some parameters get no gradient (e.g. an unused
             pooler); costs a graph traversal per step.
+        keep_resume_state: keep ``checkpoints/last/resume.pt`` (the optimizer's moments, twice the size of the
+            weights) once the run has finished. A finished run is never trained further (the same config
+            reports its results; another config is refused), so by default it is removed at the end.
     """
 
     out_dir: str = "runs/{name}"
@@ -227,6 +230,7 @@ class RunConfig:
     threads: int | None = None
     deterministic: bool = False
     find_unused_parameters: bool = True
+    keep_resume_state: bool = False
 
 
 @dataclass

@@ -11,7 +11,9 @@ Files in ``<out_dir>``:
 
 * ``config.yaml`` — the resolved config; ``metrics.jsonl`` — one JSON record per log step / evaluation;
 * ``checkpoints/last/`` and ``checkpoints/best/`` — ``model.safetensors`` + ``config.json`` (loadable with
-  ``HierarchicalClassifier.from_pretrained``), ``last`` also ``resume.pt``;
+  ``HierarchicalClassifier.from_pretrained``; ``last`` hard-links ``best``'s files when they are the same step),
+  ``last`` also ``resume.pt`` until the run finishes;
+* ``.lock`` — held by the training that uses the folder (``hiercls.train.runfolder``, docs/reliability.md);
 * ``results.json`` — the final metrics; ``curves.png`` — loss curve and per-level accuracy.
 
 DDP equivalence: every rank gets ``data.batch_size / world_size`` samples of each global batch (the data
@@ -56,6 +58,8 @@ from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator
 from hiercls.evaluation.calibration import calibrate_outputs
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
+from hiercls.models.classifier import verify_model_files
+from hiercls.models.files import CheckpointError, folder_size, read_json_file, writing
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict, config_to_dict, save_config
 from hiercls.train.distributed import (
@@ -67,12 +71,20 @@ from hiercls.train.distributed import (
     eval_loader,
     init_distributed,
 )
-from hiercls.train.plots import plot_run
+from hiercls.train.plots import plot_run, read_log
+from hiercls.train.runfolder import (
+    RunLock,
+    check_out_dir,
+    clear_previous_run,
+    recover_checkpoints,
+    save_dir_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "StopTraining",
+    "TrainingDiverged",
     "build_model",
     "build_optimizer",
     "cosine_schedule",
@@ -85,6 +97,8 @@ __all__ = [
 RESUME_FREE_KEYS = frozenset(
     {
         "run.resume",
+        "run.out_dir",
+        "run.keep_resume_state",
         "run.progress",
         "run.plot",
         "run.log_every",
@@ -102,6 +116,14 @@ RESUME_FREE_KEYS = frozenset(
 
 class StopTraining(Exception):
     """Raise from a callback to stop training after the current step (a resumable checkpoint is written)."""
+
+
+class TrainingDiverged(ConfigError):
+    """The loss (or the weights) became NaN or infinite; the message names the step, the loss and the lr.
+
+    Raised before the bad step reaches the weights; the last checkpoint written stays as it was. A
+    :class:`~hiercls.train.config.ConfigError` because the cure is a config change (a lower ``optim.lr``).
+    """
 
 
 # ------------------------------------------------------------------------------------------- building blocks
@@ -203,33 +225,69 @@ def _seed_everything(seed: int) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain values, so that ``resume.pt`` loads with ``weights_only=True``."""
+    version, mt, gauss = random.getstate()
+    key, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "key": str(key),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    np.random.set_state(
+        (npy["key"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
-def _save_dir_atomically(final: Path, write: Callable[[Path], None]) -> None:
-    """Write a checkpoint folder via a temporary folder and renames, so a kill never leaves a torn one."""
-    tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+#: Keys every ``resume.pt`` holds (written by :meth:`_Run.save_last`).
+_RESUME_KEYS = ("optimizer", "scheduler", "scaler", "data", "step", "rng")
+
+
+def _read_resume_state(path: Path) -> dict[str, Any]:
+    """``resume.pt`` read with ``weights_only=True``: tensors and plain values only, never code from the file.
+
+    Raises:
+        CheckpointError: unreadable, not a resume state, or written by a hiercls that pickled NumPy objects.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # unpickling errors come in many types; all mean "not a state we can trust"
+        text = str(err).strip()
+        if "Weights only load failed" in text:
+            # torch's message goes on to explain how to load it unsafely; name only what was refused.
+            detail = next((x.strip() for x in text.splitlines() if "WeightsUnpickler error" in x), "")
+            why = "it holds Python objects, not only tensors and plain values, and loading them could run code"
+            why += f"; {detail.split(':', 1)[-1].strip()[:200]}" if detail else ""
+        else:
+            why = text.splitlines()[0][:200] if text else type(err).__name__
+        raise CheckpointError(
+            f"{path}: not a resume state hiercls can read safely ({why}); it is corrupt or was written by "
+            "another program or an older hiercls. Start over with --set run.resume=false (the weights in "
+            "model.safetensors next to it stay loadable with from_pretrained)"
+        ) from None
+    missing = [k for k in _RESUME_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(
+            f"{path}: not a hiercls resume state (missing {', '.join(missing)}); start over with --set run.resume=false"
+        )
+    return state
 
 
 def _checkpoint_dir(out_dir: Path, which: str) -> Path | None:
@@ -242,13 +300,21 @@ def _checkpoint_dir(out_dir: Path, which: str) -> Path | None:
 
 
 def _load_model_weights(model: nn.Module, ckpt: Path) -> None:
+    """The checkpoint's verified weights (hash and identity, as ``from_pretrained``) into ``model``."""
     path = ckpt / "model.safetensors"
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(ckpt)!r} has no model.safetensors")
-    missing, unexpected = load_model(model, str(path), strict=False)
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} has no model.safetensors; start over with run.resume=false")
+    if (ckpt / "config.json").is_file():
+        verify_model_files(ckpt, read_json_file(ckpt / "config.json", "checkpoint's config"))
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except Exception as err:  # SafetensorError carries no file name
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
     # Non-persistent buffers are rebuilt from the taxonomy; anything else missing is an error.
     if missing or unexpected:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {str(path)!r} does not match the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
@@ -393,46 +459,97 @@ class _Run:
         self.history_loss: list[float] = []
         self.at_epoch_start = False
         self.log_file: Any = None
+        self.lock: RunLock | None = None
+        self.best_step: int | None = None  # the step of checkpoints/best
+        self.saved_step: int | None = None  # the step of checkpoints/last
+        self.done_without_state = False  # a finished run whose resume.pt was removed at its end
+        self.fresh_reason: str | None = None  # why the run starts fresh (None: it resumes)
 
     def run(self) -> dict[str, Any]:
         """Train (or resume) to the end or to an interruption; returns the final results."""
-        last_dir = self.prepare_run_folder()
-        self.build()
-        if last_dir is not None:
-            self.resume(last_dir)
-        else:
-            self.start()
-        self.train_model: nn.Module = self.model
-        if self.info.distributed:
-            self.train_model = nn.parallel.DistributedDataParallel(
-                self.model,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                find_unused_parameters=self.cfg.run.find_unused_parameters,
-            )
-        self.log_file = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if self.main else None
         try:
-            results, interrupted = self.fit()
+            last_dir = self.prepare_run_folder()
+            if self.done_without_state:
+                # Finished, its resume state dropped: nothing to build, the saved results are the answer.
+                saved = self.finished_results()
+                if saved is None:
+                    raise CheckpointError(
+                        f"{self.out_dir / 'results.json'}: unreadable, and the finished run's resume state was "
+                        f"removed; its final model is {self.out_dir / 'checkpoints' / 'last'}. Start over with "
+                        "--set run.resume=false"
+                    )
+                return saved
+            self.build()
+            self.claim_run_folder()
+            if last_dir is not None:
+                try:
+                    self.resume(last_dir)
+                except CheckpointError as err:
+                    # A run finished by an older hiercls (its resume.pt pickled NumPy state) still reports.
+                    saved = self.finished_results(require_step=False)
+                    if saved is None:
+                        raise
+                    logger.warning("%s\nThe run had finished: its saved results are reported", err)
+                    return saved
+            else:
+                self.start()
+            finished = self.finished_results()
+            if finished is not None:
+                return finished
+            self.train_model: nn.Module = self.model
+            if self.info.distributed:
+                self.train_model = nn.parallel.DistributedDataParallel(
+                    self.model,
+                    device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                    find_unused_parameters=self.cfg.run.find_unused_parameters,
+                )
+            self.log_file = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if self.main else None
+            try:
+                results, interrupted = self.fit()
+            finally:
+                if self.log_file is not None:
+                    self.log_file.close()
+            return self.finish(results, interrupted)
         finally:
-            if self.log_file is not None:
-                self.log_file.close()
-        return self.finish(results, interrupted)
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
     # ------------------------------------------------------------------ setup
     def prepare_run_folder(self) -> Path | None:
-        """Decide whether to resume (before touching the run folder) and write ``config.yaml``.
+        """Lock the run folder, clean up after killed runs, decide whether to resume (nothing else is written).
 
         Returns:
             The checkpoint folder to resume from, or ``None`` to start fresh.
         """
         cfg, out_dir = self.cfg, self.out_dir
+        problem = None
+        if self.main:
+            # Lock first: nothing of the folder is read or cleaned while another training may be writing it.
+            try:
+                check_out_dir(out_dir)
+                self.lock = RunLock.acquire(out_dir)
+                recover_checkpoints(out_dir, locked=self.lock.fd is not None)
+            except (ConfigError, CheckpointError) as err:
+                problem = err
+        # Every rank learns rank 0's verdict (and waits for its clean-up) before looking at the folder.
+        verdicts = all_gather_object(None if problem is None else str(problem))
+        if problem is not None:
+            raise problem
+        if verdicts[0] is not None:
+            raise ConfigError(verdicts[0])
         last_dir = _checkpoint_dir(out_dir, "last")
         has_state = last_dir is not None and (last_dir / "resume.pt").is_file()
+        # A finished run drops its resume state (run.keep_resume_state); its results.json marks it finished.
+        self.done_without_state = last_dir is not None and not has_state and (out_dir / "results.json").is_file()
+        has_state = has_state or self.done_without_state
         if cfg.run.resume is True and not has_state:
             raise ConfigError(
                 f"run.resume: true but {str(out_dir / 'checkpoints' / 'last' / 'resume.pt')!r} does "
                 "not exist (use run.resume=auto to start fresh when there is nothing to resume)"
             )
         resuming = has_state and cfg.run.resume in (True, "auto")
+        self.done_without_state = self.done_without_state and resuming
         if resuming and (out_dir / "config.yaml").is_file():
             saved = yaml.safe_load((out_dir / "config.yaml").read_text(encoding="utf-8")) or {}
             diffs = _config_differences(saved, config_to_dict(cfg))
@@ -442,11 +559,22 @@ class _Run:
                     f"different config ({'; '.join(diffs[:5])}); resume with the same config, or pass "
                     "--set run.resume=false to start over, or choose another run.out_dir"
                 )
+        self.fresh_reason = None if resuming else ("run.resume=false" if has_state else "starting a new run")
+        return last_dir if resuming else None
+
+    def claim_run_folder(self) -> None:
+        """Once the recipe has proved buildable: clear a previous run when starting over, write ``config.yaml``.
+
+        Not earlier, so that a recipe that fails to build leaves the folder (and its config.yaml) as it was.
+        """
         barrier()  # every rank has read the saved config before rank 0 may overwrite it
         if self.main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, out_dir / "config.yaml")
-        return last_dir if resuming else None
+            if self.fresh_reason is not None:
+                # A new run's best/, results and probabilities must never sit next to an old run's.
+                clear_previous_run(self.out_dir, self.fresh_reason)
+            with writing(self.out_dir / "config.yaml"):
+                save_config(self.cfg, self.out_dir / "config.yaml")
+        barrier()
 
     def build(self) -> None:
         """Taxonomy, model, data sets and loaders, optimizer, scheduler, scaler (the same init on every rank)."""
@@ -515,7 +643,7 @@ class _Run:
         """Restore weights, optimizer, scheduler, scaler, data position, step, best metric and every rank's RNG."""
         cfg, info, taxonomy = self.cfg, self.info, self.taxonomy
         resume_file = last_dir / "resume.pt"
-        state = torch.load(resume_file, map_location="cpu", weights_only=False)
+        state = _read_resume_state(resume_file)
         if state.get("taxonomy_fingerprint") not in (None, taxonomy.fingerprint):
             raise ConfigError(
                 f"{resume_file}: saved for taxonomy fingerprint {state['taxonomy_fingerprint']} but the "
@@ -534,8 +662,10 @@ class _Run:
         else:
             logger.warning("resuming %d-rank state on %d ranks: RNG streams are reseeded", len(rngs), info.world_size)
             _seed_everything(cfg.run.seed + info.rank + 7919 * self.step)
+        self.best_step = state.get("best_step")
         if self.main:
-            _truncate_log(self.out_dir / "metrics.jsonl", self.step)
+            # The log up to the checkpoint is kept; its last training loss is the run's until new steps log.
+            self.history_loss = _truncate_log(self.out_dir / "metrics.jsonl", self.step)
             logger.info(
                 "resumed from %s at step %d (epoch %d, sample %d)",
                 last_dir,
@@ -543,6 +673,29 @@ class _Run:
                 self.epoch,
                 state["data"]["index"],
             )
+
+    def finished_results(self, require_step: bool = True) -> dict[str, Any] | None:
+        """A finished run started again (``run.resume=auto``): its saved ``results.json``, left untouched.
+
+        ``None`` unless the run is finished (``results.json`` exists and, with ``require_step``, the restored
+        step is the last one).
+        """
+        done = self.out_dir / "results.json"
+        at_end = self.done_without_state or not require_step or self.step >= self.total_steps
+        if not done.is_file() or not at_end:
+            return None
+        try:
+            final = read_json_file(done, "run's results")
+        except CheckpointError as err:
+            logger.warning("%s; evaluating the final checkpoint again", err)
+            return None
+        if not isinstance(final, dict):
+            return None
+        if self.main:
+            logger.info(
+                "%s: the run finished at step %s; its saved results are reported", self.out_dir, final.get("step")
+            )
+        return final
 
     def start(self) -> None:
         """A fresh run: per-rank RNG streams and an empty log."""
@@ -571,17 +724,8 @@ class _Run:
         self.t_log, self.samples_since_log = time.perf_counter(), 0
         self.at_epoch_start = False
         if self.step >= self.total_steps and self.eval_loader is not None:
-            # A finished run started again (run.resume=auto): report its results instead of training.
-            done = self.out_dir / "results.json"
-            results = (
-                {
-                    k: v
-                    for k, v in json.loads(done.read_text(encoding="utf-8")).items()
-                    if "/" in k or k == "calibration"
-                }
-                if done.is_file()
-                else self.evaluate()
-            )
+            # Killed after its last checkpoint but before results.json: evaluate that checkpoint again.
+            results = self.evaluate()
         while self.step < self.total_steps and not interrupted:
             consumed, remaining, interrupted = self.train_epoch()
             if interrupted:
@@ -640,7 +784,7 @@ class _Run:
         cfg, info, model, device, amp_dtype = self.cfg, self.info, self.model, self.device, self.amp_dtype
         local_n = sum(_num_samples(t) for _, t in window)
         global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
-        step_loss = 0.0
+        step_loss, bad_loss = 0.0, None
         for i, (inputs, targets) in enumerate(window):
             inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
             n = _num_samples(targets)
@@ -653,7 +797,14 @@ class _Run:
                 scaled = loss * weight if n > 0 else sum(p.sum() for p in model.parameters()) * 0.0
                 self.scaler.scale(scaled).backward()
             if n > 0:
-                step_loss += float(loss.detach()) * n / global_n
+                value = float(loss.detach())
+                step_loss += value * n / global_n
+                if not math.isfinite(value):
+                    bad_loss = value
+        # Every rank must agree before one of them stops (the others would wait in the next all-reduce).
+        if float(all_reduce_sum(torch.tensor([0.0 if bad_loss is None else 1.0], dtype=torch.float64))[0]):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.diverged(bad_loss)
         if cfg.optim.clip_grad_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad_norm)
@@ -662,6 +813,24 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return step_loss, global_n
+
+    def diverged(self, loss: float | None, *, weights: bool = False) -> None:
+        """Stop at the first non-finite loss (or weights) before it reaches the weights or a checkpoint."""
+        lr = self.scheduler.get_last_lr()[0]
+        if weights:
+            what = f"step {self.step}: the weights are no longer finite after this step (lr {lr:.3g})"
+        else:
+            value = "not finite on another rank" if loss is None else f"{loss}"
+            what = f"step {self.step + 1}: the training loss is {value} at lr {lr:.3g}"
+        kept = (
+            f"the last good checkpoint {self.out_dir / 'checkpoints' / 'last'} (step {self.saved_step}) is kept"
+            if self.saved_step is not None
+            else "no checkpoint had been written yet"
+        )
+        raise TrainingDiverged(
+            f"{what}: training diverged; {kept}. Lower optim.lr (or set optim.clip_grad_norm / "
+            "optim.warmup_steps) and start over with --set run.resume=false"
+        )
 
     def log_train(self, step_loss: float, global_n: float, lr: float) -> None:
         """Accumulate the step's loss; every ``run.log_every`` steps log the mean over ranks and steps."""
@@ -729,8 +898,9 @@ class _Run:
         )
         if improved:
             self.best_value = float(value)
+            self.best_step = self.step
             if self.main:
-                _save_dir_atomically(
+                save_dir_atomically(
                     self.out_dir / "checkpoints" / "best",
                     lambda d: self.model.save_pretrained(d, metrics=results),  # the card's metrics table
                 )
@@ -770,12 +940,20 @@ class _Run:
                 p_all[r::world] = p
                 if y_all is not None:
                     y_all[r::world] = y
-        np.save(self.out_dir / "eval_probs.npy", p_all)
+        _write_atomically(self.out_dir / "eval_probs.npy", lambda t: np.save(t, p_all))
         if y_all is not None:
-            np.save(self.out_dir / "eval_labels.npy", y_all)
+            _write_atomically(self.out_dir / "eval_labels.npy", lambda t: np.save(t, y_all))
 
     def save_last(self) -> None:
-        """``checkpoints/last``: the weights and everything exact resumption needs (written atomically)."""
+        """``checkpoints/last``: the weights and everything exact resumption needs (written atomically).
+
+        ``resume.pt`` holds the optimizer, scheduler, scaler, data position and RNG states, not the weights
+        (they are the checkpoint's ``model.safetensors``). When ``best`` is the same step, ``last`` hard-links
+        its files instead of a second copy (files are only ever replaced, never rewritten in place, so the two
+        folders cannot diverge by a later write).
+        """
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            self.diverged(None, weights=True)
         rngs = all_gather_object(_rng_state())
         if self.main:
             data_state = self.loader.state_dict()
@@ -791,19 +969,48 @@ class _Run:
                 "rng": rngs,
                 "best_value": self.best_value,
                 "best_key": self.best_key,
+                "best_step": self.best_step,
                 "world_size": self.info.world_size,
                 "taxonomy_fingerprint": self.taxonomy.fingerprint,
             }
+            best = self.out_dir / "checkpoints" / "best"
 
             def write(d: Path) -> None:
-                self.model.save_pretrained(d)
-                torch.save(state, d / "resume.pt")
+                if not (self.best_step == self.step and best.is_dir() and _link_tree(best, d)):
+                    self.model.save_pretrained(d)
+                with writing(d / "resume.pt"):
+                    torch.save(state, d / "resume.pt")
 
-            _save_dir_atomically(self.out_dir / "checkpoints" / "last", write)
+            save_dir_atomically(self.out_dir / "checkpoints" / "last", write)
+        self.saved_step = self.step
         barrier()
 
+    def best_evaluation(self) -> dict[str, Any] | None:
+        """The metrics of the evaluation that made ``checkpoints/best`` (from ``metrics.jsonl``), or ``None``."""
+        log = self.out_dir / "metrics.jsonl"
+        if not log.is_file():
+            return None
+        found = None
+        for rec in read_log(log):
+            if rec.get("type") == "eval" and rec.get("step") == self.best_step:
+                found = rec
+        if found is None:
+            return None
+        return {k: v for k, v in found.items() if "/" in k or k in ("eval_loss", "calibration")}
+
     def finish(self, results: dict[str, Any], interrupted: bool) -> dict[str, Any]:
-        """The final results; a finished run also writes ``results.json`` and ``curves.png``."""
+        """The final results; a finished run also writes ``results.json`` and ``curves.png``.
+
+        The metrics reported are those of ``checkpoints/best`` (what ``hiercls evaluate --model`` and ``predict``
+        load), read back from its evaluation record when an earlier step was the best; the last evaluation's
+        are kept under ``"last"``.
+        """
+        reported_step = self.step
+        if results and self.best_step is not None and self.best_step != self.step:
+            best = self.best_evaluation()
+            if best is not None:
+                results = {**best, "last": {k: v for k, v in results.items() if "/" in k}}
+                reported_step = self.best_step
         final = {
             "step": self.step,
             "epoch": self.epoch,
@@ -814,26 +1021,75 @@ class _Run:
             "head": self.cfg.model.head,
             "best_key": self.best_key,
             "best_value": self.best_value,
+            "reported_step": reported_step,
             **results,
         }
-        if self.main and not interrupted:
-            (self.out_dir / "results.json").write_text(json.dumps(final, indent=2), encoding="utf-8")
-            if self.cfg.run.plot:
-                try:
-                    plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
-                except Exception as err:  # a plotting problem must not lose a finished run
-                    logger.warning("could not write %s: %s", self.out_dir / "curves.png", err)
+        if self.main and not interrupted and self.cfg.run.plot:
+            try:
+                plot_run(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
+            except Exception as err:  # a plotting problem must not lose a finished run
+                logger.warning("could not write %s: %s", self.out_dir / "curves.png", err)
+        if self.main:
+            # Finished: the optimizer's moments in resume.pt (twice the weights) can never be used again.
+            state = self.out_dir / "checkpoints" / "last" / "resume.pt"
+            drop = not interrupted and not self.cfg.run.keep_resume_state and state.is_file()
+            final["best_step"] = self.best_step
+            final["run_folder_bytes"] = size = folder_size(self.out_dir) - (state.stat().st_size if drop else 0)
+            logger.info(
+                "run folder %s: %.1f MB%s",
+                self.out_dir,
+                size / 1e6,
+                f" (best = last = step {self.step}, one copy)"
+                if self.best_step == self.saved_step == self.step
+                else "",
+            )
+            if not interrupted:
+                text = json.dumps(final, indent=2)
+                _write_atomically(self.out_dir / "results.json", lambda t: t.write_text(text, encoding="utf-8"))
+                if drop:
+                    # After results.json: a kill in between leaves a run that still reads as finished.
+                    state.unlink()
+                    logger.info("removed %s: the run is finished (run.keep_resume_state=true keeps it)", state)
         barrier()
         return final
 
 
-def _truncate_log(path: Path, step: int) -> None:
-    """Drop log records written after the checkpoint we resume from (they will be logged again)."""
+def _link_tree(src: Path, dst: Path) -> bool:
+    """Hard-link every file of ``src`` into ``dst``; ``False`` (and ``dst`` emptied) where links are impossible."""
+    try:
+        shutil.copytree(src, dst, copy_function=os.link, dirs_exist_ok=True)
+        return True
+    except OSError as err:  # another file system, or one without hard links: write a copy instead
+        logger.debug("cannot hard-link %s into %s (%s); writing a copy", src, dst, err)
+        for child in dst.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return False
+
+
+def _write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: a full disk or a kill never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        with writing(path):
+            write(tmp)
+            tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _truncate_log(path: Path, step: int) -> list[float]:
+    """Drop log records written after the checkpoint we resume from (they will be logged again); returns the
+    training losses that remain."""
     if not path.is_file():
-        return
-    keep = []
+        return []
+    keep, losses = [], []
     for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            if json.loads(line).get("step", 0) <= step:
+        with contextlib.suppress(json.JSONDecodeError, AttributeError, TypeError):
+            record = json.loads(line)
+            if record.get("step", 0) <= step:
                 keep.append(line)
-    path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+                if record.get("type") == "train" and isinstance(record.get("loss"), (int, float)):
+                    losses.append(float(record["loss"]))
+    with writing(path):
+        path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+    return losses
