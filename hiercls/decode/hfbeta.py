@@ -87,6 +87,7 @@ __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 _K_BLOCK = 16
 _CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
+_FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
 
 
 def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
@@ -349,25 +350,59 @@ def _tree_rows(
     off = 1 if include_root else 0
     h = tab["lo"].shape[1] - 1
     lv = np.arange(h + 1) + off  # label size of a label at depth m
-    # Node-major [N, G] layout: every dense step below is a row gather or a cumulative sum over contiguous rows.
-    pt = label_distribution_t(node, taxonomy, leaf=leaf)  # label probability: P(n) - sum of P(children)
+    # Row-major [G, N]: the prefix sums run along contiguous rows (numpy's cumsum along axis 0 is several times
+    # slower), and every gather below takes the same columns from each row.
+    pt = label_distribution_t(node, taxonomy, leaf=leaf).T  # label probability: P(n) - sum of P(children)
     # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
-    cs_id = np.zeros((n + 1, g))
-    np.cumsum(pt, axis=0, out=cs_id[1:])
+    cs = np.zeros((g, n + 1))
+    np.cumsum(pt, axis=1, out=cs[:, 1:])
     ids = np.arange(n)
-    ptil = np.ascontiguousarray((cs_id[ids + tab["size"]] - cs_id[ids]).T)  # [G, N]
-    del cs_id
-    cs_dm = np.zeros((n + 1, g))
-    np.cumsum(pt[tab["order"]], axis=0, out=cs_dm[1:])
+    ptil = cs[:, ids + tab["size"]] - cs[:, ids]  # [G, N]
+    cs_dm = cs  # reused: the prefix sums in depth-major order
+    np.cumsum(pt[:, tab["order"]], axis=1, out=cs_dm[:, 1:])
     del pt
-    r = np.ascontiguousarray((cs_dm[tab["seg_hi"]] - cs_dm[tab["seg_lo"]]).T)  # [G, h+1] label mass by depth
+    r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
 
     sets = np.zeros((g, n), dtype=bool)
     sets[:, 0] = True
     values = np.zeros(g)
-    pending = np.arange(g)
+
+    def solve_rows(rows: np.ndarray, cand: np.ndarray, valid: np.ndarray, tau: np.ndarray, full: bool) -> np.ndarray:
+        col = rows[:, None, None]
+        q = cs_dm[col, tab["hi"][cand]] - cs_dm[col, tab["lo"][cand]]  # [R, w, h+1]
+        q[~valid] = 0.0
+        best, _best_k, ok, chosen = _solve(q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau, b2)
+        if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
+            raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
+        done = rows[ok]
+        values[done] = best[ok]
+        rr, jj = np.nonzero(chosen[ok])
+        sets[done[rr], cand[ok][rr, jj]] = True
+        return rows[~ok]
+
+    # First round: the nodes above a fraction of the row's mass (an ancestor-closed set, found with one
+    # comparison instead of a partition), rows grouped by how many there are so that narrow rows stay narrow.
+    # Rows with more than c0 of them, and rows whose certificate fails, go to the top-c rounds below.
+    counted = ptil[:, first:]
+    above = counted > (_FIRST_FRACTION * ptil[:, :1])
+    count = above.sum(1)
+    tau0 = np.where(above, 0.0, counted).max(1, initial=0.0)
+    pending_parts = [np.flatnonzero(count > c0)]
+    fits = np.flatnonzero(count <= c0)
+    width_of = np.maximum(8 * ((count[fits] + 7) // 8), 1)
+    for width in np.unique(width_of):
+        rows = fits[width_of == width]
+        rr, cc = np.nonzero(above[rows])
+        rank = np.arange(rr.size) - np.repeat(np.cumsum(count[rows]) - count[rows], count[rows])
+        cand = np.zeros((rows.size, int(width)), dtype=np.int64)
+        valid = np.zeros((rows.size, int(width)), dtype=bool)
+        cand[rr, rank] = cc + first
+        valid[rr, rank] = True
+        pending_parts.append(solve_rows(rows, cand, valid, tau0[rows], False))
+    del above
+    pending = np.concatenate(pending_parts)
     c = min(c0, n - first)
     while pending.size:
         full = c >= n - first
@@ -376,19 +411,7 @@ def _tree_rows(
         for s in range(0, pending.size, rows_per_step):
             rows = pending[s : s + rows_per_step]
             cand, valid, tau = _select_candidates(ptil[rows], first, c)
-            col = rows[:, None, None]
-            q = cs_dm[tab["hi"][cand], col] - cs_dm[tab["lo"][cand], col]  # [R, w, h+1]
-            q[~valid] = 0.0
-            best, _best_k, ok, chosen = _solve(
-                q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau, b2
-            )
-            if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
-                raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
-            done = rows[ok]
-            values[done] = best[ok]
-            rr, jj = np.nonzero(chosen[ok])
-            sets[done[rr], cand[ok][rr, jj]] = True
-            failed.append(rows[~ok])
+            failed.append(solve_rows(rows, cand, valid, tau, full))
         pending = np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)
         if pending.size:
             logger.debug("optimal_hfbeta: %d rows need more than %d candidates", pending.size, c)
