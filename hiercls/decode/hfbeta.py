@@ -87,6 +87,7 @@ __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 _K_BLOCK = 16
 _CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
+_DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
 _FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
 
 
@@ -419,6 +420,74 @@ def _tree_rows(
     return sets, values
 
 
+def _tree_rows_deep(
+    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deep trees: every size ``k`` in turn over all nodes, O(N) per row and size, no depth dimension.
+
+    For one ``k`` the weight of every node is a subtree sum of ``g_k(y) = p(y) (1+b2) / (b2 |Y_y| + k)``, one
+    prefix sum in pre-order (so ``w_k`` never increases down the tree, in floating point too), and ``V_k`` is the
+    sum of its ``k`` largest weights (ancestor-closed with ties to the smaller id, as in the module proof).
+    Sizes are tried upwards until the two bounds of :func:`_solve` fall to the best value. Memory is O(rows * N)
+    and time O(N * K) per row for the ``K`` sizes tried (``K <= N``), where the candidate solver needs
+    ``[rows, candidates, depths]`` arrays.
+    """
+    g, n = node.shape
+    first = 0 if include_root else 1
+    off = 1 if include_root else 0
+    depth = taxonomy.depth
+    h = int(depth.max())
+    lv = np.arange(h + 1) + off
+    lsize = (depth + off).astype(np.float64)
+    size = np.asarray(taxonomy.subtree_size, dtype=np.int64)
+    ids = np.arange(n)
+    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
+    cs = np.zeros((g, n + 1))
+    np.cumsum(pt, axis=1, out=cs[:, 1:])
+    ptil = cs[:, ids + size] - cs[:, ids]
+    r = np.zeros((g, h + 1))
+    for m in range(h + 1):  # label mass by depth; the deep trees this serves have few nodes per level
+        r[:, m] = pt[:, taxonomy.levels[m]].sum(1)
+    best = np.full(g, -np.inf) if include_root else r[:, 0].copy()
+    best_k = np.zeros(g, dtype=np.int64)
+    p_sorted = -np.sort(-ptil[:, first:], axis=1)
+    nvalid = np.full(g, n - first)
+    tau = np.zeros(g)
+
+    def weights(rows: np.ndarray, k: int) -> np.ndarray:
+        coef = np.where(lsize > 0, (1.0 + b2) / (b2 * lsize + k), 0.0)
+        csk = np.zeros((rows.size, n + 1))
+        np.cumsum(pt[rows] * coef, axis=1, out=csk[:, 1:])
+        w = csk[:, ids + size] - csk[:, ids]
+        w[:, :first] = -np.inf  # the root is never counted
+        return w
+
+    active = np.arange(g)
+    for k in range(1, n - first + 1):
+        if not active.size:
+            break
+        w = weights(active, k)
+        value = np.partition(w, n - k, axis=1)[:, n - k :].sum(1)
+        better = value > best[active]
+        best[active[better]] = value[better]
+        best_k[active[better]] = k
+        nxt = np.array([k + 1])
+        bound = np.minimum(
+            _upper_bound(r[active], lv, nxt, b2)[:, 0],
+            _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0],
+        )
+        active = active[bound > best[active]]
+
+    sets = np.zeros((g, n), dtype=bool)
+    sets[:, 0] = True
+    for k in np.unique(best_k[best_k > 0]):
+        rows = np.flatnonzero(best_k == k)
+        w = weights(rows, int(k))
+        top = np.argsort(-w, axis=1, kind="stable")[:, : int(k)]  # ties: smaller id, so ancestors first
+        sets[rows[:, None], top] = True
+    return sets, best
+
+
 # ---------------------------------------------------------------------------------------------- DAGs
 def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) -> tuple[np.ndarray, np.ndarray]:
     g, n = p.shape
@@ -509,7 +578,11 @@ def optimal_hfbeta(
     if n > 1 or include_root:
         for s in range(0, bsz, _CHUNK):
             sl = slice(s, s + _CHUNK)
-            if taxonomy.is_tree:
+            if taxonomy.is_tree and taxonomy.height + 1 > _DEEP_HEIGHT:
+                sets[sl], values[sl] = _tree_rows_deep(
+                    batch.node[sl], None if batch.leaf is None else batch.leaf[sl], taxonomy, b2, include_root
+                )
+            elif taxonomy.is_tree:
                 sets[sl], values[sl] = _tree_rows(
                     batch.node[sl],
                     None if batch.leaf is None else batch.leaf[sl],
