@@ -38,6 +38,7 @@ __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost", "prediction_expec
 COST_KINDS = DISTANCE_KINDS
 _STRUCTURED = ("shortest_path", "lca_height", "ic_distance", "jiang_conrath", "wu_palmer", "wu_palmer_root1")
 _DENSE_LIMIT = 1 << 26  # entries of a dense cost matrix we are willing to build
+_CLOSED_FORMS = ("shortest_path", "lca_height")  # trees: argmin without the [B, N] expected costs
 _TIE_TOL = 1e-12  # per unit of height: expected costs closer than this are ties in the closed forms
 _CACHE_LIMIT = 1 << 22  # entries of a node-to-node matrix worth keeping per taxonomy (32 MB)
 
@@ -105,6 +106,26 @@ def _subtree_mass_t(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     return out
 
 
+def _labels_and_subtree_t(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """Node-major label probabilities ``p`` (clipped at 0) and their subtree sums ``P~``, in one bottom-up pass.
+
+    ``p`` equals :func:`~hiercls.decode._common.label_distribution_t` (same children, same summation order).
+    """
+    tax = batch.taxonomy
+    if batch.leaf is not None:
+        pt = label_distribution_t(batch.node, tax, leaf=batch.leaf)
+        return pt, _subtree_mass_t(pt, tax)
+    x = np.array(batch.node.T, dtype=np.float64, order="C")  # [N, B]: the only copy of the input
+    pt = np.maximum(x, 0.0)
+    big = pt.copy()
+    for kids, starts, parents in _subtree_levels(tax):
+        lab = x[parents] - np.add.reduceat(x[kids], starts, axis=0)
+        np.maximum(lab, 0.0, out=lab)
+        pt[parents] = lab
+        big[parents] = lab + np.add.reduceat(big[kids], starts, axis=0)
+    return pt, big
+
+
 def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | None:
     """``argmin_n E[cost(n, y)]`` over ``mask`` without the expected costs, for the kinds with a closed form.
 
@@ -115,10 +136,9 @@ def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | No
     H mass - S(n) - p(n) (H - depth(n))`` with ``S`` that path sum. ``None`` when no closed form applies.
     """
     tax = batch.taxonomy
-    if not tax.is_tree or tax.num_nodes < 2 or kind not in ("shortest_path", "lca_height"):
+    if not tax.is_tree or tax.num_nodes < 2 or kind not in _CLOSED_FORMS:
         return None
-    pt = label_distribution_t(batch.node, tax, leaf=batch.leaf)  # [N, B]
-    big = _subtree_mass_t(pt, tax)
+    pt, big = _labels_and_subtree_t(batch)  # [N, B]
     depth = tax.depth
     tol = _TIE_TOL * max(1.0, float(tax.height))
     if kind == "shortest_path" and mask.all():
@@ -279,9 +299,11 @@ def bayes_node(
         >>> bayes_node(p, tax, "shortest_path").tolist(), bayes_node(p, tax, "lca_height").tolist()
         ([1], [2])
     """
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
+    # The closed forms convert to float64 while transposing; the general path needs float64 up front.
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
     mask = _candidate_mask(taxonomy, candidates)
-    if not return_cost and isinstance(cost, str) and batch.node.shape[0]:
+    if fast and batch.node.shape[0]:
         ids = _fast_tree_ids(batch, cost, mask)
         if ids is not None:
             return restore_ids(ids, batch)

@@ -526,7 +526,7 @@ def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) 
     return sets, values
 
 
-@chunked
+@chunked(scale=8)
 def optimal_hfbeta(
     probs: Any,
     taxonomy: Taxonomy,

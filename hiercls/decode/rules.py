@@ -123,7 +123,7 @@ def _descend(batch: Batch, decide: Any, second: bool = False) -> np.ndarray:
     return cur
 
 
-@chunked
+@chunked(scale=8)
 def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_probs: bool = False) -> Any:
     """Greedy top-down descent: from the root, move to the most probable child (ties: smaller id).
 
@@ -156,7 +156,7 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
     return restore_ids(_descend(batch, decide), batch)
 
 
-@chunked
+@chunked(scale=8)
 def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
     """Plurality inference: the deepest node more probable than every node off its path.
 
