@@ -72,7 +72,22 @@ def close_sets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
     return closed
 
 
+def _name_index(taxonomy: Taxonomy) -> dict[str, int]:
+    cache = taxonomy.namespace_cache(__name__)
+    if "name_index" not in cache:
+        cache["name_index"] = {n: i for i, n in enumerate(taxonomy.names)}
+    return cache["name_index"]
+
+
 def _names_to_ids(values: Iterable[Any], taxonomy: Taxonomy, name: str) -> np.ndarray:
+    # One dict lookup per label (a cached name -> id map); the loop below only runs to name an unknown label.
+    vals = values.tolist() if isinstance(values, np.ndarray) and values.dtype.kind in "US" else values
+    if isinstance(vals, list | tuple):
+        index = _name_index(taxonomy)
+        try:
+            return np.fromiter(map(index.__getitem__, vals), dtype=np.int64, count=len(vals))
+        except (KeyError, TypeError):
+            pass
     out = []
     for i, v in enumerate(values):
         try:
@@ -140,6 +155,8 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         TypeError: unsupported input type or dtype.
     """
     n = taxonomy.num_nodes
+    if isinstance(y, list | tuple) and y and all(type(v) is str for v in y):
+        return Labels(_names_to_ids(y, taxonomy, name), None, n)  # names: no round trip through a numpy array
     y = to_numpy(y, passthrough=True)
     if sp.issparse(y):
         m = sp.csr_matrix(y)
