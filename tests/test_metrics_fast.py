@@ -37,6 +37,16 @@ def test_name_labels_score_as_ids_and_unknown_names_are_named() -> None:
         ref = fn(yt, yp, taxonomy=tax)
         assert fn(names[yt], names[yp], taxonomy=tax) == ref
         assert fn(names[yt].tolist(), names[yp].tolist(), taxonomy=tax) == ref
+    # labels wider and narrower than the taxonomy's names, and a name with a suffix, are looked up exactly
+    wide = np.array([*names[yt[:5]].tolist(), "x" * 40])
+    with pytest.raises(TaxonomyError, match=r"x{40}"):
+        hierarchical_f1_score(wide, names[yp[:6]], taxonomy=tax)
+    np.testing.assert_array_equal(
+        hierarchical_f1_score(names[yt].astype("U40"), names[yp].astype("U3"), taxonomy=tax),
+        hierarchical_f1_score(yt, yp, taxonomy=tax),
+    )
+    with pytest.raises(TaxonomyError, match="n1x"):
+        hierarchical_f1_score(np.array(["n1x", "n1"]), np.array(["n1", "n1"]), taxonomy=tax)
     bad = names[yt].tolist()
     bad[7] = "nope"
     with pytest.raises(TaxonomyError, match=r"y_true\[7\].*nope"):
