@@ -163,7 +163,7 @@ def _as_sets(sets: Any, taxonomy: Taxonomy, batch_size: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- the solver
 def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
-    """``w_k(n)`` for every candidate and every ``k`` in ``ks``: ``[rows, c, len(ks)]`` (one matrix product).
+    """``w_k(n)`` for every candidate and every ``k`` in ``ks``: ``[rows, len(ks), c]``.
 
     Used for the search values only; the final selection recomputes the weights of the chosen size with a
     fixed summation order (see :func:`_solve`), which is what keeps the chosen set ancestor-closed.
@@ -171,7 +171,7 @@ def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) ->
     coef = (1.0 + b2) / (b2 * lv[:, None].astype(np.float64) + ks[None, :].astype(np.float64))  # [M, K]
     coef[lv == 0] = 0.0
     rows, c, m = q.shape
-    return (q.reshape(rows * c, m) @ coef).reshape(rows, c, len(ks))
+    return np.ascontiguousarray((q.reshape(rows * c, m) @ coef).reshape(rows, c, len(ks)).transpose(0, 2, 1))
 
 
 def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
@@ -232,18 +232,23 @@ def _solve(
     while active.size and k0 <= c:
         k1 = min(c, k0 + _K_BLOCK - 1)
         ks = np.arange(k0, k1 + 1)
-        w = _search_weights(q[active], lv, ks, b2)
-        w[~valid[active]] = -1.0
-        w_sorted = -np.sort(-w, axis=1)
+        # [A, K, c]: sorts and prefix sums run along the contiguous last axis.
+        w = np.where(valid[active][:, None, :], _search_weights(q[active], lv, ks, b2), -1.0)
+        w_sorted = -np.sort(-w, axis=2)
         cols = np.arange(len(ks))
-        value = np.cumsum(w_sorted, axis=1)[:, ks - 1, cols]  # [A, K]
-        kth = w_sorted[:, ks - 1, cols]
+        value = np.cumsum(w_sorted, axis=2)[:, cols, ks - 1]  # [A, K]
+        kth = w_sorted[:, cols, ks - 1]
         feasible = ks[None, :] <= nvalid[active][:, None]
         value = np.where(feasible, value, -np.inf)
         t = tau[active][:, None]
         outside = (1.0 + b2) * t / (b2 + ks[None, :])  # [A, K]
-        exact[active, k0 - 1 : k1] = np.where(feasible, outside <= kth, t == 0)
-        relaxed[active, k0 - 1 : k1] = np.cumsum(np.maximum(w_sorted, outside[:, None, :]), axis=1)[:, ks - 1, cols]
+        ex = np.where(feasible, outside <= kth, t == 0)
+        exact[active, k0 - 1 : k1] = ex
+        loose = np.flatnonzero(~ex.all(1))  # the relaxation only matters where a size is not settled exactly
+        if loose.size:
+            relaxed[active[loose], k0 - 1 : k1] = np.cumsum(
+                np.maximum(w_sorted[loose], outside[loose, :, None]), axis=2
+            )[:, cols, ks - 1]
         block_best = value.max(1)
         block_arg = value.argmax(1)  # first maximum: the smallest size wins ties
         better = block_best > best[active]
