@@ -370,14 +370,15 @@ def _tree_rows(
     del pt
     r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
+    flat_dm = cs_dm.ravel()
 
     sets = np.zeros((g, n), dtype=bool)
     sets[:, 0] = True
     values = np.zeros(g)
 
     def solve_rows(rows: np.ndarray, cand: np.ndarray, valid: np.ndarray, tau: np.ndarray, full: bool) -> np.ndarray:
-        col = rows[:, None, None]
-        q = cs_dm[col, tab["hi"][cand]] - cs_dm[col, tab["lo"][cand]]  # [R, w, h+1]
+        base = (rows * cs_dm.shape[1])[:, None, None]  # flat gathers: cheaper than 2-D fancy indexing
+        q = np.take(flat_dm, base + tab["hi"][cand]) - np.take(flat_dm, base + tab["lo"][cand])  # [R, w, h+1]
         q[~valid] = 0.0
         best, _best_k, ok, chosen = _solve(q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau, b2)
         if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
