@@ -162,3 +162,43 @@ def test_optimal_hfbeta_on_a_wide_star_is_the_best_top_k(big_star: Taxonomy) -> 
         np.testing.assert_allclose(value[b], vals.max(), atol=1e-9)
         chosen = np.flatnonzero(sets[b, 1:])
         np.testing.assert_allclose(vals[chosen.size], vals.max(), atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- torch
+TORCH_NATIVE = ["argmax_leaf", "threshold", "majority", "max_info", "info_gain", "hie"]
+
+
+@pytest.mark.parametrize("rule", TORCH_NATIVE)
+def test_torch_native_rules_never_leave_torch_and_equal_numpy(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import hiercls.decode.rules as rules_mod
+
+    rng = np.random.default_rng(9)
+    tax = Taxonomy([(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, 40)])
+    leaf = rng.dirichlet(np.full(tax.num_leaves, 0.3), size=12)
+    node = np.asarray(tax.marginals(leaf))
+    want = {
+        "node64": decode(node, tax, rule),
+        "node32": decode(node.astype(np.float32), tax, rule),
+        "leaf": decode(leaf, tax, rule, leaf_probs=True),
+        "empty": decode(node[:0], tax, rule),
+    }
+
+    def no_numpy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the torch path went through NumPy")
+
+    monkeypatch.setattr(rules_mod, "prepare", no_numpy)
+    got = {
+        "node64": decode(torch.as_tensor(node), tax, rule),
+        "node32": decode(torch.as_tensor(node, dtype=torch.float32), tax, rule),
+        "leaf": decode(torch.as_tensor(leaf), tax, rule, leaf_probs=True),
+        "empty": decode(torch.as_tensor(node[:0]), tax, rule),
+    }
+    for k in want:
+        assert isinstance(got[k], torch.Tensor) and got[k].dtype == torch.int64, k
+        np.testing.assert_array_equal(got[k].numpy(), want[k], err_msg=k)
+    with pytest.raises(ValueError, match="negative"):
+        decode(torch.as_tensor(node) - 0.5, tax, rule)
+    with pytest.raises(ValueError, match="NaN"):
+        decode(torch.full((2, tax.num_nodes), float("nan")), tax, rule)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode._common import Batch, chunked, prepare, restore_ids
+from hiercls.decode._common import Batch, chunked, index_tensor, prepare, prepare_torch, restore_ids, torch_input
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = [
@@ -48,6 +48,10 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         >>> argmax_leaf(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # tie x/y: smaller id
         [2]
     """
+    if torch_input(probs):  # on the tensor's device (torch.argmax returns the first maximum, as NumPy)
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+        leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
+        return leaves[x[:, leaves].argmax(1)] if x.shape[0] else leaves[:0]
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     return restore_ids(leaves[_first_argmax(batch.node[:, leaves])], batch)
@@ -215,6 +219,19 @@ def _deepest_above(batch: Batch, t: float, key: np.ndarray) -> np.ndarray:
     return np.where(mask.any(1), pick, 0)
 
 
+def _deepest_above_torch(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
+    """:func:`_deepest_above` on the tensor's device, with the same tie rule."""
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf)
+    if not x.shape[0]:
+        return index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)[:0]
+    k = index_tensor(taxonomy, name, key, x.device)
+    mask = x > t
+    ninf = float("-inf")
+    best_key = k[None, :].where(mask, ninf).amax(1, keepdim=True)
+    pick = x.where(mask & (k[None, :] == best_key), ninf).argmax(1)
+    return pick.where(mask.any(1), 0)
+
+
 @chunked
 def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
     """The deepest node whose probability exceeds ``threshold`` (ties: more probable, then smaller id).
@@ -233,6 +250,8 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
         [0]
     """
     t = _check_unit(threshold, "threshold")
+    if torch_input(probs):
+        return _deepest_above_torch(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64)), batch)
 
@@ -257,8 +276,11 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
         [2]
     """
     t = _check_unit(threshold, "threshold")
+    ic = taxonomy.information_content.astype(np.float64)
+    if torch_input(probs):
+        return _deepest_above_torch(probs, taxonomy, t, "ic", ic, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    return restore_ids(_deepest_above(batch, t, taxonomy.information_content.astype(np.float64)), batch)
+    return restore_ids(_deepest_above(batch, t, ic), batch)
 
 
 @chunked
@@ -282,6 +304,10 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     lam = float(lam)
     if not np.isfinite(lam) or lam < 0:
         raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
+    if torch_input(probs):
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+        w = index_tensor(taxonomy, "ic", taxonomy.information_content.astype(np.float64), x.device) + lam
+        return (x.double() * w).argmax(1) if x.shape[0] else w[:0].long()
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     score = batch.node * (taxonomy.information_content[None, :] + lam)
     return restore_ids(_first_argmax(score), batch)
@@ -367,7 +393,6 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     """
     if not taxonomy.is_tree:
         raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     if level is None:
         coarse = np.maximum(taxonomy.parent[leaves], 0)
@@ -377,5 +402,17 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
             raise ValueError(f"level must be a depth >= 0; got {level!r}")
         paths = taxonomy.paths[leaves]
         coarse = paths[np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
+    if torch_input(probs):
+        return _hie_torch(probs, taxonomy, coarse, leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     score = batch.node[:, leaves] * batch.node[:, coarse]
     return restore_ids(leaves[_first_argmax(score)], batch)
+
+
+def _hie_torch(probs: Any, taxonomy: Taxonomy, coarse: np.ndarray, leaf_probs: bool) -> Any:
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+    leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
+    if not x.shape[0]:
+        return leaves[:0]
+    c = index_tensor(taxonomy, ("hie", coarse.tobytes()), coarse, x.device)
+    return leaves[(x[:, leaves] * x[:, c]).argmax(1)]
