@@ -87,6 +87,7 @@ __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 _K_BLOCK = 16
 _CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
+_GEMM_ROWS = 1024
 _DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
 _FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
 
@@ -171,7 +172,13 @@ def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) ->
     coef = (1.0 + b2) / (b2 * lv[:, None].astype(np.float64) + ks[None, :].astype(np.float64))  # [M, K]
     coef[lv == 0] = 0.0
     rows, c, m = q.shape
-    return np.ascontiguousarray((q.reshape(rows * c, m) @ coef).reshape(rows, c, len(ks)).transpose(0, 2, 1))
+    flat = q.reshape(rows * c, m)
+    out = np.empty((rows * c, len(ks)))
+    # Products of at most _GEMM_ROWS rows: BLAS runs them on one thread, where a single big product of these
+    # thin shapes starts threads that spin against each other (several times slower on a busy machine).
+    for s in range(0, flat.shape[0], _GEMM_ROWS):
+        np.matmul(flat[s : s + _GEMM_ROWS], coef, out=out[s : s + _GEMM_ROWS])
+    return np.ascontiguousarray(out.reshape(rows, c, len(ks)).transpose(0, 2, 1))
 
 
 def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
@@ -179,7 +186,7 @@ def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np
     lvf = lv.astype(np.float64)
     big = np.maximum(ks[:, None].astype(np.float64), lvf[None, :])  # [K, M]
     frac = np.where(lvf[None, :] > 0, lvf[None, :] / (b2 * lvf[None, :] + big), 0.0)
-    return (1.0 + b2) * r.dot(frac.T)
+    return (1.0 + b2) * np.einsum("gm,km->gk", r, frac)  # no BLAS threads for a [G, M] x [M, K] product
 
 
 def _mass_bound(p_sorted: np.ndarray, nvalid: np.ndarray, tau: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
