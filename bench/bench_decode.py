@@ -14,6 +14,11 @@ Usage::
 
     python bench/bench_decode.py            # 10k samples per tree
     python bench/bench_decode.py --quick    # seconds
+    python bench/bench_decode.py --ratios [--quick]   # issue 13 targets: decoder / argmax, interleaved repeats
+
+``cases(quick)`` returns the issue-13 ratio cases ``(name, target, candidate, baseline)``: every decoder on the
+same float32 ``[B, N]`` array as ``probs.argmax(1)`` (B = 10,000; 2,000 with ``quick``), on ``imagenet1k_tree``
+and ``imagenet21k_winter21``; targets 20x for ``optimal_hfbeta`` and ``crm``, 5x for the rest.
 """
 
 from __future__ import annotations
@@ -259,6 +264,66 @@ def bench_tree(key: str, args: argparse.Namespace, rng: np.random.Generator) -> 
     return out
 
 
+# ---------------------------------------------------------------------------------------------- ratio cases
+RATIO_TREES = ("imagenet1k_tree", "imagenet21k_winter21")
+SLOW_TARGET = {"optimal_hfbeta": 20.0, "crm": 20.0}
+
+
+def cases(quick: bool) -> list[tuple[str, float, Any, Any]]:
+    """Issue-13 decoder cases: ``(name, target ratio, candidate, baseline)``, the baseline ``probs.argmax(1)``.
+
+    The arrays are built here (outside any timing) and the per-taxonomy tables warmed up.
+    """
+    from hiercls.taxonomy import load_taxonomy
+
+    rng = np.random.default_rng(0)
+    batch = 2000 if quick else 10000
+    out: list[tuple[str, float, Any, Any]] = []
+    for tree in RATIO_TREES:
+        tax = load_taxonomy(tree)
+        node = np.asarray(tax.marginals(posteriors(tax, batch, rng)), dtype=np.float32)
+
+        def base(node: np.ndarray = node) -> Any:
+            return node.argmax(1)
+
+        for rule in RULES:
+            decode(node[:8], tax, rule)  # build the cached tables outside the timing
+
+            def cand(node: np.ndarray = node, tax: Taxonomy = tax, rule: str = rule) -> Any:
+                return decode(node, tax, rule)
+
+            out.append((f"decode/{tree}/{rule}", SLOW_TARGET.get(rule, 5.0), cand, base))
+    return out
+
+
+def run_cases(case_list: list[tuple[str, float, Any, Any]], repeats: int) -> dict[str, Any]:
+    """Interleaved repeats (baseline, candidate, baseline, ...) per case; median ratio and its spread."""
+    ratios: dict[str, list[float]] = {c[0]: [] for c in case_list}
+    for _ in range(repeats):
+        for name, _target, cand, base in case_list:
+            t = time.perf_counter()
+            base()
+            tb = time.perf_counter() - t
+            t = time.perf_counter()
+            cand()
+            tc = time.perf_counter() - t
+            t = time.perf_counter()
+            base()
+            tb = min(tb, time.perf_counter() - t)  # the baseline is short: its best of two is the noise-free time
+            ratios[name].append(tc / tb)
+    result = {}
+    for name, target, _c, _b in case_list:
+        r = sorted(ratios[name])
+        med = float(np.median(r))
+        result[name] = {
+            "ratio": round(med, 2),
+            "spread": [round(r[0], 2), round(r[-1], 2)],
+            "target": target,
+            "pass": med <= target,
+        }
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small batch, small trees: runs in seconds")
@@ -266,7 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-samples", type=int, default=None, help="samples for the per-sample baselines")
     ap.add_argument("--trees", default="imagenet1k,imagenet21k", help="comma-separated: imagenet1k, imagenet21k")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ratios", action="store_true", help="issue-13 ratios to argmax (see cases())")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats of --ratios")
+    ap.add_argument("--only", default="", help="with --ratios: substring filter on case names")
     args = ap.parse_args(argv)
+    if args.ratios:
+        selected = [c for c in cases(args.quick) if args.only in c[0]]
+        json.dump(
+            {"bench": "decode_ratios", "quick": args.quick, "cases": run_cases(selected, args.repeats)},
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0
     args.batch = args.batch or (500 if args.quick else 10000)
     args.baseline_samples = args.baseline_samples or (20 if args.quick else 100)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -10,6 +10,11 @@ Usage:
     python bench/bench_metrics.py            # 10k samples per batch, 1M-sample run (a few minutes, mostly
                                              # building WordNet and the Python baselines)
     python bench/bench_metrics.py --quick    # random trees, small batches: seconds
+    python bench/bench_metrics.py --ratios [--quick]   # issue 13: name inputs / id inputs (target 2x)
+
+``cases(quick)`` returns the issue-13 ratio cases ``(name, target, candidate, baseline)``: each metric on node
+names against the same metric on node ids, B = 10,000 (2,000 with ``quick``), on ``imagenet1k_tree`` and
+``imagenet21k_winter21``.
 """
 
 from __future__ import annotations
@@ -266,12 +271,49 @@ def _collection(tax: Taxonomy, t: np.ndarray, p: np.ndarray) -> dict[str, Any]:
     return m.compute()
 
 
+def cases(quick: bool) -> list[tuple[str, float, Callable[[], Any], Callable[[], Any]]]:
+    """Issue-13 metric cases: ``(name, target ratio, candidate, baseline)`` (names vs ids, numpy and lists)."""
+    from hiercls.taxonomy import load_taxonomy
+
+    rng = np.random.default_rng(0)
+    b = 2000 if quick else 10_000
+    out = []
+    for tree in ("imagenet1k_tree", "imagenet21k_winter21"):
+        tax = load_taxonomy(tree)
+        names = np.array(tax.names)
+        yt, yp = rng.choice(tax.leaves, b), rng.choice(tax.leaves, b)
+        for fn in (M.hierarchical_f1_score, M.mistake_severity):
+            for kind, t, p in (("numpy", names[yt], names[yp]), ("list", names[yt].tolist(), names[yp].tolist())):
+
+                def cand(fn: Any = fn, t: Any = t, p: Any = p, tax: Taxonomy = tax) -> Any:
+                    return fn(t, p, taxonomy=tax)
+
+                def base(fn: Any = fn, t: Any = yt, p: Any = yp, tax: Taxonomy = tax) -> Any:
+                    return fn(t, p, taxonomy=tax)
+
+                out.append((f"metrics/{tree}/{fn.__name__}/names_{kind}_vs_ids", 2.0, cand, base))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small random trees and batches (seconds)")
     ap.add_argument("--samples", type=int, default=None, help="batch size of the comparison (default 10000)")
     ap.add_argument("--million", type=int, default=None, help="size of the large run (default 1000000)")
+    ap.add_argument("--ratios", action="store_true", help="issue-13 ratios (see cases())")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats of --ratios")
     args = ap.parse_args(argv)
+    if args.ratios:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_decode import run_cases
+
+        print(
+            json.dumps(
+                {"bench": "metrics_ratios", "quick": args.quick, "cases": run_cases(cases(args.quick), args.repeats)},
+                indent=1,
+            )
+        )
+        return 0
     rng = np.random.default_rng(0)
     n = args.samples or (1000 if args.quick else 10_000)
     big = args.million or (50_000 if args.quick else 1_000_000)

@@ -21,12 +21,24 @@ import scipy.sparse.linalg as spla
 from hiercls._checks import check_label_mass, check_probabilities, check_taxonomy, probability_checks_enabled
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["Batch", "chunked", "label_distribution", "prepare", "restore_ids", "restore_sets", "restore_values"]
+__all__ = [
+    "Batch",
+    "chunked",
+    "index_tensor",
+    "label_distribution",
+    "prepare",
+    "prepare_torch",
+    "restore_ids",
+    "restore_sets",
+    "restore_values",
+    "torch_input",
+]
 
 ROW_CHUNK = 2048
 """Most rows decoded at a time; fewer on wide taxonomies (see ``CHUNK_ELEMENTS``)."""
-CHUNK_ELEMENTS = 1 << 22
-"""Rows x nodes per block: keeps the float64 working copies near 32 MB (a 21k-node row is ~170 KB)."""
+CHUNK_ELEMENTS = 1 << 19
+"""Rows x nodes per block: keeps the float64 working copies near 4 MB, in cache (a 21k-node row is ~170 KB).
+Rules with a Python loop per block (the descents, ``optimal_hfbeta``) take bigger blocks, see :func:`chunked`."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,17 +56,20 @@ def _concat(parts: list[Any]) -> Any:
     return np.concatenate(parts)
 
 
-def chunked(fn: F) -> F:
+def chunked(fn: F | None = None, *, scale: int = 1) -> Any:
     """Run ``fn(probs, taxonomy, ...)`` on row blocks of ``ROW_CHUNK`` and concatenate the results.
 
-    Decoders are row-wise, so this changes nothing but the peak memory.
+    Decoders are row-wise, so this changes nothing but the peak memory and the speed. ``scale`` multiplies
+    ``CHUNK_ELEMENTS`` for rules whose cost per block has a Python loop (``@chunked(scale=8)``).
     """
+    if fn is None:
+        return functools.partial(chunked, scale=scale)
 
     @functools.wraps(fn)
     def wrapper(probs: Any, *args: Any, **kwargs: Any) -> Any:
         shape = tuple(probs.shape) if hasattr(probs, "shape") else ()
         rows = shape[0] if len(shape) == 2 else 0
-        step = max(16, min(ROW_CHUNK, CHUNK_ELEMENTS // max(1, shape[1]))) if rows else ROW_CHUNK
+        step = max(16, min(ROW_CHUNK, CHUNK_ELEMENTS * scale // max(1, shape[1]))) if rows else ROW_CHUNK
         if rows <= step:
             return fn(probs, *args, **kwargs)
         parts = []
@@ -66,7 +81,7 @@ def chunked(fn: F) -> F:
                 _ROW_OFFSET.reset(token)
         return _concat(parts)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 @dataclass
@@ -165,6 +180,56 @@ def prepare(
     else:
         node = arr
     return Batch(node=node, taxonomy=taxonomy, torch_device=device, torch_dtype=dtype, leaf=leaf)
+
+
+def torch_input(probs: Any) -> bool:
+    """``probs`` is a torch tensor (without importing torch when it is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(probs, torch.Tensor)
+
+
+def prepare_torch(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs") -> Any:
+    """:func:`prepare` for the rules that run on the tensor's own device: validated node probabilities ``[B, N]``.
+
+    float32 stays float32 and other dtypes become float64, as :func:`prepare` with ``exact=False`` does, so
+    results equal the NumPy path's. Only the validation's verdicts (two scalars) leave the device.
+    """
+    import torch
+
+    taxonomy = check_taxonomy(taxonomy)
+    x = probs.detach()
+    x = x.float() if (x.dtype == torch.float32 or not x.dtype.is_floating_point) else x.double()
+    if x.ndim == 1:
+        x = x[None, :]
+    width = taxonomy.num_leaves if leaf_probs else taxonomy.num_nodes
+    what = "leaf probabilities [B, num_leaves]" if leaf_probs else "node probabilities [B, num_nodes]"
+    if x.ndim != 2 or x.shape[1] != width:
+        hint = ""
+        if not leaf_probs and x.ndim == 2 and x.shape[1] == taxonomy.num_leaves:
+            hint = "; it matches the number of leaves: pass leaf_probs=True"
+        raise ValueError(
+            f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape {list(probs.shape)}{hint}"
+        )
+    if x.numel():
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        low = float(x.min())
+        if low < -1e-6:
+            raise ValueError(f"{name} contains negative probabilities (min {low:.3g})")
+    if leaf_probs:
+        x = taxonomy.marginals(x.clamp_min(0.0)).to(x.dtype)
+    return x
+
+
+def index_tensor(taxonomy: Taxonomy, key: str, values: np.ndarray, device: Any) -> Any:
+    """A cached torch copy of a per-taxonomy index/weight array on ``device``."""
+    import torch
+
+    cache = taxonomy.namespace_cache(__name__)
+    k = ("tensor", key, str(device))
+    if k not in cache:
+        cache[k] = torch.as_tensor(np.array(values), device=device)
+    return cache[k]
 
 
 def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:

@@ -38,6 +38,8 @@ __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost", "prediction_expec
 COST_KINDS = DISTANCE_KINDS
 _STRUCTURED = ("shortest_path", "lca_height", "ic_distance", "jiang_conrath", "wu_palmer", "wu_palmer_root1")
 _DENSE_LIMIT = 1 << 26  # entries of a dense cost matrix we are willing to build
+_CLOSED_FORMS = ("shortest_path", "lca_height")  # trees: argmin without the [B, N] expected costs
+_TIE_TOL = 1e-12  # per unit of height: expected costs closer than this are ties in the closed forms
 _CACHE_LIMIT = 1 << 22  # entries of a node-to-node matrix worth keeping per taxonomy (32 MB)
 
 
@@ -76,6 +78,85 @@ def _path_sum_t(x: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     for lvl in taxonomy.levels[1:]:
         out[lvl] += out[par[lvl]]
     return out
+
+
+def _subtree_levels(taxonomy: Taxonomy) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per depth, deepest first: (the level's nodes sorted by parent, segment starts, the parents), cached."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "subtree_levels" not in cache:
+        par = taxonomy.parent
+        out = []
+        for lvl in reversed(taxonomy.levels[1:]):
+            kids = lvl[np.argsort(par[lvl], kind="stable")]
+            kp = par[kids]
+            starts = np.flatnonzero(np.concatenate([[True], kp[1:] != kp[:-1]]))
+            out.append((kids, starts, kp[starts]))
+        cache["subtree_levels"] = out
+    return cache["subtree_levels"]
+
+
+def _subtree_mass_t(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """Node-major ``P~(n)`` = sum of ``pt`` over the subtree of ``n`` (trees), bottom-up one level at a time.
+
+    Sums of non-negative numbers only grow under round-to-nearest, so ``P~`` never increases down the tree.
+    """
+    out = pt.copy()
+    for kids, starts, parents in _subtree_levels(taxonomy):
+        out[parents] += np.add.reduceat(out[kids], starts, axis=0)
+    return out
+
+
+def _labels_and_subtree_t(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """Node-major label probabilities ``p`` (clipped at 0) and their subtree sums ``P~``, in one bottom-up pass.
+
+    ``p`` equals :func:`~hiercls.decode._common.label_distribution_t` (same children, same summation order).
+    """
+    tax = batch.taxonomy
+    if batch.leaf is not None:
+        pt = label_distribution_t(batch.node, tax, leaf=batch.leaf)
+        return pt, _subtree_mass_t(pt, tax)
+    x = np.array(batch.node.T, dtype=np.float64, order="C")  # [N, B]: the only copy of the input
+    pt = np.maximum(x, 0.0)
+    big = pt.copy()
+    for kids, starts, parents in _subtree_levels(tax):
+        lab = x[parents] - np.add.reduceat(x[kids], starts, axis=0)
+        np.maximum(lab, 0.0, out=lab)
+        pt[parents] = lab
+        big[parents] = lab + np.add.reduceat(big[kids], starts, axis=0)
+    return pt, big
+
+
+def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | None:
+    """``argmin_n E[cost(n, y)]`` over ``mask`` without the expected costs, for the kinds with a closed form.
+
+    On a tree, ``E[depth(lca(n, y))]`` is the sum of ``P~(a)`` over the non-root ancestors-or-self ``a`` of ``n``.
+    Shortest path: ``E(n) - E(root)`` is the sum over the same nodes of ``mass - 2 P~(a)``, whose terms only grow
+    down a path, so over all nodes the minimum is the deepest node with ``P~ > mass / 2`` (these nodes form a
+    chain from the root; a zero term is a tie, which the ancestor, the smaller id, wins). LCA height: ``E(n) =
+    H mass - S(n) - p(n) (H - depth(n))`` with ``S`` that path sum. ``None`` when no closed form applies.
+    """
+    tax = batch.taxonomy
+    if not tax.is_tree or tax.num_nodes < 2 or kind not in _CLOSED_FORMS:
+        return None
+    pt, big = _labels_and_subtree_t(batch)  # [N, B]
+    depth = tax.depth
+    tol = _TIE_TOL * max(1.0, float(tax.height))
+    if kind == "shortest_path" and mask.all():
+        above = big > 0.5 * big[:1] + tol  # the root's P~ is the row's mass
+        # {P~ > mass / 2} is a chain from the root and ids are pre-order, so its deepest node has the largest
+        # id (a max down axis 0 is a vectorised row reduction; an argmax there is not).
+        return np.where(above, np.arange(tax.num_nodes)[:, None], 0).max(0)
+    big[0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
+    path = _path_sum_t(big, tax)
+    if kind == "shortest_path":
+        score = 2.0 * path - depth[:, None] * pt.sum(0)[None, :]  # -(E(n) - const)
+    else:
+        score = path + pt * (float(tax.height) - depth)[:, None]
+    cand = np.flatnonzero(mask)
+    sc = score[cand] if cand.size < tax.num_nodes else score
+    # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
+    first = np.where(sc >= sc.max(0) - tol, np.arange(sc.shape[0])[:, None], sc.shape[0]).min(0)
+    return cand[first]
 
 
 def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
@@ -218,8 +299,14 @@ def bayes_node(
         >>> bayes_node(p, tax, "shortest_path").tolist(), bayes_node(p, tax, "lca_height").tolist()
         ([1], [2])
     """
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
+    # The closed forms convert to float64 while transposing; the general path needs float64 up front.
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
     mask = _candidate_mask(taxonomy, candidates)
+    if fast and batch.node.shape[0]:
+        ids = _fast_tree_ids(batch, cost, mask)
+        if ids is not None:
+            return restore_ids(ids, batch)
     exp = _expected_cost(batch, cost)
     exp = np.where(mask[None, :], exp, np.inf)
     ids = np.argmin(exp, axis=1) if exp.shape[0] else np.zeros(0, dtype=np.int64)

@@ -87,6 +87,9 @@ __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 _K_BLOCK = 16
 _CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
+_GEMM_ROWS = 1024
+_DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
+_FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
 
 
 def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
@@ -161,7 +164,7 @@ def _as_sets(sets: Any, taxonomy: Taxonomy, batch_size: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- the solver
 def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
-    """``w_k(n)`` for every candidate and every ``k`` in ``ks``: ``[rows, c, len(ks)]`` (one matrix product).
+    """``w_k(n)`` for every candidate and every ``k`` in ``ks``: ``[rows, len(ks), c]``.
 
     Used for the search values only; the final selection recomputes the weights of the chosen size with a
     fixed summation order (see :func:`_solve`), which is what keeps the chosen set ancestor-closed.
@@ -169,7 +172,13 @@ def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) ->
     coef = (1.0 + b2) / (b2 * lv[:, None].astype(np.float64) + ks[None, :].astype(np.float64))  # [M, K]
     coef[lv == 0] = 0.0
     rows, c, m = q.shape
-    return (q.reshape(rows * c, m) @ coef).reshape(rows, c, len(ks))
+    flat = q.reshape(rows * c, m)
+    out = np.empty((rows * c, len(ks)))
+    # Products of at most _GEMM_ROWS rows: BLAS runs them on one thread, where a single big product of these
+    # thin shapes starts threads that spin against each other (several times slower on a busy machine).
+    for s in range(0, flat.shape[0], _GEMM_ROWS):
+        np.matmul(flat[s : s + _GEMM_ROWS], coef, out=out[s : s + _GEMM_ROWS])
+    return np.ascontiguousarray(out.reshape(rows, c, len(ks)).transpose(0, 2, 1))
 
 
 def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
@@ -177,7 +186,7 @@ def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np
     lvf = lv.astype(np.float64)
     big = np.maximum(ks[:, None].astype(np.float64), lvf[None, :])  # [K, M]
     frac = np.where(lvf[None, :] > 0, lvf[None, :] / (b2 * lvf[None, :] + big), 0.0)
-    return (1.0 + b2) * r.dot(frac.T)
+    return (1.0 + b2) * np.einsum("gm,km->gk", r, frac)  # no BLAS threads for a [G, M] x [M, K] product
 
 
 def _mass_bound(p_sorted: np.ndarray, nvalid: np.ndarray, tau: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
@@ -230,18 +239,23 @@ def _solve(
     while active.size and k0 <= c:
         k1 = min(c, k0 + _K_BLOCK - 1)
         ks = np.arange(k0, k1 + 1)
-        w = _search_weights(q[active], lv, ks, b2)
-        w[~valid[active]] = -1.0
-        w_sorted = -np.sort(-w, axis=1)
+        # [A, K, c]: sorts and prefix sums run along the contiguous last axis.
+        w = np.where(valid[active][:, None, :], _search_weights(q[active], lv, ks, b2), -1.0)
+        w_sorted = -np.sort(-w, axis=2)
         cols = np.arange(len(ks))
-        value = np.cumsum(w_sorted, axis=1)[:, ks - 1, cols]  # [A, K]
-        kth = w_sorted[:, ks - 1, cols]
+        value = np.cumsum(w_sorted, axis=2)[:, cols, ks - 1]  # [A, K]
+        kth = w_sorted[:, cols, ks - 1]
         feasible = ks[None, :] <= nvalid[active][:, None]
         value = np.where(feasible, value, -np.inf)
         t = tau[active][:, None]
         outside = (1.0 + b2) * t / (b2 + ks[None, :])  # [A, K]
-        exact[active, k0 - 1 : k1] = np.where(feasible, outside <= kth, t == 0)
-        relaxed[active, k0 - 1 : k1] = np.cumsum(np.maximum(w_sorted, outside[:, None, :]), axis=1)[:, ks - 1, cols]
+        ex = np.where(feasible, outside <= kth, t == 0)
+        exact[active, k0 - 1 : k1] = ex
+        loose = np.flatnonzero(~ex.all(1))  # the relaxation only matters where a size is not settled exactly
+        if loose.size:
+            relaxed[active[loose], k0 - 1 : k1] = np.cumsum(
+                np.maximum(w_sorted[loose], outside[loose, :, None]), axis=2
+            )[:, cols, ks - 1]
         block_best = value.max(1)
         block_arg = value.argmax(1)  # first maximum: the smallest size wins ties
         better = block_best > best[active]
@@ -349,25 +363,60 @@ def _tree_rows(
     off = 1 if include_root else 0
     h = tab["lo"].shape[1] - 1
     lv = np.arange(h + 1) + off  # label size of a label at depth m
-    # Node-major [N, G] layout: every dense step below is a row gather or a cumulative sum over contiguous rows.
-    pt = label_distribution_t(node, taxonomy, leaf=leaf)  # label probability: P(n) - sum of P(children)
+    # Row-major [G, N]: the prefix sums run along contiguous rows (numpy's cumsum along axis 0 is several times
+    # slower), and every gather below takes the same columns from each row.
+    pt = label_distribution_t(node, taxonomy, leaf=leaf).T  # label probability: P(n) - sum of P(children)
     # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
-    cs_id = np.zeros((n + 1, g))
-    np.cumsum(pt, axis=0, out=cs_id[1:])
+    cs = np.zeros((g, n + 1))
+    np.cumsum(pt, axis=1, out=cs[:, 1:])
     ids = np.arange(n)
-    ptil = np.ascontiguousarray((cs_id[ids + tab["size"]] - cs_id[ids]).T)  # [G, N]
-    del cs_id
-    cs_dm = np.zeros((n + 1, g))
-    np.cumsum(pt[tab["order"]], axis=0, out=cs_dm[1:])
+    ptil = cs[:, ids + tab["size"]] - cs[:, ids]  # [G, N]
+    cs_dm = cs  # reused: the prefix sums in depth-major order
+    np.cumsum(pt[:, tab["order"]], axis=1, out=cs_dm[:, 1:])
     del pt
-    r = np.ascontiguousarray((cs_dm[tab["seg_hi"]] - cs_dm[tab["seg_lo"]]).T)  # [G, h+1] label mass by depth
+    r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
+    flat_dm = cs_dm.ravel()
 
     sets = np.zeros((g, n), dtype=bool)
     sets[:, 0] = True
     values = np.zeros(g)
-    pending = np.arange(g)
+
+    def solve_rows(rows: np.ndarray, cand: np.ndarray, valid: np.ndarray, tau: np.ndarray, full: bool) -> np.ndarray:
+        base = (rows * cs_dm.shape[1])[:, None, None]  # flat gathers: cheaper than 2-D fancy indexing
+        q = np.take(flat_dm, base + tab["hi"][cand]) - np.take(flat_dm, base + tab["lo"][cand])  # [R, w, h+1]
+        q[~valid] = 0.0
+        best, _best_k, ok, chosen = _solve(q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau, b2)
+        if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
+            raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
+        done = rows[ok]
+        values[done] = best[ok]
+        rr, jj = np.nonzero(chosen[ok])
+        sets[done[rr], cand[ok][rr, jj]] = True
+        return rows[~ok]
+
+    # First round: the nodes above a fraction of the row's mass (an ancestor-closed set, found with one
+    # comparison instead of a partition), rows grouped by how many there are so that narrow rows stay narrow.
+    # Rows with more than c0 of them, and rows whose certificate fails, go to the top-c rounds below.
+    counted = ptil[:, first:]
+    above = counted > (_FIRST_FRACTION * ptil[:, :1])
+    count = above.sum(1)
+    tau0 = np.where(above, 0.0, counted).max(1, initial=0.0)
+    pending_parts = [np.flatnonzero(count > c0)]
+    fits = np.flatnonzero(count <= c0)
+    width_of = np.maximum(8 * ((count[fits] + 7) // 8), 1)
+    for width in np.unique(width_of):
+        rows = fits[width_of == width]
+        rr, cc = np.nonzero(above[rows])
+        rank = np.arange(rr.size) - np.repeat(np.cumsum(count[rows]) - count[rows], count[rows])
+        cand = np.zeros((rows.size, int(width)), dtype=np.int64)
+        valid = np.zeros((rows.size, int(width)), dtype=bool)
+        cand[rr, rank] = cc + first
+        valid[rr, rank] = True
+        pending_parts.append(solve_rows(rows, cand, valid, tau0[rows], False))
+    del above
+    pending = np.concatenate(pending_parts)
     c = min(c0, n - first)
     while pending.size:
         full = c >= n - first
@@ -376,24 +425,80 @@ def _tree_rows(
         for s in range(0, pending.size, rows_per_step):
             rows = pending[s : s + rows_per_step]
             cand, valid, tau = _select_candidates(ptil[rows], first, c)
-            col = rows[:, None, None]
-            q = cs_dm[tab["hi"][cand], col] - cs_dm[tab["lo"][cand], col]  # [R, w, h+1]
-            q[~valid] = 0.0
-            best, _best_k, ok, chosen = _solve(
-                q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau, b2
-            )
-            if full and not ok.all():  # pragma: no cover - impossible by the proof; fail loudly, never silently
-                raise RuntimeError("optimal_hfbeta: certificate failed with every candidate node")
-            done = rows[ok]
-            values[done] = best[ok]
-            rr, jj = np.nonzero(chosen[ok])
-            sets[done[rr], cand[ok][rr, jj]] = True
-            failed.append(rows[~ok])
+            failed.append(solve_rows(rows, cand, valid, tau, full))
         pending = np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)
         if pending.size:
             logger.debug("optimal_hfbeta: %d rows need more than %d candidates", pending.size, c)
         c = min(c * 4, n - first)
     return sets, values
+
+
+def _tree_rows_deep(
+    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deep trees: every size ``k`` in turn over all nodes, O(N) per row and size, no depth dimension.
+
+    For one ``k`` the weight of every node is a subtree sum of ``g_k(y) = p(y) (1+b2) / (b2 |Y_y| + k)``, one
+    prefix sum in pre-order (so ``w_k`` never increases down the tree, in floating point too), and ``V_k`` is the
+    sum of its ``k`` largest weights (ancestor-closed with ties to the smaller id, as in the module proof).
+    Sizes are tried upwards until the two bounds of :func:`_solve` fall to the best value. Memory is O(rows * N)
+    and time O(N * K) per row for the ``K`` sizes tried (``K <= N``), where the candidate solver needs
+    ``[rows, candidates, depths]`` arrays.
+    """
+    g, n = node.shape
+    first = 0 if include_root else 1
+    off = 1 if include_root else 0
+    depth = taxonomy.depth
+    h = int(depth.max())
+    lv = np.arange(h + 1) + off
+    lsize = (depth + off).astype(np.float64)
+    size = np.asarray(taxonomy.subtree_size, dtype=np.int64)
+    ids = np.arange(n)
+    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
+    cs = np.zeros((g, n + 1))
+    np.cumsum(pt, axis=1, out=cs[:, 1:])
+    ptil = cs[:, ids + size] - cs[:, ids]
+    r = np.zeros((g, h + 1))
+    for m in range(h + 1):  # label mass by depth; the deep trees this serves have few nodes per level
+        r[:, m] = pt[:, taxonomy.levels[m]].sum(1)
+    best = np.full(g, -np.inf) if include_root else r[:, 0].copy()
+    best_k = np.zeros(g, dtype=np.int64)
+    p_sorted = -np.sort(-ptil[:, first:], axis=1)
+    nvalid = np.full(g, n - first)
+    tau = np.zeros(g)
+
+    def weights(rows: np.ndarray, k: int) -> np.ndarray:
+        coef = np.where(lsize > 0, (1.0 + b2) / (b2 * lsize + k), 0.0)
+        csk = np.zeros((rows.size, n + 1))
+        np.cumsum(pt[rows] * coef, axis=1, out=csk[:, 1:])
+        w = csk[:, ids + size] - csk[:, ids]
+        w[:, :first] = -np.inf  # the root is never counted
+        return w
+
+    active = np.arange(g)
+    for k in range(1, n - first + 1):
+        if not active.size:
+            break
+        w = weights(active, k)
+        value = np.partition(w, n - k, axis=1)[:, n - k :].sum(1)
+        better = value > best[active]
+        best[active[better]] = value[better]
+        best_k[active[better]] = k
+        nxt = np.array([k + 1])
+        bound = np.minimum(
+            _upper_bound(r[active], lv, nxt, b2)[:, 0],
+            _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0],
+        )
+        active = active[bound > best[active]]
+
+    sets = np.zeros((g, n), dtype=bool)
+    sets[:, 0] = True
+    for k in np.unique(best_k[best_k > 0]):
+        rows = np.flatnonzero(best_k == k)
+        w = weights(rows, int(k))
+        top = np.argsort(-w, axis=1, kind="stable")[:, : int(k)]  # ties: smaller id, so ancestors first
+        sets[rows[:, None], top] = True
+    return sets, best
 
 
 # ---------------------------------------------------------------------------------------------- DAGs
@@ -434,7 +539,7 @@ def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) 
     return sets, values
 
 
-@chunked
+@chunked(scale=8)
 def optimal_hfbeta(
     probs: Any,
     taxonomy: Taxonomy,
@@ -486,7 +591,11 @@ def optimal_hfbeta(
     if n > 1 or include_root:
         for s in range(0, bsz, _CHUNK):
             sl = slice(s, s + _CHUNK)
-            if taxonomy.is_tree:
+            if taxonomy.is_tree and taxonomy.height + 1 > _DEEP_HEIGHT:
+                sets[sl], values[sl] = _tree_rows_deep(
+                    batch.node[sl], None if batch.leaf is None else batch.leaf[sl], taxonomy, b2, include_root
+                )
+            elif taxonomy.is_tree:
                 sets[sl], values[sl] = _tree_rows(
                     batch.node[sl],
                     None if batch.leaf is None else batch.leaf[sl],

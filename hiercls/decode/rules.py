@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode._common import Batch, chunked, prepare, restore_ids
+from hiercls.decode._common import Batch, chunked, index_tensor, prepare, prepare_torch, restore_ids, torch_input
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = [
@@ -48,48 +48,86 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         >>> argmax_leaf(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # tie x/y: smaller id
         [2]
     """
+    if torch_input(probs):  # on the tensor's device (torch.argmax returns the first maximum, as NumPy)
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+        leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
+        return leaves[x[:, leaves].argmax(1)] if x.shape[0] else leaves[:0]
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     return restore_ids(leaves[_first_argmax(batch.node[:, leaves])], batch)
 
 
-def _padded_children(taxonomy: Taxonomy) -> np.ndarray:
+def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
+    """CSR children ``(ptr, idx)`` with each node's children sorted by id (the first maximum is the smallest id)."""
     cache = taxonomy.namespace_cache(__name__)
-    if "child_pad" not in cache:
-        nc = taxonomy.num_children
-        width = max(int(nc.max(initial=0)), 1)
-        pad = np.full((taxonomy.num_nodes, width), -1, dtype=np.int64)
-        ptr, idx = taxonomy.child_ptr, taxonomy.child_idx
-        rows = np.repeat(np.arange(taxonomy.num_nodes), nc)
-        cols = np.arange(len(idx)) - ptr[rows]
-        pad[rows, cols] = idx
-        # Children sorted by id so that the first maximum is the smallest id.
-        pad = np.where(pad < 0, np.iinfo(np.int64).max, pad)
-        pad.sort(axis=1)
-        cache["child_pad"] = np.where(pad == np.iinfo(np.int64).max, -1, pad)
-    return cache["child_pad"]
+    if "child_csr" not in cache:
+        ptr = np.asarray(taxonomy.child_ptr, dtype=np.int64)
+        idx = np.asarray(taxonomy.child_idx, dtype=np.int64)
+        owner = np.repeat(np.arange(taxonomy.num_nodes), np.diff(ptr))
+        cache["child_csr"] = (ptr, idx[np.lexsort((idx, owner))])
+    return cache["child_csr"]
 
 
-def _descend(batch: Batch, step: Any) -> np.ndarray:
-    """Walk down from the root; ``step(cur, kids, kid_probs, valid)`` says which rows move to ``best kid``."""
+# Children gathered per descent step and block of rows: bounds the flat work arrays (a 100k-wide node is
+# ~40 rows a block) so the memory stays O(rows + nodes), never [rows, widest family].
+_STEP_ELEMENTS = 1 << 20
+
+
+def _descend(batch: Batch, decide: Any, second: bool = False) -> np.ndarray:
+    """Walk down from the root, one family per row and step, on CSR children (O(children visited)).
+
+    ``decide(rows, cur, kid, top, runner)`` says which rows move from ``cur`` to their best child ``kid`` (largest
+    probability ``top``, ties: smaller id); ``runner`` is the second-largest child probability (``-inf`` for a
+    single child), computed when ``second`` is set. A row that does not move stops for good (the rules only
+    tighten), and so does a row at a leaf.
+    """
     tax = batch.taxonomy
-    pad = _padded_children(tax)
+    ptr, idx = _sorted_children(tax)
+    nc = np.diff(ptr)
     node = batch.node
     cur = np.zeros(node.shape[0], dtype=np.int64)
-    rows = np.arange(node.shape[0])
-    for _ in range(tax.height):
-        kids = pad[cur]
-        valid = kids >= 0
-        if not valid.any():
-            break
-        vals = np.where(valid, node[rows[:, None], np.maximum(kids, 0)], -np.inf)
-        best = _first_argmax(vals)
-        move = valid.any(1) & step(cur, kids, vals, best)
-        cur = np.where(move, kids[rows, best], cur)
+    active = np.arange(node.shape[0])
+    while active.size:
+        c = cur[active]
+        cnt_all = nc[c]
+        if (cnt_all == 1).all():  # only single-child families (a chain): no segments, one gather
+            kid = idx[ptr[c]]
+            move = decide(active, c, kid, node[active, kid], np.full(active.size, -np.inf) if second else None)
+            cur[active[move]] = kid[move]
+            active = active[move]
+            continue
+        active = active[cnt_all > 0]
+        moved = []
+        cnt_all = cnt_all[cnt_all > 0]
+        # Blocks of rows with at most _STEP_ELEMENTS children in all (a row alone when its family is wider).
+        bounds = np.searchsorted(
+            np.cumsum(cnt_all), np.arange(1, 1 + (cnt_all.sum() // _STEP_ELEMENTS)) * _STEP_ELEMENTS
+        )
+        for rows, cnt in zip(np.split(active, bounds), np.split(cnt_all, bounds), strict=True):
+            if not rows.size:
+                continue
+            c = cur[rows]
+            seg = np.cumsum(cnt) - cnt
+            total = int(cnt.sum())
+            flat = np.arange(total) + np.repeat(ptr[c] - seg, cnt)
+            kids = idx[flat]
+            vals = node[np.repeat(rows, cnt), kids]
+            top = np.maximum.reduceat(vals, seg)
+            pos = np.minimum.reduceat(np.where(vals == np.repeat(top, cnt), np.arange(total), total), seg)
+            runner = None
+            if second:
+                vals[pos] = -np.inf
+                runner = np.maximum.reduceat(vals, seg)
+                runner[cnt == 1] = -np.inf
+            kid = kids[pos]
+            move = decide(rows, c, kid, top, runner)
+            cur[rows[move]] = kid[move]
+            moved.append(rows[move])
+        active = np.concatenate(moved) if moved else active[:0]
     return cur
 
 
-@chunked
+@chunked(scale=8)
 def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_probs: bool = False) -> Any:
     """Greedy top-down descent: from the root, move to the most probable child (ties: smaller id).
 
@@ -114,16 +152,15 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     node = batch.node
 
-    def step(cur: np.ndarray, kids: np.ndarray, vals: np.ndarray, best: np.ndarray) -> np.ndarray:
-        pu = node[np.arange(len(cur)), cur]
-        pc = vals[np.arange(len(cur)), best]
-        cond = np.where(pu > 0, pc / np.where(pu > 0, pu, 1.0), 0.0)
-        return (cond >= t) & (pc > 0)
+    def decide(rows: np.ndarray, cur: np.ndarray, kid: np.ndarray, top: np.ndarray, runner: Any) -> np.ndarray:
+        pu = node[rows, cur]
+        cond = np.where(pu > 0, top / np.where(pu > 0, pu, 1.0), 0.0)
+        return (cond >= t) & (top > 0)
 
-    return restore_ids(_descend(batch, step), batch)
+    return restore_ids(_descend(batch, decide), batch)
 
 
-@chunked
+@chunked(scale=8)
 def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
     """Plurality inference: the deepest node more probable than every node off its path.
 
@@ -152,19 +189,15 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
         'Y'
     """
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    runner_max = np.zeros(batch.node.shape[0])  # m, per row; a row that stops revisits the same family
+    runner_max = np.zeros(batch.node.shape[0])  # m, per row
 
-    def step(cur: np.ndarray, kids: np.ndarray, vals: np.ndarray, best: np.ndarray) -> np.ndarray:
-        rows = np.arange(len(cur))
-        top = vals[rows, best]
-        others = vals.copy()
-        others[rows, best] = -np.inf
-        second = others.max(1) if vals.shape[1] > 1 else np.full(len(cur), -np.inf)
-        single = np.isneginf(second)
-        np.maximum(runner_max, np.where(single, 0.0, second), out=runner_max)
-        return (single | (top >= runner_max - _TIE_TOL)) & (top > 0)
+    def decide(rows: np.ndarray, cur: np.ndarray, kid: np.ndarray, top: np.ndarray, runner: Any) -> np.ndarray:
+        single = np.isneginf(runner)
+        m = np.maximum(runner_max[rows], np.where(single, 0.0, runner))
+        runner_max[rows] = m
+        return (single | (top >= m - _TIE_TOL)) & (top > 0)
 
-    return restore_ids(_descend(batch, step), batch)
+    return restore_ids(_descend(batch, decide, second=True), batch)
 
 
 def _check_unit(value: float, name: str) -> float:
@@ -186,6 +219,19 @@ def _deepest_above(batch: Batch, t: float, key: np.ndarray) -> np.ndarray:
     return np.where(mask.any(1), pick, 0)
 
 
+def _deepest_above_torch(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
+    """:func:`_deepest_above` on the tensor's device, with the same tie rule."""
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf)
+    if not x.shape[0]:
+        return index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)[:0]
+    k = index_tensor(taxonomy, name, key, x.device)
+    mask = x > t
+    ninf = float("-inf")
+    best_key = k[None, :].where(mask, ninf).amax(1, keepdim=True)
+    pick = x.where(mask & (k[None, :] == best_key), ninf).argmax(1)
+    return pick.where(mask.any(1), 0)
+
+
 @chunked
 def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
     """The deepest node whose probability exceeds ``threshold`` (ties: more probable, then smaller id).
@@ -204,6 +250,8 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
         [0]
     """
     t = _check_unit(threshold, "threshold")
+    if torch_input(probs):
+        return _deepest_above_torch(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64)), batch)
 
@@ -228,8 +276,11 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
         [2]
     """
     t = _check_unit(threshold, "threshold")
+    ic = taxonomy.information_content.astype(np.float64)
+    if torch_input(probs):
+        return _deepest_above_torch(probs, taxonomy, t, "ic", ic, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    return restore_ids(_deepest_above(batch, t, taxonomy.information_content.astype(np.float64)), batch)
+    return restore_ids(_deepest_above(batch, t, ic), batch)
 
 
 @chunked
@@ -253,6 +304,10 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     lam = float(lam)
     if not np.isfinite(lam) or lam < 0:
         raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
+    if torch_input(probs):
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+        w = index_tensor(taxonomy, "ic", taxonomy.information_content.astype(np.float64), x.device) + lam
+        return (x.double() * w).argmax(1) if x.shape[0] else w[:0].long()
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     score = batch.node * (taxonomy.information_content[None, :] + lam)
     return restore_ids(_first_argmax(score), batch)
@@ -338,7 +393,6 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     """
     if not taxonomy.is_tree:
         raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     if level is None:
         coarse = np.maximum(taxonomy.parent[leaves], 0)
@@ -348,5 +402,17 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
             raise ValueError(f"level must be a depth >= 0; got {level!r}")
         paths = taxonomy.paths[leaves]
         coarse = paths[np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
+    if torch_input(probs):
+        return _hie_torch(probs, taxonomy, coarse, leaf_probs)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     score = batch.node[:, leaves] * batch.node[:, coarse]
     return restore_ids(leaves[_first_argmax(score)], batch)
+
+
+def _hie_torch(probs: Any, taxonomy: Taxonomy, coarse: np.ndarray, leaf_probs: bool) -> Any:
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+    leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
+    if not x.shape[0]:
+        return leaves[:0]
+    c = index_tensor(taxonomy, ("hie", coarse.tobytes()), coarse, x.device)
+    return leaves[(x[:, leaves] * x[:, c]).argmax(1)]

@@ -75,7 +75,74 @@ def close_sets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
     return closed
 
 
+def _name_index(taxonomy: Taxonomy) -> dict[str, int]:
+    cache = taxonomy.namespace_cache(__name__)
+    if "name_index" not in cache:
+        cache["name_index"] = {n: i for i, n in enumerate(taxonomy.names)}
+    return cache["name_index"]
+
+
+def _name_keys(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """The names as rows of uint64 ``[N, W/2]`` (pairs of code points), their sorted int keys and node ids.
+
+    ``None`` when two names share a key (then the dict lookup is used).
+    """
+    cache = taxonomy.namespace_cache(__name__)
+    if "name_keys" not in cache:
+        arr = np.array(taxonomy.names, dtype=str)
+        width = arr.dtype.itemsize // 4
+        width += width % 2  # whole uint64 words
+        arr = arr.astype(f"<U{width}")
+        words = arr.view(np.uint64).reshape(len(arr), width // 2)
+        mult = np.random.default_rng(0).integers(1, 1 << 62, size=width // 2, dtype=np.int64).astype(np.uint64) | 1
+        keys = (words * mult).sum(1)  # wraps modulo 2**64: a hash; equality is always checked on the words
+        order = np.argsort(keys, kind="stable")
+        sk = keys[order]
+        unique = not (sk[1:] == sk[:-1]).any()
+        cache["name_keys"] = (words, mult, sk, order, width) if unique else None
+    return cache["name_keys"]
+
+
+def _lookup_name_array(values: np.ndarray, taxonomy: Taxonomy) -> np.ndarray | None:
+    """Vectorised ids of a 1-D ``str`` array (no Python call per label); ``None`` when any is not a name."""
+    table = _name_keys(taxonomy)
+    if table is None or values.dtype.kind != "U" or values.ndim != 1:
+        return None
+    words, mult, sk, order, width = table
+    w_in = values.dtype.itemsize // 4
+    if w_in > width:
+        extra = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), w_in)[:, width:]
+        if extra.any():
+            return None  # a label longer than every name
+    v = np.ascontiguousarray(values.astype(f"<U{width}")) if w_in != width else np.ascontiguousarray(values)
+    v = v.view(np.uint64).reshape(len(values), width // 2)
+    pos = np.minimum(np.searchsorted(sk, (v * mult).sum(1)), len(sk) - 1)
+    ids = order[pos]
+    if not (words[ids] == v).all():
+        return None
+    return ids.astype(np.int64)
+
+
+def _lookup_names(values: list[Any] | tuple[Any, ...], taxonomy: Taxonomy) -> np.ndarray | None:
+    """Ids of known names through the cached map; ``None`` when any value is not a known name."""
+    index = _name_index(taxonomy)
+    try:
+        return np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+    except (KeyError, TypeError):
+        return None
+
+
 def _names_to_ids(values: Iterable[Any], taxonomy: Taxonomy, name: str) -> np.ndarray:
+    # One dict lookup per label (a cached name -> id map); the loop below only runs to name an unknown label.
+    if isinstance(values, np.ndarray) and values.size:
+        ids = _lookup_name_array(values, taxonomy)
+        if ids is not None:
+            return ids
+    vals = values.tolist() if isinstance(values, np.ndarray) and values.dtype.kind in "US" else values
+    if isinstance(vals, list | tuple):
+        ids = _lookup_names(vals, taxonomy)
+        if ids is not None:
+            return ids
     out = []
     for i, v in enumerate(values):
         try:
@@ -143,6 +210,10 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         TypeError: unsupported input type or dtype.
     """
     n = taxonomy.num_nodes
+    if isinstance(y, list | tuple) and y and type(y[0]) is str:
+        ids = _lookup_names(y, taxonomy)  # names: no round trip through a numpy array
+        if ids is not None:
+            return Labels(ids, None, n)
     y = to_numpy(y, passthrough=True)
     if sp.issparse(y):
         m = sp.csr_matrix(y)

@@ -468,6 +468,34 @@ def _path_name_sets(y: Any, name: str) -> list[set[str]]:
     return out
 
 
+def _path_name_counts(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``|T & P|``, ``|T|``, ``|P|`` per sample for string arrays ``[B]``, ``[B, L]`` or ``[B, k, L]``, vectorised.
+
+    The names of both arrays get one integer code (``""`` is padding), each sample's set is the distinct
+    ``(sample, code)`` keys, and the counts are bincounts of the keys. ``None`` for other inputs (the per-sample
+    sets of :func:`_path_name_sets` then apply).
+    """
+    t, p = (to_numpy(y, passthrough=True) for y in (y_true, y_pred))
+    if not all(isinstance(a, np.ndarray) and a.dtype.kind == "U" and 1 <= a.ndim <= 3 and a.size for a in (t, p)):
+        return None
+    b = t.shape[0]
+    if p.shape[0] != b:
+        return None
+    t, p = t.reshape(b, -1), p.reshape(p.shape[0], -1)
+    uniq, inv = np.unique(np.concatenate([t.ravel(), p.ravel()]), return_inverse=True)
+    k = np.int64(len(uniq))
+    pad = np.searchsorted(uniq, "")
+    pad = pad if pad < len(uniq) and uniq[pad] == "" else -1
+    inv = inv.ravel().astype(np.int64)
+    sets = []
+    for codes, width in ((inv[: t.size], t.shape[1]), (inv[t.size :], p.shape[1])):
+        keys = np.repeat(np.arange(b, dtype=np.int64), width) * k + codes
+        sets.append(np.unique(keys[codes != pad]))
+    inter = np.intersect1d(sets[0], sets[1], assume_unique=True)
+    count = [np.bincount(x // k, minlength=b).astype(np.float64) for x in (inter, sets[0], sets[1])]
+    return count[0], count[1], count[2]
+
+
 def hiclass_precision_recall_fscore(
     y_true: Any,
     y_pred: Any,
@@ -502,14 +530,18 @@ def hiclass_precision_recall_fscore(
     check_choice(average, ("micro", "macro"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")
-    if len(ts) != len(ps):
-        raise ValueError(f"y_true has {len(ts)} samples but y_pred has {len(ps)}")
-    if not ts:
-        raise ValueError("no samples to score")
-    inter = np.array([len(a & b) for a, b in zip(ts, ps, strict=True)], dtype=np.float64)
-    ntrue = np.array([len(a) for a in ts], dtype=np.float64)
-    npred = np.array([len(b) for b in ps], dtype=np.float64)
+    counts = _path_name_counts(y_true, y_pred)
+    if counts is not None:
+        inter, ntrue, npred = counts
+    else:
+        ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")
+        if len(ts) != len(ps):
+            raise ValueError(f"y_true has {len(ts)} samples but y_pred has {len(ps)}")
+        if not ts:
+            raise ValueError("no samples to score")
+        inter = np.array([len(a & b) for a, b in zip(ts, ps, strict=True)], dtype=np.float64)
+        ntrue = np.array([len(a) for a in ts], dtype=np.float64)
+        npred = np.array([len(b) for b in ps], dtype=np.float64)
     if average == "micro":
         inter, ntrue, npred = inter.sum(), ntrue.sum(), npred.sum()
     # hiclass computes F from precision and recall (per sample for "macro", then averaged), never from the

@@ -530,11 +530,22 @@ class Taxonomy:
     @cached_property
     def subtree_size(self) -> np.ndarray:
         """Number of descendants of each node, itself included."""
+        if self.is_tree:  # bottom-up: O(N), where the ancestor matrix has N * depth entries
+            return _readonly(self._tree_subtree_sum(np.ones(self.num_nodes, dtype=np.int64)))
         return _readonly(np.asarray(self.ancestors_sparse.sum(axis=0)).ravel().astype(np.int64))
+
+    def _tree_subtree_sum(self, x: np.ndarray) -> np.ndarray:
+        out = x.copy()
+        par = self.primary_parent
+        for lvl in reversed(self.levels[1:]):
+            np.add.at(out, par[lvl], out[lvl])
+        return out
 
     @cached_property
     def num_leaves_under(self) -> np.ndarray:
         """Number of leaves among each node's descendants (a leaf counts itself)."""
+        if self.is_tree:
+            return _readonly(self._tree_subtree_sum(self.is_leaf.astype(np.int64)))
         a = self.ancestors_sparse[self.leaves]
         return _readonly(np.asarray(a.sum(axis=0)).ravel().astype(np.int64))
 
