@@ -210,6 +210,10 @@ def prepare_torch(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, n
         raise ValueError(
             f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape {list(probs.shape)}{hint}"
         )
+    if x.numel() and probability_checks_enabled() and not _plausible_torch(x, taxonomy, leaf_probs):
+        # Something is off: the NumPy check decides (it allows round-off) and names the row and node.
+        kind = "leaf" if leaf_probs else "node"
+        check_probabilities(x.cpu().numpy(), taxonomy, kind=kind, name=name, row_offset=_ROW_OFFSET.get())
     if x.numel():
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or infinite values")
@@ -219,6 +223,30 @@ def prepare_torch(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, n
     if leaf_probs:
         x = taxonomy.marginals(x.clamp_min(0.0)).to(x.dtype)
     return x
+
+
+def _plausible_torch(x: Any, taxonomy: Taxonomy, leaf_probs: bool) -> bool:
+    """Whether ``x`` passes a strict on-device version of :func:`check_probabilities` (one scalar leaves the device).
+
+    Stricter than the real check (no round-off slack), so ``False`` only means "let the real check decide".
+    """
+    import torch
+
+    ok = torch.isfinite(x).all() & (x.min() >= 0) & (x.max() <= 1)
+    if leaf_probs:
+        ok &= ((x.sum(1, dtype=torch.float64) - 1).abs() <= 1e-6).all()
+    else:
+        ok &= ((x[:, 0] - 1).abs() <= 1e-6).all()
+        if taxonomy.num_nodes > 1:
+            child = index_tensor(
+                taxonomy,
+                "edge_child",
+                np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)),
+                x.device,
+            )
+            parent = index_tensor(taxonomy, "edge_parent", np.asarray(taxonomy.parent_idx), x.device)
+            ok &= (x[:, child] <= x[:, parent]).all()
+    return bool(ok)
 
 
 def index_tensor(taxonomy: Taxonomy, key: str, values: np.ndarray, device: Any) -> Any:

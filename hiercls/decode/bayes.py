@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from hiercls._checks import check_label_mass, probability_checks_enabled
 from hiercls.decode._common import (
+    _ROW_OFFSET,
     Batch,
     chunked,
     label_distribution_t,
@@ -118,8 +120,14 @@ def _labels_and_subtree_t(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
     x = np.array(batch.node.T, dtype=np.float64, order="C")  # [N, B]: the only copy of the input
     pt = np.maximum(x, 0.0)
     big = pt.copy()
+    checking = probability_checks_enabled()
     for kids, starts, parents in _subtree_levels(tax):
         lab = x[parents] - np.add.reduceat(x[kids], starts, axis=0)
+        if checking and lab.size and lab.min() < 0:
+            # children above their parent: not single-label probabilities (the check allows round-off only)
+            full = np.zeros_like(x)
+            full[parents] = lab
+            check_label_mass(full, tax, batch.node, node_major=True, row_offset=_ROW_OFFSET.get())
         np.maximum(lab, 0.0, out=lab)
         pt[parents] = lab
         big[parents] = lab + np.add.reduceat(big[kids], starts, axis=0)
