@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import Case, compare  # noqa: E402
+from _timing import Case, compare
 
 
 @functools.lru_cache(maxsize=1)

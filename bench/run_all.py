@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(mod_name)
             cases = module.cases(args.quick)
         except Exception as err:  # a broken module is reported, the others still run
-            errors.append({"module": mod_name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
+            errors.append(
+                {"module": mod_name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+            )
             continue
         for case in cases:
             if args.only and not any(s in case.name for s in args.only):
@@ -101,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 results.append({"module": mod_name, **run_case(case, args.quick, args.repeats)})
             except Exception as err:
-                errors.append({"case": case.name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
+                errors.append(
+                    {"case": case.name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+                )
             print(f"[run_all] {case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     report = {
         "bench": "run_all",

@@ -149,15 +149,42 @@ class HXELoss(_LeafBase):
             "weights", as_tensor(hxe_weights(taxonomy, alpha, normalize), dtype=torch.float64), persistent=False
         )
 
+    #: A label subtree whose mass under the row-maximum shift falls below this takes the exact path.
+    _TINY = 1e-30
+
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)
         t, valid = self.targets(logits, targets)
-        logp = F.log_softmax(upcast(logits), dim=1)
-        log_marg = self.ops.bottom_up(logp, "logsumexp")  # [B, N]
+        z = upcast(logits)
         path = self.paths[t]  # [B, H + 1], -1 past the label
+        on = path >= 0
+        # Only the label's path is needed. Leaf l's mass counts towards the path nodes down to its LCA with the
+        # label: the depth of that LCA is the number of path nodes whose leaf range [lo, hi) holds l, minus one
+        # (a difference array and a cumulative sum), and the path masses are suffix sums of per-depth "rings".
+        node = path.clamp(min=0)
+        ones = on.long()
+        diff = torch.zeros(z.shape[0], self.num_leaves + 1, dtype=torch.long, device=z.device)
+        diff.scatter_add_(1, self.leaf_lo[node], ones).scatter_add_(1, self.leaf_hi[node], -ones)
+        ring = diff[:, : self.num_leaves].cumsum(1)  # 1 + depth of the leaf's LCA with the label
+        e = (z - z.detach().amax(1, keepdim=True)).exp_()
+        rings = e.new_zeros(z.shape[0], path.shape[1] + 1).scatter_add_(1, ring, e)[:, 1:]
+        mass = rings.flip(1).cumsum(1).flip(1)  # mass[b, d] = P(path node at depth d) * sum(e)
+        own = mass.gather(1, on.sum(1, keepdim=True) - 1)  # the label's own subtree
+        if bool((own < self._TINY).any()):  # the label subtree underflows the shared shift: exact marginals
+            return self._forward_all_nodes(z, t, valid)
+        log_mass = torch.where(on, mass, torch.ones_like(mass)).log()
+        cond = log_mass[:, 1:] - log_mass[:, :-1]  # log P(n | parent(n)) along the path
+        w = torch.where(on[:, 1:], self.weights.to(cond.dtype)[node[:, 1:]], torch.zeros_like(cond))
+        return _masked_mean(-(w * cond).sum(1), valid)
+
+    def _forward_all_nodes(self, z: torch.Tensor, t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        # Every node's log-marginal with per-node shifts (exact for any logits; slower).
+        logp = F.log_softmax(z, dim=1)
+        log_marg = self.ops.bottom_up(logp, "logsumexp")  # [B, N]
+        path = self.paths[t]
         on_path = path[:, 1:] >= 0
         child, parent = path[:, 1:].clamp(min=0), path[:, :-1].clamp(min=0)
-        cond = log_marg.gather(1, child) - log_marg.gather(1, parent)  # log P(n | parent(n))
+        cond = log_marg.gather(1, child) - log_marg.gather(1, parent)
         terms = torch.where(on_path, self.weights.to(cond.dtype)[child] * cond, torch.zeros_like(cond))
         return _masked_mean(-terms.sum(1), valid)
 
