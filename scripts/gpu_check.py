@@ -78,7 +78,7 @@ def head_steps(device: torch.device, steps: int) -> dict[str, Any]:
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
                 scaler = torch.amp.GradScaler("cuda", enabled=prec == "fp16")
 
-                def step() -> float:
+                def step(model=model, opt=opt, scaler=scaler, dtype=dtype) -> float:
                     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                         output = model(x)
                         loss = model.loss(output, y)
@@ -103,7 +103,6 @@ def head_steps(device: torch.device, steps: int) -> dict[str, Any]:
                     and bool((probs[:, 0] == 1).all())
                 )
                 res[head] = {"ms_per_step": round(ms, 3), "loss": round(losses[-1], 5), "ok": bool(ok)}
-                del model, opt
             except Exception as err:  # reported, the other heads still run
                 res[head] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
         flat = res.get("flat", {}).get("ms_per_step")
