@@ -44,7 +44,13 @@ class _LeafBase(nn.Module):
             self.register_buffer("leaf_lo", as_tensor(lo), persistent=False)
             self.register_buffer("leaf_hi", as_tensor(hi), persistent=False)
         else:
-            self._leaf_desc = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocsr()  # [N, L]
+            # [N, L] "leaf l is below node n" as a sparse buffer: rows are selected on the logits' device.
+            coo = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocoo()
+            idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+            desc = torch.sparse_coo_tensor(
+                idx, torch.ones(coo.nnz), (self.num_nodes, self.num_leaves), check_invariants=True
+            )
+            self.register_buffer("leaf_desc", desc.coalesce(), persistent=False)
 
     def targets(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = check_node_targets(targets, self.num_nodes, batch=logits.shape[0])
@@ -61,8 +67,7 @@ class _LeafBase(nn.Module):
                 ar = torch.arange(self.num_leaves, device=leaf_logp.device)
                 mask = (ar >= self.leaf_lo[targets][:, None]) & (ar < self.leaf_hi[targets][:, None])
             else:
-                rows = self._leaf_desc[targets.cpu().numpy()].toarray().astype(bool)
-                mask = torch.from_numpy(rows).to(leaf_logp.device)
+                mask = self.leaf_desc.index_select(0, targets).to_dense() > 0
             lse = leaf_logp.masked_fill(~mask, -math.inf).logsumexp(1)
             out = torch.where(internal, lse, out)
         return out
