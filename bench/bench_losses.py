@@ -249,7 +249,7 @@ def _loss_setup(kind: str, batch: int):
         gen = torch.Generator().manual_seed(0)
         z = (2.0 * torch.randn(batch, width, generator=gen)).requires_grad_(True)
         zb = z.detach().clone().requires_grad_(True)
-        leaves = torch.as_tensor(np.asarray(tax.leaves))
+        leaves = torch.as_tensor(np.array(tax.leaves))
         y = leaves[torch.randint(len(leaves), (batch,), generator=gen)]
         yb = torch.randint(width, (batch,), generator=gen)
 

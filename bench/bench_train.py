@@ -19,10 +19,12 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from _timing import time_calls
 
 
 def random_tree(num_classes: int, depth: int, seed: int = 0):
@@ -109,10 +111,7 @@ def main() -> int:
     for _ in range(rounds):
         for head in heads:
             model, opt = setups[head]
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                one_step(model, opt)
-            times[head].append((time.perf_counter() - t0) / steps)
+            times[head].append(time_calls(lambda m=model, o=opt: one_step(m, o), steps))
     flat = statistics.median(times["flat"])
     results = {}
     for head in heads:
