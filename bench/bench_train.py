@@ -155,7 +155,7 @@ if __name__ == "__main__":
 #: The training-step configuration of the run_all cases (quick and full alike, so that they agree): ViT-Tiny
 #: (12 blocks, width 192) at 64 px with 8 px patches (65 tokens), batch 16, the 21K tree.
 STEP_BACKBONE = ("timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8})
-STEP_BATCH = 8
+STEP_BATCH = 16
 
 
 def _step_fn(model, opt, x, y):
