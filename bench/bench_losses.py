@@ -231,3 +231,61 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---------------------------------------------------------------------------------------------- run_all cases
+def _loss_setup(kind: str, batch: int):
+    """``(candidate, baseline)``: one loss forward + backward on leaf logits vs ``F.cross_entropy`` on as many."""
+
+    def setup():
+        import functools  # noqa: F401  (kept local: setup runs inside run_all)
+
+        from hiercls.losses import HXELoss, SemanticSoftmaxLoss
+        from hiercls.taxonomy import load_taxonomy
+
+        tax = load_taxonomy("imagenet21k_winter21")
+        loss = SemanticSoftmaxLoss(tax) if kind == "semantic" else HXELoss(tax)
+        width = loss.layout.num_classes if kind == "semantic" else tax.num_leaves
+        gen = torch.Generator().manual_seed(0)
+        z = (2.0 * torch.randn(batch, width, generator=gen)).requires_grad_(True)
+        zb = z.detach().clone().requires_grad_(True)
+        leaves = torch.as_tensor(np.array(tax.leaves))
+        y = leaves[torch.randint(len(leaves), (batch,), generator=gen)]
+        yb = torch.randint(width, (batch,), generator=gen)
+
+        def candidate():
+            loss(z, y).backward()
+            z.grad = None
+
+        def baseline():
+            F.cross_entropy(zb, yb).backward()
+            zb.grad = None
+
+        return candidate, baseline
+
+    return setup
+
+
+def cases(quick: bool) -> list:
+    from _timing import Case
+
+    out = [
+        Case(
+            f"losses/semantic_softmax_fwd_bwd_21k_b{b}",
+            1.5,
+            setup=_loss_setup("semantic", b),
+            min_time=0.1,
+            note="SemanticSoftmaxLoss forward+backward vs F.cross_entropy over the same [B, 10450] logits",
+        )
+        for b in (64, 256)
+    ]
+    out.append(
+        Case(
+            "losses/hxe_fwd_bwd_21k_b256",
+            3.0,
+            setup=_loss_setup("hxe", 256),
+            min_time=0.1,
+            note="HXELoss forward+backward vs F.cross_entropy over the same [256, 8146] leaf logits",
+        )
+    )
+    return out

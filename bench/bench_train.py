@@ -19,10 +19,12 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from _timing import time_calls
 
 
 def random_tree(num_classes: int, depth: int, seed: int = 0):
@@ -109,10 +111,7 @@ def main() -> int:
     for _ in range(rounds):
         for head in heads:
             model, opt = setups[head]
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                one_step(model, opt)
-            times[head].append((time.perf_counter() - t0) / steps)
+            times[head].append(time_calls(lambda m=model, o=opt: one_step(m, o), steps))
     flat = statistics.median(times["flat"])
     results = {}
     for head in heads:
@@ -150,3 +149,74 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---------------------------------------------------------------------------------------------- run_all cases
+#: The training-step configuration of the run_all cases (quick and full alike, so that they agree): ViT-Tiny
+#: (12 blocks, width 192) at 64 px with 8 px patches (65 tokens), batch 16, the 21K tree.
+STEP_BACKBONE = ("timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8})
+STEP_BATCH = 16
+
+
+def _step_fn(model, opt, x, y):
+    def step() -> None:
+        loss = model.loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _train_setup(head: str, **head_options):
+    def setup():
+        from hiercls.models import create_model
+        from hiercls.taxonomy import load_taxonomy
+        from hiercls.train.config import TrainConfig
+        from hiercls.train.loop import build_optimizer
+
+        tax = load_taxonomy("imagenet21k_winter21")
+        name, opts = STEP_BACKBONE
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(STEP_BATCH, 3, opts["img_size"], opts["img_size"], generator=gen)
+        leaves = torch.as_tensor(np.array(tax.leaves))
+        y = leaves[torch.randint(len(leaves), (STEP_BATCH,), generator=gen)]
+        steps = []
+        for h, hopts in ((head, head_options), ("flat", {})):
+            torch.manual_seed(0)
+            model = create_model(name, tax, head=h, head_options=hopts or None, **opts).train()
+            steps.append(_step_fn(model, build_optimizer(model, TrainConfig()), x, y))
+        return steps[0], steps[1]
+
+    return setup
+
+
+def cases(quick: bool) -> list:
+    from _timing import Case
+
+    from hiercls.heads import get_head_class, list_heads
+
+    heads = [h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense]
+    out = [
+        Case(
+            f"train/step_{h}_vs_flat_21k",
+            1.05,
+            setup=_train_setup(h),
+            number=1,
+            repeats=5 if quick else 9,
+            note=f"AdamW step of ViT-Tiny 64px/8 + {h} vs + flat, batch {STEP_BATCH}, imagenet21k_winter21",
+        )
+        for h in heads
+    ]
+    out.append(
+        Case(
+            "train/step_transhp_default_vs_flat_21k",
+            1.5,
+            setup=_train_setup("transhp"),
+            number=1,
+            repeats=5 if quick else 9,
+            note="TransHP with its default prompts vs the flat head on the same ViT-Tiny 64px/8",
+        )
+    )
+    return out

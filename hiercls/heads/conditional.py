@@ -104,9 +104,7 @@ class ConditionalSoftmaxHead(HierarchicalHead):
     def node_probs(self, output: torch.Tensor) -> torch.Tensor:
         if self.huffman:
             return self.tree_ops.node_probs(self._leaf_log_probs(output).exp().float())
-        p = self.softmax.node_log_probs(output).exp().float().clamp(0.0, 1.0)
-        p[:, 0] = 1.0
-        return p
+        return self.softmax.node_probs(output).float()
 
     def stop_probs(self, output: torch.Tensor) -> torch.Tensor:
         """``P(label stops at n)`` for every node ``[B, N]`` (leaves: their own probability). Needs ``stop=True``."""

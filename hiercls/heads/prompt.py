@@ -72,37 +72,70 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------- configuration
-def default_prompt_positions(taxonomy: Taxonomy, num_blocks: int) -> dict[int, int]:
-    """Default prompting blocks: every coarse level ``1 .. height-1``, at consecutive blocks ending one before the last.
+#: Default bound on the prompting cost: at most this many prompted levels ...
+DEFAULT_MAX_PROMPT_LEVELS = 2
+#: ... holding at most this many prompt tokens in all (one per coarse class of each prompted level).
+DEFAULT_MAX_PROMPT_TOKENS = 320
 
-    TransHP prompts late intermediate blocks (the reference ViT-B/12 setting prompts block index 10 for the
-    finest coarse level); coarser levels go to earlier blocks.
+
+def default_prompt_positions(
+    taxonomy: Taxonomy,
+    num_blocks: int,
+    *,
+    max_levels: int = DEFAULT_MAX_PROMPT_LEVELS,
+    max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+) -> dict[int, int]:
+    """Default prompting blocks: a few coarse levels, coarsest first, at consecutive blocks ending one before the last.
+
+    TransHP prompts a few coarse levels in late intermediate blocks (the reference ViT-B/12 setting prompts
+    block index 10 for its coarse level). Each prompted level adds one token per coarse class to its block, so
+    the default is bounded: levels ``1, 2, ...`` are taken while there are at most ``max_levels`` of them and
+    their prompt tokens total at most ``max_tokens`` (e.g. ``imagenet21k_winter21``: level 1 only, 293 tokens;
+    level 2 would add 1,040). Pass ``prompt_blocks={block: level}`` to prompt other or wider levels.
 
     Args:
         taxonomy: a tree.
         num_blocks: number of transformer blocks / layers of the backbone.
+        max_levels: most prompted levels (default 2).
+        max_tokens: most prompt tokens over all prompted levels (default 320).
 
     Returns:
         ``{block index: level}``.
 
     Raises:
-        ValueError: the taxonomy has no coarse level (height < 2) or more coarse levels than the backbone has
-            blocks before its last one.
+        ValueError: the taxonomy has no coarse level (height < 2), its coarsest level alone has more than
+            ``max_tokens`` classes, or the backbone has too few blocks.
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("x", "x1"), ("r", "b"), ("b", "y"), ("y", "y1")])
         >>> default_prompt_positions(tax, 12)
         {9: 1, 10: 2}
+        >>> default_prompt_positions(tax, 12, max_tokens=3)  # level 2 would bring the total to 4 tokens
+        {10: 1}
     """
-    levels = list(range(1, taxonomy.height))
-    if not levels:
+    coarse = list(range(1, taxonomy.height))
+    if not coarse:
         raise ValueError(
             f"taxonomy {taxonomy.name!r} has height {taxonomy.height}: it has no coarse level to prompt; "
             "pass prompt_blocks={} for a plain fine classifier"
         )
+    levels: list[int] = []
+    total = 0
+    for lvl in coarse[: max(0, int(max_levels))]:
+        width = len(taxonomy.levels[lvl])
+        if total + width > max_tokens:
+            break
+        levels.append(lvl)
+        total += width
+    if not levels:
+        raise ValueError(
+            f"taxonomy {taxonomy.name!r}: its coarsest level (depth 1) has {len(taxonomy.levels[1])} classes, more "
+            f"than the default budget of {max_tokens} prompt tokens (one per coarse class); pass "
+            "prompt_blocks={block: level} explicitly to accept that cost"
+        )
     if len(levels) > num_blocks - 1:
         raise ValueError(
-            f"taxonomy {taxonomy.name!r} has {len(levels)} coarse levels but the backbone has only "
+            f"taxonomy {taxonomy.name!r} has {len(levels)} coarse levels to prompt but the backbone has only "
             f"{num_blocks} blocks; pass prompt_blocks={{block: level}} explicitly"
         )
     first = num_blocks - 1 - len(levels)

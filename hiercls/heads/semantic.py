@@ -10,7 +10,9 @@ import torch
 from hiercls.heads.base import HierarchicalHead
 from hiercls.heads.registry import register_head
 from hiercls.losses.semantic import SemanticKDLoss, SemanticSoftmaxLoss
+from hiercls.losses.validation import upcast
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.ops import ChainedSoftmax
 
 __all__ = ["SemanticSoftmaxHead"]
 
@@ -68,6 +70,15 @@ class SemanticSoftmaxHead(HierarchicalHead):
         self.layout = self.criterion.layout
         self.num_outputs = self.layout.num_classes
         self._fill_nonclass = not self.layout.all_nodes_are_classes
+        if not self._fill_nonclass:
+            # The same chained softmaxes with outputs in node-id order, so node_probs needs no reordering: node n
+            # reads its class's logit; the root reads logit 0 as a group of its own (probability 1).
+            chained, pos = self.layout.chained, np.zeros(taxonomy.num_nodes, dtype=np.int64)
+            pos[self.layout.class_ids.numpy()] = np.arange(self.num_outputs)
+            group = np.concatenate([[chained.num_groups], chained.group.numpy()[pos[1:]]])
+            parent_node = self.layout.class_ids.numpy()[chained.parent.numpy()]
+            parent = np.concatenate([np.where(chained.has_parent.numpy(), parent_node, -1), [-1]])
+            self.node_softmax = ChainedSoftmax(group, parent, input_order=pos)
         if self._fill_nonclass:
             # Depth-wise tables to sum children into the nodes that are not classes (bottom-up).
             depth, parent, is_class = taxonomy.depth, taxonomy.parent, taxonomy.class_mask
@@ -115,15 +126,18 @@ class SemanticSoftmaxHead(HierarchicalHead):
         return torch.stack(preds, dim=1)
 
     def node_probs(self, output: torch.Tensor) -> torch.Tensor:
-        probs = self.layout.class_log_probs(output).exp()
-        out = probs.new_zeros(probs.shape[0], self.taxonomy.num_nodes)
-        out = out.index_copy(1, self.layout.class_ids, probs)
-        if self._fill_nonclass:
+        if not self._fill_nonclass:  # every node but the root is a class: one gather into node order
+            self.layout.split(output)  # shape check
+            out = self.node_softmax.probs(upcast(output))
+        else:
+            probs = self.layout.class_probs(output)
+            out = probs.new_zeros(probs.shape[0], self.taxonomy.num_nodes)
+            out = out.index_copy(1, self.layout.class_ids, probs)
             for d in self._fill_depths:
                 kids = self._buffers[f"fill_children_{d}"]
                 sums = torch.zeros_like(out).index_add(1, self._buffers[f"fill_parents_{d}"], out[:, kids])
                 tgt = self._buffers[f"fill_targets_{d}"]
                 out = out.index_copy(1, tgt, sums[:, tgt])
-        out = out.float().clamp(0.0, 1.0)
+        out = out.float().clamp_(0.0, 1.0)
         out[:, 0] = 1.0
         return out

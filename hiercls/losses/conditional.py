@@ -18,7 +18,7 @@ from torch import nn
 
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import TreeOps, as_tensor, require_tree, segment_logsumexp
+from hiercls.taxonomy.ops import ChainedSoftmax, TreeOps, as_tensor, require_tree, segment_logsumexp
 
 __all__ = ["ConditionalSoftmax", "ConditionalSoftmaxLoss", "huffman_tree"]
 
@@ -58,6 +58,17 @@ class ConditionalSoftmax(nn.Module):
         self.register_buffer("internal_index", as_tensor(internal_index), persistent=False)
         self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
         self.ops = TreeOps(taxonomy)
+        # The same softmaxes chained in one pass: group k (internal node internal[k]) hangs below its node's
+        # logit (node n is logit n - 1; the root's group hangs below nothing).
+        self.chained = ChainedSoftmax(group, np.where(internal > 0, internal - 1, -1))
+        # The same with outputs in node-id order (node n reads logit n - 1, stop logits after the nodes) for
+        # node_probs; the root reads logit 0 as a group of its own (probability 1).
+        order = np.concatenate([[0], np.arange(len(group))])
+        self.node_softmax = ChainedSoftmax(
+            np.concatenate([[self.num_internal], group]),
+            np.concatenate([np.where(internal > 0, internal, -1), [-1]]),
+            input_order=order,
+        )
 
     def check(self, logits: torch.Tensor) -> None:
         if not isinstance(logits, torch.Tensor) or logits.dim() < 2 or logits.shape[1] != self.num_outputs:
@@ -82,7 +93,23 @@ class ConditionalSoftmax(nn.Module):
 
     def node_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``log P(n)`` for every node ``[B, N]``: sums of conditional log-probabilities down the root path."""
-        return self.ops.top_down_sum(self.conditional_log_probs(logits)[0])
+        self.check(logits)
+        logp = self.chained.log_probs(upcast(logits))
+        return torch.cat([logp.new_zeros(logp.shape[0], 1), logp[:, : self.taxonomy.num_nodes - 1]], dim=1)
+
+    def node_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``P(n)`` for every node ``[B, N]`` (float32; float64 stays float64), clamped to ``[0, 1]``, root 1.
+
+        The fast path of :meth:`~hiercls.taxonomy.ops.ChainedSoftmax.probs`: equal to ``node_log_probs(...).exp()``
+        up to rounding.
+        """
+        self.check(logits)
+        p = self.node_softmax.probs(upcast(logits))
+        if self.stop:
+            p = p[:, : self.taxonomy.num_nodes].contiguous()
+        p = p.clamp_(0.0, 1.0)
+        p[:, 0] = 1.0
+        return p
 
     def label_log_likelihood(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``log P(label)`` per sample (targets >= 0); with ``stop`` internal labels include ``log P(stop)``."""

@@ -44,7 +44,13 @@ class _LeafBase(nn.Module):
             self.register_buffer("leaf_lo", as_tensor(lo), persistent=False)
             self.register_buffer("leaf_hi", as_tensor(hi), persistent=False)
         else:
-            self._leaf_desc = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocsr()  # [N, L]
+            # [N, L] "leaf l is below node n" as a sparse buffer: rows are selected on the logits' device.
+            coo = taxonomy.ancestors_sparse[taxonomy.leaves].T.tocoo()
+            idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+            desc = torch.sparse_coo_tensor(
+                idx, torch.ones(coo.nnz), (self.num_nodes, self.num_leaves), check_invariants=True
+            )
+            self.register_buffer("leaf_desc", desc.coalesce(), persistent=False)
 
     def targets(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = check_node_targets(targets, self.num_nodes, batch=logits.shape[0])
@@ -61,8 +67,7 @@ class _LeafBase(nn.Module):
                 ar = torch.arange(self.num_leaves, device=leaf_logp.device)
                 mask = (ar >= self.leaf_lo[targets][:, None]) & (ar < self.leaf_hi[targets][:, None])
             else:
-                rows = self._leaf_desc[targets.cpu().numpy()].toarray().astype(bool)
-                mask = torch.from_numpy(rows).to(leaf_logp.device)
+                mask = self.leaf_desc.index_select(0, targets).to_dense() > 0
             lse = leaf_logp.masked_fill(~mask, -math.inf).logsumexp(1)
             out = torch.where(internal, lse, out)
         return out
@@ -149,15 +154,42 @@ class HXELoss(_LeafBase):
             "weights", as_tensor(hxe_weights(taxonomy, alpha, normalize), dtype=torch.float64), persistent=False
         )
 
+    #: A label subtree whose mass under the row-maximum shift falls below this takes the exact path.
+    _TINY = 1e-30
+
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)
         t, valid = self.targets(logits, targets)
-        logp = F.log_softmax(upcast(logits), dim=1)
-        log_marg = self.ops.bottom_up(logp, "logsumexp")  # [B, N]
+        z = upcast(logits)
         path = self.paths[t]  # [B, H + 1], -1 past the label
+        on = path >= 0
+        # Only the label's path is needed. Leaf l's mass counts towards the path nodes down to its LCA with the
+        # label: the depth of that LCA is the number of path nodes whose leaf range [lo, hi) holds l, minus one
+        # (a difference array and a cumulative sum), and the path masses are suffix sums of per-depth "rings".
+        node = path.clamp(min=0)
+        ones = on.long()
+        diff = torch.zeros(z.shape[0], self.num_leaves + 1, dtype=torch.long, device=z.device)
+        diff.scatter_add_(1, self.leaf_lo[node], ones).scatter_add_(1, self.leaf_hi[node], -ones)
+        ring = diff[:, : self.num_leaves].cumsum(1)  # 1 + depth of the leaf's LCA with the label
+        e = (z - z.detach().amax(1, keepdim=True)).exp_()
+        rings = e.new_zeros(z.shape[0], path.shape[1] + 1).scatter_add_(1, ring, e)[:, 1:]
+        mass = rings.flip(1).cumsum(1).flip(1)  # mass[b, d] = P(path node at depth d) * sum(e)
+        own = mass.gather(1, on.sum(1, keepdim=True) - 1)  # the label's own subtree
+        if bool((own < self._TINY).any()):  # the label subtree underflows the shared shift: exact marginals
+            return self._forward_all_nodes(z, t, valid)
+        log_mass = torch.where(on, mass, torch.ones_like(mass)).log()
+        cond = log_mass[:, 1:] - log_mass[:, :-1]  # log P(n | parent(n)) along the path
+        w = torch.where(on[:, 1:], self.weights.to(cond.dtype)[node[:, 1:]], torch.zeros_like(cond))
+        return _masked_mean(-(w * cond).sum(1), valid)
+
+    def _forward_all_nodes(self, z: torch.Tensor, t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        # Every node's log-marginal with per-node shifts (exact for any logits; slower).
+        logp = F.log_softmax(z, dim=1)
+        log_marg = self.ops.bottom_up(logp, "logsumexp")  # [B, N]
+        path = self.paths[t]
         on_path = path[:, 1:] >= 0
         child, parent = path[:, 1:].clamp(min=0), path[:, :-1].clamp(min=0)
-        cond = log_marg.gather(1, child) - log_marg.gather(1, parent)  # log P(n | parent(n))
+        cond = log_marg.gather(1, child) - log_marg.gather(1, parent)
         terms = torch.where(on_path, self.weights.to(cond.dtype)[child] * cond, torch.zeros_like(cond))
         return _masked_mean(-terms.sum(1), valid)
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import as_tensor, require_tree
+from hiercls.taxonomy.ops import ChainedSoftmax, as_tensor, require_tree
 
 __all__ = ["SemanticKDLoss", "SemanticLayout", "SemanticSoftmaxLoss", "semantic_level_weights"]
 
@@ -84,9 +84,14 @@ class SemanticLayout(nn.Module):
         table[rows[keep], level[anc[keep]]] = pos_in_level[anc[keep]]
         self.register_buffer("class_ids", as_tensor(order), persistent=False)
         self.register_buffer("level_targets", as_tensor(table), persistent=False)
+        parent_out = np.full(len(order), -1, dtype=np.int64)  # layout position of each class's class parent
         for k in range(1, self.num_levels):
             nodes = order[self.slices[k]]
             self.register_buffer(f"parent_pos_{k}", as_tensor(table[nodes, k - 1]), persistent=False)
+            parent_out[self.slices[k]] = offsets[k - 1] + table[nodes, k - 1]
+        # One softmax per group of classes sharing a nearest class ancestor, chained top-down.
+        group_parent, group = np.unique(parent_out, return_inverse=True)
+        self.chained = ChainedSoftmax(group.reshape(-1), group_parent)
         self.all_nodes_are_classes = bool(taxonomy.class_mask[1:].all()) and not taxonomy.class_mask[0]
 
     def split(self, logits: torch.Tensor) -> list[torch.Tensor]:
@@ -110,20 +115,14 @@ class SemanticLayout(nn.Module):
         where ``q`` is ``c``'s nearest class ancestor (level-0 classes share the root). Each level's softmax is
         renormalised within the parent, so a class's children sum exactly to it: consistent by construction.
         """
-        z = self.split(upcast(logits))
-        out = [F.log_softmax(z[0], dim=1)]
-        for k in range(1, self.num_levels):
-            group = self._buffers[f"parent_pos_{k}"]
-            n_groups = self.level_sizes[k - 1]
-            idx = group[None, :].expand_as(z[k])
-            shift = torch.full(
-                (z[k].shape[0], n_groups), torch.finfo(z[k].dtype).min, device=z[k].device, dtype=z[k].dtype
-            )
-            shift = shift.scatter_reduce(1, idx, z[k].detach(), reduce="amax", include_self=True)
-            e = torch.exp(z[k] - shift.gather(1, idx))
-            denom = torch.zeros_like(shift).scatter_add(1, idx, e).gather(1, idx)
-            out.append(out[k - 1].index_select(1, group) + (z[k] - shift.gather(1, idx)) - torch.log(denom))
-        return torch.cat(out, dim=1)
+        self.split(logits)  # shape check
+        return self.chained.log_probs(upcast(logits))
+
+    def class_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``exp(class_log_probs)`` ``[B, C]`` (float32) by the fast path of
+        :meth:`~hiercls.taxonomy.ops.ChainedSoftmax.probs`."""
+        self.split(logits)  # shape check
+        return self.chained.probs(upcast(logits))
 
 
 class _LevelSmoothedCE(torch.autograd.Function):

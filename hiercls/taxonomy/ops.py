@@ -16,6 +16,7 @@ leaf sums are followed by a max pass up the edges, which only moves values by ro
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from torch import nn
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 __all__ = [
+    "ChainedSoftmax",
     "TreeOps",
     "as_tensor",
     "leaf_marginals",
@@ -315,6 +317,148 @@ class TreeOps(nn.Module):
     def _tree_descendant_max(self, values: torch.Tensor) -> torch.Tensor:
         # The argmax is found without autograd; gathering it keeps the (sub)gradient of the max, cheaply.
         return values.gather(1, self.descendant_argmax(values))
+
+
+def _sparse_csr(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    """A 0/1 CSR matrix with ones at ``(rows, cols)`` (coalesced, columns sorted within each row)."""
+    idx = torch.from_numpy(np.vstack([rows, cols]).astype(np.int64))
+    coo = torch.sparse_coo_tensor(idx, torch.ones(len(rows)), shape, check_invariants=True).coalesce()
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is stable
+        warnings.simplefilter("ignore", UserWarning)
+        return coo.to_sparse_csr()
+
+
+def _times_sparse(x: torch.Tensor, m_t: torch.Tensor) -> torch.Tensor:
+    """``x @ m`` for dense ``x [B, K]``, given ``m_t = m.T`` as CSR ``[J, K]`` (sparse-times-dense is the
+    product every backend has, and it needs no per-call conversion of the matrix)."""
+    with torch.autocast(x.device.type, enabled=False):  # autocast would run the product in half precision
+        return torch.sparse.mm(m_t.to(x.dtype), x.t()).t()
+
+
+class ChainedSoftmax(nn.Module):
+    """Probabilities of nested softmaxes: one softmax per sibling group, chained down a tree of groups.
+
+    Output ``i`` belongs to sibling group ``group[i]``; group ``j``'s softmax is conditioned on output
+    ``parent[j]`` (``-1``: on nothing, probability 1), so ``P(i) = P(parent[group[i]]) * softmax_j(z)[i]``.
+    The semantic softmax (groups = classes sharing a nearest class ancestor) and the conditional softmax
+    (groups = the children, and stop outcome, of each internal node) are both of this form. Output ``i`` reads
+    logit ``input_order[i]`` (default: logit ``i``), so the outputs can come out in another order (node ids) at
+    the cost of one gather.
+
+    :meth:`log_probs` and :meth:`probs` take one segmented log-softmax over all groups (a shift, one exponential
+    pass, the group sums as one sparse product) and one sparse ancestor product over the tree of *groups* in log
+    space: ``log P(i) = z_i + A[group[i]]`` where ``A[j]`` sums ``z[parent[a]] - logsumexp_a(z)`` over the
+    ancestors-or-self ``a`` of group ``j``. There is no loop over levels or nodes: the work on ``[B, M]`` is a
+    few elementwise passes and the tree recursion runs on ``[B, num_groups]``.
+
+    :meth:`log_probs` shifts each group by its own maximum (exact for any logits). :meth:`probs` shares one
+    shift per row (none while no logit exceeds 60, else the row maximum), so its rounding error is a few ulps of
+    the largest logit (``max|z| * 2^-23`` relative), the precision float32 logits carry anyway; a batch where
+    some group's sum underflows (a group more than about 70 below the shift) is recomputed through
+    :meth:`log_probs`. The underflow check reads one boolean back from the device.
+
+    Args:
+        group: ``[M]`` group id (``0 .. G-1``) of each output.
+        parent: ``[G]`` output conditioning each group, ``-1`` for a top group; groups must form a forest.
+        input_order: ``[M]`` logit read by each output (default ``0 .. M-1``).
+
+    Example:
+        >>> # outputs a, b | x, y: {a, b} at the top, {x, y} below a (output 0)
+        >>> cs = ChainedSoftmax(np.array([0, 0, 1, 1]), np.array([-1, 0]))
+        >>> p = cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]))  # a 3/4, b 1/4, x, y within a
+        >>> [round(v, 6) for v in p[0].tolist()]
+        [0.75, 0.25, 0.15, 0.6]
+    """
+
+    #: Group sums below this (the shared shift left too little mass) trigger the exact per-group path.
+    _TINY = 1e-30
+
+    def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
+        super().__init__()
+        group, parent = np.asarray(group, dtype=np.int64), np.asarray(parent, dtype=np.int64)
+        self.num_outputs, self.num_groups = len(group), len(parent)
+        if group.ndim != 1 or parent.ndim != 1 or (group < 0).any() or (group >= len(parent)).any():
+            raise ValueError(f"group must be [M] ids in 0..{len(parent) - 1}; got {group!r}")
+        if np.bincount(group, minlength=len(parent)).min(initial=1) == 0:
+            raise ValueError("every group needs at least one output")
+        if ((parent < -1) | (parent >= len(group))).any():
+            raise ValueError(f"parent must be output indices in 0..{len(group) - 1} or -1; got {parent!r}")
+        if input_order is None:
+            self.num_inputs = len(group)
+        else:
+            input_order = np.asarray(input_order, dtype=np.int64)
+            if input_order.shape != group.shape or (input_order < 0).any():
+                raise ValueError(f"input_order must be [{len(group)}] logit indices; got shape {input_order.shape}")
+            self.num_inputs = int(input_order.max()) + 1
+            self.register_buffer("input_order", as_tensor(input_order), persistent=False)
+        # The tree of groups: group j hangs below the group of its conditioning output.
+        gparent = np.where(parent >= 0, group[np.maximum(parent, 0)], -1)
+        rows, cols, cur = [], [], np.arange(len(parent))
+        for _ in range(len(parent) + 1):  # pointer chasing: one step per depth of the group tree
+            live = cur >= 0
+            if not live.any():
+                break
+            rows.append(np.flatnonzero(live))
+            cols.append(cur[live])
+            cur = np.where(live, gparent[np.maximum(cur, 0)], -1)
+        else:
+            raise ValueError("parent: the groups form a cycle")
+        anc_rows, anc_cols = np.concatenate(rows), np.concatenate(cols)
+        self.register_buffer("group", as_tensor(group), persistent=False)
+        self.register_buffer("parent", as_tensor(np.maximum(parent, 0)), persistent=False)
+        self.register_buffer("has_parent", torch.from_numpy(parent >= 0), persistent=False)
+        # [G, G] with entry (j, a) = 1 when a is an ancestor-or-self of j (the transpose of the summing matrix).
+        self.register_buffer(
+            "ancestor_sum_t", _sparse_csr(anc_rows, anc_cols, (len(parent), len(parent))), persistent=False
+        )
+
+    def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.num_inputs:
+            shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"logits must have shape [B, {self.num_inputs}]; got {shape}")
+        z = logits if logits.dtype == torch.float64 else logits.float()
+        order = self._buffers.get("input_order")
+        return z if order is None else z.index_select(1, order)
+
+    def _parent_logits(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
+
+    def _offsets(self, z: torch.Tensor, log_sums: torch.Tensor, gathered: bool = False) -> torch.Tensor:
+        # A[j] = sum over ancestors-or-self a of j of (z[parent[a]] - logsumexp_a), one sparse product.
+        zq = (
+            z
+            if gathered
+            else torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
+        )
+        return _times_sparse(zq - log_sums, self.ancestor_sum_t)
+
+    def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``log P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable."""
+        z = self._inputs(logits)
+        lse = segment_logsumexp(z, self.group, self.num_groups, dim=1)
+        return z + self._offsets(z, lse).index_select(1, self.group)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable."""
+        z = self._inputs(logits)
+        # In place on our own copy where autograd does not need the intermediate values.
+        inplace = z is not logits and not (torch.is_grad_enabled() and z.requires_grad)
+        zq = self._parent_logits(z)
+        # No shift while exp cannot overflow (saves a pass); else the row maximum.
+        shift = z.detach().amax(1, keepdim=True) if bool(z.detach().max() > 60.0) else None
+        if shift is None:
+            e = z.exp_() if inplace else z.exp()
+        else:
+            e = z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
+        sums = e.new_zeros(e.shape[0], self.num_groups).index_add_(1, self.group, e)
+        if bool((sums < self._TINY).any()):  # some group's mass underflowed: per-group shifts
+            return self.log_probs(logits).exp()
+        log_sums = sums.log_() if shift is None else sums.log_().add_(shift)
+        # P(parent) / group sum, per group, from the ancestor product in log space.
+        log_scale = self._offsets(zq, log_sums, gathered=True)
+        scale = (log_scale if shift is None else log_scale.add_(shift)).exp_()
+        per_output = scale.index_select(1, self.group)
+        return e.mul_(per_output) if inplace else e * per_output
 
 
 def tree_ops(taxonomy: Taxonomy, device: torch.device | str | None = None) -> TreeOps:

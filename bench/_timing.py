@@ -1,0 +1,138 @@
+"""The one timing method of the benchmarks: interleaved repeats of a candidate and its baseline, same process.
+
+A *repeat* times the candidate and the baseline back to back (ABBA order across repeats, so that a drift in
+machine load hits both alike), each as ``number`` calls in a row; the result is the per-repeat ratios
+``candidate / baseline`` summarised by their median, min, max and quartiles. On a shared machine the median
+ratio is stable where absolute times are not.
+
+``Case`` is the registration record of ``bench/run_all.py``: a bench module exposes ``cases(quick) -> list[Case]``.
+
+Example:
+    >>> r = compare(lambda: sum(range(2000)), lambda: sum(range(1000)), repeats=3, min_time=0.001)
+    >>> sorted(r) == sorted(["ratio_median", "ratio_min", "ratio_max", "ratio_q1", "ratio_q3", "ratios",
+    ...                      "candidate_s", "baseline_s", "repeats", "number"])
+    True
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Case", "calibrate", "compare", "sync", "time_calls"]
+
+
+@dataclass
+class Case:
+    """One ratio to measure: ``candidate`` time / ``baseline`` time must stay at or below ``target``.
+
+    Either give ``candidate`` and ``baseline`` (callables without arguments, one unit of work each) or
+    ``setup``, called right before the measurement and returning ``(candidate, baseline)``: the runner drops
+    them afterwards, so large models or inputs live only while their case runs.
+
+    Attributes:
+        name: unique, ``area/what`` (e.g. ``"heads/node_probs_semantic_21k_b256"``).
+        target: the largest passing median ratio.
+        candidate, baseline: the two callables (or ``None`` with ``setup``).
+        setup: builds ``(candidate, baseline)`` lazily.
+        repeats: interleaved repeats (default: the runner's, 5 quick / 9 full).
+        number: calls per timing (default: calibrated so that one timing lasts at least ``min_time``).
+        min_time: seconds one timing should last when ``number`` is calibrated.
+        note: what is compared, printed with the result.
+        device: ``"cpu"`` or a CUDA device, synchronised around every timing.
+    """
+
+    name: str
+    target: float
+    candidate: Callable[[], Any] | None = None
+    baseline: Callable[[], Any] | None = None
+    setup: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]] | None = None
+    repeats: int | None = None
+    number: int | None = None
+    min_time: float = 0.05
+    note: str = ""
+    device: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def sync(device: str = "cpu") -> None:
+    """Wait for queued device work (CUDA) so that a timing covers it."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], Any], number: int, device: str = "cpu") -> float:
+    """Seconds per call of ``fn`` over ``number`` calls in a row."""
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / number
+
+
+def calibrate(fn: Callable[[], Any], min_time: float, device: str = "cpu", max_number: int = 10_000) -> int:
+    """Calls per timing so that one timing lasts at least ``min_time`` seconds (one call is timed first)."""
+    one = time_calls(fn, 1, device)
+    return max(1, min(max_number, int(min_time / max(one, 1e-9)) + 1))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def compare(
+    candidate: Callable[[], Any],
+    baseline: Callable[[], Any],
+    *,
+    repeats: int = 5,
+    number: int | None = None,
+    min_time: float = 0.05,
+    warmup: int = 1,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Interleaved timing of ``candidate`` against ``baseline``: per-repeat ratios and their spread.
+
+    Returns:
+        ``ratio_median``, ``ratio_min``, ``ratio_max``, ``ratio_q1``, ``ratio_q3`` and ``ratios`` (per repeat),
+        ``candidate_s`` / ``baseline_s`` (median seconds per call), ``repeats`` and ``number`` (calls per
+        timing, candidate and baseline).
+    """
+    for _ in range(warmup):
+        candidate()
+        baseline()
+    sync(device)
+    # Each side gets its own call count, so that each timing lasts about min_time.
+    n_cand = number or calibrate(candidate, min_time, device)
+    n_base = number or calibrate(baseline, min_time, device)
+    gc.collect()
+    cand: list[float] = []
+    base: list[float] = []
+    ratios = []
+    for r in range(repeats):
+        pair = [(candidate, cand, n_cand), (baseline, base, n_base)]
+        for fn, out, n in pair if r % 2 == 0 else pair[::-1]:
+            out.append(time_calls(fn, n, device))
+        ratios.append(cand[-1] / base[-1])
+    return {
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratio_q1": _quantile(ratios, 0.25),
+        "ratio_q3": _quantile(ratios, 0.75),
+        "ratios": ratios,
+        "candidate_s": statistics.median(cand),
+        "baseline_s": statistics.median(base),
+        "repeats": repeats,
+        "number": [n_cand, n_base],
+    }

@@ -1,0 +1,133 @@
+"""Run every registered benchmark ratio and print ONE JSON: each ratio, its target and pass/fail.
+
+Registration: any ``bench/bench_*.py`` module that defines ::
+
+    def cases(quick: bool) -> list[Case]: ...
+
+(``Case`` from ``bench/_timing.py``: ``name``, ``target``, and either ``candidate`` / ``baseline`` callables or a
+lazy ``setup() -> (candidate, baseline)``) is picked up; modules without ``cases`` are not imported. Names are
+``area/what``; each case's median ratio ``candidate time / baseline time`` over interleaved repeats (same
+process, ABBA order) must be ``<= target``. ``quick`` must measure the same configurations as the full run
+with fewer repeats (and may shrink only what does not change the ratio), so that both give the same verdict.
+
+Usage::
+
+    python bench/run_all.py --quick            # < 5 minutes on 2 cores
+    python bench/run_all.py                    # more repeats
+    python bench/run_all.py --only heads/ --json-out results.json
+
+Exits 0 when every case passes, 1 when one fails, 2 when a case errors. Timing runs on one thread by default
+(``--threads``): on a shared machine one thread gives the most stable ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _timing import Case, compare  # noqa: E402
+
+
+def discover(names: list[str] | None = None) -> list[str]:
+    """Module names ``bench_*`` under ``bench/`` that define ``cases`` (optionally only ``names``)."""
+    found = []
+    for path in sorted(HERE.glob("bench_*.py")):
+        if names and path.stem not in names:
+            continue
+        if "def cases(" in path.read_text(encoding="utf-8"):
+            found.append(path.stem)
+    return found
+
+
+def run_case(case: Case, quick: bool, repeats: int | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    if case.setup is not None:
+        candidate, baseline = case.setup()
+    else:
+        candidate, baseline = case.candidate, case.baseline
+    if candidate is None or baseline is None:
+        raise ValueError(f"case {case.name!r} has neither candidate/baseline callables nor a setup")
+    reps = repeats or case.repeats or (5 if quick else 9)
+    res = compare(candidate, baseline, repeats=reps, number=case.number, min_time=case.min_time, device=case.device)
+    del candidate, baseline
+    out = {"name": case.name, "target": case.target, "pass": bool(res["ratio_median"] <= case.target)}
+    out.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "ratios"})
+    out["ratios"] = [round(r, 4) for r in res["ratios"]]
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    if case.note:
+        out["note"] = case.note
+    if case.extra:
+        out.update(case.extra)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats: under 5 minutes on 2 cores")
+    ap.add_argument("--only", nargs="*", default=None, help="run the cases whose name contains one of these")
+    ap.add_argument("--modules", nargs="*", default=None, help="bench modules to load (default: all with cases)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats per case (overrides)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable ratios)")
+    ap.add_argument("--json-out", default=None, help="also write the JSON to this file")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    for mod_name in discover(args.modules):
+        try:
+            module = importlib.import_module(mod_name)
+            cases = module.cases(args.quick)
+        except Exception as err:  # a broken module is reported, the others still run
+            errors.append(
+                {"module": mod_name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+            )
+            continue
+        for case in cases:
+            if args.only and not any(s in case.name for s in args.only):
+                continue
+            try:
+                results.append({"module": mod_name, **run_case(case, args.quick, args.repeats)})
+            except Exception as err:
+                errors.append(
+                    {"case": case.name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+                )
+            print(f"[run_all] {case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    report = {
+        "bench": "run_all",
+        "quick": args.quick,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        "all_pass": bool(results) and not errors and all(r["pass"] for r in results),
+        "failed": [r["name"] for r in results if not r["pass"]],
+        "errors": errors,
+        "cases": results,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n", encoding="utf-8")
+    if errors:
+        return 2
+    return 0 if report["all_pass"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

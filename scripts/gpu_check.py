@@ -1,0 +1,246 @@
+"""The Python part of ``scripts/gpu_check.sh``: AMP training steps of every head, a 1-GPU NCCL DDP step and the
+decoders on the device, printed as ONE JSON of timings and ratios.
+
+With CUDA: ViT-Tiny (64 px, 8 px patches) on ``imagenet21k_winter21``, batch 64, a few fp16 (with a gradient
+scaler) and bf16 autocast steps per head, each head's step time as a ratio to the flat head's; the DDP step
+runs under ``torchrun --nproc_per_node 1`` with the NCCL backend; every decoder decodes ``[1000, N]`` node
+probabilities on the device (and must return tensors on it). Without CUDA, or with ``--dry``, the CPU-feasible
+parts run tiny (float32 steps of every head on a 2-block ViT and a small tree, decoders on CPU) and the CUDA
+parts are skipped with a message; the exit status is then 0 when the tiny parts pass.
+
+Usage: ``python scripts/gpu_check.py [--dry] [--steps 3]`` (``--ddp-worker`` is the torchrun child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _tree(cuda: bool):
+    from hiercls.taxonomy import Taxonomy, load_taxonomy
+
+    if cuda:
+        return load_taxonomy("imagenet21k_winter21")
+    edges = [("r", f"c{i}") for i in range(3)]
+    edges += [(f"c{i}", f"c{i}.{j}") for i in range(3) for j in range(3)]
+    edges += [(f"c{i}.{j}", f"c{i}.{j}.{k}") for i in range(3) for j in range(3) for k in range(2)]
+    return Taxonomy(edges, name="gpu-check-tiny")
+
+
+def _backbone(cuda: bool) -> tuple[str, dict[str, Any], int, int]:
+    if cuda:
+        return "timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8}, 64, 64
+    return (
+        "timm:vit_tiny_patch16_224",
+        {"img_size": 16, "patch_size": 8, "depth": 3, "embed_dim": 32, "num_heads": 2},
+        16,
+        4,
+    )
+
+
+def head_steps(device: torch.device, steps: int) -> dict[str, Any]:
+    """Per head and precision: ms per training step, its ratio to flat, and node_probs staying on the device."""
+    from hiercls.heads import get_head_class, list_heads
+    from hiercls.models import create_model
+
+    cuda = device.type == "cuda"
+    tax = _tree(cuda)
+    name, opts, size, batch = _backbone(cuda)
+    heads = ["flat", *[h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense], "transhp"]
+    precisions = ["fp16", "bf16"] if cuda else ["fp32"]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=gen).to(device)
+    leaves = torch.as_tensor(np.array(tax.leaves))
+    y = leaves[torch.randint(len(leaves), (batch,), generator=gen)].to(device)
+    out: dict[str, Any] = {"taxonomy": tax.name, "num_nodes": tax.num_nodes, "batch": batch, "steps": steps}
+    for prec in precisions:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(prec)
+        res: dict[str, Any] = {}
+        for head in heads:
+            try:
+                torch.manual_seed(0)
+                model = create_model(name, tax, head=head, **opts).to(device).train()
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                scaler = torch.amp.GradScaler("cuda", enabled=prec == "fp16")
+
+                def step(model=model, opt=opt, scaler=scaler, dtype=dtype) -> float:
+                    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                        output = model(x)
+                        loss = model.loss(output, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                    opt.zero_grad(set_to_none=True)
+                    return float(loss.detach())
+
+                step()  # warm-up
+                _sync(device)
+                t0 = time.perf_counter()
+                losses = [step() for _ in range(steps)]
+                _sync(device)
+                ms = (time.perf_counter() - t0) / steps * 1e3
+                with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    probs = model.node_probs(model(x))
+                ok = (
+                    all(math.isfinite(v) for v in losses)
+                    and probs.device == x.device
+                    and probs.dtype == torch.float32
+                    and bool((probs[:, 0] == 1).all())
+                )
+                res[head] = {"ms_per_step": round(ms, 3), "loss": round(losses[-1], 5), "ok": bool(ok)}
+            except Exception as err:  # reported, the other heads still run
+                res[head] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        flat = res.get("flat", {}).get("ms_per_step")
+        for r in res.values():
+            if flat and "ms_per_step" in r:
+                r["ratio_vs_flat"] = round(r["ms_per_step"] / flat, 3)
+        out[prec] = res
+    return out
+
+
+def decoders(device: torch.device) -> dict[str, Any]:
+    """Every decoder on node probabilities that live on ``device``: ms per call and whether the output stayed there."""
+    from hiercls.decode import RULES, decode
+    from hiercls.taxonomy.ops import node_probs_from_leaves
+
+    tax = _tree(device.type == "cuda")
+    batch = 1000 if device.type == "cuda" else 16
+    gen = torch.Generator().manual_seed(1)
+    leaf = torch.softmax(3 * torch.randn(batch, tax.num_leaves, generator=gen), 1).to(device)
+    probs = node_probs_from_leaves(tax, leaf)
+    res: dict[str, Any] = {"batch": batch, "taxonomy": tax.name}
+    _sync(device)
+    base_t0 = time.perf_counter()
+    probs.argmax(1)
+    _sync(device)
+    base = max(time.perf_counter() - base_t0, 1e-9)
+    for rule in RULES:
+        try:
+            _sync(device)
+            t0 = time.perf_counter()
+            pred = decode(probs, tax, rule)
+            _sync(device)
+            dt = time.perf_counter() - t0
+            same = not isinstance(pred, torch.Tensor) or pred.device == probs.device
+            res[rule] = {"ms": round(dt * 1e3, 3), "ratio_vs_argmax": round(dt / base, 2), "ok": bool(same)}
+            if not same:
+                res[rule]["error"] = f"output on {pred.device}, input on {probs.device}"
+        except Exception as err:
+            res[rule] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    return res
+
+
+def ddp_worker() -> int:
+    """One DDP training step with NCCL on the local GPU (run by torchrun); prints one JSON line."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hiercls.heads import create_head
+
+    dist.init_process_group("nccl")
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    tax = _tree(True)
+    head = create_head("semantic_softmax", tax, 192).to(device)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 192), torch.nn.GELU(), head).to(device))
+    x = torch.randn(32, 64, device=device)
+    y = torch.as_tensor(np.array(tax.leaves[:32])).to(device)
+    t0 = time.perf_counter()
+    loss = head.loss(model(x), y)
+    loss.backward()
+    torch.cuda.synchronize(device)
+    print(
+        json.dumps(
+            {
+                "ddp_ok": bool(torch.isfinite(loss)),
+                "ms": round((time.perf_counter() - t0) * 1e3, 3),
+                "world_size": dist.get_world_size(),
+                "backend": dist.get_backend(),
+            }
+        )
+    )
+    dist.destroy_process_group()
+    return 0
+
+
+def ddp_step(cuda: bool) -> dict[str, Any]:
+    if not cuda:
+        return {"skipped": "no CUDA (or --dry): the NCCL DDP step needs a GPU"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "1",
+        os.path.abspath(__file__),
+        "--ddp-worker",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": "torchrun timed out after 240 s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        return {"ok": False, "error": f"torchrun exit {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
+    res = json.loads(lines[-1])
+    res["ok"] = bool(res.get("ddp_ok"))
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry", action="store_true", help="CPU only, tiny; skip the CUDA parts")
+    ap.add_argument("--steps", type=int, default=None, help="timed training steps per head and precision")
+    ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.ddp_worker:
+        return ddp_worker()
+    cuda = torch.cuda.is_available() and not args.dry
+    device = torch.device("cuda" if cuda else "cpu")
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"check": "gpu_check", "cuda": cuda, "torch": torch.__version__}
+    if cuda:
+        report["device_name"] = torch.cuda.get_device_name(device)
+    else:
+        why = "--dry" if args.dry else "no CUDA device"
+        report["skipped"] = (
+            f"{why}: fp16/bf16 AMP steps, the NCCL DDP step and decoders on CUDA are skipped; the CPU parts ran tiny"
+        )
+        print(f"gpu_check: {report['skipped']}", file=sys.stderr)
+    report["heads"] = head_steps(device, args.steps or (3 if cuda else 1))
+    report["ddp"] = ddp_step(cuda)
+    report["decoders"] = decoders(device)
+    failures = [
+        f"heads.{p}.{h}"
+        for p, res in report["heads"].items()
+        if isinstance(res, dict)
+        for h, r in res.items()
+        if isinstance(r, dict) and not r.get("ok", True)
+    ]
+    failures += [f"decoders.{k}" for k, r in report["decoders"].items() if isinstance(r, dict) and not r["ok"]]
+    if cuda and not report["ddp"].get("ok"):
+        failures.append("ddp")
+    report["failures"] = failures
+    report["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(report, indent=2))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One short GPU check (<= 5 minutes): fp16 and bf16 AMP training steps of every head, a 1-GPU NCCL DDP step
+# (torchrun --nproc_per_node 1) and the decoders on the device; prints ONE JSON of timings and ratios.
+# Without CUDA, or with --dry, it runs the CPU-feasible parts tiny, skips the CUDA parts with a message and
+# exits 0 when those pass. Usage: scripts/gpu_check.sh [--dry] [--steps N]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+python="${PYTHON:-python}"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec timeout 300 "$python" "$here/gpu_check.py" "$@"

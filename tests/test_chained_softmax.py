@@ -1,0 +1,176 @@
+"""The one-pass chained softmaxes (semantic and conditional node probabilities) against slow references.
+
+The references below walk the tree node by node in float64 with ``math``; they share no code with
+``hiercls.taxonomy.ops.ChainedSoftmax``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hiercls.heads import ConditionalSoftmaxHead, SemanticSoftmaxHead
+from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.ops import ChainedSoftmax
+from tests._trees import random_tree
+
+
+def _softmax(values: list[float]) -> list[float]:
+    m = max(values)
+    e = [math.exp(v - m) for v in values]
+    s = sum(e)
+    return [x / s for x in e]
+
+
+def semantic_reference(tax: Taxonomy, class_ids: list[int], logits: np.ndarray) -> np.ndarray:
+    """P(c) = P(nearest class ancestor) * softmax over the classes sharing it; other nodes sum their children."""
+    is_class = set(class_ids)
+    col = {c: i for i, c in enumerate(class_ids)}
+    parent = tax.parent
+
+    def nearest_class_ancestor(n: int) -> int:  # -1 = the root side
+        p = int(parent[n])
+        while p >= 0 and p not in is_class:
+            p = int(parent[p])
+        return p
+
+    out = np.zeros((logits.shape[0], tax.num_nodes))
+    groups: dict[int, list[int]] = {}
+    for c in class_ids:
+        groups.setdefault(nearest_class_ancestor(c), []).append(c)
+    by_depth = sorted(class_ids, key=lambda c: int(tax.depth[c]))  # a class after its class ancestors
+    for b in range(logits.shape[0]):
+        prob = {-1: 1.0}
+        for c in by_depth:
+            q = nearest_class_ancestor(c)
+            members = groups[q]
+            sm = _softmax([float(logits[b, col[m]]) for m in members])
+            prob[c] = prob[q] * sm[members.index(c)]
+            out[b, c] = prob[c]
+        for d in range(tax.height, -1, -1):  # non-class nodes: the sum of their children, deepest first
+            for n in np.flatnonzero(tax.depth == d):
+                if int(n) not in is_class and not tax.is_leaf[n]:
+                    out[b, n] = sum(out[b, int(k)] for k in np.flatnonzero(parent == n))
+        out[b, 0] = 1.0
+    return out
+
+
+def conditional_reference(tax: Taxonomy, logits: np.ndarray, stop: bool) -> np.ndarray:
+    """P(n) = product down the root path of softmax(children [+ stop]) entries; logit n - 1 is node n."""
+    internal = [int(i) for i in np.flatnonzero(~tax.is_leaf)]
+    out = np.zeros((logits.shape[0], tax.num_nodes))
+    for b in range(logits.shape[0]):
+        out[b, 0] = 1.0
+        for d in range(1, tax.height + 1):
+            for u in internal:
+                if tax.depth[u] != d - 1:
+                    continue
+                kids = [int(k) for k in np.flatnonzero(tax.parent == u)]
+                vals = [float(logits[b, k - 1]) for k in kids]
+                if stop:
+                    vals.append(float(logits[b, tax.num_nodes - 1 + internal.index(u)]))
+                sm = _softmax(vals)
+                for k, s in zip(kids, sm, strict=False):
+                    out[b, k] = out[b, u] * s
+    return out
+
+
+def tolerance(z: torch.Tensor) -> float:
+    # The fast path shifts every group by the row maximum, so its rounding error is a few ulps of the
+    # largest logit (``|z| * 2^-23``), the precision the float32 logits themselves carry.
+    return 1e-6 * max(1.0, float(z.abs().max()))
+
+
+def check_contract(tax: Taxonomy, p: torch.Tensor, tol: float = 1e-6) -> None:
+    assert p.dtype == torch.float32 and p.shape[1] == tax.num_nodes
+    assert torch.all(p[:, 0] == 1.0) and torch.all((p >= 0) & (p <= 1))
+    child = torch.as_tensor(np.flatnonzero(tax.parent >= 0))
+    parent = torch.as_tensor(tax.parent[child.numpy()])
+    assert torch.all(p[:, parent] >= p[:, child] - tol)
+
+
+TREES = [(n, seed) for n in (2, 3, 9, 30) for seed in range(2)]
+
+
+@pytest.mark.parametrize(("n", "seed"), TREES)
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_semantic_node_probs_match_reference(n, seed, scale):
+    rng = np.random.default_rng(seed)
+    tax = random_tree(n, rng)
+    head = SemanticSoftmaxHead(tax, 4)
+    z = torch.from_numpy(rng.normal(scale=scale, size=(5, head.num_outputs))).float()
+    want = semantic_reference(tax, head.layout.class_ids.tolist(), z.double().numpy())
+    got = head.node_probs(z)
+    check_contract(tax, got, tolerance(z))
+    np.testing.assert_allclose(got.numpy(), want, atol=tolerance(z), rtol=1e-5)
+    # the exact log path agrees with the fast path
+    logp = head.layout.class_log_probs(z.double())
+    np.testing.assert_allclose(logp.exp().numpy(), want[:, head.layout.class_ids.numpy()], atol=1e-12, rtol=1e-9)
+
+
+def test_semantic_node_probs_with_non_class_nodes():
+    rng = np.random.default_rng(5)
+    base = random_tree(25, rng)
+    internal = [base.name_of(i) for i in np.flatnonzero(~base.is_leaf)][1:]
+    classes = [base.name_of(i) for i in range(1, base.num_nodes) if base.name_of(i) not in internal[::2]]
+    tax = Taxonomy(base.edge_list(names=True), classes=classes)
+    head = SemanticSoftmaxHead(tax, 4)
+    z = torch.from_numpy(rng.normal(scale=3.0, size=(4, head.num_outputs))).float()
+    want = semantic_reference(tax, head.layout.class_ids.tolist(), z.double().numpy())
+    got = head.node_probs(z)
+    check_contract(tax, got, tolerance(z))
+    np.testing.assert_allclose(got.numpy(), want, atol=tolerance(z), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("n", "seed"), TREES)
+@pytest.mark.parametrize("stop", [False, True])
+def test_conditional_node_probs_match_reference(n, seed, stop):
+    rng = np.random.default_rng(100 + seed)
+    tax = random_tree(n, rng)
+    head = ConditionalSoftmaxHead(tax, 4, stop=stop)
+    z = torch.from_numpy(rng.normal(scale=3.0, size=(5, head.num_outputs))).float()
+    want = conditional_reference(tax, z.double().numpy(), stop)
+    got = head.node_probs(z)
+    check_contract(tax, got, tolerance(z))
+    np.testing.assert_allclose(got.numpy(), want, atol=tolerance(z), rtol=1e-5)
+    np.testing.assert_allclose(head.softmax.node_log_probs(z.double()).exp().numpy(), want, atol=1e-12, rtol=1e-9)
+
+
+def test_groups_far_below_the_row_maximum_take_the_exact_path():
+    # One group sits 200 below the rest: a shared shift underflows it, the per-group shift does not.
+    tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")])
+    head = ConditionalSoftmaxHead(tax, 4)
+    z = torch.zeros(2, head.num_outputs)
+    for name, value in (("a", 0.0), ("b", 0.0), ("a1", -200.0), ("a2", -201.0), ("b1", 100.0), ("b2", 100.0)):
+        z[:, tax.index(name) - 1] = value
+    want = conditional_reference(tax, z.double().numpy(), stop=False)
+    got = head.node_probs(z)
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-6)
+    assert math.isclose(float(got[0, tax.index("a1")]), 0.5 / (1 + math.exp(-1)), rel_tol=1e-6)
+
+
+def test_chained_softmax_probs_gradient_and_validation():
+    cs = ChainedSoftmax(np.array([0, 0, 1, 1, 1]), np.array([-1, 1]))
+    z = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(cs.probs, (z,))
+    assert torch.autograd.gradcheck(cs.log_probs, (z,))
+    p = cs.probs(z.detach())
+    assert torch.allclose(p[:, 2:].sum(1), p[:, 1])  # the children of output 1 sum to it
+    with pytest.raises(ValueError, match="cycle"):
+        ChainedSoftmax(np.array([0, 1]), np.array([1, 0]))
+    with pytest.raises(ValueError, match="at least one output"):
+        ChainedSoftmax(np.array([0, 0]), np.array([-1, 0, -1]))
+    with pytest.raises(ValueError, match=r"shape \[B, 5\]"):
+        cs.probs(torch.zeros(2, 4))
+
+
+def test_half_precision_logits_and_devices_follow_the_input():
+    tax = random_tree(12, 3)
+    for head in (SemanticSoftmaxHead(tax, 4), ConditionalSoftmaxHead(tax, 4, stop=True)):
+        z = torch.randn(3, head.num_outputs)
+        p32, p16 = head.node_probs(z), head.node_probs(z.bfloat16())
+        assert p16.dtype == torch.float32 and p16.device == z.device
+        assert torch.allclose(p32, p16, atol=2e-2)

@@ -1,0 +1,101 @@
+"""The path-only HXE and the vectorised semantic softmax loss against their exact all-node / per-level forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hiercls.losses import HXELoss, SemanticSoftmaxLoss
+from tests._trees import random_tree
+
+
+def _labels(tax, rng, batch):
+    # Leaves, internal nodes, the root and ignored samples.
+    y = rng.integers(0, tax.num_nodes, size=batch)
+    y[0] = -1
+    y[1] = int(tax.leaves[0])
+    return torch.as_tensor(y)
+
+
+def _value_and_grad(fn, z):
+    z = z.detach().clone().requires_grad_(True)
+    out = fn(z)
+    (g,) = torch.autograd.grad(out, z)
+    return out.detach(), g
+
+
+@pytest.mark.parametrize(("n", "seed"), [(2, 0), (7, 1), (40, 2), (40, 3)])
+@pytest.mark.parametrize("alpha", [0.0, 0.7])
+def test_hxe_path_only_matches_all_nodes(n, seed, alpha):
+    rng = np.random.default_rng(seed)
+    tax = random_tree(n, rng)
+    if tax.num_leaves < 2:
+        pytest.skip("needs two leaves")
+    loss = HXELoss(tax, alpha=alpha)
+    y = _labels(tax, rng, 9)
+    z = torch.tensor(rng.normal(scale=4.0, size=(9, tax.num_leaves)))
+    fast, g_fast = _value_and_grad(lambda x: loss(x, y), z)
+    t, valid = loss.targets(z, y)
+    exact, g_exact = _value_and_grad(lambda x: loss._forward_all_nodes(x, t, valid), z)
+    assert torch.allclose(fast, exact, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(g_fast, g_exact, rtol=1e-8, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: loss(x, y), (z.clone().requires_grad_(True),))
+
+
+def test_hxe_label_far_below_the_maximum_falls_back_to_exact():
+    tax = random_tree(20, 4)
+    loss = HXELoss(tax, alpha=0.3)
+    y = torch.as_tensor(tax.leaves[:2].copy())
+    z = torch.zeros(2, tax.num_leaves, dtype=torch.float32)
+    z[:, 2:] = 150.0  # the labels' leaves (positions 0, 1) sit 150 below the rest
+    got = loss(z, y)
+    t, valid = loss.targets(z, y)
+    assert torch.isfinite(got) and torch.allclose(got, loss._forward_all_nodes(z.double(), t, valid).float())
+
+
+@pytest.mark.parametrize(("n", "seed"), [(3, 0), (30, 1), (60, 2)])
+@pytest.mark.parametrize("options", [{}, {"normalize": "present"}, {"drop_deepest_level": True}])
+def test_semantic_loss_matches_per_level_cross_entropies(n, seed, options):
+    rng = np.random.default_rng(seed)
+    tax = random_tree(n, rng)
+    lay_levels = SemanticSoftmaxLoss(tax).layout.num_levels
+    if options.get("drop_deepest_level") and lay_levels < 2:
+        pytest.skip("needs two levels")
+    loss = SemanticSoftmaxLoss(tax, label_smoothing=0.2, **options)
+    y = _labels(tax, rng, 8)
+    z = torch.tensor(rng.normal(scale=5.0, size=(8, loss.layout.num_classes)))
+
+    def reference(x):  # independent: one F.cross_entropy per level, weights and normalisation by hand
+        lt = loss.layout.targets(y)
+        w = torch.tensor(loss._loss_weights, dtype=x.dtype)
+        present = (lt >= 0).to(x.dtype)
+        coef = present * w
+        if loss.normalize == "present":
+            coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
+        per = torch.stack(
+            [
+                torch.nn.functional.cross_entropy(
+                    zk, lt[:, k].clamp(min=0), reduction="none", label_smoothing=loss.label_smoothing
+                )
+                for k, zk in enumerate(loss.layout.split(x))
+            ],
+            dim=1,
+        )
+        return (coef * per).sum() / (y >= 0).sum().clamp(min=1)
+
+    got, g = _value_and_grad(lambda x: loss(x, y), z)
+    want, g_want = _value_and_grad(reference, z)
+    assert torch.allclose(got, want, rtol=1e-10)
+    assert torch.allclose(g, g_want, rtol=1e-8, atol=1e-12)
+
+
+def test_semantic_loss_level_far_below_the_row_maximum():
+    tax = random_tree(30, 5)
+    loss = SemanticSoftmaxLoss(tax, label_smoothing=0.0)
+    y = torch.as_tensor(tax.leaves[:3].copy())
+    z = torch.zeros(3, loss.layout.num_classes)
+    z[:, loss.layout.slices[0]] = 200.0  # every deeper level sits 200 below the row maximum
+    z64 = z.double()
+    assert torch.isfinite(loss(z, y))
+    assert torch.allclose(loss(z, y).double(), loss(z64, y), rtol=1e-6)
