@@ -5,7 +5,8 @@ Registration: any ``bench/bench_*.py`` module that defines ::
     def cases(quick: bool) -> list[Case]: ...
 
 (``Case`` from ``bench/_timing.py``: ``name``, ``target``, and either ``candidate`` / ``baseline`` callables or a
-lazy ``setup() -> (candidate, baseline)``) is picked up; modules without ``cases`` are not imported. Names are
+lazy ``setup() -> (candidate, baseline)``; or plain ``(name, target, candidate, baseline)`` tuples) is picked up;
+modules without ``cases`` are not imported. Names are
 ``area/what``; each case's median ratio ``candidate time / baseline time`` over interleaved repeats (same
 process, ABBA order) must be ``<= target``. ``quick`` must measure the same configurations as the full run
 with fewer repeats (and may shrink only what does not change the ratio), so that both give the same verdict.
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             continue
         for case in cases:
+            if isinstance(case, tuple):  # (name, target, candidate, baseline), the decoder/metric modules' form
+                name, target, candidate, baseline = case
+                case = Case(name=name, target=target, candidate=candidate, baseline=baseline)
             if args.only and not any(s in case.name for s in args.only):
                 continue
             try:

@@ -174,3 +174,19 @@ def test_half_precision_logits_and_devices_follow_the_input():
         p32, p16 = head.node_probs(z), head.node_probs(z.bfloat16())
         assert p16.dtype == torch.float32 and p16.device == z.device
         assert torch.allclose(p32, p16, atol=2e-2)
+
+
+def test_heads_survive_deepcopy_as_ema_and_teachers_need():
+    """copy.deepcopy (timm's ModelEmaV3, a KD teacher) copies the head and the copy gives the same probabilities."""
+    import copy
+
+    from hiercls.heads import create_head
+    from hiercls.taxonomy import Taxonomy
+
+    tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("a", "y"), ("b", "z"), ("b", "w")])
+    for name in ("semantic_softmax", "conditional_softmax"):
+        head = create_head(name, tax, 8)
+        feats = torch.randn(3, 8)
+        want = head.node_probs(head(feats))
+        twin = copy.deepcopy(head)
+        torch.testing.assert_close(twin.node_probs(twin(feats)), want)

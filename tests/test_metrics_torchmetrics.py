@@ -158,7 +158,7 @@ def test_update_and_compute_on_the_gpu():
         torch.as_tensor(t, device="cuda"), torch.as_tensor(p, device="cuda"), scores=torch.as_tensor(scores).cuda()
     )
     assert m.exact.device.type == "cuda"
-    ref = M.hierarchical_report(t, p, taxonomy=tax, scores=scores, k=(1,))
+    ref = M.hierarchical_report(t, p, taxonomy=tax, y_score=scores, k=(1,))
     assert m.compute()["hF1_micro"] == pytest.approx(ref["hF1_micro"])
 
 
@@ -182,7 +182,7 @@ def test_compute_before_update_raises_and_forward_gives_the_batch_value():
 
 def test_flatten_results_for_loggers():
     tax, t, p, scores = _data(7)
-    res = M.hierarchical_report(t, p, taxonomy=tax, scores=scores, k=(1,))
+    res = M.hierarchical_report(t, p, taxonomy=tax, y_score=scores, k=(1,), output_dict=True)
     flat = M.flatten_results(res, prefix="val/")
     assert flat["val/hF1_micro"] == res["hF1_micro"]
     assert [flat[f"val/per_level_accuracy/{i + 1}"] for i in range(len(res["per_level_accuracy"]))] == pytest.approx(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -319,10 +320,15 @@ class TreeOps(nn.Module):
         return values.gather(1, self.descendant_argmax(values))
 
 
-def _sparse_csr(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
-    """A 0/1 CSR matrix with ones at ``(rows, cols)`` (coalesced, columns sorted within each row)."""
-    idx = torch.from_numpy(np.vstack([rows, cols]).astype(np.int64))
-    coo = torch.sparse_coo_tensor(idx, torch.ones(len(rows)), shape, check_invariants=True).coalesce()
+#: ChainedSoftmax -> ((device, data pointer of its index pairs), CSR matrix); outside the module, so that copying
+#: or broadcasting the module never meets a sparse tensor.
+_CSR_CACHE: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _sparse_csr(pairs: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A 0/1 CSR matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``' device."""
+    ones = torch.ones(pairs.shape[1], device=pairs.device)
+    coo = torch.sparse_coo_tensor(pairs, ones, shape).coalesce()
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is stable
         warnings.simplefilter("ignore", UserWarning)
         return coo.to_sparse_csr()
@@ -407,10 +413,21 @@ class ChainedSoftmax(nn.Module):
         self.register_buffer("group", as_tensor(group), persistent=False)
         self.register_buffer("parent", as_tensor(np.maximum(parent, 0)), persistent=False)
         self.register_buffer("has_parent", torch.from_numpy(parent >= 0), persistent=False)
-        # [G, G] with entry (j, a) = 1 when a is an ancestor-or-self of j (the transpose of the summing matrix).
-        self.register_buffer(
-            "ancestor_sum_t", _sparse_csr(anc_rows, anc_cols, (len(parent), len(parent))), persistent=False
-        )
+        # [G, G] with entry (j, a) = 1 when a is an ancestor-or-self of j (the transpose of the summing matrix),
+        # kept as dense index pairs: sparse buffers break copy.deepcopy (EMA, teachers) and DDP's broadcast.
+        self.register_buffer("ancestor_pairs", torch.from_numpy(np.vstack([anc_rows, anc_cols])), persistent=False)
+
+    @property
+    def ancestor_sum_t(self) -> torch.Tensor:
+        """The ``[G, G]`` CSR matrix of :attr:`ancestor_pairs`, built once per device and cached."""
+        pairs = self.ancestor_pairs
+        key = (pairs.device, pairs.data_ptr())
+        cached = _CSR_CACHE.get(self)
+        if cached is None or cached[0] != key:
+            n = self.num_groups
+            cached = (key, _sparse_csr(pairs, (n, n)))
+            _CSR_CACHE[self] = cached
+        return cached[1]
 
     def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.num_inputs:

@@ -498,6 +498,9 @@ class _Run:
                 return finished
             self.train_model: nn.Module = self.model
             if self.info.distributed:
+                # Sparse index tables (tree operators) are the same on every rank and DDP cannot broadcast them.
+                sparse = [n for n, b in self.model.named_buffers() if b.layout != torch.strided]
+                nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.model, sparse)
                 self.train_model = nn.parallel.DistributedDataParallel(
                     self.model,
                     device_ids=[self.device.index] if self.device.type == "cuda" else None,
