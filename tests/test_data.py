@@ -620,3 +620,14 @@ def test_image_transform_converts_modes_and_skips_other_modalities() -> None:
         other = Model(3)
         other.modality = modality
         assert image_transform(other, train=False, image_size=None) is None
+
+
+def test_fashion_mnist_validation_split_is_carved_from_train() -> None:
+    from hiercls.data.images import FashionMNIST
+
+    full, fit, val = FashionMNIST("train"), FashionMNIST("train_fit"), FashionMNIST("val")
+    assert (len(fit), len(val)) == (50_000, 10_000)
+    assert np.array_equal(np.concatenate([fit.labels, val.labels]), full.labels)
+    assert np.array_equal(val.images[0], full.images[50_000])
+    with pytest.raises(ValueError, match="'train', 'test', 'train_fit' or 'val'"):
+        FashionMNIST("valid")

@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         label, prob = _label(p["prediction"])
         top = ", ".join(f"{t['display_name']} {t['prob']:.2f}" for t in p["top_k"][:3])
         text = Path(text).name if kind == "image" else text
-        rows.append([text if len(text) <= 48 else text[:45] + "...", label, prob, " > ".join(p["path"][1:][-4:]), top])
+        path = " > ".join(p["path"][1:][-4:]) or "(root)"
+        rows.append([text if len(text) <= 48 else text[:45] + "...", label, prob, path, top])
     print(format_table(["input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
     if args.out:
         if len(preds) > limit:

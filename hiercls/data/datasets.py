@@ -5,7 +5,8 @@ The kinds live in one registry, :data:`DATASETS` (add one with :func:`register_d
 
 * ``wordnet_gloss`` — the WordNet-definitions text set (``hiercls.data.wordnet_gloss_dataset``;
   options ``include_lemma``, ``label``, ``classes_only``); splits ``train`` / ``val`` / ``test``.
-* ``fashion_mnist`` — Fashion-MNIST from the Debian files (``root``); splits ``train`` / ``test``.
+* ``fashion_mnist`` — Fashion-MNIST from the Debian files (``root``); splits ``train`` / ``test``, and ``train_fit``
+  / ``val`` (the first 50,000 / last 10,000 training images).
 * ``image_folder`` — ``hiercls.data.HierImageFolder`` on ``<root>/<split>`` (``root``).
 * ``text_csv`` / ``text_jsonl`` — ``HierTextDataset.from_csv/from_jsonl`` (``<split>_path`` or ``path`` with
   ``{split}`` in it, ``text_column``, ``label_column``, ``label_format``, ``separator``...).

@@ -376,6 +376,9 @@ class FashionMNIST(Dataset):
         "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
     }
+    #: A validation split carved from the training file, so that checkpoints are chosen without the test set:
+    #: ``train_fit`` = its first 50,000 images, ``val`` = the last 10,000 (the file's order, fixed).
+    HELD_OUT: ClassVar[dict[str, slice]] = {"train_fit": slice(0, 50_000), "val": slice(50_000, None)}
 
     def __init__(
         self,
@@ -386,11 +389,11 @@ class FashionMNIST(Dataset):
         *,
         rgb: bool = True,
     ) -> None:
-        if split not in self.FILES:
-            raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
+        if split not in (*self.FILES, *self.HELD_OUT):
+            raise ValueError(f"split must be 'train', 'test', 'train_fit' or 'val'; got {split!r}")
         root = Path(root)
         paths = []
-        for stem in self.FILES[split]:
+        for stem in self.FILES["train" if split in self.HELD_OUT else split]:
             cands = [root / (stem + ".gz"), root / stem]
             found = next((p for p in cands if p.is_file()), None)
             if found is None:
@@ -407,6 +410,9 @@ class FashionMNIST(Dataset):
             raise ValueError(
                 f"{str(paths[0])!r} has {len(self.images)} images but {str(paths[1])!r} has {len(self.labels)} labels"
             )
+        if split in self.HELD_OUT:
+            part = self.HELD_OUT[split]
+            self.images, self.labels = self.images[part], self.labels[part]
         if self.labels.size and self.labels.max() > 9:
             raise ValueError(f"{str(paths[1])!r} has label {int(self.labels.max())}; Fashion-MNIST labels are 0..9")
         self.taxonomy = taxonomy if taxonomy is not None else _default_fashion_taxonomy()
