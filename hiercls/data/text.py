@@ -250,15 +250,7 @@ class HierTextDataset(Dataset):
         texts: list[str] = []
         targets: list[Any] = []
         with _open(path, encoding) as f:
-            for line, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{src}:{line}: invalid JSON ({err.msg} at column {err.colno})") from None
-                if not isinstance(obj, dict):
-                    raise ValueError(f"{src}:{line}: expected a JSON object, got {type(obj).__name__}")
+            for line, obj in _json_objects(f, src):
                 for col in (text_column, label_column):
                     if col not in obj:
                         raise ValueError(f"{src}:{line}: no key {col!r} (keys: {', '.join(map(str, obj))})")
@@ -331,6 +323,20 @@ def _check_not_empty(texts: list[str], src: str) -> None:
     logger.info("%s: %d samples", src, len(texts))
 
 
+def _json_objects(lines: Any, src: str) -> Any:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file; other values are errors."""
+    for line, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{src}:{line}: invalid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{src}:{line}: expected a JSON object, got {type(obj).__name__}")
+        yield line, obj
+
+
 def read_text_rows(path: str | os.PathLike[str], text_column: str = "text", *, encoding: str = "utf-8") -> list[str]:
     """The non-empty ``text_column`` values of a CSV (header row) or JSON-lines file, in file order.
 
@@ -365,14 +371,8 @@ def read_text_rows(path: str | os.PathLike[str], text_column: str = "text", *, e
             except csv.Error as err:
                 raise ValueError(f"{src}:{reader.line_num}: malformed CSV: {err}") from None
         else:
-            for line, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{src}:{line}: invalid JSON ({err.msg} at column {err.colno})") from None
-                if not isinstance(obj, dict) or text_column not in obj:
+            for line, obj in _json_objects(f, src):
+                if text_column not in obj:
                     raise ValueError(f"{src}:{line}: expected a JSON object with key {text_column!r}")
                 if not isinstance(obj[text_column], str):
                     raise ValueError(f"{src}:{line}: {text_column!r} must be a string")

@@ -110,6 +110,18 @@ class Batch:
         return self._label
 
 
+def _check_shape(shape: tuple[int, ...], taxonomy: Taxonomy, leaf_probs: bool, name: str, given: list[int]) -> None:
+    """Refuse a ``[B, width]`` array of the wrong width (``given``: the caller's shape, for the message)."""
+    width = taxonomy.num_leaves if leaf_probs else taxonomy.num_nodes
+    if len(shape) == 2 and shape[1] == width:
+        return
+    what = "leaf probabilities [B, num_leaves]" if leaf_probs else "node probabilities [B, num_nodes]"
+    hint = ""
+    if not leaf_probs and len(shape) == 2 and shape[1] == taxonomy.num_leaves:
+        hint = "; it matches the number of leaves: pass leaf_probs=True"
+    raise ValueError(f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape {given}{hint}")
+
+
 def prepare(
     probs: Any,
     taxonomy: Taxonomy,
@@ -156,16 +168,7 @@ def prepare(
     arr = arr.astype(np.float32 if (not exact and arr.dtype == np.float32) else np.float64, copy=False)
     if arr.ndim == 1:
         arr = arr[None, :]
-    width = taxonomy.num_leaves if leaf_probs else taxonomy.num_nodes
-    what = "leaf probabilities [B, num_leaves]" if leaf_probs else "node probabilities [B, num_nodes]"
-    if arr.ndim != 2 or arr.shape[1] != width:
-        hint = ""
-        if not leaf_probs and arr.ndim == 2 and arr.shape[1] == taxonomy.num_leaves:
-            hint = "; it matches the number of leaves: pass leaf_probs=True"
-        raise ValueError(
-            f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape "
-            f"{list(np.shape(probs))}{hint}"
-        )
+    _check_shape(tuple(arr.shape), taxonomy, leaf_probs, name, list(np.shape(probs)))
     if probability_checks_enabled():
         kind = "leaf" if leaf_probs else ("scores" if scores else "node")
         check_probabilities(arr, taxonomy, kind=kind, name=name, row_offset=_ROW_OFFSET.get())
@@ -201,15 +204,7 @@ def prepare_torch(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, n
     x = x.float() if (x.dtype == torch.float32 or not x.dtype.is_floating_point) else x.double()
     if x.ndim == 1:
         x = x[None, :]
-    width = taxonomy.num_leaves if leaf_probs else taxonomy.num_nodes
-    what = "leaf probabilities [B, num_leaves]" if leaf_probs else "node probabilities [B, num_nodes]"
-    if x.ndim != 2 or x.shape[1] != width:
-        hint = ""
-        if not leaf_probs and x.ndim == 2 and x.shape[1] == taxonomy.num_leaves:
-            hint = "; it matches the number of leaves: pass leaf_probs=True"
-        raise ValueError(
-            f"{name} must be {what} = [B, {width}] for taxonomy {taxonomy.name!r}; got shape {list(probs.shape)}{hint}"
-        )
+    _check_shape(tuple(x.shape), taxonomy, leaf_probs, name, list(probs.shape))
     if x.numel() and probability_checks_enabled() and not _plausible_torch(x, taxonomy, leaf_probs):
         # Something is off: the NumPy check decides (it allows round-off) and names the row and node.
         kind = "leaf" if leaf_probs else "node"
