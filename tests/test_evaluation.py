@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -311,3 +312,11 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
         ]
     )
     assert rc == 2 and "unknown option 'cots'" in capsys.readouterr().err
+
+
+def test_format_results_shows_unreached_levels_as_a_dash_not_nan() -> None:
+    from hiercls.evaluation import format_results
+
+    res = {"optimal_hf1/accuracy": 0.0, "optimal_hf1/hF1_micro": 0.4, "optimal_hf1/per_level_accuracy": [0.5, math.nan]}
+    row = format_results({"flat": res}).splitlines()[-1].split()
+    assert row[-2:] == ["0.500", "-"] and "nan" not in row

@@ -45,6 +45,10 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 def format_table(header: list[str], rows: list[list[str]]) -> str:
     """A plain aligned text table (a header, a rule, the rows).
 
@@ -67,7 +71,8 @@ def format_results(
     runs: Mapping[str, Mapping[str, Any]], *, name: str = "head", max_levels: int = 6, extra: tuple[str, ...] = ()
 ) -> str:
     """One row per (run, decoder): accuracy (exact match), micro hF1 (and the micro hF-β of every other β in
-    the results, e.g. ``hF2``), and the per-level accuracy of the first levels.
+    the results, e.g. ``hF2``), and the per-level accuracy of the first levels (``-`` where no prediction reaches
+    the level, e.g. node sets that stop above it).
 
     Multi-label results (those with C-F1, from node-set labels) add the metrics of hierarchical text
     classification: the node Micro-F1 and Macro-F1 and the C-/P- Micro/Macro-F1.
@@ -117,7 +122,8 @@ def format_results(
                 _fmt(res.get(f"{d}/hF1_micro")),
                 *[_fmt(res.get(f"{d}/hF{b}_micro")) for b in betas],
                 *[_fmt(res.get(f"{d}/{k}")) for k in extra],
-                *[_fmt(per[i]) if i < len(per) else "-" for i in range(levels)],
+                # nan: no prediction reaches that depth (hedged node sets stop above it), not a failed metric
+                *[_fmt(per[i]) if i < len(per) and not _is_nan(per[i]) else "-" for i in range(levels)],
             ]
             rows.append(row)
     return format_table(header, rows)
