@@ -328,7 +328,7 @@ _CSR_CACHE: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor]] = weakref.W
 def _sparse_csr(pairs: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """A 0/1 CSR matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``' device."""
     ones = torch.ones(pairs.shape[1], device=pairs.device)
-    coo = torch.sparse_coo_tensor(pairs, ones, shape).coalesce()
+    coo = torch.sparse_coo_tensor(pairs, ones, shape, check_invariants=True).coalesce()
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is stable
         warnings.simplefilter("ignore", UserWarning)
         return coo.to_sparse_csr()
