@@ -18,7 +18,14 @@ from pathlib import Path
 from hiercls._textio import check_writable
 from hiercls.evaluation import format_table
 from hiercls.train.distributed import resolve_device
-from hiercls.train.inference import PREDICTION_FORMATS, load_trained_model, predict, read_inputs, write_predictions
+from hiercls.train.inference import (
+    PREDICTION_FORMATS,
+    check_prediction_path,
+    load_trained_model,
+    predict,
+    read_inputs,
+    write_predictions,
+)
 
 HELP = "predictions of a saved model on new inputs"
 #: Rows printed to the terminal when the predictions also go to a file.
@@ -60,14 +67,13 @@ def _label(prediction: dict) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out:
+    if args.out:  # before any work: a mistyped --out fails at once
+        check_prediction_path(args.out)
         check_writable(args.out)
     if args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.out and Path(args.out).suffix.lower() not in PREDICTION_FORMATS:
-        raise ValueError(f"--out {args.out!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
     inputs, shown, kind = read_inputs(args.inputs, text_column=args.text_column)

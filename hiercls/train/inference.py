@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "IMAGE_EXTENSIONS",
     "PREDICTION_FORMATS",
+    "check_prediction_path",
     "evaluate_run",
     "load_trained_model",
     "predict",
@@ -314,6 +315,18 @@ def predict(
 PREDICTION_FORMATS = (".json", ".jsonl", ".csv")
 
 
+def check_prediction_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path if its suffix names a prediction format (:data:`PREDICTION_FORMATS`).
+
+    Raises:
+        ValueError: another suffix.
+    """
+    out = Path(path)
+    if out.suffix.lower() not in PREDICTION_FORMATS:
+        raise ValueError(f"--out {str(out)!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
+    return out
+
+
 def write_predictions(
     path: str | os.PathLike[str], shown: Sequence[str], predictions: Sequence[dict[str, Any]], **meta: Any
 ) -> Path:
@@ -333,10 +346,8 @@ def write_predictions(
     import io
     import json
 
-    out = Path(path)
+    out = check_prediction_path(path)
     suffix = out.suffix.lower()
-    if suffix not in PREDICTION_FORMATS:
-        raise ValueError(f"--out {str(out)!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
     rows = [{"input": s, **p} for s, p in zip(shown, predictions, strict=True)]
     if suffix == ".json":
         text = json.dumps({**meta, "predictions": rows}, indent=2, ensure_ascii=False) + "\n"

@@ -116,9 +116,10 @@ def paired_bootstrap(
     }
 
 
-def score_predictions(probs: np.ndarray, labels: np.ndarray, taxonomy: Taxonomy, spec: DecoderSpec) -> dict[str, Any]:
-    """What the study needs of one decoder on one run: per-sample counts, per-depth counts, prediction shape."""
-    pred = np.asarray(spec(probs, taxonomy))
+def score_predictions(pred: Any, labels: np.ndarray, taxonomy: Taxonomy) -> dict[str, Any]:
+    """What the study needs of one decoder's predictions (node ids ``[B]`` or node sets ``[B, N]``) on one run:
+    per-sample counts, per-depth counts, prediction shape."""
+    pred = np.asarray(pred)
     inter, npred, ntrue = hierarchical_counts(labels, pred, taxonomy=taxonomy)
     t, p, _ = prepare_pair(labels, pred, taxonomy)
     correct, _, valid = per_level_counts(t, p, taxonomy, None, "depth")
@@ -215,7 +216,7 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
                 labels = y
                 results[head].append(res)
                 for spec in specs:
-                    scores[head][spec.label].append(score_predictions(probs, y, taxonomy, spec))
+                    scores[head][spec.label].append(score_predictions(spec(probs, taxonomy), y, taxonomy))
         assert taxonomy is not None and labels is not None
         prior_row = None
         if study.prior:
@@ -244,9 +245,9 @@ def _prior_scores(
     prior = label_prior(_targets(train_set), taxonomy)
     probs = np.broadcast_to(prior, (len(labels), prior.size)).astype(np.float32)
     ev = Evaluator(taxonomy, specs, k=())
-    ev.update(probs, labels)
+    preds = ev.update(probs, labels)  # the decoded predictions, scored below without decoding again
     res = ev.compute()
-    return {"results": res, "scores": {s.label: [score_predictions(probs, labels, taxonomy, s)] for s in specs}}
+    return {"results": res, "scores": {s.label: [score_predictions(preds[s.label], labels, taxonomy)] for s in specs}}
 
 
 def _targets(ds: Any) -> np.ndarray:
