@@ -51,3 +51,28 @@ def test_name_labels_score_as_ids_and_unknown_names_are_named() -> None:
     bad[7] = "nope"
     with pytest.raises(TaxonomyError, match=r"y_true\[7\].*nope"):
         hierarchical_f1_score(bad, names[yp].tolist(), taxonomy=tax)
+
+
+def test_name_table_finds_every_name_and_refuses_every_other_label() -> None:
+    from hiercls.metrics._validation import _lookup_name_array, _lookup_names
+
+    rng = np.random.default_rng(1)
+    alphabet = np.array(list("ab/_ éß猫\U0001f431"))
+    # names of 1-12 code points, prefixes of one another, non-ASCII: the key uses every code point
+    names = sorted({"".join(rng.choice(alphabet, int(rng.integers(1, 13)))) for _ in range(3000)})
+    tax = Taxonomy([(names[0], x) for x in names[1:]])
+    ids = rng.integers(0, tax.num_nodes, 500)
+    arr = np.array(tax.names)[ids]
+    for values in (arr, arr.astype("U40")):
+        np.testing.assert_array_equal(_lookup_name_array(values, tax), ids)
+    np.testing.assert_array_equal(_lookup_names(arr.tolist(), tax), ids)
+    np.testing.assert_array_equal(_lookup_names(arr[:1].tolist(), tax), ids[:1])
+    known = set(tax.names)
+    others = [x + "a" for x in tax.names if x + "a" not in known][:50] + [
+        x[:-1] for x in tax.names if x[:-1] not in known
+    ][:50]
+    for label in others:  # one unknown label among known ones, anywhere in the batch
+        values = arr.copy().astype("U40")
+        values[int(rng.integers(0, len(values)))] = label
+        assert _lookup_name_array(values, tax) is None
+        assert _lookup_names(values.tolist(), tax) is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -75,70 +76,149 @@ def close_sets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
     return closed
 
 
-def _name_index(taxonomy: Taxonomy) -> dict[str, int]:
+def _name_index(taxonomy: Taxonomy) -> dict[str, bytes]:
+    """Name -> node id as the 8 bytes of an int64: ``b"".join`` of the looked-up values is the id array, with no
+    Python int made or converted per label."""
     cache = taxonomy.namespace_cache(__name__)
     if "name_index" not in cache:
-        cache["name_index"] = {n: i for i, n in enumerate(taxonomy.names)}
+        ids = np.arange(taxonomy.num_nodes, dtype=np.int64)
+        cache["name_index"] = {n: ids[i : i + 1].tobytes() for i, n in enumerate(taxonomy.names)}
     return cache["name_index"]
 
 
-def _name_keys(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
-    """The names as rows of uint64 ``[N, W/2]`` (pairs of code points), their sorted int keys and node ids.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the second hash (Fibonacci hashing)
 
-    ``None`` when two names share a key (then the dict lookup is used).
+
+@dataclass(frozen=True)
+class _NameTable:
+    """A minimal perfect hash of the node names, for vectorised name -> id lookups (hash and displace).
+
+    The key of a name is ``points @ coef`` over its code points (uint64, wrapping); a name goes to bucket
+    ``key >> bucket_shift`` and to slot ``((key * GOLDEN) >> slot_shift) ^ disp[bucket]``, where each bucket's
+    displacement was chosen so that no two names share a slot. A lookup is thus a few array operations and two
+    gathers, without a search; the code points of the name found are then compared with the label's, so an
+    unknown label is always detected.
     """
+
+    points: np.ndarray  # [N, W] uint32 code points, zero padded
+    lengths: np.ndarray  # [N] code points up to the last non-zero one
+    coef: np.ndarray  # [W] uint64
+    bucket_shift: np.uint64
+    slot_shift: np.uint64
+    disp: np.ndarray  # [2**b] int64 displacement per bucket
+    slots: np.ndarray  # [2**s] node id per slot (0 where empty: never a false match, see _lookup_name_array)
+
+    def keys(self, points: np.ndarray) -> np.ndarray:
+        return points.astype(np.uint64) @ self.coef[: points.shape[1]]
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        bucket = (keys >> self.bucket_shift).astype(np.intp)
+        slot = ((keys * _GOLDEN) >> self.slot_shift).astype(np.intp)
+        return self.slots[slot ^ self.disp[bucket]]
+
+
+def _perfect_hash(points: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> _NameTable | None:
+    """Build a :class:`_NameTable` with random coefficients; ``None`` when these do not separate the names."""
+    n, width = points.shape
+    bits = max(1, int(np.ceil(np.log2(max(n, 2)))))
+    coef = rng.integers(1, 2**63, size=width, dtype=np.uint64) | np.uint64(1)
+    keys = points.astype(np.uint64) @ coef
+    b_shift, s_shift = np.uint64(64 - bits), np.uint64(64 - bits - 1)  # ~1 name per bucket, load <= 1/2
+    bucket = (keys >> b_shift).astype(np.intp)
+    h2 = ((keys * _GOLDEN) >> s_shift).astype(np.intp)
+    n_slots = 1 << (bits + 1)
+    if len(np.unique(bucket * n_slots + h2)) < n:
+        return None  # two names with the same bucket and second hash: no displacement separates them
+    disp = np.zeros(1 << bits, dtype=np.intp)
+    slots = np.zeros(n_slots, dtype=np.int64)
+    taken = np.zeros(n_slots, dtype=bool)
+    order = np.argsort(bucket, kind="stable")
+    starts = np.flatnonzero(np.r_[True, bucket[order][1:] != bucket[order][:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    # Buckets of several names first, largest first, each trying displacements until its slots are all free.
+    for k in np.argsort(-sizes, kind="stable")[: int((sizes > 1).sum())]:
+        members = order[starts[k] : starts[k] + sizes[k]]
+        for _ in range(16):  # 64 random displacements at a time; a free one is found within the first few
+            cand = h2[members][None, :] ^ rng.integers(0, n_slots, size=(64, 1))
+            ok = np.flatnonzero(~taken[cand].any(axis=1))
+            if ok.size:
+                s = cand[ok[0]]
+                taken[s] = True
+                slots[s] = members
+                disp[bucket[members[0]]] = s[0] ^ h2[members[0]]
+                break
+        else:  # pragma: no cover - with at most half the slots taken, 1024 draws all fail with probability ~0
+            return None
+    # The single-name buckets take the free slots directly: d = h2 ^ the chosen slot.
+    single = order[starts[sizes == 1]]
+    free = np.flatnonzero(~taken)[: len(single)]
+    slots[free] = single
+    disp[bucket[single]] = h2[single] ^ free
+    return _NameTable(points, lengths, coef, b_shift, s_shift, disp, slots)
+
+
+def _name_table(taxonomy: Taxonomy) -> _NameTable | None:
+    """The cached :class:`_NameTable` of ``taxonomy``; ``None`` if no hash separates the names (dicts are used)."""
     cache = taxonomy.namespace_cache(__name__)
-    if "name_keys" not in cache:
+    if "name_table" not in cache:
         arr = np.array(taxonomy.names, dtype=str)
-        width = arr.dtype.itemsize // 4
-        width += width % 2  # whole uint64 words
-        arr = arr.astype(f"<U{width}")
-        words = arr.view(np.uint64).reshape(len(arr), width // 2)
-        mult = np.random.default_rng(0).integers(1, 1 << 62, size=width // 2, dtype=np.int64).astype(np.uint64) | 1
-        keys = (words * mult).sum(1)  # wraps modulo 2**64: a hash; equality is always checked on the words
-        order = np.argsort(keys, kind="stable")
-        sk = keys[order]
-        unique = not (sk[1:] == sk[:-1]).any()
-        cache["name_keys"] = (words, mult, sk, order, width) if unique else None
-    return cache["name_keys"]
+        width = max(1, arr.dtype.itemsize // 4)
+        points = np.ascontiguousarray(arr.astype(f"<U{width}")).view(np.uint32).reshape(len(arr), width)
+        nonzero = points != 0
+        lengths = np.where(nonzero.any(1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
+        rng = np.random.default_rng(0)
+        table = None
+        for _ in range(8):
+            table = _perfect_hash(points, lengths, rng)
+            if table is not None:
+                break
+        cache["name_table"] = table
+    return cache["name_table"]
 
 
 def _lookup_name_array(values: np.ndarray, taxonomy: Taxonomy) -> np.ndarray | None:
     """Vectorised ids of a 1-D ``str`` array (no Python call per label); ``None`` when any is not a name."""
-    table = _name_keys(taxonomy)
-    if table is None or values.dtype.kind != "U" or values.ndim != 1:
+    table = _name_table(taxonomy)
+    if table is None or values.dtype.kind != "U" or values.ndim != 1 or not values.size:
         return None
-    words, mult, sk, order, width = table
+    width = table.points.shape[1]
     w_in = values.dtype.itemsize // 4
+    v = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), w_in)
     if w_in > width:
-        extra = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), w_in)[:, width:]
-        if extra.any():
+        if v[:, width:].any():
             return None  # a label longer than every name
-    v = np.ascontiguousarray(values.astype(f"<U{width}")) if w_in != width else np.ascontiguousarray(values)
-    v = v.view(np.uint64).reshape(len(values), width // 2)
-    pos = np.minimum(np.searchsorted(sk, (v * mult).sum(1)), len(sk) - 1)
-    ids = order[pos]
-    if not (words[ids] == v).all():
+        v = v[:, :width]
+    w = min(w_in, width)
+    ids = table.find(table.keys(v))
+    # The hash only points at a candidate: every label must equal its candidate's name, code point for code point
+    # (a label that is no name points at an arbitrary node, or at node 0 through an empty slot, and differs).
+    if not np.array_equal(np.take(table.points[:, :w], ids, axis=0), v):
         return None
-    return ids.astype(np.int64)
+    if w < width and (table.lengths[ids] > w).any():
+        return None
+    return ids
 
 
 def _lookup_names(values: list[Any] | tuple[Any, ...], taxonomy: Taxonomy) -> np.ndarray | None:
     """Ids of known names through the cached map; ``None`` when any value is not a known name."""
     index = _name_index(taxonomy)
     try:
-        return np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+        # One C-level lookup per label; the values are the ids' bytes, joined into the int64 array.
+        # (itemgetter of a single key returns the value itself, not a 1-tuple.)
+        found = operator.itemgetter(*values)(index) if len(values) > 1 else [index[v] for v in values]
+        return np.frombuffer(b"".join(found), dtype=np.int64).copy()
     except (KeyError, TypeError):
         return None
 
 
 def _names_to_ids(values: Iterable[Any], taxonomy: Taxonomy, name: str) -> np.ndarray:
-    # One dict lookup per label (a cached name -> id map); the loop below only runs to name an unknown label.
+    # A vectorised lookup for str arrays, one C-level dict lookup per label otherwise; the loop below only runs
+    # to name an unknown label.
     if isinstance(values, np.ndarray) and values.size:
         ids = _lookup_name_array(values, taxonomy)
         if ids is not None:
             return ids
-    vals = values.tolist() if isinstance(values, np.ndarray) and values.dtype.kind in "US" else values
+    vals = values.tolist() if isinstance(values, np.ndarray) and values.dtype.kind in "USO" else values
     if isinstance(vals, list | tuple):
         ids = _lookup_names(vals, taxonomy)
         if ids is not None:
