@@ -12,9 +12,11 @@ Usage:
     python bench/bench_metrics.py --quick    # random trees, small batches: seconds
     python bench/bench_metrics.py --ratios [--quick]   # issue 13: name inputs / id inputs (target 2x)
 
-``cases(quick)`` returns the issue-13 ratio cases ``(name, target, candidate, baseline)``: each metric on node
-names against the same metric on node ids, B = 10,000 (2,000 with ``quick``), on ``imagenet1k_tree`` and
-``imagenet21k_winter21``.
+``cases(quick)`` returns the issue-13 ratio cases (``Case`` of ``bench/_timing.py``), on ``imagenet1k_tree`` and
+``imagenet21k_winter21`` with batches of B = 10,000 (2,000 with ``quick``): each metric on node names (a NumPy
+array, a list) against the same metric on node ids, and ``HierarchicalMetrics``: five ``update()`` calls of a
+batch and ``compute()`` against one call of each metric function on the five batches together (the same
+results, checked when the case is set up).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ import numpy as np
 
 import hiercls.metrics as M
 from hiercls.taxonomy import Taxonomy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import Case
 
 
 def random_tree(rng: np.random.Generator, n_nodes: int, height: int, name: str) -> Taxonomy:
@@ -271,13 +276,74 @@ def _collection(tax: Taxonomy, t: np.ndarray, p: np.ndarray) -> dict[str, Any]:
     return m.compute()
 
 
-def cases(quick: bool) -> list[tuple[str, float, Callable[[], Any], Callable[[], Any]]]:
-    """Issue-13 metric cases: ``(name, target ratio, candidate, baseline)`` (names vs ids, numpy and lists)."""
+def functional_report(t: Any, p: Any, tax: Taxonomy) -> dict[str, Any]:
+    """What ``HierarchicalMetrics(tax, k=()).compute()`` returns, from one call of each metric function."""
+    kw: dict[str, Any] = {"taxonomy": tax}
+    zd = {"zero_division": 0.0}
+    out: dict[str, Any] = {"accuracy": M.exact_match_score(t, p, **kw)}
+    for avg in ("micro", "samples"):
+        hp, hr, hf = M.hierarchical_precision_recall_fscore(t, p, average=avg, **zd, **kw)
+        out.update({f"hP_{avg}": hp, f"hR_{avg}": hr, f"hF1_{avg}": hf})
+    for avg in ("macro", "weighted", "micro"):
+        out[f"node_{avg}_f1"] = M.node_precision_recall_fscore_support(t, p, average=avg, labels="present", **zd, **kw)[
+            2
+        ]
+    out["hF1_macro"], out["hF1_weighted"] = out["node_macro_f1"], out["node_weighted_f1"]
+    out["hamming_loss"] = M.hamming_loss(t, p, **kw)
+    out["per_level_accuracy"] = M.per_level_accuracy_score(t, p, **kw).tolist()
+    out["per_semantic_level_accuracy"] = M.per_level_accuracy_score(t, p, levels="semantic", **kw).tolist()
+    out["semantic_accuracy"] = M.semantic_accuracy_score(t, p, **kw)
+    out["mistake_severity"] = M.mistake_severity(t, p, **zd, **kw)
+    out["mean_distance"] = M.hierarchical_distance_loss(t, p, distance="lca_height", **kw)
+    out["wu_palmer_loss"] = M.wu_palmer_loss(t, p, **kw)
+    out["zhao_loss"] = M.zhao_loss(t, p, **kw)
+    return out
+
+
+def _same_results(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
+    for key, value in want.items():
+        a, b = np.asarray(got[key], dtype=float), np.asarray(value, dtype=float)
+        if a.shape != b.shape or not np.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True):
+            raise AssertionError(f"{what}: {key} = {got[key]!r} from the stateful metric, {value!r} from the functions")
+
+
+def _stateful_case(tree: str, b: int, updates: int, rng: np.random.Generator) -> Case:
+    def setup() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        from hiercls.taxonomy import load_taxonomy
+
+        tax = load_taxonomy(tree)
+        t, p = make_labels(rng, tax, b * updates)
+        metric = M.HierarchicalMetrics(tax, k=())
+
+        def stateful() -> dict[str, Any]:
+            metric.reset()
+            for s in range(0, len(t), b):
+                metric.update(t[s : s + b], p[s : s + b])
+            return metric.compute()
+
+        def functional() -> dict[str, Any]:
+            return functional_report(t, p, tax)
+
+        _same_results(stateful(), functional(), f"HierarchicalMetrics on {tree}")
+        return stateful, functional
+
+    return Case(
+        name=f"metrics/{tree}/HierarchicalMetrics/update_x{updates}_compute_vs_functions",
+        target=2.0,
+        setup=setup,
+        note=f"{updates} update() of {b} samples + compute() vs one call of each metric function on all "
+        f"{b * updates} samples, giving the same results",
+    )
+
+
+def cases(quick: bool) -> list[Case]:
+    """Issue-13 metric cases: name inputs vs id inputs (numpy arrays and lists), and the stateful collection's
+    ``update`` + ``compute`` vs the functions on the same data."""
     from hiercls.taxonomy import load_taxonomy
 
     rng = np.random.default_rng(0)
     b = 2000 if quick else 10_000
-    out = []
+    out: list[Case] = []
     for tree in ("imagenet1k_tree", "imagenet21k_winter21"):
         tax = load_taxonomy(tree)
         names = np.array(tax.names)
@@ -291,7 +357,16 @@ def cases(quick: bool) -> list[tuple[str, float, Callable[[], Any], Callable[[],
                 def base(fn: Any = fn, t: Any = yt, p: Any = yp, tax: Taxonomy = tax) -> Any:
                     return fn(t, p, taxonomy=tax)
 
-                out.append((f"metrics/{tree}/{fn.__name__}/names_{kind}_vs_ids", 2.0, cand, base))
+                out.append(
+                    Case(
+                        name=f"metrics/{tree}/{fn.__name__}/names_{kind}_vs_ids",
+                        target=2.0,
+                        candidate=cand,
+                        baseline=base,
+                        note=f"{b} node names ({kind}) vs the same {b} node ids",
+                    )
+                )
+        out.append(_stateful_case(tree, b, 5, rng))
     return out
 
 
@@ -304,15 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats of --ratios")
     args = ap.parse_args(argv)
     if args.ratios:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench_decode import run_cases
+        from run_all import run_case
 
-        print(
-            json.dumps(
-                {"bench": "metrics_ratios", "quick": args.quick, "cases": run_cases(cases(args.quick), args.repeats)},
-                indent=1,
-            )
-        )
+        results = [run_case(c, args.quick, args.repeats) for c in cases(args.quick)]
+        print(json.dumps({"bench": "metrics_ratios", "quick": args.quick, "cases": results}, indent=1))
         return 0
     rng = np.random.default_rng(0)
     n = args.samples or (1000 if args.quick else 10_000)

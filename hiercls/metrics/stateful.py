@@ -175,13 +175,32 @@ class Metric(torchmetrics.Metric):
         return [k for k in self._defaults if k != self._config_state]
 
     def accumulate(self, **values: Any) -> None:
-        """Add ``values`` (NumPy or torch, the state's shape) to the states of the same names."""
+        """Add ``values`` (NumPy, Python numbers or torch, the state's shape) to the states of the same names.
+
+        Torch values are added on the state's device; host values travel as one float64 vector (one copy,
+        whatever the number of states). The states are added to in place: torchmetrics copies them wherever it
+        keeps a snapshot (``state_dict``, ``forward``, ``sync``), and ``reset`` gives fresh tensors.
+        """
         owner, prefix = self._owner or (self, "")
+        host: list[tuple[torch.Tensor, np.ndarray, str]] = []
         for name, v in values.items():
-            key = prefix + name
-            cur = getattr(owner, key)
-            delta = torch.as_tensor(np.asarray(to_numpy(v)), dtype=cur.dtype).to(cur.device)
-            setattr(owner, key, cur + delta)
+            cur = getattr(owner, prefix + name)
+            if isinstance(v, torch.Tensor):
+                if v.numel() != cur.numel():
+                    raise ValueError(f"state {name!r} has {cur.numel()} entries; got {v.numel()} to add")
+                cur.add_(v.detach().to(device=cur.device, dtype=cur.dtype).reshape(cur.shape))
+            else:
+                a = np.asarray(v, dtype=np.float64).ravel()
+                if a.size != cur.numel():
+                    raise ValueError(f"state {name!r} has {cur.numel()} entries; got {a.size} to add")
+                host.append((cur, a, name))
+        if host:
+            flat = torch.from_numpy(np.concatenate([a for _, a, _ in host]) if len(host) > 1 else host[0][1])
+            flat = flat.to(host[0][0].device)
+            pos = 0
+            for cur, a, _ in host:
+                cur.add_(flat[pos : pos + a.size].view(cur.shape).to(cur.dtype))
+                pos += a.size
 
     def states(self) -> dict[str, torch.Tensor]:
         """The sum states by name (live tensors; :meth:`state_dict` gives copies)."""
@@ -196,7 +215,7 @@ class Metric(torchmetrics.Metric):
         @functools.wraps(update)
         def wrapped(*args: Any, **kwargs: Any) -> None:
             inner(*args, **kwargs)
-            self.accumulate(updates=1.0)
+            self.updates.add_(1.0)  # in place, as accumulate (a fresh tensor after reset)
 
         return wrapped
 
