@@ -43,9 +43,13 @@ def ancestors_int32(taxonomy: Taxonomy) -> sp.csr_matrix:
 
 @dataclass(frozen=True)
 class Labels:
-    """One batch of labels: ``ids`` (one node per sample) or ``sets`` (closed CSR ``[B, N]``), never both."""
+    """One batch of labels: ``ids`` (one node per sample) or ``sets`` (closed CSR ``[B, N]``), never both.
 
-    ids: np.ndarray | None
+    ``ids`` is a torch tensor (int64, on the input's device) only where the caller asked for the device path
+    (``to_labels(..., device=True)``, trees): the metrics then run the kernels of ``hiercls.metrics._device``.
+    """
+
+    ids: Any  # np.ndarray | torch.Tensor | None
     sets: sp.csr_matrix | None
     num_nodes: int
 
@@ -55,6 +59,11 @@ class Labels:
     @property
     def is_ids(self) -> bool:
         return self.ids is not None
+
+    @property
+    def is_torch(self) -> bool:
+        """Node ids held as a torch tensor (scored on its device)."""
+        return self.ids is not None and not isinstance(self.ids, np.ndarray)
 
     def as_sets(self, taxonomy: Taxonomy) -> sp.csr_matrix:
         """Ancestor-closed node sets (the rows of the ancestor matrix for id labels)."""
@@ -273,7 +282,33 @@ def _ragged_to_sets(rows: list[Any], taxonomy: Taxonomy, name: str) -> sp.csr_ma
     return m
 
 
-def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allow_ignore: bool = False) -> Labels:
+def _torch_ids(y: Any, taxonomy: Taxonomy, name: str, allow_ignore: bool) -> Any:
+    """``y`` as int64 node ids on its own device if it is a 1-D integer tensor, else ``None``.
+
+    The range check runs on the device; only its verdict (one boolean) and, to name the culprit, the first bad
+    position come to the host.
+    """
+    if not _is_tensor(y) or y.ndim != 1 or y.dtype.is_floating_point or y.dtype.is_complex:
+        return None
+    if str(y.dtype) == "torch.bool":
+        return None
+    ids = y.detach().long()
+    n = taxonomy.num_nodes
+    low = -1 if allow_ignore else 0
+    bad = (ids < low) | (ids >= n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        v = int(ids[i])
+        hint = " (-1 marks ignored samples only in y_true)" if v == -1 else ""
+        raise ValueError(
+            f"{name}[{i}] = {v} is not a node id of taxonomy {taxonomy.name!r}; expected ids in [{low}, {n}){hint}"
+        )
+    return ids
+
+
+def to_labels(
+    y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allow_ignore: bool = False, device: bool = False
+) -> Labels:
     """Convert ``y`` to :class:`Labels`, validating shape, dtype, ids and names.
 
     Args:
@@ -283,6 +318,7 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         name: parameter name for error messages (``"y_true"``, ``"y_pred"``).
         close: add all ancestors to node sets (id labels are closed by construction).
         allow_ignore: accept ``-1`` ids (samples to ignore); the caller drops them.
+        device: keep 1-D integer torch tensors on their device (trees only; the caller has a torch path).
 
     Raises:
         TaxonomyError: unknown label names.
@@ -290,6 +326,10 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
         TypeError: unsupported input type or dtype.
     """
     n = taxonomy.num_nodes
+    if device and taxonomy.is_tree:
+        ids = _torch_ids(y, taxonomy, name, allow_ignore)
+        if ids is not None:
+            return Labels(ids, None, n)
     if isinstance(y, list | tuple) and y and type(y[0]) is str:
         ids = _lookup_names(y, taxonomy)  # names: no round trip through a numpy array
         if ids is not None:
@@ -405,10 +445,19 @@ def _is_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def check_weights(sample_weight: Any, n: int) -> np.ndarray | None:
-    """``None`` or a float64 ``[n]`` array of finite non-negative weights."""
+def check_weights(sample_weight: Any, n: int, device: Any = None) -> Any:
+    """``None`` or a float64 ``[n]`` array of finite non-negative weights (a tensor on ``device`` if given)."""
     if sample_weight is None:
         return None
+    if device is not None:
+        import torch
+
+        w = torch.as_tensor(sample_weight, dtype=torch.float64, device=device)
+        if tuple(w.shape) != (n,):
+            raise ValueError(f"sample_weight has shape {tuple(w.shape)}; expected ({n},), one weight per sample")
+        if not bool((torch.isfinite(w) & (w >= 0)).all()):
+            raise ValueError("sample_weight must be finite and non-negative")
+        return w
     w = np.asarray(to_numpy(sample_weight), dtype=np.float64)
     if w.shape != (n,):
         raise ValueError(f"sample_weight has shape {w.shape}; expected ({n},), one weight per sample")
@@ -426,16 +475,29 @@ def prepare_pair(
     close: bool = True,
     close_pred: bool | None = None,
     return_keep: bool = False,
+    device: bool = False,
 ) -> Any:
     """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
 
     With ``return_keep`` also returns the boolean mask of the samples kept (to align other per-sample inputs).
+    With ``device`` (callers that have a torch path), node ids given as torch tensors stay on their device
+    (trees): the labels then hold tensors, and so do the weights and the mask; a NumPy or name side of the pair
+    is moved to the tensor's device.
     """
     check_taxonomy(taxonomy)
-    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True)
-    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred)
+    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, device=device)
+    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred, device=device)
     if len(t) != len(p):
         raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
+    if t.is_torch or p.is_torch:
+        t, p = _same_device(t, p)
+    if t.is_torch:
+        w = check_weights(sample_weight, len(t), device=t.ids.device)
+        keep = t.ids >= 0
+        if not bool(keep.all()):
+            t, p = t.select(keep), p.select(keep)
+            w = None if w is None else w[keep]
+        return (t, p, w, keep) if return_keep else (t, p, w)
     w = check_weights(sample_weight, len(t))
     keep = np.ones(len(t), dtype=bool)
     if t.is_ids and (t.ids < 0).any():
@@ -443,6 +505,22 @@ def prepare_pair(
         t, p = t.select(keep), p.select(keep)
         w = None if w is None else w[keep]
     return (t, p, w, keep) if return_keep else (t, p, w)
+
+
+def _same_device(t: Labels, p: Labels) -> tuple[Labels, Labels]:
+    """Both sides as tensors on one device (the device of ``y_pred``'s tensor if both are tensors), or both on
+    the host when one side holds node sets."""
+    import torch
+
+    if not (t.is_ids and p.is_ids):  # node sets on one side: the NumPy path for both
+        return (Labels(t.ids.cpu().numpy(), None, t.num_nodes) if t.is_torch else t), (
+            Labels(p.ids.cpu().numpy(), None, p.num_nodes) if p.is_torch else p
+        )
+    dev = p.ids.device if p.is_torch else t.ids.device
+    return (
+        Labels(torch.as_tensor(t.ids, dtype=torch.int64, device=dev), None, t.num_nodes),
+        Labels(torch.as_tensor(p.ids, dtype=torch.int64, device=dev), None, p.num_nodes),
+    )
 
 
 def check_zero_division(zero_division: Any) -> Any:
@@ -453,8 +531,15 @@ def check_zero_division(zero_division: Any) -> Any:
     raise ValueError(f"zero_division must be 'warn', 0.0, 1.0 or nan; got {zero_division!r}")
 
 
-def divide(num: Any, den: Any, zero_division: Any) -> tuple[Any, np.ndarray]:
-    """``(num / den with zero_division where den == 0, the 0/0 mask)``, never warning (``"warn"`` fills 0)."""
+def divide(num: Any, den: Any, zero_division: Any) -> tuple[Any, Any]:
+    """``(num / den with zero_division where den == 0, the 0/0 mask)``, never warning (``"warn"`` fills 0).
+
+    Torch tensors stay tensors on their device.
+    """
+    if _is_tensor(num) or _is_tensor(den):
+        from hiercls.metrics import _device
+
+        return _device.divide(num, den, zero_division)
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
     zero = den == 0
@@ -518,6 +603,31 @@ def renamed_keyword(old: str, new: str) -> Callable[[F], F]:
     return wrap
 
 
-def weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:
+def weighted_sum(values: Any, w: Any) -> float:
+    if _is_tensor(values):
+        from hiercls.metrics import _device
+
+        return float(_device.weighted_sum(values, w))
     values = np.asarray(values, dtype=np.float64)
     return float(values.sum() if w is None else values @ w)
+
+
+def batch_sum(values: Any, w: Any) -> Any:
+    """``Σ w·values`` without leaving the device: a 0-d tensor for tensors, a float64 for NumPy (the stateful
+    metrics add it to their states as it is)."""
+    if _is_tensor(values):
+        from hiercls.metrics import _device
+
+        return _device.weighted_sum(values, w)
+    values = np.asarray(values, dtype=np.float64)
+    return values.sum() if w is None else values @ w
+
+
+def weight_total(n: int, w: Any) -> Any:
+    """The number of samples, or the sum of their weights (a 0-d tensor for tensor weights)."""
+    return float(n) if w is None else w.sum()
+
+
+def atleast_1d(x: Any) -> Any:
+    """``np.atleast_1d`` that leaves torch tensors as they are (on their device)."""
+    return x.reshape(-1) if _is_tensor(x) and x.ndim == 0 else (x if _is_tensor(x) else np.atleast_1d(x))

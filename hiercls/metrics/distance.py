@@ -17,19 +17,24 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from hiercls._checks import check_choice, check_taxonomy, to_numpy
+from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
+    batch_sum,
     check_weights,
     check_zero_division,
     prepare_pair,
     renamed_keyword,
     safe_divide,
     to_labels,
+    weight_total,
 )
 from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
 
@@ -75,6 +80,8 @@ def node_heights(taxonomy: Taxonomy) -> np.ndarray:
 def pairwise_distance(a: np.ndarray, b: np.ndarray, taxonomy: Taxonomy, distance: str) -> np.ndarray:
     """``Taxonomy.distance`` plus ``"lca_node_height"`` (the LCA's own height, for unbalanced trees)."""
     check_choice(distance, DISTANCES, "distance")
+    if _device.is_tensor(a):
+        return _device.distance(a, b, taxonomy, distance)
     if distance == "lca_node_height":
         lca = np.asarray(taxonomy.lca(a, b))
         return np.where(a == b, 0.0, node_heights(taxonomy)[lca].astype(np.float64))
@@ -98,7 +105,14 @@ def _nonempty(t: Labels) -> None:
 def mistake_stats(
     t: np.ndarray, p: np.ndarray, w: np.ndarray | None, taxonomy: Taxonomy, distance: str
 ) -> tuple[float, float, float]:
-    """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps."""
+    """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps.
+
+    Floats for NumPy labels; 0-d tensors on the labels' device for torch labels (every distance is 0 between
+    equal nodes, so the sum runs over all samples without selecting the mistakes).
+    """
+    if _device.is_tensor(t):
+        wrong = (t != p).to(torch.float64)
+        return batch_sum(pairwise_distance(t, p, taxonomy, distance), w), batch_sum(wrong, w), weight_total(len(t), w)
     wrong = t != p
     dist = pairwise_distance(t[wrong], p[wrong], taxonomy, distance)
     ww = None if w is None else w[wrong]
@@ -141,10 +155,10 @@ def mistake_severity(
         1.5
     """
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
-    return safe_divide(num, den, zero_division, "mistake severity without mistakes")
+    return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
 
 
 def hierarchical_distance_loss(
@@ -158,10 +172,17 @@ def hierarchical_distance_loss(
         >>> hierarchical_distance_loss(["x", "x"], ["y", "x"], taxonomy=tax)  # x - a - y: 2 edges, then 0
         1.0
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
-    return float(np.average(d, weights=w)) if w is not None else float(d.mean())
+    return _mean(d, w)
+
+
+def _mean(values: Any, w: Any) -> float:
+    """The (weighted) mean of per-sample values, NumPy or torch (summed on their device)."""
+    if _device.is_tensor(values):
+        return float(batch_sum(values, w) / weight_total(len(values), w))
+    return float(np.average(values, weights=w)) if w is not None else float(values.mean())
 
 
 def wu_palmer_loss(y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None) -> float:
@@ -200,6 +221,20 @@ def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> 
     """``cost(p[i], t[i])`` per sample, for a distance name or a cost matrix ``[N, L]`` / ``[N, N]``."""
     if isinstance(cost, str):
         return pairwise_distance(t, p, taxonomy, cost)
+    if _device.is_tensor(t):  # the matrix goes to the labels' device; the check below names any bad label
+        if _device.is_tensor(cost):
+            cost = cost.to(device=t.device, dtype=torch.float64)
+        else:
+            cost = torch.as_tensor(np.asarray(cost, dtype=np.float64), device=t.device)
+        n, nl = taxonomy.num_nodes, taxonomy.num_leaves
+        if cost.ndim != 2 or cost.shape[0] != n or cost.shape[1] not in (nl, n) or not bool(cost.isfinite().all()):
+            return torch.as_tensor(cost_values(t.cpu().numpy(), p.cpu().numpy(), taxonomy, cost.cpu().numpy()))
+        if cost.shape[1] == n:
+            return cost[p, t]
+        col = _device.table(taxonomy, "leaf_index", t.device)[t]
+        if bool((col < 0).any()):  # the host path raises, naming the label
+            cost_values(t.cpu().numpy(), p.cpu().numpy(), taxonomy, cost.cpu().numpy())
+        return cost[p, col]
     mat = np.asarray(to_numpy(cost), dtype=np.float64)
     n, nl = taxonomy.num_nodes, taxonomy.num_leaves
     if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
@@ -248,10 +283,10 @@ def realized_cost(
         >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
         8.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
-    return float(np.average(d, weights=w)) if w is not None else float(d.mean())
+    return _mean(d, w)
 
 
 def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -406,8 +441,19 @@ def per_level_counts(
     At level ``l`` a sample is *true-valid* if its true set has a node at ``l``, *both-valid* if its predicted
     set has one too, and *correct* if both sets agree on level ``l`` (the same nodes there).
     """
+    if t.is_torch:
+        return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
     n_lv = num_levels(taxonomy, levels)
     ww = np.ones(len(t)) if w is None else w
+    if levels == "semantic" and taxonomy.is_tree and t.is_ids and p.is_ids:
+        # On a tree a root path meets each semantic level at most once: the class ancestor at that level.
+        table = semantic_level_table(taxonomy)
+        out = np.zeros((3, n_lv))
+        for s in range(0, len(t), chunk):
+            at, ap = table[t.ids[s : s + chunk]], table[p.ids[s : s + chunk]]
+            vt, both, wc = at >= 0, (at >= 0) & (ap >= 0), ww[s : s + chunk]
+            out += (wc @ (both & (at == ap)), wc @ both, wc @ vt)
+        return out[0], out[1], out[2]
     if levels == "depth" and taxonomy.is_tree and t.is_ids and p.is_ids:
         paths = taxonomy.paths
         out = np.zeros((3, n_lv))
@@ -456,9 +502,12 @@ def per_level_accuracy_score(
         >>> per_level_accuracy_score(["x", "x"], ["y", "b"], taxonomy=tax).tolist()  # b has no depth-2 node
         [0.5, 0.0]
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     correct, both, _ = per_level_counts(t, p, taxonomy, w, levels)
+    if _device.is_tensor(correct):
+        ok = both > 0
+        return torch.where(ok, correct / torch.where(ok, both, torch.ones_like(both)), torch.full_like(both, math.nan))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
 
@@ -477,10 +526,10 @@ def semantic_accuracy_score(
         >>> semantic_accuracy_score(["x", "x"], ["y", "a"], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
-    if valid.sum() == 0:
+    if float(valid.sum()) == 0:
         raise ValueError("no (sample, level) pair is valid: no true label lies on a level")
     return float(correct.sum() / valid.sum())
 

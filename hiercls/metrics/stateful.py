@@ -24,8 +24,11 @@ import torch
 import torchmetrics
 
 from hiercls._checks import check_beta, check_choice, check_taxonomy, to_numpy
+from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
+    atleast_1d,
+    batch_sum,
     check_weights,
     check_zero_division,
     divide,
@@ -34,6 +37,7 @@ from hiercls.metrics._validation import (
     safe_divide,
     to_labels,
     warn_undefined,
+    weight_total,
 )
 from hiercls.metrics.distance import (
     DISTANCES,
@@ -350,10 +354,6 @@ def _digest(x: Any) -> str | None:
     return hashlib.sha1(payload).hexdigest()[:12]
 
 
-def _weight_total(n: int, w: np.ndarray | None) -> float:
-    return float(n if w is None else w.sum())
-
-
 class HierarchicalFBeta(Metric):
     """Stateful :func:`~hiercls.metrics.hierarchical_precision_recall_fscore`.
 
@@ -409,7 +409,7 @@ class HierarchicalFBeta(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -417,22 +417,22 @@ class HierarchicalFBeta(Metric):
         inter, npred, ntrue = root_free_counts(t, p, self.taxonomy)
         if self.include_root:
             inter, npred, ntrue = inter + 1, npred + 1, ntrue + 1
-        ww = np.ones(len(t)) if w is None else w
         zd = self.zero_division
         prec, zp = divide(inter, npred, zd)
         rec, zr = divide(inter, ntrue, zd)
         f, zf = divide((1.0 + self.beta2) * inter, self.beta2 * ntrue + npred, zd)
+        # sums on the labels' device (0-d tensors for torch labels): no host round trip per batch
         self.accumulate(
-            inter=inter @ ww,
-            npred=npred @ ww,
-            ntrue=ntrue @ ww,
-            sum_p=np.atleast_1d(prec) @ ww,
-            sum_r=np.atleast_1d(rec) @ ww,
-            sum_f=np.atleast_1d(f) @ ww,
-            total=ww.sum(),
-            undefined_p=float(zp.sum()),
-            undefined_r=float(zr.sum()),
-            undefined_f=float(zf.sum()),
+            inter=batch_sum(inter, w),
+            npred=batch_sum(npred, w),
+            ntrue=batch_sum(ntrue, w),
+            sum_p=batch_sum(atleast_1d(prec), w),
+            sum_r=batch_sum(atleast_1d(rec), w),
+            sum_f=batch_sum(atleast_1d(f), w),
+            total=weight_total(len(t), w),
+            undefined_p=zp.sum(),
+            undefined_r=zr.sum(),
+            undefined_f=zf.sum(),
         )
         if self.average in ("macro", "weighted"):
             tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
@@ -513,12 +513,12 @@ class NodeF1(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
         tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
-        self.accumulate(tp=tp, fp=fp, fn=fn, total=_weight_total(len(t), w))
+        self.accumulate(tp=tp, fp=fp, fn=fn, total=weight_total(len(t), w))
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
         zd = self.zero_division
@@ -614,7 +614,7 @@ class MistakeSeverity(Metric):
         self.set_config(distance=self.distance)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -722,7 +722,7 @@ class LevelAccuracy(Metric):
         self.set_config(levels=self.levels)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -884,7 +884,7 @@ class HierarchicalMetrics(Metric):
     def update(self, y_true: Any, y_pred: Any, y_score: Any = None, sample_weight: Any = None) -> None:
         """Add a batch: labels as the functions take them, optional scores ``y_score`` ``[B, C]`` for the top-k
         metrics (``scores=`` is the deprecated name)."""
-        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
+        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True, device=True)
         if not self.multilabel and not (t.is_ids and p.is_ids):
             raise ValueError(
                 "HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
@@ -895,16 +895,17 @@ class HierarchicalMetrics(Metric):
         else:
             ts, ps = t.as_sets(self.taxonomy)[:, 1:], p.as_sets(self.taxonomy)[:, 1:]
             equal = (ts != ps).getnnz(axis=1) == 0
-        ww = np.ones(len(t)) if w is None else w
-        self.accumulate(exact=equal @ ww, total=ww.sum())
+        self.accumulate(exact=batch_sum(equal, w), total=weight_total(len(t), w))
         for name, part in self._parts.items():
             if name != "topk":
                 part.update_labels(t, p, w)
         if y_score is not None and "topk" in self._parts:
+            # the top-k ranking runs on the host (top_k_predictions is NumPy): scores and labels come over
             s = np.asarray(to_numpy(y_score))
             if len(s) != len(keep):
                 raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(s)} rows")
-            self._parts["topk"].update_ids(t.ids, s[keep], w)
+            ids, keep, w = (_device.host(x) for x in (t.ids, keep, w))
+            self._parts["topk"].update_ids(ids, s[keep], w)
 
     def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
         def part(name: str) -> dict[str, np.ndarray]:

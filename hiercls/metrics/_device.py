@@ -1,0 +1,162 @@
+"""Torch kernels of the metrics: node-id labels given as torch tensors are scored on their own device.
+
+On a tree every single-node metric is a gather of per-node tables (depth, root paths, information content,
+semantic-level classes) and a sum over the batch, so the labels never leave their device: only the sums (a
+few scalars, or ``[N]`` node counts) come back as results. The tables are the taxonomy's own arrays, copied
+once per device (``index_tensor``). Each kernel mirrors the NumPy computation of the same name
+(``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
+them on CPU tensors. DAG taxonomies and node-set labels keep the NumPy path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hiercls.taxonomy import Taxonomy
+
+_CHUNK = 1 << 17  # samples per [B, height] temporary, as the NumPy path
+
+
+def table(taxonomy: Taxonomy, key: str, device: torch.device) -> torch.Tensor:
+    """A per-taxonomy table on ``device``: ``depth``, ``paths``, ``ic``, ``heights``, ``semantic``."""
+    from hiercls.decode._common import index_tensor  # the one per-taxonomy device cache (decode imports no metric)
+
+    if key == "depth":
+        values = taxonomy.depth.astype(np.int64)
+    elif key == "paths":
+        values = taxonomy.paths.astype(np.int64)
+    elif key == "ic":
+        values = np.asarray(taxonomy.information_content, dtype=np.float64)
+    elif key == "heights":
+        from hiercls.metrics.distance import node_heights
+
+        values = node_heights(taxonomy)
+    elif key == "leaf_index":
+        values = np.asarray(taxonomy.leaf_index, dtype=np.int64)
+    elif key == "semantic":
+        from hiercls.metrics.distance import semantic_level_table
+
+        values = semantic_level_table(taxonomy)
+    else:  # pragma: no cover - internal keys only
+        raise KeyError(key)
+    return index_tensor(taxonomy, f"metrics/{key}", values, device)
+
+
+def lca(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> torch.Tensor:
+    """Lowest common ancestors on a tree: the last position where the two root paths agree."""
+    paths = table(taxonomy, "paths", t.device)
+    out = torch.empty_like(t)
+    for s in range(0, len(t), _CHUNK):
+        pa, pb = paths[t[s : s + _CHUNK]], paths[p[s : s + _CHUNK]]
+        k = ((pa == pb) & (pa >= 0)).sum(1, keepdim=True) - 1
+        out[s : s + _CHUNK] = pa.gather(1, k).squeeze(1)
+    return out
+
+
+def root_free_counts(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> tuple[torch.Tensor, ...]:
+    """Per sample ``(|T ∩ P|, |P|, |T|)`` of the root paths, root left out, float64 (trees)."""
+    d = table(taxonomy, "depth", t.device).to(torch.float64)
+    return d[lca(t, p, taxonomy)], d[p], d[t]
+
+
+def _bincount(x: torch.Tensor, w: torch.Tensor | None, n: int) -> torch.Tensor:
+    return torch.bincount(x, weights=None if w is None else w, minlength=n).to(torch.float64)
+
+
+def node_confusion(
+    t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, w: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weighted per-node ``(tp, fp, fn)`` float64 ``[N]`` of the root paths (trees).
+
+    Node ``j`` is a true positive of sample ``b`` iff it lies on the root path of ``lca(t_b, p_b)``: count the
+    samples per node, then push every count up its root path (one scatter of ``[N, height]`` entries).
+    """
+    n = taxonomy.num_nodes
+    paths = table(taxonomy, "paths", t.device)
+    valid = paths >= 0
+    rows = torch.arange(n, device=t.device).unsqueeze(1).expand_as(paths)[valid]
+    cols = paths[valid]
+
+    def up(per_node: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.float64, device=t.device).index_add_(0, cols, per_node[rows])
+
+    wf = None if w is None else w.to(torch.float64)
+    tp = up(_bincount(lca(t, p, taxonomy), wf, n))
+    return tp, up(_bincount(p, wf, n)) - tp, up(_bincount(t, wf, n)) - tp
+
+
+def distance(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, kind: str) -> torch.Tensor:
+    """``Taxonomy.distance(kind)`` and ``"lca_node_height"`` between node ids, float64 (trees)."""
+    anc = lca(t, p, taxonomy)
+    if kind == "lca_node_height":
+        out = table(taxonomy, "heights", t.device)[anc].to(torch.float64)
+    elif kind in ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1"):
+        d = table(taxonomy, "depth", t.device).to(torch.float64)
+        if kind == "shortest_path":
+            out = d[t] + d[p] - 2 * d[anc]
+        elif kind == "lca_height":
+            out = taxonomy.height - d[anc]
+        else:
+            if kind == "wu_palmer_root1":
+                d = d + 1.0
+            den = d[t] + d[p]
+            out = 1.0 - 2.0 * d[anc] / torch.where(den > 0, den, torch.ones_like(den))
+    elif kind in ("zhao", "ic_distance", "jiang_conrath"):
+        ic = table(taxonomy, "ic", t.device)
+        if kind == "zhao":
+            den = ic[t] + ic[p]
+            ratio = 1.0 - 2.0 * ic[anc] / torch.where(den > 0, den, torch.ones_like(den))
+            out = torch.where(den > 0, ratio, torch.zeros_like(ratio))
+        else:
+            out = ic[t] + ic[p] - 2.0 * ic[anc]
+    else:  # pragma: no cover - checked by pairwise_distance
+        raise ValueError(kind)
+    return torch.where(t == p, torch.zeros_like(out), out)
+
+
+def per_level_counts(
+    t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, w: torch.Tensor | None, levels: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weighted per-level ``(correct, both_valid, true_valid)`` float64 ``[num_levels]`` (trees).
+
+    A level's node on a root path: the ancestor at that depth, or the class ancestor at that semantic level
+    (a root path meets each semantic level at most once: a class's level counts its class ancestors).
+    """
+    tab = table(taxonomy, "paths", t.device)[:, 1:] if levels == "depth" else table(taxonomy, "semantic", t.device)
+    out = torch.zeros((3, tab.shape[1]), dtype=torch.float64, device=t.device)
+    for s in range(0, len(t), _CHUNK):
+        at, ap = tab[t[s : s + _CHUNK]], tab[p[s : s + _CHUNK]]
+        vt, vp = at >= 0, ap >= 0
+        both = vt & vp
+        stacked = torch.stack([both & (at == ap), both, vt]).to(torch.float64)  # [3, B, L]
+        if w is None:
+            out += stacked.sum(1)
+        else:
+            out += torch.einsum("kbl,b->kl", stacked, w[s : s + _CHUNK].to(torch.float64))
+    return out[0], out[1], out[2]
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def host(x: Any) -> np.ndarray:
+    """A float64 NumPy copy of a (small, reduced) tensor; NumPy arrays unchanged."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+def weighted_sum(values: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """``Σ w·values`` (``Σ values`` without weights) as a 0-d float64 tensor on the values' device."""
+    values = values.to(torch.float64)
+    return values.sum() if w is None else values @ w.to(torch.float64)
+
+
+def divide(num: torch.Tensor, den: torch.Tensor, zero_division: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``num / den`` with ``zero_division`` (``"warn"``: 0) where ``den == 0``, and the 0/0 mask (as NumPy's)."""
+    zero = den == 0
+    out = num / torch.where(zero, torch.ones_like(den), den)
+    fill = 0.0 if zero_division == "warn" else float(zero_division)
+    return torch.where(zero, torch.full_like(out, fill), out), zero
