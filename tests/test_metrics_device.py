@@ -1,0 +1,173 @@
+"""Node-id tensors are scored on their own device: the torch kernels against the NumPy path, on CPU tensors.
+
+The NumPy path is the reference (itself tested against brute force in tests/test_metrics.py); "no host round
+trip" is checked by making ``Tensor.cpu`` / ``Tensor.numpy`` raise while the metric runs, as
+tests/test_device_agnostic.py does for the heads.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import hiercls.metrics as M
+from hiercls.taxonomy import Taxonomy
+from tests._trees import random_tree
+
+
+def _tree_with_classes(seed: int) -> Taxonomy:
+    """A random tree where about a third of the internal nodes are not classes (semantic levels skip them)."""
+    base = random_tree(40, seed)
+    rng = np.random.default_rng(seed)
+    internal = [n for n in range(1, base.num_nodes) if len(base.children(n))]
+    drop = set(rng.choice(internal, len(internal) // 3, replace=False).tolist())
+    edges = [(base.name_of(int(base.parents(c)[0])), base.name_of(c)) for c in range(1, base.num_nodes)]
+    return Taxonomy(edges, classes=[base.name_of(c) for c in range(1, base.num_nodes) if c not in drop])
+
+
+def _data(seed: int, n: int = 200, weighted: bool = False):
+    tax = _tree_with_classes(seed)
+    rng = np.random.default_rng(seed)
+    t = rng.integers(0, tax.num_nodes, n)
+    t[rng.random(n) < 0.1] = -1  # ignored samples
+    p = np.where(rng.random(n) < 0.4, np.maximum(t, 0), rng.integers(0, tax.num_nodes, n))
+    w = rng.random(n) if weighted else None
+    return tax, t, p, w
+
+
+def _tensor(x):
+    return None if x is None else torch.as_tensor(x)
+
+
+FUNCTIONS = {
+    "hprf_micro": lambda a, b, **k: M.hierarchical_precision_recall_fscore(a, b, zero_division=0.0, **k),
+    "hprf_samples": lambda a, b, **k: M.hierarchical_precision_recall_fscore(
+        a, b, average="samples", zero_division=0.0, **k
+    ),
+    "hf_samples_root": lambda a, b, **k: M.hierarchical_f1_score(a, b, average="samples", include_root=True, **k),
+    "hprf_macro": lambda a, b, **k: M.hierarchical_precision_recall_fscore(
+        a, b, average="macro", zero_division=0.0, **k
+    ),
+    "hprf_weighted": lambda a, b, **k: M.hierarchical_precision_recall_fscore(
+        a, b, average="weighted", labels="present", zero_division=0.0, **k
+    ),
+    "node_macro": lambda a, b, **k: M.node_precision_recall_fscore_support(
+        a, b, average="macro", zero_division=0.0, **k
+    ),
+    "hamming": lambda a, b, **k: M.hamming_loss(a, b, **k),
+    "exact": lambda a, b, **k: M.exact_match_score(a, b, **k),
+    "per_level_depth": lambda a, b, **k: M.per_level_accuracy_score(a, b, **k),
+    "per_level_semantic": lambda a, b, **k: M.per_level_accuracy_score(a, b, levels="semantic", **k),
+    "semantic_accuracy": lambda a, b, **k: M.semantic_accuracy_score(a, b, **k),
+    "semantic_accuracy_depth": lambda a, b, **k: M.semantic_accuracy_score(a, b, levels="depth", **k),
+    "wu_palmer_loss": lambda a, b, **k: M.wu_palmer_loss(a, b, **k),
+    "zhao_loss": lambda a, b, **k: M.zhao_loss(a, b, **k),
+    "realized_cost": lambda a, b, **k: M.realized_cost(a, b, **k),
+    **{f"severity_{d}": functools.partial(M.mistake_severity, distance=d) for d in M.DISTANCES},
+    **{f"distance_loss_{d}": functools.partial(M.hierarchical_distance_loss, distance=d) for d in M.DISTANCES},
+}
+# these average [N] node counts on the host (the counts themselves are summed on the device)
+HOST_REDUCTION = {"hprf_macro", "hprf_weighted", "node_macro", "hamming"}
+
+
+def _refuse(*_args, **_kwargs):
+    raise AssertionError("host round trip (.cpu() / .numpy()) of the labels")
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_functions_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
+    fn = FUNCTIONS[name]
+    tax, t, p, w = _data(len(name) + weighted, weighted=weighted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # undefined ratios warn alike on both paths
+        want = fn(t, p, taxonomy=tax, sample_weight=w)
+        with monkeypatch.context() as m:
+            if name not in HOST_REDUCTION:
+                m.setattr(torch.Tensor, "cpu", _refuse)
+                m.setattr(torch.Tensor, "numpy", _refuse)
+            got = fn(torch.as_tensor(t), torch.as_tensor(p), taxonomy=tax, sample_weight=_tensor(w))
+    if isinstance(want, np.ndarray):  # per-level accuracies: a float64 tensor on the labels' device
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
+    else:
+        np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
+        assert all(isinstance(x, float) for x in np.atleast_1d(np.asarray(got, dtype=object)))
+
+
+def test_mixed_inputs_names_and_cost_matrices_on_tensors():
+    tax, t, p, _ = _data(3)
+    names = np.array(tax.names)
+    keep = t >= 0
+    ref = M.mistake_severity(t[keep], p[keep], taxonomy=tax)
+    # names or NumPy on one side, a tensor on the other: the pair is scored on the tensor's device
+    assert M.mistake_severity(names[t[keep]], torch.as_tensor(p[keep]), taxonomy=tax) == pytest.approx(ref, rel=1e-12)
+    assert M.mistake_severity(torch.as_tensor(t), p, taxonomy=tax) == pytest.approx(ref, rel=1e-12)
+    nn_cost = np.random.default_rng(0).random((tax.num_nodes, tax.num_nodes))
+    for cost in (nn_cost, torch.as_tensor(nn_cost)):
+        got = M.realized_cost(torch.as_tensor(t), torch.as_tensor(p), taxonomy=tax, cost=cost)
+        assert got == pytest.approx(M.realized_cost(t, p, taxonomy=tax, cost=nn_cost), rel=1e-12)
+    leaves = tax.leaves
+    nl_cost = np.random.default_rng(1).random((tax.num_nodes, tax.num_leaves))
+    tl = torch.as_tensor(leaves[np.arange(50) % len(leaves)])
+    got = M.realized_cost(tl, torch.as_tensor(p[:50]), taxonomy=tax, cost=nl_cost)
+    assert got == pytest.approx(M.realized_cost(tl.numpy(), p[:50], taxonomy=tax, cost=nl_cost), rel=1e-12)
+    with pytest.raises(ValueError, match="internal node"):
+        M.realized_cost(torch.as_tensor([1]), torch.as_tensor([1]), taxonomy=tax, cost=nl_cost)
+
+
+def test_bad_tensor_ids_are_named_and_dags_keep_the_numpy_path():
+    tax, t, p, _ = _data(4)
+    bad = torch.as_tensor(p).clone()
+    bad[17] = tax.num_nodes
+    with pytest.raises(ValueError, match=rf"y_pred\[17\] = {tax.num_nodes} is not a node id"):
+        M.hierarchical_f1_score(torch.as_tensor(t), bad, taxonomy=tax)
+    with pytest.raises(ValueError, match=r"y_true\[3\] = -2"):
+        M.mistake_severity(torch.as_tensor([0, 1, 2, -2]), torch.as_tensor([0, 1, 2, 3]), taxonomy=tax)
+    with pytest.raises(TypeError, match="must be integers"):
+        M.mistake_severity(torch.as_tensor([1.0, 2.0]), torch.as_tensor([1, 2]), taxonomy=tax)
+    dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y")])
+    yt, yp = np.array([3, 4, 3, 1]), np.array([4, 3, 2, 3])
+    for fn in (M.hierarchical_f1_score, M.mistake_severity, M.per_level_accuracy_score):
+        np.testing.assert_allclose(
+            np.asarray(fn(torch.as_tensor(yt), torch.as_tensor(yp), taxonomy=dag)), fn(yt, yp, taxonomy=dag)
+        )
+
+
+STATEFUL = {
+    "HierarchicalMetrics": lambda tax: M.HierarchicalMetrics(tax, k=()),
+    "HierarchicalFBeta_samples": lambda tax: M.HierarchicalFBeta(tax, average="samples", zero_division=0.0),
+    "HierarchicalFBeta_macro": lambda tax: M.HierarchicalFBeta(tax, average="macro", zero_division=0.0),
+    "NodeF1": lambda tax: M.NodeF1(tax, zero_division=0.0),
+    "LevelAccuracy_semantic": lambda tax: M.LevelAccuracy(tax, levels="semantic"),
+    "MistakeSeverity_zhao": lambda tax: M.MistakeSeverity(tax, distance="zhao"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATEFUL))
+def test_stateful_updates_on_tensors_stay_on_the_device_and_equal_the_numpy_path(name, monkeypatch):
+    tax, t, p, w = _data(len(name), weighted=True)
+    ref, dev = STATEFUL[name](tax), STATEFUL[name](tax)
+    for s in range(0, len(t), 70):  # three batches, weighted
+        ref.update(t[s : s + 70], p[s : s + 70], sample_weight=w[s : s + 70])
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "cpu", _refuse)
+            m.setattr(torch.Tensor, "numpy", _refuse)
+            dev.update(
+                torch.as_tensor(t[s : s + 70]),
+                torch.as_tensor(p[s : s + 70]),
+                sample_weight=torch.as_tensor(w[s : s + 70]),
+            )
+    for key, value in ref.states().items():
+        torch.testing.assert_close(dev.states()[key], value, rtol=1e-12, atol=1e-12, msg=key)
+    want, got = ref.compute(), dev.compute()
+    assert got.keys() == want.keys()
+    for key in want:
+        if isinstance(want[key], str):  # the name of the severity's distance
+            assert got[key] == want[key]
+            continue
+        np.testing.assert_allclose(np.asarray(got[key], dtype=float), np.asarray(want[key], dtype=float), rtol=1e-12)
