@@ -171,3 +171,41 @@ def test_stateful_updates_on_tensors_stay_on_the_device_and_equal_the_numpy_path
             assert got[key] == want[key]
             continue
         np.testing.assert_allclose(np.asarray(got[key], dtype=float), np.asarray(want[key], dtype=float), rtol=1e-12)
+
+
+@pytest.mark.parametrize("candidates", [None, "nodes", "explicit"])
+def test_top_k_on_tensors_ranks_on_the_device_with_the_same_ties(candidates, monkeypatch):
+    tax, t, _, w = _data(9, weighted=True)
+    rng = np.random.default_rng(9)
+    cand = None if candidates is None else ("nodes" if candidates == "nodes" else rng.permutation(tax.num_nodes)[:12])
+    width = tax.num_leaves if candidates is None else (tax.num_nodes if candidates == "nodes" else 12)
+    scores = rng.integers(0, 4, (len(t), width)).astype(np.float32)  # many ties: the smaller node id first
+    kw = {"taxonomy": tax, "candidates": cand}
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "cpu", _refuse)
+        m.setattr(torch.Tensor, "numpy", _refuse)
+        top = M.top_k_predictions(torch.as_tensor(scores), 5, **kw)
+        acc = M.top_k_accuracy_score(torch.as_tensor(t), torch.as_tensor(scores), k=3, sample_weight=_tensor(w), **kw)
+        hd = M.average_hierarchical_distance_at_k(t, torch.as_tensor(scores), k=4, sample_weight=w, **kw)
+    np.testing.assert_array_equal(top.numpy(), M.top_k_predictions(scores, 5, **kw))
+    assert acc == pytest.approx(M.top_k_accuracy_score(t, scores, k=3, sample_weight=w, **kw), rel=1e-12)
+    assert hd == pytest.approx(M.average_hierarchical_distance_at_k(t, scores, k=4, sample_weight=w, **kw), rel=1e-12)
+
+
+def test_collection_with_scores_on_tensors_equals_the_numpy_path(monkeypatch):
+    tax, t, p, w = _data(10, weighted=True)
+    scores = np.random.default_rng(10).random((len(t), tax.num_leaves))
+    ref, dev = M.HierarchicalMetrics(tax, k=(1, 3)), M.HierarchicalMetrics(tax, k=(1, 3))
+    ref.update(t, p, y_score=scores, sample_weight=w)
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "cpu", _refuse)
+        m.setattr(torch.Tensor, "numpy", _refuse)
+        dev.update(torch.as_tensor(t), torch.as_tensor(p), y_score=torch.as_tensor(scores), sample_weight=_tensor(w))
+    want, got = ref.compute(), dev.compute()
+    for key in ("top1_accuracy", "top3_accuracy", "hdist@1", "hdist@3", "hF1_micro", "mistake_severity"):
+        assert got[key] == pytest.approx(want[key], rel=1e-12), key
+    topk = M.TopKMetrics(tax, k=(2,))
+    topk.update(torch.as_tensor(t), torch.as_tensor(scores))
+    assert topk.compute()["hdist@2"] == pytest.approx(
+        M.average_hierarchical_distance_at_k(t, scores, k=2, taxonomy=tax)
+    )

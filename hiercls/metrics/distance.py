@@ -289,9 +289,9 @@ def realized_cost(
     return _mean(d, w)
 
 
-def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(node ids of the candidate columns, scores restricted to them)``."""
-    n, width = taxonomy.num_nodes, scores.shape[1]
+def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(node ids of the candidates, the score columns holding them)``; columns ``None``: all, in order."""
+    n = taxonomy.num_nodes
     if candidates is None:
         candidates = "leaves" if width in (n, taxonomy.num_leaves) else None
         if candidates is None:
@@ -310,9 +310,9 @@ def _candidates(taxonomy: Taxonomy, scores: np.ndarray, candidates: Any) -> tupl
         if ((ids < 0) | (ids >= n)).any():
             raise ValueError(f"candidates must be node ids in [0, {n}); got {ids.tolist()[:10]}")
     if width == len(ids):
-        return ids, scores
+        return ids, None
     if width == n:
-        return ids, scores[:, ids]
+        return ids, ids
     raise ValueError(f"scores has {width} columns; expected {len(ids)} (one per candidate) or {n} (one per node)")
 
 
@@ -336,20 +336,24 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
         >>> top_k_predictions(np.array([[0.2, 0.5, 0.3]]), 2, taxonomy=tax).tolist()  # leaves x, y, b
         [[3, 4]]
     """
-    s = np.asarray(to_numpy(y_score))
+    on_device = _device.is_tensor(y_score)
+    s = y_score.detach() if on_device else np.asarray(to_numpy(y_score))
     if s.ndim != 2:
-        raise ValueError(f"y_score must be 2-D [B, C]; got shape {s.shape}")
-    if s.dtype.kind not in "biuf":
+        raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
+    if (s.dtype.is_complex or s.dtype == torch.bool) if on_device else s.dtype.kind not in "biuf":
         raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
-    ids, s = _candidates(taxonomy, s, candidates)
+    ids, cols = _candidates(taxonomy, s.shape[1], candidates)
     if not isinstance(k, int | np.integer) or not 1 <= k <= len(ids):
         raise ValueError(f"k must be an integer in [1, {len(ids)}] (the number of candidates); got {k!r}")
-    import torch
-
     # Ties: the smallest node id wins, as in the decoders. A stable descending sort over the columns in id
     # order gives exactly that (torch.topk's order among equal scores is unspecified).
     order = np.argsort(ids, kind="stable")
-    ids, s = ids[order], s[:, order]
+    ids, cols = ids[order], order if cols is None else cols[order]
+    if on_device:  # sorted on the scores' device; node ids [B, k] there too
+        s = s.float() if not s.dtype.is_floating_point or s.element_size() < 4 else s
+        top = torch.sort(s[:, torch.as_tensor(cols, device=s.device)], dim=1, descending=True, stable=True).indices
+        return torch.as_tensor(ids, device=s.device)[top[:, :k]]
+    s = s[:, cols]
     scores_t = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64 if s.dtype == np.float64 else np.float32))
     top = torch.sort(scores_t, dim=1, descending=True, stable=True).indices[:, :k].numpy()
     return ids[top]
@@ -360,13 +364,47 @@ def _scores_pair(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     check_taxonomy(taxonomy)
     top = top_k_predictions(scores, k, taxonomy=taxonomy, candidates=candidates)
-    t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True)
+    return top_k_labels(y_true, top, taxonomy, sample_weight)
+
+
+def top_k_labels(y_true: Any, top: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[Any, Any, Any]:
+    """``(true ids, top-k ids, weights)`` of the samples whose ``y_true`` is not ``-1``, all where ``top`` is (the
+    scores' device for torch scores)."""
+    on_device = _device.is_tensor(top)
+    t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True, device=on_device)
     ids = _ids(t, "y_true")
     if len(ids) != len(top):
         raise ValueError(f"y_true has {len(ids)} samples but y_score has {len(top)} rows")
-    w = check_weights(sample_weight, len(ids))
+    if on_device:
+        ids = torch.as_tensor(ids, dtype=torch.int64, device=top.device)
+        w = check_weights(sample_weight, len(ids), device=top.device)
+    else:
+        ids = _device.host(ids)
+        w = check_weights(sample_weight, len(ids))
     keep = ids >= 0
-    return ids[keep], top[keep], None if w is None else w[keep]
+    if not bool(keep.all()):
+        ids, top, w = ids[keep], top[keep], None if w is None else w[keep]
+    return ids, top, w
+
+
+def top_k_sums(t: Any, top: Any, w: Any, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str) -> tuple[Any, Any]:
+    """Weighted sums over the samples of the top-``k`` hit and of the mean distance of the top ``k``, per ``k``.
+
+    ``top`` holds the ``max(ks)`` best candidates; NumPy arrays or tensors on ``top``'s device.
+    """
+    big = top.shape[1]
+    if _device.is_tensor(top):
+        dist = pairwise_distance(t.repeat_interleave(big), top.reshape(-1), taxonomy, distance).view(-1, big)
+        hit = (top == t[:, None]).cumsum(1) > 0  # hit within the first j + 1
+        hits = torch.stack([batch_sum(hit[:, k - 1], w) for k in ks])
+        mean = dist.cumsum(1) / torch.arange(1, big + 1, device=top.device, dtype=torch.float64)
+        return hits, torch.stack([batch_sum(mean[:, k - 1], w) for k in ks])
+    dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance)
+    hit = top == t[:, None]
+    return (
+        np.array([batch_sum(hit[:, :k].any(axis=1), w) for k in ks]),
+        np.array([batch_sum(dist[:, :k].mean(axis=1), w) for k in ks]),
+    )
 
 
 @renamed_keyword("scores", "y_score")
@@ -387,8 +425,7 @@ def top_k_accuracy_score(
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
     _nonempty(Labels(t, None, taxonomy.num_nodes))
-    hit = (top == t[:, None]).any(axis=1)
-    return float(np.average(hit, weights=w)) if w is not None else float(hit.mean())
+    return _mean((top == t[:, None]).any(1) * 1.0, w)
 
 
 @renamed_keyword("scores", "y_score")
@@ -415,8 +452,8 @@ def average_hierarchical_distance_at_k(
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
     _nonempty(Labels(t, None, taxonomy.num_nodes))
-    d = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance).mean(axis=1)
-    return float(np.average(d, weights=w)) if w is not None else float(d.mean())
+    _, dist = top_k_sums(t, top, w, (k,), taxonomy, check_choice(distance, DISTANCES, "distance"))
+    return float(dist[0] / weight_total(len(t), w))
 
 
 def _node_levels(taxonomy: Taxonomy, levels: str) -> np.ndarray:

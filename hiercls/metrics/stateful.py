@@ -35,7 +35,6 @@ from hiercls.metrics._validation import (
     prepare_pair,
     renamed_keyword,
     safe_divide,
-    to_labels,
     warn_undefined,
     weight_total,
 )
@@ -43,9 +42,10 @@ from hiercls.metrics.distance import (
     DISTANCES,
     mistake_stats,
     num_levels,
-    pairwise_distance,
     per_level_counts,
+    top_k_labels,
     top_k_predictions,
+    top_k_sums,
 )
 from hiercls.metrics.hierarchical import (
     fbeta_from_counts,
@@ -669,23 +669,18 @@ class TopKMetrics(Metric):
 
     @renamed_keyword("scores", "y_score")
     def update(self, y_true: Any, y_score: Any, sample_weight: Any = None) -> None:
-        t = to_labels(y_true, self.taxonomy, name="y_true", allow_ignore=True)
-        if not t.is_ids:
-            raise ValueError("top-k metrics need single node ids or names as y_true")
-        w = check_weights(sample_weight, len(t))
-        keep = t.ids >= 0
-        self.update_ids(t.ids[keep], np.asarray(to_numpy(y_score))[keep], None if w is None else w[keep])
+        """Add a batch; torch scores are ranked on their device, and the labels join them there."""
+        t, top, w = top_k_labels(y_true, self.top(y_score), self.taxonomy, sample_weight)
+        self.update_top(t, top, w)
 
-    def update_ids(self, t: np.ndarray, scores: np.ndarray, w: np.ndarray | None) -> None:
-        if len(t) != len(scores):
-            raise ValueError(f"y_true has {len(t)} samples but y_score has {len(scores)} rows")
-        top = top_k_predictions(scores, max(self.k), taxonomy=self.taxonomy, candidates=self.candidates)
-        ww = np.ones(len(t)) if w is None else w
-        dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, self.taxonomy, self.distance)
-        hit = top == t[:, None]
-        hits = [hit[:, :k].any(axis=1) @ ww for k in self.k]
-        dists = [dist[:, :k].mean(axis=1) @ ww for k in self.k]
-        self.accumulate(hits=np.array(hits), dist=np.array(dists), total=ww.sum())
+    def top(self, y_score: Any) -> Any:
+        """The ``max(k)`` best candidates per row of ``y_score`` (on the scores' device for tensors)."""
+        return top_k_predictions(y_score, max(self.k), taxonomy=self.taxonomy, candidates=self.candidates)
+
+    def update_top(self, t: Any, top: Any, w: Any) -> None:
+        """Add validated true ids and their top candidates (NumPy, or tensors on one device)."""
+        hits, dists = top_k_sums(t, top, w, self.k, self.taxonomy, self.distance)
+        self.accumulate(hits=hits, dist=dists, total=weight_total(len(t), w))
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
         n = float(s["total"])
@@ -900,12 +895,15 @@ class HierarchicalMetrics(Metric):
             if name != "topk":
                 part.update_labels(t, p, w)
         if y_score is not None and "topk" in self._parts:
-            # the top-k ranking runs on the host (top_k_predictions is NumPy): scores and labels come over
-            s = np.asarray(to_numpy(y_score))
-            if len(s) != len(keep):
-                raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(s)} rows")
-            ids, keep, w = (_device.host(x) for x in (t.ids, keep, w))
-            self._parts["topk"].update_ids(ids, s[keep], w)
+            topk = self._parts["topk"]
+            top = topk.top(y_score)  # ranked where the scores are; the labels join them there
+            if len(top) != len(keep):
+                raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(top)} rows")
+            if _device.is_tensor(top):
+                ids, keep, w = (None if x is None else torch.as_tensor(x, device=top.device) for x in (t.ids, keep, w))
+            else:
+                ids, keep, w = (None if x is None else _device.host(x) for x in (t.ids, keep, w))
+            topk.update_top(ids, top[keep], w)
 
     def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
         def part(name: str) -> dict[str, np.ndarray]:
