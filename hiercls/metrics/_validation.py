@@ -95,51 +95,62 @@ def _name_index(taxonomy: Taxonomy) -> dict[str, bytes]:
     return cache["name_index"]
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the second hash (Fibonacci hashing)
-
-
 @dataclass(frozen=True)
 class _NameTable:
-    """A minimal perfect hash of the node names, for vectorised name -> id lookups (hash and displace).
+    """A perfect hash of the node names, for vectorised name -> id lookups (hash and displace).
 
-    The key of a name is ``points @ coef`` over its code points (uint64, wrapping); a name goes to bucket
-    ``key >> bucket_shift`` and to slot ``((key * GOLDEN) >> slot_shift) ^ disp[bucket]``, where each bucket's
-    displacement was chosen so that no two names share a slot. A lookup is thus a few array operations and two
-    gathers, without a search; the code points of the name found are then compared with the label's, so an
+    A name is its code points, zero padded to an even width and read as uint64 words (two code points each);
+    its key is ``words @ coef`` (uint64, wrapping, random odd coefficients). The top ``bits`` bits of the key
+    pick a bucket, the next ones a slot, and each bucket's displacement (XOR-ed into the slot) was chosen when
+    the table was built so that no two names share a slot. A lookup is thus a few array operations and two
+    small gathers, without a search; the words of the name found are then compared with the label's, so an
     unknown label is always detected.
     """
 
-    points: np.ndarray  # [N, W] uint32 code points, zero padded
+    points: np.ndarray  # [N, L] uint32 code points, zero padded; L = the longest name
+    words: np.ndarray  # [N, ceil(L / 2)] uint64: the same, two code points per word
     lengths: np.ndarray  # [N] code points up to the last non-zero one
     coef: np.ndarray  # [W] uint64
-    bucket_shift: np.uint64
-    slot_shift: np.uint64
-    disp: np.ndarray  # [2**b] int64 displacement per bucket
-    slots: np.ndarray  # [2**s] node id per slot (0 where empty: never a false match, see _lookup_name_array)
-
-    def keys(self, points: np.ndarray) -> np.ndarray:
-        return points.astype(np.uint64) @ self.coef[: points.shape[1]]
+    point_coef: np.ndarray  # [2W] uint64: the same key from code points (word j = cp[2j] + cp[2j + 1] * 2**32)
+    bits: int  # log2 of the number of buckets; slots: 2 ** (bits + 1)
+    disp: np.ndarray  # [2**bits] int32 displacement per bucket
+    slots: np.ndarray  # [2**(bits+1)] int32 node id per slot (0 where empty: never a false match, see lookup)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
-        bucket = (keys >> self.bucket_shift).astype(np.intp)
-        slot = ((keys * _GOLDEN) >> self.slot_shift).astype(np.intp)
+        bucket = (keys >> np.uint64(64 - self.bits)).astype(np.intp)
+        slot = ((keys >> np.uint64(63 - 2 * self.bits)) & np.uint64((2 << self.bits) - 1)).astype(np.intp)
         return self.slots[slot ^ self.disp[bucket]]
 
 
-def _perfect_hash(points: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> _NameTable | None:
+def _perfect_hash(
+    points: np.ndarray, words: np.ndarray, lengths: np.ndarray, rng: np.random.Generator
+) -> _NameTable | None:
     """Build a :class:`_NameTable` with random coefficients; ``None`` when these do not separate the names."""
-    n, width = points.shape
-    bits = max(1, int(np.ceil(np.log2(max(n, 2)))))
+    n, width = words.shape
+    bits = max(1, int(np.ceil(np.log2(max(n, 2)))))  # ~1 name per bucket, at most half the slots taken
+    if 64 - 2 * bits - 1 < 0:  # pragma: no cover - more than 2**31 names
+        return None
     coef = rng.integers(1, 2**63, size=width, dtype=np.uint64) | np.uint64(1)
-    keys = points.astype(np.uint64) @ coef
-    b_shift, s_shift = np.uint64(64 - bits), np.uint64(64 - bits - 1)  # ~1 name per bucket, load <= 1/2
-    bucket = (keys >> b_shift).astype(np.intp)
-    h2 = ((keys * _GOLDEN) >> s_shift).astype(np.intp)
-    n_slots = 1 << (bits + 1)
+    point_coef = np.repeat(coef, 2)
+    point_coef[1::2] <<= np.uint64(32)
+    keys = words @ coef
+    probe = _NameTable(
+        points,
+        words,
+        lengths,
+        coef,
+        point_coef,
+        bits,
+        np.zeros(1 << bits, np.int32),
+        np.arange(2 << bits, dtype=np.int32),
+    )
+    bucket = (keys >> np.uint64(64 - bits)).astype(np.intp)
+    h2 = probe.find(keys).astype(np.intp)  # the slot before displacement (identity slots, zero displacements)
+    n_slots = 2 << bits
     if len(np.unique(bucket * n_slots + h2)) < n:
-        return None  # two names with the same bucket and second hash: no displacement separates them
-    disp = np.zeros(1 << bits, dtype=np.intp)
-    slots = np.zeros(n_slots, dtype=np.int64)
+        return None  # two names with the same bucket and slot: no displacement separates them
+    disp = np.zeros(1 << bits, dtype=np.int32)
+    slots = np.zeros(n_slots, dtype=np.int32)
     taken = np.zeros(n_slots, dtype=bool)
     order = np.argsort(bucket, kind="stable")
     starts = np.flatnonzero(np.r_[True, bucket[order][1:] != bucket[order][:-1]])
@@ -163,7 +174,7 @@ def _perfect_hash(points: np.ndarray, lengths: np.ndarray, rng: np.random.Genera
     free = np.flatnonzero(~taken)[: len(single)]
     slots[free] = single
     disp[bucket[single]] = h2[single] ^ free
-    return _NameTable(points, lengths, coef, b_shift, s_shift, disp, slots)
+    return _NameTable(points, words, lengths, coef, point_coef, bits, disp, slots)
 
 
 def _name_table(taxonomy: Taxonomy) -> _NameTable | None:
@@ -175,10 +186,13 @@ def _name_table(taxonomy: Taxonomy) -> _NameTable | None:
         points = np.ascontiguousarray(arr.astype(f"<U{width}")).view(np.uint32).reshape(len(arr), width)
         nonzero = points != 0
         lengths = np.where(nonzero.any(1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
+        padded = np.zeros((len(arr), width + width % 2), dtype=np.uint32)
+        padded[:, :width] = points
+        words = padded.view(np.uint64)
         rng = np.random.default_rng(0)
         table = None
         for _ in range(8):
-            table = _perfect_hash(points, lengths, rng)
+            table = _perfect_hash(points, words, lengths, rng)
             if table is not None:
                 break
         cache["name_table"] = table
@@ -192,20 +206,24 @@ def _lookup_name_array(values: np.ndarray, taxonomy: Taxonomy) -> np.ndarray | N
         return None
     width = table.points.shape[1]
     w_in = values.dtype.itemsize // 4
-    v = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), w_in)
+    points = np.ascontiguousarray(values).view(np.uint32).reshape(len(values), w_in)
     if w_in > width:
-        if v[:, width:].any():
+        if points[:, width:].any():
             return None  # a label longer than every name
-        v = v[:, :width]
-    w = min(w_in, width)
-    ids = table.find(table.keys(v))
+        points, w_in = np.ascontiguousarray(points[:, :width]), width
+    if w_in % 2 == 0:  # whole uint64 words: the key as the table computes it
+        ids = table.find(points.view(np.uint64) @ table.coef[: w_in // 2])
+    else:  # the same key from the code points
+        ids = table.find(points.astype(np.uint64) @ table.point_coef[:w_in])
     # The hash only points at a candidate: every label must equal its candidate's name, code point for code point
     # (a label that is no name points at an arbitrary node, or at node 0 through an empty slot, and differs).
-    if not np.array_equal(np.take(table.points[:, :w], ids, axis=0), v):
+    # Labels as wide as the names (an array of the names' own dtype) compare whole rows, the fast case.
+    known = np.take(table.points, ids, axis=0)
+    if not np.array_equal(known if w_in == width else known[:, :w_in], points):
         return None
-    if w < width and (table.lengths[ids] > w).any():
+    if w_in < width and (table.lengths[ids] > w_in).any():
         return None
-    return ids
+    return ids.astype(np.int64)
 
 
 def _lookup_names(values: list[Any] | tuple[Any, ...], taxonomy: Taxonomy) -> np.ndarray | None:
