@@ -65,6 +65,10 @@ def test_name_table_finds_every_name_and_refuses_every_other_label() -> None:
     arr = np.array(tax.names)[ids]
     for values in (arr, arr.astype("U40")):
         np.testing.assert_array_equal(_lookup_name_array(values, tax), ids)
+    for width in (1, 2, 3, 4):  # arrays narrower than the longest name, odd and even widths
+        short = np.flatnonzero([len(x) <= width for x in tax.names])
+        values = np.array([tax.names[i] for i in short])
+        np.testing.assert_array_equal(_lookup_name_array(values.astype(f"U{width}"), tax), short)
     np.testing.assert_array_equal(_lookup_names(arr.tolist(), tax), ids)
     np.testing.assert_array_equal(_lookup_names(arr[:1].tolist(), tax), ids[:1])
     known = set(tax.names)
@@ -72,7 +76,7 @@ def test_name_table_finds_every_name_and_refuses_every_other_label() -> None:
         x[:-1] for x in tax.names if x[:-1] not in known
     ][:50]
     for label in others:  # one unknown label among known ones, anywhere in the batch
-        values = arr.copy().astype("U40")
+        values = arr.astype("U41" if len(label) % 2 else "U40")  # odd and even widths
         values[int(rng.integers(0, len(values)))] = label
         assert _lookup_name_array(values, tax) is None
         assert _lookup_names(values.tolist(), tax) is None
