@@ -19,6 +19,15 @@ from hiercls.taxonomy import Taxonomy
 from tests._trees import random_tree
 
 
+@pytest.fixture(autouse=True, params=[True, False], ids=["torch-kernels", "cpu-tensors-via-numpy"])
+def kernels_on_cpu(request, monkeypatch):
+    """Both CPU-tensor routes: the torch kernels (what CUDA tensors run) and the default NumPy reading."""
+    from hiercls.metrics import _device
+
+    monkeypatch.setattr(_device, "ON_CPU", request.param)
+    return request.param
+
+
 def _tree_with_classes(seed: int) -> Taxonomy:
     """A random tree where about a third of the internal nodes are not classes (semantic levels skip them)."""
     base = random_tree(40, seed)
@@ -78,6 +87,15 @@ def _refuse(*_args, **_kwargs):
     raise AssertionError("host round trip (.cpu() / .numpy()) of the labels")
 
 
+def _forbid_host(m):
+    """Make host copies raise where the torch kernels run (CPU tensors are otherwise read as NumPy arrays)."""
+    from hiercls.metrics import _device
+
+    if _device.ON_CPU:
+        m.setattr(torch.Tensor, "cpu", _refuse)
+        m.setattr(torch.Tensor, "numpy", _refuse)
+
+
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 @pytest.mark.parametrize("weighted", [False, True])
 def test_functions_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
@@ -88,8 +106,7 @@ def test_functions_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
         want = fn(t, p, taxonomy=tax, sample_weight=w)
         with monkeypatch.context() as m:
             if name not in HOST_REDUCTION:
-                m.setattr(torch.Tensor, "cpu", _refuse)
-                m.setattr(torch.Tensor, "numpy", _refuse)
+                _forbid_host(m)
             got = fn(torch.as_tensor(t), torch.as_tensor(p), taxonomy=tax, sample_weight=_tensor(w))
     if isinstance(want, np.ndarray):  # per-level accuracies: a float64 tensor on the labels' device
         assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
@@ -155,8 +172,7 @@ def test_stateful_updates_on_tensors_stay_on_the_device_and_equal_the_numpy_path
     for s in range(0, len(t), 70):  # three batches, weighted
         ref.update(t[s : s + 70], p[s : s + 70], sample_weight=w[s : s + 70])
         with monkeypatch.context() as m:
-            m.setattr(torch.Tensor, "cpu", _refuse)
-            m.setattr(torch.Tensor, "numpy", _refuse)
+            _forbid_host(m)
             dev.update(
                 torch.as_tensor(t[s : s + 70]),
                 torch.as_tensor(p[s : s + 70]),
@@ -182,8 +198,7 @@ def test_top_k_on_tensors_ranks_on_the_device_with_the_same_ties(candidates, mon
     scores = rng.integers(0, 4, (len(t), width)).astype(np.float32)  # many ties: the smaller node id first
     kw = {"taxonomy": tax, "candidates": cand}
     with monkeypatch.context() as m:
-        m.setattr(torch.Tensor, "cpu", _refuse)
-        m.setattr(torch.Tensor, "numpy", _refuse)
+        _forbid_host(m)
         top = M.top_k_predictions(torch.as_tensor(scores), 5, **kw)
         acc = M.top_k_accuracy_score(torch.as_tensor(t), torch.as_tensor(scores), k=3, sample_weight=_tensor(w), **kw)
         hd = M.average_hierarchical_distance_at_k(t, torch.as_tensor(scores), k=4, sample_weight=w, **kw)
@@ -198,8 +213,7 @@ def test_collection_with_scores_on_tensors_equals_the_numpy_path(monkeypatch):
     ref, dev = M.HierarchicalMetrics(tax, k=(1, 3)), M.HierarchicalMetrics(tax, k=(1, 3))
     ref.update(t, p, y_score=scores, sample_weight=w)
     with monkeypatch.context() as m:
-        m.setattr(torch.Tensor, "cpu", _refuse)
-        m.setattr(torch.Tensor, "numpy", _refuse)
+        _forbid_host(m)
         dev.update(torch.as_tensor(t), torch.as_tensor(p), y_score=torch.as_tensor(scores), sample_weight=_tensor(w))
     want, got = ref.compute(), dev.compute()
     for key in ("top1_accuracy", "top3_accuracy", "hdist@1", "hdist@3", "hF1_micro", "mistake_severity"):

@@ -5,7 +5,7 @@ semantic-level classes) and a sum over the batch, so the labels never leave thei
 few scalars, or ``[N]`` node counts) come back as results. The tables are the taxonomy's own arrays, copied
 once per device (``index_tensor``). Each kernel mirrors the NumPy computation of the same name
 (``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
-them on CPU tensors. DAG taxonomies and node-set labels keep the NumPy path.
+them on CPU tensors. DAG taxonomies and node-set labels keep the NumPy path; so do CPU tensors (see :data:`ON_CPU`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,16 @@ import torch
 from hiercls.taxonomy import Taxonomy
 
 _CHUNK = 1 << 17  # samples per [B, height] temporary, as the NumPy path
+
+ON_CPU = False
+"""Run the torch kernels for CPU tensors too. Off: CPU tensors are read as NumPy arrays (no copy) and scored by
+the NumPy path, 2-4x faster there than many small torch operations; array results still come back as tensors.
+The tests switch it on to compare the kernels with the NumPy path."""
+
+
+def wanted(x: Any) -> bool:
+    """Whether tensor ``x`` is scored by the torch kernels (any device but the CPU, unless :data:`ON_CPU`)."""
+    return isinstance(x, torch.Tensor) and (ON_CPU or x.device.type != "cpu")
 
 
 def table(taxonomy: Taxonomy, key: str, device: torch.device) -> torch.Tensor:

@@ -310,6 +310,10 @@ def _torch_ids(y: Any, taxonomy: Taxonomy, name: str, allow_ignore: bool) -> Any
         return None
     if str(y.dtype) == "torch.bool":
         return None
+    from hiercls.metrics import _device
+
+    if not _device.wanted(y):
+        return None
     ids = y.detach().long()
     n = taxonomy.num_nodes
     low = -1 if allow_ignore else 0

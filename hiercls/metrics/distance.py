@@ -336,7 +336,7 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
         >>> top_k_predictions(np.array([[0.2, 0.5, 0.3]]), 2, taxonomy=tax).tolist()  # leaves x, y, b
         [[3, 4]]
     """
-    on_device = _device.is_tensor(y_score)
+    on_device = _device.wanted(y_score)
     s = y_score.detach() if on_device else np.asarray(to_numpy(y_score))
     if s.ndim != 2:
         raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
@@ -356,7 +356,7 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
     s = s[:, cols]
     scores_t = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64 if s.dtype == np.float64 else np.float32))
     top = torch.sort(scores_t, dim=1, descending=True, stable=True).indices[:, :k].numpy()
-    return ids[top]
+    return torch.from_numpy(ids[top]) if _device.is_tensor(y_score) else ids[top]  # torch in, torch out
 
 
 def _scores_pair(
@@ -546,7 +546,8 @@ def per_level_accuracy_score(
         ok = both > 0
         return torch.where(ok, correct / torch.where(ok, both, torch.ones_like(both)), torch.full_like(both, math.nan))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
+        acc = np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
+    return torch.from_numpy(acc) if _device.is_tensor(y_true) or _device.is_tensor(y_pred) else acc
 
 
 def semantic_accuracy_score(
