@@ -18,7 +18,14 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from hiercls._checks import check_label_mass, check_probabilities, check_taxonomy, probability_checks_enabled
+from hiercls._checks import (
+    PROBABILITY_ATOL,
+    _scan_probabilities,
+    check_label_mass,
+    check_probabilities,
+    check_taxonomy,
+    probability_checks_enabled,
+)
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
@@ -40,7 +47,21 @@ CHUNK_ELEMENTS = 1 << 19
 """Rows x nodes per block: keeps the float64 working copies near 4 MB, in cache (a 21k-node row is ~170 KB).
 Rules with a Python loop per block (the descents, ``optimal_hfbeta``) take bigger blocks, see :func:`chunked`."""
 
+NODE_MAJOR_ROWS = 2048
+"""Fewest rows per block for node-major (Fortran-order) input, whose blocks are read column by column."""
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _node_major_layout(probs: Any) -> bool:
+    """``probs [B, N]`` is a NumPy array laid out node by node (e.g. :meth:`Taxonomy.marginals`' output)."""
+    return (
+        isinstance(probs, np.ndarray)
+        and probs.ndim == 2
+        and min(probs.shape) > 1
+        and (probs.strides[0] < probs.strides[1])
+    )
+
 
 # First row of the block being decoded, so that probability errors name the caller's row, not the block's.
 _ROW_OFFSET: contextvars.ContextVar[int] = contextvars.ContextVar("hiercls_decode_row_offset", default=0)
@@ -70,6 +91,10 @@ def chunked(fn: F | None = None, *, scale: int = 1) -> Any:
         shape = tuple(probs.shape) if hasattr(probs, "shape") else ()
         rows = shape[0] if len(shape) == 2 else 0
         step = max(16, min(ROW_CHUNK, CHUNK_ELEMENTS * scale // max(1, shape[1]))) if rows else ROW_CHUNK
+        if rows and _node_major_layout(probs):
+            # Node-major memory (Fortran order): a block's rows of the transpose are contiguous runs of ``step``
+            # values; short runs would make every pass stride through memory, so blocks are wide.
+            step = max(step, NODE_MAJOR_ROWS)
         if rows <= step:
             return fn(probs, *args, **kwargs)
         parts = []
@@ -169,13 +194,7 @@ def prepare(
     if arr.ndim == 1:
         arr = arr[None, :]
     _check_shape(tuple(arr.shape), taxonomy, leaf_probs, name, list(np.shape(probs)))
-    if probability_checks_enabled():
-        kind = "leaf" if leaf_probs else ("scores" if scores else "node")
-        check_probabilities(arr, taxonomy, kind=kind, name=name, row_offset=_ROW_OFFSET.get())
-    if arr.size and not np.isfinite(arr).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
-    if arr.size and arr.min() < -1e-6:
-        raise ValueError(f"{name} contains negative probabilities (min {arr.min():.3g})")
+    _validate(arr, taxonomy, leaf_probs, scores, name)
     leaf = None
     if leaf_probs:
         leaf = np.clip(arr, 0.0, None)
@@ -183,6 +202,22 @@ def prepare(
     else:
         node = arr
     return Batch(node=node, taxonomy=taxonomy, torch_device=device, torch_dtype=dtype, leaf=leaf)
+
+
+def _validate(arr: np.ndarray, taxonomy: Taxonomy, leaf_probs: bool, scores: bool, name: str) -> None:
+    """The probability check (when on), then the refusals that stay with the checks off: NaN/inf, negatives."""
+    if not arr.size:
+        return
+    if probability_checks_enabled():
+        kind = "leaf" if leaf_probs else ("scores" if scores else "node")
+        # Passing the check means finite values >= -atol; its minimum serves the negativity test below.
+        low = _scan_probabilities(arr, taxonomy, kind, PROBABILITY_ATOL, name, _ROW_OFFSET.get())
+    else:
+        low, high = arr.min(), arr.max()  # both propagate NaN
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise ValueError(f"{name} contains NaN or infinite values")
+    if low < -1e-6:
+        raise ValueError(f"{name} contains negative probabilities (min {float(low):.3g})")
 
 
 def torch_input(probs: Any) -> bool:
