@@ -50,7 +50,7 @@ CHUNK_ELEMENTS = 1 << 19
 """Rows x nodes per block: keeps the float64 working copies near 4 MB, in cache (a 21k-node row is ~170 KB).
 Rules with a Python loop per block (the descents, ``optimal_hfbeta``) take bigger blocks, see :func:`chunked`."""
 
-NODE_MAJOR_ROWS = 2048
+NODE_MAJOR_ROWS = 1024
 """Fewest rows per block for node-major (Fortran-order) input, whose blocks are read column by column."""
 
 F = TypeVar("F", bound=Callable[..., Any])

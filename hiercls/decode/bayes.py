@@ -20,12 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
-from hiercls._checks import check_label_mass, probability_checks_enabled
+from hiercls._checks import PROBABILITY_ATOL, check_label_mass, probability_checks_enabled
 from hiercls.decode._common import (
     _ROW_OFFSET,
     Batch,
+    _child_csr,
     chunked,
+    first_true_t,
     label_distribution_t,
     prepare,
     restore_ids,
@@ -82,17 +85,24 @@ def _path_sum_t(x: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     return out
 
 
-def _subtree_levels(taxonomy: Taxonomy) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per depth, deepest first: (the level's nodes sorted by parent, segment starts, the parents), cached."""
+def _subtree_levels(taxonomy: Taxonomy) -> list[tuple[np.ndarray, sp.csr_matrix]]:
+    """Per depth, deepest first: (the parents of the level's nodes, ``S [parents, N]`` summing their children).
+
+    ``S @ x`` adds each parent's children in id order, row by row: the sums of ``np.add.reduceat`` over the
+    children sorted by parent, without its column-by-column walk down axis 0.
+    """
     cache = taxonomy.namespace_cache(__name__)
     if "subtree_levels" not in cache:
         par = taxonomy.parent
+        n = taxonomy.num_nodes
         out = []
         for lvl in reversed(taxonomy.levels[1:]):
             kids = lvl[np.argsort(par[lvl], kind="stable")]
             kp = par[kids]
-            starts = np.flatnonzero(np.concatenate([[True], kp[1:] != kp[:-1]]))
-            out.append((kids, starts, kp[starts]))
+            parents, row = np.unique(kp, return_inverse=True)
+            mat = sp.csr_matrix((np.ones(len(kids)), (row, kids)), shape=(len(parents), n))
+            mat.sort_indices()
+            out.append((parents, mat))
         cache["subtree_levels"] = out
     return cache["subtree_levels"]
 
@@ -103,35 +113,52 @@ def _subtree_mass_t(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     Sums of non-negative numbers only grow under round-to-nearest, so ``P~`` never increases down the tree.
     """
     out = pt.copy()
-    for kids, starts, parents in _subtree_levels(taxonomy):
-        out[parents] += np.add.reduceat(out[kids], starts, axis=0)
+    for parents, mat in _subtree_levels(taxonomy):
+        out[parents] += mat @ out
     return out
 
 
-def _labels_and_subtree_t(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """Node-major label probabilities ``p`` (clipped at 0) and their subtree sums ``P~``, in one bottom-up pass.
+def _labels_and_subtree_t(
+    batch: Batch, cols: slice = slice(None), *, keep_labels: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Node-major label probabilities ``p`` (clipped at 0) and their subtree sums ``P~``, for the samples ``cols``.
 
-    ``p`` equals :func:`~hiercls.decode._common.label_distribution_t` (same children, same summation order).
+    ``p`` equals :func:`~hiercls.decode._common.label_distribution_t` (same children, same summation order). With
+    ``keep_labels=False`` the sums overwrite ``p`` (one array less).
     """
     tax = batch.taxonomy
     if batch.leaf is not None:
-        pt = label_distribution_t(batch.node, tax, leaf=batch.leaf)
-        return pt, _subtree_mass_t(pt, tax)
-    x = np.array(batch.node.T, dtype=np.float64, order="C")  # [N, B]: the only copy of the input
-    pt = np.maximum(x, 0.0)
-    big = pt.copy()
-    checking = probability_checks_enabled()
-    for kids, starts, parents in _subtree_levels(tax):
-        lab = x[parents] - np.add.reduceat(x[kids], starts, axis=0)
-        if checking and lab.size and lab.min() < 0:
+        pt = label_distribution_t(batch.node[cols], tax, leaf=batch.leaf[cols])
+    else:
+        pt = np.array(batch.node_t[:, cols], dtype=np.float64, order="C")  # [N, b]: the only copy of the input
+        pt -= _child_csr(tax) @ pt  # P(n) - the sum of its children's P
+        if probability_checks_enabled() and pt.size and pt.min() < -PROBABILITY_ATOL:
             # children above their parent: not single-label probabilities (the check allows round-off only)
-            full = np.zeros_like(x)
-            full[parents] = lab
-            check_label_mass(full, tax, batch.node, node_major=True, row_offset=_ROW_OFFSET.get())
-        np.maximum(lab, 0.0, out=lab)
-        pt[parents] = lab
-        big[parents] = lab + np.add.reduceat(big[kids], starts, axis=0)
+            start = cols.start or 0
+            check_label_mass(pt, tax, batch.node[cols], node_major=True, row_offset=_ROW_OFFSET.get() + start)
+        np.maximum(pt, 0.0, out=pt)
+    big = pt.copy() if keep_labels else pt
+    for parents, mat in _subtree_levels(tax):
+        big[parents] += mat @ big
     return pt, big
+
+
+def _ancestor_rows(taxonomy: Taxonomy, cand: np.ndarray) -> sp.csr_matrix:
+    """``A [len(cand), N]``: row ``i`` marks the ancestors-or-self of ``cand[i]`` (columns in id order, root first).
+
+    ``A @ x`` sums ``x`` down each path from the root in the order of :func:`_path_sum_t` (a parent has a smaller
+    id), so it equals that path sum at ``cand`` without computing it anywhere else.
+    """
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("ancestor_rows", cand.tobytes())
+    if key not in cache:
+        a = taxonomy.ancestors_sparse[cand].tocsr().astype(np.float64)
+        a.sort_indices()
+        cache[key] = a
+    return cache[key]
+
+
+_BLOCK_FLOATS = 1 << 19  # float64 entries per block of the closed forms: ~4 MB, in the CPU cache
 
 
 def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | None:
@@ -142,29 +169,39 @@ def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | No
     down a path, so over all nodes the minimum is the deepest node with ``P~ > mass / 2`` (these nodes form a
     chain from the root; a zero term is a tie, which the ancestor, the smaller id, wins). LCA height: ``E(n) =
     H mass - S(n) - p(n) (H - depth(n))`` with ``S`` that path sum. ``None`` when no closed form applies.
+
+    Computed node-major on blocks of samples small enough to stay in the CPU cache.
     """
     tax = batch.taxonomy
     if not tax.is_tree or tax.num_nodes < 2 or kind not in _CLOSED_FORMS:
         return None
-    pt, big = _labels_and_subtree_t(batch)  # [N, B]
+    n, b = tax.num_nodes, batch.node.shape[0]
+    step = max(16, _BLOCK_FLOATS // n)
+    out = np.empty(b, dtype=np.int64)
     depth = tax.depth
     tol = _TIE_TOL * max(1.0, float(tax.height))
-    if kind == "shortest_path" and mask.all():
-        above = big > 0.5 * big[:1] + tol  # the root's P~ is the row's mass
-        # {P~ > mass / 2} is a chain from the root and ids are pre-order, so its deepest node has the largest
-        # id (a max down axis 0 is a vectorised row reduction; an argmax there is not).
-        return np.where(above, np.arange(tax.num_nodes)[:, None], 0).max(0)
-    big[0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
-    path = _path_sum_t(big, tax)
-    if kind == "shortest_path":
-        score = 2.0 * path - depth[:, None] * pt.sum(0)[None, :]  # -(E(n) - const)
-    else:
-        score = path + pt * (float(tax.height) - depth)[:, None]
+    every = bool(mask.all())
     cand = np.flatnonzero(mask)
-    sc = score[cand] if cand.size < tax.num_nodes else score
-    # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
-    first = np.where(sc >= sc.max(0) - tol, np.arange(sc.shape[0])[:, None], sc.shape[0]).min(0)
-    return cand[first]
+    ids = np.arange(n, dtype=np.int16 if n < 2**15 else np.int32)[:, None]
+    for s in range(0, b, step):
+        cols = slice(s, min(b, s + step))
+        if kind == "shortest_path" and every:
+            _, big = _labels_and_subtree_t(batch, cols, keep_labels=False)
+            above = big > 0.5 * big[:1] + tol  # the root's P~ is the row's mass
+            # {P~ > mass / 2} is a chain from the root and ids are pre-order, so its deepest node has the largest
+            # id (a max down axis 0 is a vectorised row reduction; an argmax there is not).
+            out[cols] = np.where(above, ids, 0).max(0)
+            continue
+        pt, big = _labels_and_subtree_t(batch, cols)
+        big[0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
+        path = _ancestor_rows(tax, cand) @ big  # the path sums at the candidates only
+        if kind == "shortest_path":
+            sc = 2.0 * path - depth[cand][:, None] * pt.sum(0)[None, :]  # -(E(n) - const)
+        else:
+            sc = path + pt[cand] * (float(tax.height) - depth[cand])[:, None]
+        # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
+        out[cols] = cand[first_true_t(sc >= sc.max(0) - tol)]
+    return out
 
 
 def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
