@@ -176,7 +176,7 @@ def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | No
     if not tax.is_tree or tax.num_nodes < 2 or kind not in _CLOSED_FORMS:
         return None
     n, b = tax.num_nodes, batch.node.shape[0]
-    step = max(16, _BLOCK_FLOATS // n)
+    step = max(256, _BLOCK_FLOATS // n)  # wide enough that each strided read of the input is a long run
     out = np.empty(b, dtype=np.int64)
     depth = tax.depth
     tol = _TIE_TOL * max(1.0, float(tax.height))
