@@ -241,11 +241,13 @@ def torch_input(probs: Any) -> bool:
     return torch is not None and isinstance(probs, torch.Tensor)
 
 
-def prepare_torch(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs") -> Any:
+def prepare_torch(
+    probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, name: str = "probs", scores: bool = False
+) -> Any:
     """:func:`prepare` for the rules that run on the tensor's own device: validated node probabilities ``[B, N]``.
 
     float32 stays float32 and other dtypes become float64, as :func:`prepare` with ``exact=False`` does, so
-    results equal the NumPy path's. Only the validation's verdicts (two scalars) leave the device.
+    results equal the NumPy path's. Only the validation's verdicts (three booleans, one sync) leave the device.
     """
     import torch
 
@@ -255,34 +257,46 @@ def prepare_torch(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False, n
     if x.ndim == 1:
         x = x[None, :]
     _check_shape(tuple(x.shape), taxonomy, leaf_probs, name, list(probs.shape))
-    if x.numel() and probability_checks_enabled() and not _plausible_torch(x, taxonomy, leaf_probs):
-        # Something is off: the NumPy check decides (it allows round-off) and names the row and node.
-        kind = "leaf" if leaf_probs else "node"
-        check_probabilities(x.cpu().numpy(), taxonomy, kind=kind, name=name, row_offset=_ROW_OFFSET.get())
     if x.numel():
-        if not bool(torch.isfinite(x).all()):
+        low, high = x.amin(), x.amax()  # both propagate NaN
+        checks = probability_checks_enabled()
+        verdicts = [torch.isfinite(low) & torch.isfinite(high), low >= -1e-6]
+        if checks:
+            verdicts.append(_plausible_torch(x, taxonomy, leaf_probs, scores, low, high))
+        finite, nonneg, *plausible = torch.stack(verdicts).tolist()  # the one sync: three verdicts
+        if checks and not plausible[0]:
+            # Something is off: the NumPy check decides (its summation order is the reference for leaf sums)
+            # and names the row and node. Only this error path copies to the host.
+            kind = "leaf" if leaf_probs else ("scores" if scores else "node")
+            check_probabilities(x.cpu().numpy(), taxonomy, kind=kind, name=name, row_offset=_ROW_OFFSET.get())
+        if not finite:
             raise ValueError(f"{name} contains NaN or infinite values")
-        low = float(x.min())
-        if low < -1e-6:
-            raise ValueError(f"{name} contains negative probabilities (min {low:.3g})")
+        if not nonneg:
+            raise ValueError(f"{name} contains negative probabilities (min {float(low):.3g})")
     if leaf_probs:
         x = taxonomy.marginals(x.clamp_min(0.0)).to(x.dtype)
     return x
 
 
-def _plausible_torch(x: Any, taxonomy: Taxonomy, leaf_probs: bool) -> bool:
-    """Whether ``x`` passes a strict on-device version of :func:`check_probabilities` (one scalar leaves the device).
-
-    Stricter than the real check (no round-off slack), so ``False`` only means "let the real check decide".
-    """
+def _plausible_torch(
+    x: Any, taxonomy: Taxonomy, leaf_probs: bool, scores: bool, low: Any, high: Any, atol: float = PROBABILITY_ATOL
+) -> Any:
+    """:func:`check_probabilities` on the device, as a 0-dim bool tensor (no sync): the same comparisons in the
+    same precision (range, root, every edge), so it refuses what the NumPy check refuses; leaf sums get a margin of
+    ``1e-12`` because their summation order differs, so only a borderline sum asks the NumPy check."""
     import torch
 
-    ok = torch.isfinite(x).all() & (x.min() >= 0) & (x.max() <= 1)
+    ok = (low >= -atol) & (high <= 1.0 + atol)
     if leaf_probs:
-        ok &= ((x.sum(1, dtype=torch.float64) - 1).abs() <= 1e-6).all()
-    else:
-        ok &= ((x[:, 0] - 1).abs() <= 1e-6).all()
-        if taxonomy.num_nodes > 1:
+        tol = atol + 2.0**-23 * taxonomy.num_leaves - 1e-12
+        ok = ok & ((x.sum(1, dtype=torch.float64) - 1.0).abs() <= tol).all()
+    elif not scores:
+        root_tol = atol + 2.0**-23 * taxonomy.num_leaves
+        ok = ok & ((x[:, 0].double() - 1.0).abs() <= root_tol).all()
+        if taxonomy.num_nodes > 1 and taxonomy.is_tree:  # ids are a pre-order: node n's parent is below n
+            parent = index_tensor(taxonomy, "tree_parent", np.asarray(taxonomy.parent[1:]), x.device)
+            ok = ok & ((x[:, 1:] - x[:, parent]).amax() <= atol)
+        elif taxonomy.num_nodes > 1:
             child = index_tensor(
                 taxonomy,
                 "edge_child",
@@ -290,8 +304,8 @@ def _plausible_torch(x: Any, taxonomy: Taxonomy, leaf_probs: bool) -> bool:
                 x.device,
             )
             parent = index_tensor(taxonomy, "edge_parent", np.asarray(taxonomy.parent_idx), x.device)
-            ok &= (x[:, child] <= x[:, parent]).all()
-    return bool(ok)
+            ok = ok & ((x[:, child] - x[:, parent]).amax() <= atol)
+    return ok
 
 
 def _descending(k: int) -> np.ndarray:

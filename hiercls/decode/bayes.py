@@ -29,10 +29,13 @@ from hiercls.decode._common import (
     _child_csr,
     chunked,
     first_true_t,
+    index_tensor,
     label_distribution_t,
     prepare,
+    prepare_torch,
     restore_ids,
     restore_values,
+    torch_input,
 )
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
@@ -193,15 +196,86 @@ def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | No
             out[cols] = np.where(above, ids, 0).max(0)
             continue
         pt, big = _labels_and_subtree_t(batch, cols)
+        mass = big[0].copy()  # P~(root): the label mass of each sample
         big[0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
         path = _ancestor_rows(tax, cand) @ big  # the path sums at the candidates only
         if kind == "shortest_path":
-            sc = 2.0 * path - depth[cand][:, None] * pt.sum(0)[None, :]  # -(E(n) - const)
+            sc = 2.0 * path - depth[cand][:, None] * mass[None, :]  # -(E(n) - const)
         else:
             sc = path + pt[cand] * (float(tax.height) - depth[cand])[:, None]
         # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
         out[cols] = cand[first_true_t(sc >= sc.max(0) - tol)]
     return out
+
+
+def _level_tables_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any, Any, int]]:
+    """:func:`_subtree_levels` as device tensors: per depth, deepest first, (kids sorted by parent, each kid's
+    parent as a row of the level's parents, those parents, their number)."""
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("levels_torch", str(device))
+    if key not in cache:
+        import torch
+
+        par = taxonomy.parent
+        out = []
+        for lvl in reversed(taxonomy.levels[1:]):
+            kids = lvl[np.argsort(par[lvl], kind="stable")]
+            parents, row = np.unique(par[kids], return_inverse=True)
+            tensors = (torch.as_tensor(a, dtype=torch.int64, device=device) for a in (kids, row, parents))
+            out.append((*tensors, len(parents)))
+        cache[key] = out
+    return cache[key]
+
+
+def _fast_tree_ids_torch(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.ndarray, leaf_probs: bool) -> Any:
+    """:func:`_fast_tree_ids` on the tensor's device, sample-major ``[B, N]``; the same sums in the same order
+    (``index_add_`` adds in index order, as the sparse products do), hence the same answers on the CPU."""
+    import torch
+
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+    dev, tax = x.device, taxonomy
+    b, n = x.shape
+    if not b:
+        return torch.zeros(0, dtype=torch.int64, device=dev)
+    if leaf_probs:
+        leaf = probs.detach()
+        leaf = leaf.float() if leaf.dtype == torch.float32 or not leaf.dtype.is_floating_point else leaf.double()
+        pt = torch.zeros(b, n, dtype=torch.float64, device=dev)
+        pt[:, index_tensor(tax, "leaves", tax.leaves, dev)] = leaf.reshape(b, -1).double().clamp_min(0.0)
+    else:
+        xd = x.double()
+        parent = index_tensor(tax, "tree_parent", np.asarray(tax.parent[1:]), dev)
+        pt = xd - torch.zeros_like(xd).index_add_(1, parent, xd[:, 1:])  # P(n) - the sum of its children's P
+        if probability_checks_enabled() and bool(pt.min() < -PROBABILITY_ATOL):
+            # the culprit named from the host copy (an error path only)
+            node = xd.cpu().numpy()
+            check_label_mass(pt.cpu().numpy().T.copy(), tax, node, node_major=True, row_offset=_ROW_OFFSET.get())
+        pt = pt.clamp_min(0.0)
+    big = pt.clone()
+    for kids, row, parents, count in _level_tables_torch(tax, dev):
+        big[:, parents] += torch.zeros(b, count, dtype=big.dtype, device=dev).index_add_(1, row, big[:, kids])
+    tol = _TIE_TOL * max(1.0, float(tax.height))
+    if kind == "shortest_path" and bool(mask.all()):
+        above = big > 0.5 * big[:, :1] + tol  # the root's P~ is the row's mass
+        ids = torch.arange(n, device=dev)
+        return torch.where(above, ids, 0).amax(1)
+    mass = big[:, :1].clone()  # P~(root): the row's label mass, summed as on the NumPy path
+    big[:, 0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
+    path = big  # overwritten level by level with the running sums (each level reads its parents' sums)
+    par = tax.parent
+    for lvl in tax.levels[1:]:  # running sums down the tree, the parent's sum plus the node's own
+        li = index_tensor(tax, ("level", len(lvl), int(lvl[0])), lvl, dev)
+        pi = index_tensor(tax, ("level_parent", len(lvl), int(lvl[0])), par[lvl], dev)
+        path[:, li] = big[:, li] + path[:, pi]
+    cand_np = np.flatnonzero(mask)
+    cand = index_tensor(tax, ("cand", cand_np.tobytes()), cand_np, dev)
+    depth = index_tensor(tax, "depth64", tax.depth.astype(np.float64), dev)[cand]
+    if kind == "shortest_path":
+        sc = 2.0 * path[:, cand] - depth[None, :] * mass
+    else:
+        sc = path[:, cand] + pt[:, cand] * (float(tax.height) - depth)[None, :]
+    first = (sc >= sc.amax(1, keepdim=True) - tol).to(torch.uint8).argmax(1)  # the first within tol of the best
+    return cand[first]
 
 
 def _structured_cost(batch: Batch, kind: str) -> np.ndarray:
@@ -345,6 +419,8 @@ def bayes_node(
         ([1], [2])
     """
     fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
+    if fast and torch_input(probs):  # on the tensor's device
+        return _fast_tree_ids_torch(probs, taxonomy, cost, _candidate_mask(taxonomy, candidates), leaf_probs)
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
     mask = _candidate_mask(taxonomy, candidates)

@@ -140,6 +140,48 @@ def _descend(batch: Batch, decide: Any, second: bool = False) -> np.ndarray:
     return cur
 
 
+def _families_torch(x: Any, taxonomy: Taxonomy, second: bool) -> tuple[Any, Any, Any]:
+    """Per node and sample: the best child (largest ``P``, ties: smaller id; ``-1`` at a leaf), its ``P`` and, with
+    ``second``, the runner-up's ``P`` (``-inf`` for a single child), for every family at once on the device."""
+    import torch
+
+    tax = taxonomy
+    ptr, idx = _sorted_children(tax)
+    owner = np.repeat(np.arange(tax.num_nodes), np.diff(ptr))
+    dev, (b, n) = x.device, x.shape
+    kids = index_tensor(tax, "csr_kids", idx, dev)
+    own = index_tensor(tax, "csr_owner", owner, dev)[None, :].expand(b, -1)
+    vals = x[:, kids]  # [B, E]
+    ninf = float("-inf")
+    top = torch.full((b, n), ninf, dtype=x.dtype, device=dev).scatter_reduce(1, own, vals, "amax")
+    slot = torch.arange(len(idx), device=dev)[None, :].expand(b, -1)
+    first = torch.full((b, n), len(idx), dtype=torch.int64, device=dev)
+    first = first.scatter_reduce(1, own, torch.where(vals == top.gather(1, own), slot, len(idx)), "amin")
+    kid = torch.cat([kids, kids.new_full((1,), -1)])[first]
+    runner = None
+    if second:
+        rest = vals.masked_fill(slot == first.gather(1, own), ninf)
+        runner = torch.full((b, n), ninf, dtype=x.dtype, device=dev).scatter_reduce(1, own, rest, "amax")
+    return kid, top, runner
+
+
+def _descend_torch(x: Any, taxonomy: Taxonomy, decide: Any, second: bool = False) -> Any:
+    """:func:`_descend` on the tensor's device: every family's best child at once, then one step per level."""
+    import torch
+
+    kid, top, runner = _families_torch(x, taxonomy, second)
+    cur = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    live = torch.ones_like(cur, dtype=torch.bool)
+    for _ in range(taxonomy.height):  # a fixed number of steps: no host sync to ask whether rows still move
+        at = cur[:, None]
+        k = kid.gather(1, at)[:, 0]
+        go = live & (k >= 0)
+        move = go & decide(go, cur, k, top.gather(1, at)[:, 0], None if runner is None else runner.gather(1, at)[:, 0])
+        cur = torch.where(move, k, cur)
+        live = move
+    return cur
+
+
 @chunked(scale=8)
 def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_probs: bool = False) -> Any:
     """Greedy top-down descent: from the root, move to the most probable child (ties: smaller id).
@@ -162,6 +204,17 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
         [1]
     """
     t = _check_unit(threshold, "threshold")
+    if torch_input(probs):
+        import torch
+
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+
+        def decide_t(go: Any, cur: Any, kid: Any, top: Any, runner: Any) -> Any:
+            pu = x.gather(1, cur[:, None])[:, 0]
+            cond = torch.where(pu > 0, top / torch.where(pu > 0, pu, 1.0), 0.0)
+            return (cond >= t) & (top > 0)
+
+        return _descend_torch(x, taxonomy, decide_t)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     node = batch.node
 
@@ -201,6 +254,20 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
         >>> tax.name_of(int(plurality(leaf, tax, leaf_probs=True)[0]))  # a2 (.29) < c (.31): stop at Y
         'Y'
     """
+    if torch_input(probs):
+        import torch
+
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+        m_t = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+
+        def decide_t(go: Any, cur: Any, kid: Any, top: Any, runner: Any) -> Any:
+            nonlocal m_t
+            single = torch.isneginf(runner)
+            m = torch.maximum(m_t, torch.where(single, 0.0, runner))
+            m_t = torch.where(go, m, m_t)  # only rows still descending update their threshold
+            return (single | (top >= m - _TIE_TOL)) & (top > 0)
+
+        return _descend_torch(x, taxonomy, decide_t, second=True)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     runner_max = np.zeros(batch.node.shape[0])  # m, per row
 
