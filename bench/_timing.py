@@ -6,6 +6,9 @@ machine load hits both alike), each as ``number`` calls in a row; the result is 
 ratio is stable where absolute times are not.
 
 ``Case`` is the registration record of ``bench/run_all.py``: a bench module exposes ``cases(quick) -> list[Case]``.
+Cases of one ``group`` share their baseline (``compare_group``: one baseline timing per repeat for all of them, so
+a slow baseline such as an argmax over a 400 MB array is not paid once per candidate); a case with ``measure``
+reports a ratio that is not a timing (e.g. peak extra memory / input size).
 
 Example:
     >>> r = compare(lambda: sum(range(2000)), lambda: sum(range(1000)), repeats=3, min_time=0.001)
@@ -23,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Case", "calibrate", "compare", "sync", "time_calls"]
+__all__ = ["Case", "calibrate", "compare", "compare_group", "sync", "time_calls"]
 
 
 @dataclass
@@ -44,6 +47,11 @@ class Case:
         min_time: seconds one timing should last when ``number`` is calibrated.
         note: what is compared, printed with the result.
         device: ``"cpu"`` or a CUDA device, synchronised around every timing.
+        group: cases with the same group, registered one after the other, are timed together against one
+            shared baseline (the first case's) by :func:`compare_group`.
+        measure: instead of a timing, a callable returning the ratio itself (e.g. peak extra memory / input
+            bytes); ``candidate``, ``baseline`` and ``setup`` are then unused.
+        warmup: untimed calls of each callable before the timing.
     """
 
     name: str
@@ -57,6 +65,9 @@ class Case:
     note: str = ""
     device: str = "cpu"
     extra: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+    measure: Callable[[], float] | None = None
+    warmup: int = 1
 
 
 def sync(device: str = "cpu") -> None:
@@ -136,3 +147,68 @@ def compare(
         "repeats": repeats,
         "number": [n_cand, n_base],
     }
+
+
+def _summary(ratios: list[float]) -> dict[str, Any]:
+    return {
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratio_q1": _quantile(ratios, 0.25),
+        "ratio_q3": _quantile(ratios, 0.75),
+        "ratios": ratios,
+    }
+
+
+def compare_group(
+    candidates: list[Callable[[], Any]],
+    baseline: Callable[[], Any],
+    *,
+    repeats: int = 5,
+    numbers: list[int | None] | None = None,
+    number_baseline: int | None = None,
+    min_time: float = 0.05,
+    warmup: int = 1,
+    device: str = "cpu",
+) -> list[dict[str, Any]]:
+    """:func:`compare` for several candidates against one baseline, timed once per repeat for all of them.
+
+    A repeat times the baseline, then every candidate (forward order on even repeats, backward on odd ones);
+    the baseline is timed once more at the end, and each candidate's ratio in a repeat is its time over the mean
+    of the baseline timings just before and just after that repeat.
+
+    Example:
+        >>> res = compare_group([lambda: sum(range(2000)), lambda: sum(range(500))], lambda: sum(range(1000)),
+        ...                     repeats=3, min_time=0.001)
+        >>> len(res), sorted(res[0]) == sorted(["ratio_median", "ratio_min", "ratio_max", "ratio_q1", "ratio_q3",
+        ...                                     "ratios", "candidate_s", "baseline_s", "repeats", "number"])
+        (2, True)
+    """
+    numbers = numbers or [None] * len(candidates)
+    for _ in range(warmup):
+        baseline()
+        for fn in candidates:
+            fn()
+    sync(device)
+    n_base = number_baseline or calibrate(baseline, min_time, device)
+    n_cand = [n or calibrate(fn, min_time, device) for fn, n in zip(candidates, numbers, strict=True)]
+    gc.collect()
+    base = [time_calls(baseline, n_base, device)]
+    cand: list[list[float]] = [[] for _ in candidates]
+    order = list(range(len(candidates)))
+    for r in range(repeats):
+        for i in order if r % 2 == 0 else order[::-1]:
+            cand[i].append(time_calls(candidates[i], n_cand[i], device))
+        base.append(time_calls(baseline, n_base, device))
+    out = []
+    for i in order:
+        ratios = [c / (0.5 * (base[r] + base[r + 1])) for r, c in enumerate(cand[i])]
+        res = _summary(ratios)
+        res.update(
+            candidate_s=statistics.median(cand[i]),
+            baseline_s=statistics.median(base),
+            repeats=repeats,
+            number=[n_cand[i], n_base],
+        )
+        out.append(res)
+    return out

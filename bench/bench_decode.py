@@ -16,20 +16,24 @@ Usage::
     python bench/bench_decode.py --quick    # seconds
     python bench/bench_decode.py --ratios [--quick]   # issue 13 targets: decoder / argmax, interleaved repeats
 
-``cases(quick)`` returns the issue-13 ratio cases ``(name, target, candidate, baseline)``: every decoder on the
-same float32 ``[B, N]`` array as ``probs.argmax(1)`` (B = 10,000; 2,000 with ``quick``), on ``imagenet1k_tree``
-and ``imagenet21k_winter21``; targets 20x for ``optimal_hfbeta`` and ``crm``, 5x for the rest.
+``cases(quick)`` returns the issue-13 ratio cases for ``bench/run_all.py``: every decoder on the same float32
+``[B, N]`` array as ``probs.argmax(1)`` (B = 10,000, quick mode too, with fewer repeats), on ``imagenet1k_tree``
+and ``imagenet21k_winter21``; targets 20x for ``optimal_hfbeta`` and ``crm``, 5x for the rest; and every
+decoder's peak extra memory over the input's size, target 4.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import logging
 import math
 import os
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -267,60 +271,117 @@ def bench_tree(key: str, args: argparse.Namespace, rng: np.random.Generator) -> 
 # ---------------------------------------------------------------------------------------------- ratio cases
 RATIO_TREES = ("imagenet1k_tree", "imagenet21k_winter21")
 SLOW_TARGET = {"optimal_hfbeta": 20.0, "crm": 20.0}
+RATIO_BATCH = 10_000
+MEMORY_TARGET = 4.0
 
 
-def cases(quick: bool) -> list[tuple[str, float, Any, Any]]:
-    """Issue-13 decoder cases: ``(name, target ratio, candidate, baseline)``, the baseline ``probs.argmax(1)``.
+@functools.cache
+def ratio_arrays(tree: str) -> tuple[Taxonomy, np.ndarray]:
+    """The taxonomy and its float32 ``[B, N]`` node probabilities (``B = RATIO_BATCH``), built once per process.
 
-    The arrays are built here (outside any timing) and the per-taxonomy tables warmed up.
+    The array is :meth:`Taxonomy.marginals` of :func:`posteriors`, as a user computing node probabilities from
+    leaf probabilities with NumPy gets it (node-major memory, i.e. Fortran order). Every rule decodes a few rows
+    first, so that its per-taxonomy tables are built outside any timing.
     """
     from hiercls.taxonomy import load_taxonomy
 
+    tax = load_taxonomy(tree)
     rng = np.random.default_rng(0)
-    batch = 2000 if quick else 10000
-    out: list[tuple[str, float, Any, Any]] = []
-    for tree in RATIO_TREES:
-        tax = load_taxonomy(tree)
-        node = np.asarray(tax.marginals(posteriors(tax, batch, rng)), dtype=np.float32)
+    node = np.asarray(tax.marginals(posteriors(tax, RATIO_BATCH, rng)), dtype=np.float32)
+    for rule in RULES:
+        decode(node[:8], tax, rule)
+    return tax, node
 
-        def base(node: np.ndarray = node) -> Any:
-            return node.argmax(1)
+
+def peak_extra_ratio(fn: Any, input_bytes: int) -> float:
+    """Peak memory allocated while ``fn()`` runs (NumPy reports its buffers to tracemalloc) over ``input_bytes``."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        out = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del out
+    return (peak - before) / input_bytes
+
+
+def cases(quick: bool) -> list[Any]:
+    """Issue-13 decoder cases against ``probs.argmax(1)`` on the same array, with the default settings (checks on).
+
+    Every rule on the float32 ``[10000, N]`` array of :func:`ratio_arrays`, on ``imagenet1k_tree`` and
+    ``imagenet21k_winter21`` (quick mode: the same arrays, fewer repeats): ``decode/<tree>/<rule>``, time /
+    argmax time, target 20 for ``optimal_hfbeta`` and ``crm``, 5 for the rest; on the 21K tree, whose argmax takes
+    seconds, the rules share the argmax timings (``group``). ``decode/<tree>/<rule>/memory``: peak extra memory of
+    one call / the input's bytes, target 4. Arrays are built lazily, once per tree, by the first case needing them.
+    """
+    from _timing import Case
+
+    out: list[Any] = []
+    for tree in RATIO_TREES:
+        big = tree != RATIO_TREES[0]  # the 21K array is 400 MB: one call per timing, no extra warm-up
+
+        def base_of(tree: str = tree) -> Any:
+            node = ratio_arrays(tree)[1]
+            return lambda: node.argmax(1)
 
         for rule in RULES:
-            decode(node[:8], tax, rule)  # build the cached tables outside the timing
 
-            def cand(node: np.ndarray = node, tax: Taxonomy = tax, rule: str = rule) -> Any:
-                return decode(node, tax, rule)
+            def setup(tree: str = tree, rule: str = rule) -> tuple[Any, Any]:
+                tax, node = ratio_arrays(tree)
+                return (lambda: decode(node, tax, rule)), base_of(tree)
 
-            out.append((f"decode/{tree}/{rule}", SLOW_TARGET.get(rule, 5.0), cand, base))
+            out.append(
+                Case(
+                    name=f"decode/{tree}/{rule}",
+                    target=SLOW_TARGET.get(rule, 5.0),
+                    setup=setup,
+                    # 1K: per-case ABBA repeats against a 60 ms argmax; 21K: its 2 s argmax shared by the group
+                    group=f"decode/{tree}" if big else None,
+                    repeats=(2 if quick else 5) if big else (5 if quick else 9),
+                    number=1 if big else None,
+                    warmup=0 if big else 1,
+                    note=f"decode(probs, '{rule}') / probs.argmax(1), float32 [{RATIO_BATCH}, N], checks on",
+                )
+            )
+        for rule in RULES:
+
+            def measure(tree: str = tree, rule: str = rule) -> float:
+                tax, node = ratio_arrays(tree)
+                return peak_extra_ratio(lambda: decode(node, tax, rule), node.nbytes)
+
+            out.append(
+                Case(
+                    name=f"decode/{tree}/{rule}/memory",
+                    target=MEMORY_TARGET,
+                    measure=measure,
+                    note="peak extra bytes (tracemalloc) / input bytes",
+                )
+            )
     return out
 
 
-def run_cases(case_list: list[tuple[str, float, Any, Any]], repeats: int) -> dict[str, Any]:
-    """Interleaved repeats (baseline, candidate, baseline, ...) per case; median ratio and its spread."""
-    ratios: dict[str, list[float]] = {c[0]: [] for c in case_list}
-    for _ in range(repeats):
-        for name, _target, cand, base in case_list:
-            t = time.perf_counter()
-            base()
-            tb = time.perf_counter() - t
-            t = time.perf_counter()
-            cand()
-            tc = time.perf_counter() - t
-            t = time.perf_counter()
-            base()
-            tb = min(tb, time.perf_counter() - t)  # the baseline is short: its best of two is the noise-free time
-            ratios[name].append(tc / tb)
+def run_cases(case_list: list[Any], repeats: int) -> dict[str, Any]:
+    """The cases through ``bench/run_all.py``'s runner (grouped timings, memory ratios)."""
+    import run_all
+
     result = {}
-    for name, target, _c, _b in case_list:
-        r = sorted(ratios[name])
-        med = float(np.median(r))
-        result[name] = {
-            "ratio": round(med, 2),
-            "spread": [round(r[0], 2), round(r[-1], 2)],
-            "target": target,
-            "pass": med <= target,
-        }
+    i = 0
+    while i < len(case_list):
+        group = [case_list[i]]
+        while group[0].measure is None and i + len(group) < len(case_list):
+            nxt = case_list[i + len(group)]
+            if nxt.group != group[0].group or nxt.measure is not None:
+                break
+            group.append(nxt)
+        i += len(group)
+        rows = (
+            run_all.run_group(group, True, repeats) if len(group) > 1 else [run_all.run_case(group[0], True, repeats)]
+        )
+        for r in rows:
+            result[r["name"]] = {k: r[k] for k in ("ratio_median", "target", "pass") if k in r}
     return result
 
 
@@ -336,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="with --ratios: substring filter on case names")
     args = ap.parse_args(argv)
     if args.ratios:
-        selected = [c for c in cases(args.quick) if args.only in c[0]]
+        selected = [c for c in cases(args.quick) if args.only in c.name]
         json.dump(
             {"bench": "decode_ratios", "quick": args.quick, "cases": run_cases(selected, args.repeats)},
             sys.stdout,

@@ -8,8 +8,10 @@ Registration: any ``bench/bench_*.py`` module that defines ::
 lazy ``setup() -> (candidate, baseline)``; or plain ``(name, target, candidate, baseline)`` tuples) is picked up;
 modules without ``cases`` are not imported. Names are
 ``area/what``; each case's median ratio ``candidate time / baseline time`` over interleaved repeats (same
-process, ABBA order) must be ``<= target``. ``quick`` must measure the same configurations as the full run
-with fewer repeats (and may shrink only what does not change the ratio), so that both give the same verdict.
+process, ABBA order) must be ``<= target``; cases sharing a ``group`` share one
+baseline timing per repeat, and a case with ``measure`` reports a non-timing ratio (peak memory / input size).
+``quick`` must measure the same configurations as the full run with fewer repeats (and may shrink only what does
+not change the ratio), so that both give the same verdict.
 
 Usage::
 
@@ -37,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _timing import Case, compare  # noqa: E402
+from _timing import Case, compare, compare_group  # noqa: E402
 
 
 def discover(names: list[str] | None = None) -> list[str]:
@@ -51,26 +53,68 @@ def discover(names: list[str] | None = None) -> list[str]:
     return found
 
 
-def run_case(case: Case, quick: bool, repeats: int | None) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def _result(case: Case, res: dict[str, Any], seconds: float) -> dict[str, Any]:
+    out = {"name": case.name, "target": case.target, "pass": bool(res["ratio_median"] <= case.target)}
+    out.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "ratios"})
+    if "ratios" in res:
+        out["ratios"] = [round(r, 4) for r in res["ratios"]]
+    out["seconds"] = round(seconds, 2)
+    if case.note:
+        out["note"] = case.note
+    if case.extra:
+        out.update(case.extra)
+    return out
+
+
+def _callables(case: Case) -> tuple[Any, Any]:
     if case.setup is not None:
         candidate, baseline = case.setup()
     else:
         candidate, baseline = case.candidate, case.baseline
     if candidate is None or baseline is None:
         raise ValueError(f"case {case.name!r} has neither candidate/baseline callables nor a setup")
+    return candidate, baseline
+
+
+def run_case(case: Case, quick: bool, repeats: int | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    if case.measure is not None:  # a ratio that is not a timing (memory)
+        value = float(case.measure())
+        return _result(case, {"ratio_median": value, "kind": "measure"}, time.perf_counter() - t0)
+    candidate, baseline = _callables(case)
     reps = repeats or case.repeats or (5 if quick else 9)
-    res = compare(candidate, baseline, repeats=reps, number=case.number, min_time=case.min_time, device=case.device)
+    res = compare(
+        candidate,
+        baseline,
+        repeats=reps,
+        number=case.number,
+        min_time=case.min_time,
+        device=case.device,
+        warmup=case.warmup,
+    )
     del candidate, baseline
-    out = {"name": case.name, "target": case.target, "pass": bool(res["ratio_median"] <= case.target)}
-    out.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "ratios"})
-    out["ratios"] = [round(r, 4) for r in res["ratios"]]
-    out["seconds"] = round(time.perf_counter() - t0, 2)
-    if case.note:
-        out["note"] = case.note
-    if case.extra:
-        out.update(case.extra)
-    return out
+    return _result(case, res, time.perf_counter() - t0)
+
+
+def run_group(group: list[Case], quick: bool, repeats: int | None) -> list[dict[str, Any]]:
+    """Timing cases of one ``group``: one shared baseline (the first case's), see ``compare_group``."""
+    t0 = time.perf_counter()
+    pairs = [_callables(c) for c in group]
+    first = group[0]
+    reps = repeats or first.repeats or (5 if quick else 9)
+    res = compare_group(
+        [p[0] for p in pairs],
+        pairs[0][1],
+        repeats=reps,
+        numbers=[c.number for c in group],
+        number_baseline=first.number,
+        min_time=first.min_time,
+        device=first.device,
+        warmup=first.warmup,
+    )
+    del pairs
+    seconds = (time.perf_counter() - t0) / len(group)
+    return [_result(c, dict(r, group=c.group), seconds) for c, r in zip(group, res, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,19 +142,38 @@ def main(argv: list[str] | None = None) -> int:
                 {"module": mod_name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
             )
             continue
+        selected = []
         for case in cases:
             if isinstance(case, tuple):  # (name, target, candidate, baseline), the decoder/metric modules' form
                 name, target, candidate, baseline = case
                 case = Case(name=name, target=target, candidate=candidate, baseline=baseline)
             if args.only and not any(s in case.name for s in args.only):
                 continue
+            selected.append(case)
+        i = 0
+        while i < len(selected):
+            case = selected[i]
+            batch = [case]
+            if case.group is not None and case.measure is None:  # consecutive timing cases of one group
+                while (
+                    i + len(batch) < len(selected)
+                    and selected[i + len(batch)].group == case.group
+                    and selected[i + len(batch)].measure is None
+                ):
+                    batch.append(selected[i + len(batch)])
+            i += len(batch)
             try:
-                results.append({"module": mod_name, **run_case(case, args.quick, args.repeats)})
+                if len(batch) > 1:
+                    results.extend({"module": mod_name, **r} for r in run_group(batch, args.quick, args.repeats))
+                else:
+                    results.append({"module": mod_name, **run_case(case, args.quick, args.repeats)})
             except Exception as err:
-                errors.append(
-                    {"case": case.name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+                errors.extend(
+                    {"case": c.name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
+                    for c in batch
                 )
-            print(f"[run_all] {case.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            names = case.name if len(batch) == 1 else f"{case.group} ({len(batch)} cases)"
+            print(f"[run_all] {names}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     report = {
         "bench": "run_all",
         "quick": args.quick,

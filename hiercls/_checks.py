@@ -236,21 +236,92 @@ def check_probabilities(
     width = taxonomy.num_leaves if kind == "leaf" else taxonomy.num_nodes
     if arr.ndim != 2 or arr.shape[1] != width:
         raise ValueError(f"{name} must be {kind} probabilities [B, {width}]; got shape {list(np.shape(arr))}")
+    _scan_probabilities(arr, taxonomy, kind, atol, name, row_offset)
+    return arr
+
+
+def _edges(taxonomy: Any) -> tuple[Any, np.ndarray]:
+    """``(children, parents)`` of every edge, cached: on a tree ``slice(1, None)`` and the parents of nodes 1..N-1
+    (ids are a pre-order, so node ``n`` has the parent ``parent[n] < n``): one gather checks every edge."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "edges" not in cache:
+        if taxonomy.is_tree:
+            cache["edges"] = (slice(1, None), np.asarray(taxonomy.parent[1:], dtype=np.intp))
+        else:
+            child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)).astype(np.intp)
+            cache["edges"] = (child, np.asarray(taxonomy.parent_idx, dtype=np.intp))
+    return cache["edges"]
+
+
+def _node_major(arr: np.ndarray) -> bool:
+    """Whether ``arr [B, W]`` is laid out node by node (Fortran order, e.g. :meth:`Taxonomy.marginals`' NumPy
+    output): then its transpose is scanned, whose rows are contiguous."""
+    return arr.ndim == 2 and arr.shape[0] > 1 and arr.shape[1] > 1 and arr.strides[0] < arr.strides[1]
+
+
+def _scan_probabilities(arr: np.ndarray, taxonomy: Any, kind: str, atol: float, name: str, row_offset: int) -> float:
+    """The checks of :func:`check_probabilities` on a 2-D array; returns its minimum (``inf`` when empty).
+
+    A fast pass decides (range by min/max, which propagate NaN; the root; every edge by one gather); only a block
+    that fails it is scanned again by :func:`_check_block`, in its original row blocks, which names the culprit.
+    Both passes apply the same comparisons in the same precision, so they refuse exactly the same arrays.
+    """
+    width = arr.shape[1]
     cols = np.asarray(taxonomy.leaves) if kind == "leaf" else np.arange(width)
     edges = None
     if kind == "node" and taxonomy.num_nodes > 1:
-        edges = (
-            np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)),
-            np.asarray(taxonomy.parent_idx),
-        )
-    # Small row blocks in the input's precision stay in the CPU cache: several times faster than whole-array
-    # float64 passes, and the memory stays bounded on wide taxonomies.
-    step = max(1, _BLOCK_ELEMENTS // max(width, len(edges[0]) if edges else 0, 1))
+        edges = _edges(taxonomy)
+    n_edges = 0 if edges is None else len(edges[1])
+    step = max(1, _BLOCK_ELEMENTS // max(width, n_edges, 1))
     dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else np.float64
-    for start in range(0, arr.shape[0], step):
-        block = np.asarray(arr[start : start + step], dtype=dtype)
-        _check_block(block, taxonomy, kind, atol, name, row_offset + start, cols, edges)
-    return arr
+    node_major = _node_major(arr)
+    # Fast-pass blocks: a whole number of detail blocks (so a failure is reported exactly as before); wide enough
+    # in node-major layout that each transposed row is a long contiguous run.
+    fast = step * max(1, (2048 if node_major else 8 * _BLOCK_ELEMENTS // max(width, 1)) // step)
+    low = np.inf
+    for start in range(0, arr.shape[0], fast):
+        block = np.asarray(arr[start : start + fast], dtype=dtype)
+        ok, mn = _fast_block(block.T if node_major else block, taxonomy, kind, atol, edges, node_major)
+        low = min(low, mn)
+        if ok and kind != "leaf":  # leaf sums: the detailed pass, whose summation order is the reference
+            continue
+        edges_full = None
+        if kind == "node" and taxonomy.num_nodes > 1:
+            edges_full = (
+                np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)),
+                np.asarray(taxonomy.parent_idx),
+            )
+        for s in range(0, block.shape[0], step):
+            _check_block(block[s : s + step], taxonomy, kind, atol, name, row_offset + start + s, cols, edges_full)
+    return float(low)
+
+
+def _fast_block(
+    x: np.ndarray, taxonomy: Any, kind: str, atol: float, edges: Any, node_major: bool
+) -> tuple[bool, float]:
+    """Whether a block passes the checks (``x``: ``[b, W]``, or ``[W, b]`` when ``node_major``), and its minimum."""
+    if x.size == 0:
+        return True, np.inf
+    mn, mx = x.min(), x.max()
+    if not (mn >= -atol and mx <= 1.0 + atol):  # NaN fails both
+        return False, float(mn)
+    if kind == "scores":
+        return True, float(mn)
+    if kind == "leaf":
+        return True, float(mn)
+    root = x[0] if node_major else x[:, 0]
+    if (np.abs(root.astype(np.float64) - 1.0) > atol + _EPS32 * taxonomy.num_leaves).any():
+        return False, float(mn)
+    if edges is None:
+        return True, float(mn)
+    child, parent = edges
+    if node_major:
+        gap = x[parent]
+        np.subtract(x[child], gap, out=gap)
+    else:
+        gap = np.take(x, parent, axis=1)
+        np.subtract(x[:, child] if isinstance(child, slice) else np.take(x, child, axis=1), gap, out=gap)
+    return bool(gap.max() <= atol), float(mn)
 
 
 def _check_block(

@@ -20,16 +20,22 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
-from hiercls._checks import check_label_mass, probability_checks_enabled
+from hiercls._checks import PROBABILITY_ATOL, check_label_mass, probability_checks_enabled
 from hiercls.decode._common import (
     _ROW_OFFSET,
     Batch,
+    _child_csr,
     chunked,
+    first_true_t,
+    index_tensor,
     label_distribution_t,
     prepare,
+    prepare_torch,
     restore_ids,
     restore_values,
+    torch_input,
 )
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
@@ -82,17 +88,24 @@ def _path_sum_t(x: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     return out
 
 
-def _subtree_levels(taxonomy: Taxonomy) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per depth, deepest first: (the level's nodes sorted by parent, segment starts, the parents), cached."""
+def _subtree_levels(taxonomy: Taxonomy) -> list[tuple[np.ndarray, sp.csr_matrix]]:
+    """Per depth, deepest first: (the parents of the level's nodes, ``S [parents, N]`` summing their children).
+
+    ``S @ x`` adds each parent's children in id order, row by row: the sums of ``np.add.reduceat`` over the
+    children sorted by parent, without its column-by-column walk down axis 0.
+    """
     cache = taxonomy.namespace_cache(__name__)
     if "subtree_levels" not in cache:
         par = taxonomy.parent
+        n = taxonomy.num_nodes
         out = []
         for lvl in reversed(taxonomy.levels[1:]):
             kids = lvl[np.argsort(par[lvl], kind="stable")]
             kp = par[kids]
-            starts = np.flatnonzero(np.concatenate([[True], kp[1:] != kp[:-1]]))
-            out.append((kids, starts, kp[starts]))
+            parents, row = np.unique(kp, return_inverse=True)
+            mat = sp.csr_matrix((np.ones(len(kids)), (row, kids)), shape=(len(parents), n))
+            mat.sort_indices()
+            out.append((parents, mat))
         cache["subtree_levels"] = out
     return cache["subtree_levels"]
 
@@ -103,35 +116,52 @@ def _subtree_mass_t(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     Sums of non-negative numbers only grow under round-to-nearest, so ``P~`` never increases down the tree.
     """
     out = pt.copy()
-    for kids, starts, parents in _subtree_levels(taxonomy):
-        out[parents] += np.add.reduceat(out[kids], starts, axis=0)
+    for parents, mat in _subtree_levels(taxonomy):
+        out[parents] += mat @ out
     return out
 
 
-def _labels_and_subtree_t(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """Node-major label probabilities ``p`` (clipped at 0) and their subtree sums ``P~``, in one bottom-up pass.
+def _labels_and_subtree_t(
+    batch: Batch, cols: slice = slice(None), *, keep_labels: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Node-major label probabilities ``p`` (clipped at 0) and their subtree sums ``P~``, for the samples ``cols``.
 
-    ``p`` equals :func:`~hiercls.decode._common.label_distribution_t` (same children, same summation order).
+    ``p`` equals :func:`~hiercls.decode._common.label_distribution_t` (same children, same summation order). With
+    ``keep_labels=False`` the sums overwrite ``p`` (one array less).
     """
     tax = batch.taxonomy
     if batch.leaf is not None:
-        pt = label_distribution_t(batch.node, tax, leaf=batch.leaf)
-        return pt, _subtree_mass_t(pt, tax)
-    x = np.array(batch.node.T, dtype=np.float64, order="C")  # [N, B]: the only copy of the input
-    pt = np.maximum(x, 0.0)
-    big = pt.copy()
-    checking = probability_checks_enabled()
-    for kids, starts, parents in _subtree_levels(tax):
-        lab = x[parents] - np.add.reduceat(x[kids], starts, axis=0)
-        if checking and lab.size and lab.min() < 0:
+        pt = label_distribution_t(batch.node[cols], tax, leaf=batch.leaf[cols])
+    else:
+        pt = np.array(batch.node_t[:, cols], dtype=np.float64, order="C")  # [N, b]: the only copy of the input
+        pt -= _child_csr(tax) @ pt  # P(n) - the sum of its children's P
+        if probability_checks_enabled() and pt.size and pt.min() < -PROBABILITY_ATOL:
             # children above their parent: not single-label probabilities (the check allows round-off only)
-            full = np.zeros_like(x)
-            full[parents] = lab
-            check_label_mass(full, tax, batch.node, node_major=True, row_offset=_ROW_OFFSET.get())
-        np.maximum(lab, 0.0, out=lab)
-        pt[parents] = lab
-        big[parents] = lab + np.add.reduceat(big[kids], starts, axis=0)
+            start = cols.start or 0
+            check_label_mass(pt, tax, batch.node[cols], node_major=True, row_offset=_ROW_OFFSET.get() + start)
+        np.maximum(pt, 0.0, out=pt)
+    big = pt.copy() if keep_labels else pt
+    for parents, mat in _subtree_levels(tax):
+        big[parents] += mat @ big
     return pt, big
+
+
+def _ancestor_rows(taxonomy: Taxonomy, cand: np.ndarray) -> sp.csr_matrix:
+    """``A [len(cand), N]``: row ``i`` marks the ancestors-or-self of ``cand[i]`` (columns in id order, root first).
+
+    ``A @ x`` sums ``x`` down each path from the root in the order of :func:`_path_sum_t` (a parent has a smaller
+    id), so it equals that path sum at ``cand`` without computing it anywhere else.
+    """
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("ancestor_rows", cand.tobytes())
+    if key not in cache:
+        a = taxonomy.ancestors_sparse[cand].tocsr().astype(np.float64)
+        a.sort_indices()
+        cache[key] = a
+    return cache[key]
+
+
+_BLOCK_FLOATS = 1 << 19  # float64 entries per block of the closed forms: ~4 MB, in the CPU cache
 
 
 def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | None:
@@ -142,28 +172,109 @@ def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | No
     down a path, so over all nodes the minimum is the deepest node with ``P~ > mass / 2`` (these nodes form a
     chain from the root; a zero term is a tie, which the ancestor, the smaller id, wins). LCA height: ``E(n) =
     H mass - S(n) - p(n) (H - depth(n))`` with ``S`` that path sum. ``None`` when no closed form applies.
+
+    Computed node-major on blocks of samples small enough to stay in the CPU cache.
     """
     tax = batch.taxonomy
     if not tax.is_tree or tax.num_nodes < 2 or kind not in _CLOSED_FORMS:
         return None
-    pt, big = _labels_and_subtree_t(batch)  # [N, B]
+    n, b = tax.num_nodes, batch.node.shape[0]
+    step = max(256, _BLOCK_FLOATS // n)  # wide enough that each strided read of the input is a long run
+    out = np.empty(b, dtype=np.int64)
     depth = tax.depth
     tol = _TIE_TOL * max(1.0, float(tax.height))
-    if kind == "shortest_path" and mask.all():
-        above = big > 0.5 * big[:1] + tol  # the root's P~ is the row's mass
-        # {P~ > mass / 2} is a chain from the root and ids are pre-order, so its deepest node has the largest
-        # id (a max down axis 0 is a vectorised row reduction; an argmax there is not).
-        return np.where(above, np.arange(tax.num_nodes)[:, None], 0).max(0)
-    big[0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
-    path = _path_sum_t(big, tax)
-    if kind == "shortest_path":
-        score = 2.0 * path - depth[:, None] * pt.sum(0)[None, :]  # -(E(n) - const)
-    else:
-        score = path + pt * (float(tax.height) - depth)[:, None]
+    every = bool(mask.all())
     cand = np.flatnonzero(mask)
-    sc = score[cand] if cand.size < tax.num_nodes else score
-    # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
-    first = np.where(sc >= sc.max(0) - tol, np.arange(sc.shape[0])[:, None], sc.shape[0]).min(0)
+    ids = np.arange(n, dtype=np.int16 if n < 2**15 else np.int32)[:, None]
+    for s in range(0, b, step):
+        cols = slice(s, min(b, s + step))
+        if kind == "shortest_path" and every:
+            _, big = _labels_and_subtree_t(batch, cols, keep_labels=False)
+            above = big > 0.5 * big[:1] + tol  # the root's P~ is the row's mass
+            # {P~ > mass / 2} is a chain from the root and ids are pre-order, so its deepest node has the largest
+            # id (a max down axis 0 is a vectorised row reduction; an argmax there is not).
+            out[cols] = np.where(above, ids, 0).max(0)
+            continue
+        pt, big = _labels_and_subtree_t(batch, cols)
+        mass = big[0].copy()  # P~(root): the label mass of each sample
+        big[0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
+        path = _ancestor_rows(tax, cand) @ big  # the path sums at the candidates only
+        if kind == "shortest_path":
+            sc = 2.0 * path - depth[cand][:, None] * mass[None, :]  # -(E(n) - const)
+        else:
+            sc = path + pt[cand] * (float(tax.height) - depth[cand])[:, None]
+        # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
+        out[cols] = cand[first_true_t(sc >= sc.max(0) - tol)]
+    return out
+
+
+def _level_tables_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any, Any, int]]:
+    """:func:`_subtree_levels` as device tensors: per depth, deepest first, (kids sorted by parent, each kid's
+    parent as a row of the level's parents, those parents, their number)."""
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("levels_torch", str(device))
+    if key not in cache:
+        import torch
+
+        par = taxonomy.parent
+        out = []
+        for lvl in reversed(taxonomy.levels[1:]):
+            kids = lvl[np.argsort(par[lvl], kind="stable")]
+            parents, row = np.unique(par[kids], return_inverse=True)
+            tensors = (torch.as_tensor(a, dtype=torch.int64, device=device) for a in (kids, row, parents))
+            out.append((*tensors, len(parents)))
+        cache[key] = out
+    return cache[key]
+
+
+def _fast_tree_ids_torch(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.ndarray, leaf_probs: bool) -> Any:
+    """:func:`_fast_tree_ids` on the tensor's device, sample-major ``[B, N]``; the same sums in the same order
+    (``index_add_`` adds in index order, as the sparse products do), hence the same answers on the CPU."""
+    import torch
+
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+    dev, tax = x.device, taxonomy
+    b, n = x.shape
+    if not b:
+        return torch.zeros(0, dtype=torch.int64, device=dev)
+    if leaf_probs:
+        leaf = probs.detach()
+        leaf = leaf.float() if leaf.dtype == torch.float32 or not leaf.dtype.is_floating_point else leaf.double()
+        pt = torch.zeros(b, n, dtype=torch.float64, device=dev)
+        pt[:, index_tensor(tax, "leaves", tax.leaves, dev)] = leaf.reshape(b, -1).double().clamp_min(0.0)
+    else:
+        xd = x.double()
+        parent = index_tensor(tax, "tree_parent", np.asarray(tax.parent[1:]), dev)
+        pt = xd - torch.zeros_like(xd).index_add_(1, parent, xd[:, 1:])  # P(n) - the sum of its children's P
+        if probability_checks_enabled() and bool(pt.min() < -PROBABILITY_ATOL):
+            # the culprit named from the host copy (an error path only)
+            node = xd.cpu().numpy()
+            check_label_mass(pt.cpu().numpy().T.copy(), tax, node, node_major=True, row_offset=_ROW_OFFSET.get())
+        pt = pt.clamp_min(0.0)
+    big = pt.clone()
+    for kids, row, parents, count in _level_tables_torch(tax, dev):
+        big[:, parents] += torch.zeros(b, count, dtype=big.dtype, device=dev).index_add_(1, row, big[:, kids])
+    tol = _TIE_TOL * max(1.0, float(tax.height))
+    if kind == "shortest_path" and bool(mask.all()):
+        above = big > 0.5 * big[:, :1] + tol  # the root's P~ is the row's mass
+        ids = torch.arange(n, device=dev)
+        return torch.where(above, ids, 0).amax(1)
+    mass = big[:, :1].clone()  # P~(root): the row's label mass, summed as on the NumPy path
+    big[:, 0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
+    path = big  # overwritten level by level with the running sums (each level reads its parents' sums)
+    par = tax.parent
+    for lvl in tax.levels[1:]:  # running sums down the tree, the parent's sum plus the node's own
+        li = index_tensor(tax, ("level", len(lvl), int(lvl[0])), lvl, dev)
+        pi = index_tensor(tax, ("level_parent", len(lvl), int(lvl[0])), par[lvl], dev)
+        path[:, li] = big[:, li] + path[:, pi]
+    cand_np = np.flatnonzero(mask)
+    cand = index_tensor(tax, ("cand", cand_np.tobytes()), cand_np, dev)
+    depth = index_tensor(tax, "depth64", tax.depth.astype(np.float64), dev)[cand]
+    if kind == "shortest_path":
+        sc = 2.0 * path[:, cand] - depth[None, :] * mass
+    else:
+        sc = path[:, cand] + pt[:, cand] * (float(tax.height) - depth)[None, :]
+    first = (sc >= sc.amax(1, keepdim=True) - tol).to(torch.uint8).argmax(1)  # the first within tol of the best
     return cand[first]
 
 
@@ -308,6 +419,8 @@ def bayes_node(
         ([1], [2])
     """
     fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
+    if fast and torch_input(probs):  # on the tensor's device
+        return _fast_tree_ids_torch(probs, taxonomy, cost, _candidate_mask(taxonomy, candidates), leaf_probs)
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
     mask = _candidate_mask(taxonomy, candidates)

@@ -15,7 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode._common import Batch, chunked, index_tensor, prepare, prepare_torch, restore_ids, torch_input
+from hiercls.decode._common import (
+    Batch,
+    chunked,
+    first_max_t,
+    first_true_t,
+    index_tensor,
+    prepare,
+    prepare_torch,
+    restore_ids,
+    segment_reduce_t,
+    torch_input,
+)
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = [
@@ -54,7 +65,9 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         return leaves[x[:, leaves].argmax(1)] if x.shape[0] else leaves[:0]
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
-    return restore_ids(leaves[_first_argmax(batch.node[:, leaves])], batch)
+    if not batch.node.shape[0]:
+        return restore_ids(leaves[:0], batch)
+    return restore_ids(leaves[first_max_t(batch.node_t[leaves])], batch)
 
 
 def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
@@ -127,6 +140,48 @@ def _descend(batch: Batch, decide: Any, second: bool = False) -> np.ndarray:
     return cur
 
 
+def _families_torch(x: Any, taxonomy: Taxonomy, second: bool) -> tuple[Any, Any, Any]:
+    """Per node and sample: the best child (largest ``P``, ties: smaller id; ``-1`` at a leaf), its ``P`` and, with
+    ``second``, the runner-up's ``P`` (``-inf`` for a single child), for every family at once on the device."""
+    import torch
+
+    tax = taxonomy
+    ptr, idx = _sorted_children(tax)
+    owner = np.repeat(np.arange(tax.num_nodes), np.diff(ptr))
+    dev, (b, n) = x.device, x.shape
+    kids = index_tensor(tax, "csr_kids", idx, dev)
+    own = index_tensor(tax, "csr_owner", owner, dev)[None, :].expand(b, -1)
+    vals = x[:, kids]  # [B, E]
+    ninf = float("-inf")
+    top = torch.full((b, n), ninf, dtype=x.dtype, device=dev).scatter_reduce(1, own, vals, "amax")
+    slot = torch.arange(len(idx), device=dev)[None, :].expand(b, -1)
+    first = torch.full((b, n), len(idx), dtype=torch.int64, device=dev)
+    first = first.scatter_reduce(1, own, torch.where(vals == top.gather(1, own), slot, len(idx)), "amin")
+    kid = torch.cat([kids, kids.new_full((1,), -1)])[first]
+    runner = None
+    if second:
+        rest = vals.masked_fill(slot == first.gather(1, own), ninf)
+        runner = torch.full((b, n), ninf, dtype=x.dtype, device=dev).scatter_reduce(1, own, rest, "amax")
+    return kid, top, runner
+
+
+def _descend_torch(x: Any, taxonomy: Taxonomy, decide: Any, second: bool = False) -> Any:
+    """:func:`_descend` on the tensor's device: every family's best child at once, then one step per level."""
+    import torch
+
+    kid, top, runner = _families_torch(x, taxonomy, second)
+    cur = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    live = torch.ones_like(cur, dtype=torch.bool)
+    for _ in range(taxonomy.height):  # a fixed number of steps: no host sync to ask whether rows still move
+        at = cur[:, None]
+        k = kid.gather(1, at)[:, 0]
+        go = live & (k >= 0)
+        move = go & decide(go, cur, k, top.gather(1, at)[:, 0], None if runner is None else runner.gather(1, at)[:, 0])
+        cur = torch.where(move, k, cur)
+        live = move
+    return cur
+
+
 @chunked(scale=8)
 def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_probs: bool = False) -> Any:
     """Greedy top-down descent: from the root, move to the most probable child (ties: smaller id).
@@ -149,6 +204,17 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
         [1]
     """
     t = _check_unit(threshold, "threshold")
+    if torch_input(probs):
+        import torch
+
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+
+        def decide_t(go: Any, cur: Any, kid: Any, top: Any, runner: Any) -> Any:
+            pu = x.gather(1, cur[:, None])[:, 0]
+            cond = torch.where(pu > 0, top / torch.where(pu > 0, pu, 1.0), 0.0)
+            return (cond >= t) & (top > 0)
+
+        return _descend_torch(x, taxonomy, decide_t)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     node = batch.node
 
@@ -188,6 +254,20 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
         >>> tax.name_of(int(plurality(leaf, tax, leaf_probs=True)[0]))  # a2 (.29) < c (.31): stop at Y
         'Y'
     """
+    if torch_input(probs):
+        import torch
+
+        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
+        m_t = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+
+        def decide_t(go: Any, cur: Any, kid: Any, top: Any, runner: Any) -> Any:
+            nonlocal m_t
+            single = torch.isneginf(runner)
+            m = torch.maximum(m_t, torch.where(single, 0.0, runner))
+            m_t = torch.where(go, m, m_t)  # only rows still descending update their threshold
+            return (single | (top >= m - _TIE_TOL)) & (top > 0)
+
+        return _descend_torch(x, taxonomy, decide_t, second=True)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     runner_max = np.zeros(batch.node.shape[0])  # m, per row
 
@@ -207,16 +287,36 @@ def _check_unit(value: float, name: str) -> float:
     return v
 
 
-def _deepest_above(batch: Batch, t: float, key: np.ndarray) -> np.ndarray:
-    """Among nodes with ``P > t``: max ``key``, then max ``P``, then smallest id; the root when none."""
+def _key_groups(taxonomy: Taxonomy, name: str, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes sorted by ``key`` descending then id, and where each run of equal keys starts (cached)."""
+    cache = taxonomy.namespace_cache(__name__)
+    if ("groups", name) not in cache:
+        perm = np.lexsort((np.arange(len(key)), -key))
+        k = key[perm]
+        starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+        cache["groups", name] = (perm.astype(np.intp), starts)
+    return cache["groups", name]
+
+
+def _deepest_above(batch: Batch, t: float, key: np.ndarray, name: str) -> np.ndarray:
+    """Among nodes with ``P > t``: max ``key``, then max ``P``, then smallest id; the root when none.
+
+    Node-major: the nodes are grouped by key (best first) and each group's largest ``P`` taken; the first group
+    whose largest ``P`` exceeds ``t`` holds the answer, the first node (in group order) with that probability.
+    No node of an earlier group can have it (they are all at most ``t``).
+    """
     node = batch.node
     if node.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
-    mask = node > t
-    best_key = np.where(mask, key[None, :], -np.inf).max(1)
-    cand = mask & (key[None, :] == best_key[:, None])
-    pick = _first_argmax(np.where(cand, node, -np.inf))
-    return np.where(mask.any(1), pick, 0)
+    perm, starts = _key_groups(batch.taxonomy, name, key)
+    xs = batch.node_t[perm]
+    top = segment_reduce_t(np.maximum, xs, starts)  # [G, b]
+    g = first_true_t(top > t)
+    found = g < len(starts)
+    cols = np.arange(xs.shape[1])
+    value = top[np.minimum(g, len(starts) - 1), cols]
+    pos = first_true_t(xs == value)
+    return np.where(found, perm[np.minimum(pos, len(perm) - 1)], 0)
 
 
 def _deepest_above_torch(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
@@ -253,7 +353,7 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
     if torch_input(probs):
         return _deepest_above_torch(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64)), batch)
+    return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64), "depth"), batch)
 
 
 @chunked
@@ -280,7 +380,7 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
     if torch_input(probs):
         return _deepest_above_torch(probs, taxonomy, t, "ic", ic, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    return restore_ids(_deepest_above(batch, t, ic), batch)
+    return restore_ids(_deepest_above(batch, t, ic, "ic"), batch)
 
 
 @chunked
@@ -309,8 +409,10 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
         w = index_tensor(taxonomy, "ic", taxonomy.information_content.astype(np.float64), x.device) + lam
         return (x.double() * w).argmax(1) if x.shape[0] else w[:0].long()
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    score = batch.node * (taxonomy.information_content[None, :] + lam)
-    return restore_ids(_first_argmax(score), batch)
+    if not batch.node.shape[0]:
+        return restore_ids(np.zeros(0, dtype=np.int64), batch)
+    score = batch.node_t * (taxonomy.information_content + lam)[:, None]  # float64, as the torch path
+    return restore_ids(first_max_t(score), batch)
 
 
 def calibrate_info_gain(
@@ -405,8 +507,10 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     if torch_input(probs):
         return _hie_torch(probs, taxonomy, coarse, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    score = batch.node[:, leaves] * batch.node[:, coarse]
-    return restore_ids(leaves[_first_argmax(score)], batch)
+    if not batch.node.shape[0]:
+        return restore_ids(leaves[:0], batch)
+    xt = batch.node_t
+    return restore_ids(leaves[first_max_t(xt[leaves] * xt[coarse])], batch)
 
 
 def _hie_torch(probs: Any, taxonomy: Taxonomy, coarse: np.ndarray, leaf_probs: bool) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls.decode._common import chunked, prepare, restore_sets
+from hiercls.decode._common import chunked, prepare, prepare_torch, restore_sets, torch_input
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["chmcnn", "threshold_set"]
@@ -32,6 +32,34 @@ def _unit(value: float, name: str) -> float:
     if not np.isfinite(v) or v < 0 or v > 1:
         raise ValueError(f"{name} must be a probability in [0, 1]; got {value!r}")
     return v
+
+
+def _above_torch(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> Any:
+    """``_above`` on the tensor's device: boolean ``[B, N]``, the root always in."""
+    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs, scores=True)
+    sets = x > threshold
+    sets[:, 0] = True
+    return sets
+
+
+def _ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
+    """Every ancestor of a kept node kept too (trees and DAGs): ``S @ A > 0`` as a sparse product on the device."""
+    import torch
+
+    if not sets.shape[0]:
+        return sets
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("ancestors_t", str(sets.device))
+    if key not in cache:
+        a = taxonomy.ancestors_sparse.tocoo()  # a[d, u] = 1 when u is an ancestor-or-self of d
+        idx = torch.as_tensor(np.stack([a.col, a.row]).astype(np.int64), device=sets.device)
+        n = taxonomy.num_nodes
+        # A^T [u, d]: times S^T [d, B] it counts the kept descendants-or-self of each u (exact in float32).
+        cache[key] = torch.sparse_coo_tensor(
+            idx, torch.ones(idx.shape[1], device=sets.device), (n, n), check_invariants=False
+        ).coalesce()
+    at = cache[key]
+    return (torch.sparse.mm(at, sets.T.float()) > 0).T.contiguous()
 
 
 def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> tuple[np.ndarray, Any]:
@@ -55,6 +83,8 @@ def threshold_set(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, lea
         >>> threshold_set(p, tax, threshold=0.65).astype(int).tolist()
         [[1, 1, 1, 0, 0]]
     """
+    if torch_input(probs):
+        return _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs)
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
     return restore_sets(sets, batch)
 
@@ -73,6 +103,10 @@ def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs
         >>> threshold_set(raw, tax).astype(int).tolist(), chmcnn(raw, tax).astype(int).tolist()
         ([[1, 0, 1, 0, 0]], [[1, 1, 1, 0, 0]])
     """
+    if torch_input(probs):
+        return _ancestor_closure_torch(
+            _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs), taxonomy
+        )
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
     # Row d of the ancestor matrix lists d's ancestors-or-self: S @ A marks every ancestor of a kept node.
     closed = (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
