@@ -433,72 +433,239 @@ def _tree_rows(
     return sets, values
 
 
-def _tree_rows_deep(
-    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Deep trees: every size ``k`` in turn over all nodes, O(N) per row and size, no depth dimension.
+_BB_ELEMENTS = 1 << 21  # bound on the [pairs, N] work arrays of the size search
 
-    For one ``k`` the weight of every node is a subtree sum of ``g_k(y) = p(y) (1+b2) / (b2 |Y_y| + k)``, one
-    prefix sum in pre-order (so ``w_k`` never increases down the tree, in floating point too), and ``V_k`` is the
-    sum of its ``k`` largest weights (ancestor-closed with ties to the smaller id, as in the module proof).
-    Sizes are tried upwards until the two bounds of :func:`_solve` fall to the best value. Memory is O(rows * N)
-    and time O(N * K) per row for the ``K`` sizes tried (``K <= N``), where the candidate solver needs
-    ``[rows, candidates, depths]`` arrays.
+
+def _label_mass_by_depth(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """``r[g, m]``: label mass at depth ``m`` (one prefix sum in depth-major order, O(N) per row)."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "depth_segments" not in cache:
+        depth = taxonomy.depth
+        order = np.argsort(depth, kind="stable")
+        bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+        cache["depth_segments"] = (order, bounds)
+    order, bounds = cache["depth_segments"]
+    cs = np.zeros((pt.shape[0], pt.shape[1] + 1))
+    np.cumsum(pt[:, order], axis=1, out=cs[:, 1:])
+    return cs[:, bounds[1:]] - cs[:, bounds[:-1]]
+
+
+class _SizeSearch:
+    """Exact ``max_k V_k`` by branch and bound over intervals of the size ``k`` (trees, full rows).
+
+    One *evaluation* at ``(row, k)`` computes ``w_k`` for every node (a prefix sum in pre-order, O(N)), and from
+    it ``V_k`` (the sum of the ``k`` largest), the ``k``-th largest ``kth_k`` and the ``(k+1)``-th ``nxt_k``. On a
+    chain the top-``k`` set is the first ``k`` counted nodes and all three are sums over the label depths, O(depth).
+
+    *Interval bound.* For ``a < k < b``, ``1/(c + k)`` is convex in ``k``, so ``w_k <= l w_a + (1-l) w_b`` with
+    ``l = (b-k)/(b-a)``, and a top-``k`` sum is subadditive: ``V_k <= l T_a(k) + (1-l) T_b(k)`` with ``T_x(k)``
+    the sum of the ``k`` largest ``w_x``. ``T_x`` is concave in ``k``, so ``T_a(k) <= V_a + (k-a) nxt_a`` and
+    ``T_b(k) <= V_b - (b-k) kth_b``. The bound is the maximum over ``k`` of the resulting concave quadratic,
+    capped by :math:`\\bar U(a+1)`; it is exact to second order in ``b - a``, so few bisections settle a flat
+    optimum. Beyond the largest evaluated size ``a`` the bound is :math:`\\bar U(a+1)` (sizes double until it
+    falls to the best value).
     """
-    g, n = node.shape
-    first = 0 if include_root else 1
-    off = 1 if include_root else 0
-    depth = taxonomy.depth
-    h = int(depth.max())
-    lv = np.arange(h + 1) + off
-    lsize = (depth + off).astype(np.float64)
-    size = np.asarray(taxonomy.subtree_size, dtype=np.int64)
-    ids = np.arange(n)
-    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
-    cs = np.zeros((g, n + 1))
-    np.cumsum(pt, axis=1, out=cs[:, 1:])
-    ptil = cs[:, ids + size] - cs[:, ids]
-    r = np.zeros((g, h + 1))
-    for m in range(h + 1):  # label mass by depth; the deep trees this serves have few nodes per level
-        r[:, m] = pt[:, taxonomy.levels[m]].sum(1)
-    best = np.full(g, -np.inf) if include_root else r[:, 0].copy()
-    best_k = np.zeros(g, dtype=np.int64)
-    p_sorted = -np.sort(-ptil[:, first:], axis=1)
-    nvalid = np.full(g, n - first)
-    tau = np.zeros(g)
 
-    def weights(rows: np.ndarray, k: int) -> np.ndarray:
-        coef = np.where(lsize > 0, (1.0 + b2) / (b2 * lsize + k), 0.0)
-        csk = np.zeros((rows.size, n + 1))
-        np.cumsum(pt[rows] * coef, axis=1, out=csk[:, 1:])
-        w = csk[:, ids + size] - csk[:, ids]
-        w[:, :first] = -np.inf  # the root is never counted
+    def __init__(self, pt: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) -> None:
+        self.pt = pt
+        self.b2 = b2
+        g, n = pt.shape
+        self.n = n
+        self.first = 0 if include_root else 1
+        off = 1 if include_root else 0
+        depth = taxonomy.depth
+        self.lv = (np.arange(int(depth.max()) + 1) + off).astype(np.float64)  # label size by depth
+        self.lsize = (depth + off).astype(np.float64)
+        self.ids = np.arange(n)
+        self.ends = self.ids + np.asarray(taxonomy.subtree_size, dtype=np.int64)
+        self.chain = taxonomy.num_leaves == 1 and n > 1  # node i at depth i: top-k = the first k counted nodes
+        self.cnt = n - self.first
+        self.r = _label_mass_by_depth(pt, taxonomy)
+        self.best = np.full(g, -np.inf) if include_root else self.r[:, 0].copy()
+        self.best_k = np.zeros(g, dtype=np.int64)
+        self.evaluations = 0
+
+    # ------------------------------------------------------------------ exact values and bounds
+    def weights(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """``w_k`` of every node for each ``(row, k)`` pair, ``[P, N]``; the uncounted root gets ``-inf``."""
+        coef = np.where(self.lsize[None, :] > 0, (1.0 + self.b2) / (self.b2 * self.lsize[None, :] + ks[:, None]), 0.0)
+        cs = np.zeros((rows.size, self.n + 1))
+        np.cumsum(self.pt[rows] * coef, axis=1, out=cs[:, 1:])
+        w = cs[:, self.ends] - cs[:, self.ids]  # subtree sums: monotone along ancestry in floating point
+        w[:, : self.first] = -np.inf
         return w
 
-    active = np.arange(g)
-    for k in range(1, n - first + 1):
-        if not active.size:
-            break
-        w = weights(active, k)
-        value = np.partition(w, n - k, axis=1)[:, n - k :].sum(1)
-        better = value > best[active]
-        best[active[better]] = value[better]
-        best_k[active[better]] = k
-        nxt = np.array([k + 1])
-        bound = np.minimum(
-            _upper_bound(r[active], lv, nxt, b2)[:, 0],
-            _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0],
-        )
-        active = active[bound > best[active]]
+    def evaluate(self, rows: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``V_k``, ``kth_k`` and ``nxt_k`` (0 when ``k`` is every counted node) for each pair."""
+        self.evaluations += rows.size
+        value = np.empty(rows.size)
+        kth = np.empty(rows.size)
+        nxt = np.zeros(rows.size)
+        kf = ks.astype(np.float64)
+        if self.chain:
+            lv = self.lv[None, :]
+            step = max(1, _BB_ELEMENTS // self.lv.size)
+            for s in range(0, rows.size, step):
+                sl = slice(s, s + step)
+                k = kf[sl, None]
+                rc = self.r[rows[sl]] * np.where(lv > 0, (1.0 + self.b2) / (self.b2 * lv + k), 0.0)
+                value[sl] = (rc * np.minimum(lv, k)).sum(1)
+                tail = np.cumsum(rc[:, ::-1], axis=1)[:, ::-1]  # tail[:, d] = w_k of the node at depth d
+                d = ks[sl] - 1 + self.first
+                kth[sl] = tail[np.arange(d.size), d]
+                more = ks[sl] < self.cnt
+                nxt[sl] = np.where(more, tail[np.arange(d.size), np.minimum(d + 1, tail.shape[1] - 1)], 0.0)
+            return value, kth, nxt
+        n = self.n
+        step = max(1, _BB_ELEMENTS // n)
+        for s in range(0, rows.size, step):
+            w = self.weights(rows[s : s + step], kf[s : s + step])
+            for i, k in enumerate(ks[s : s + step].tolist()):
+                j = s + i
+                if k < self.cnt:
+                    part = np.partition(w[i], (n - k - 1, n - k))
+                    nxt[j] = part[n - k - 1]
+                else:
+                    part = np.partition(w[i], n - k)
+                value[j] = part[n - k :].sum()
+                kth[j] = part[n - k]
+        return value, kth, nxt
 
-    sets = np.zeros((g, n), dtype=bool)
-    sets[:, 0] = True
-    for k in np.unique(best_k[best_k > 0]):
-        rows = np.flatnonzero(best_k == k)
-        w = weights(rows, int(k))
-        top = np.argsort(-w, axis=1, kind="stable")[:, : int(k)]  # ties: smaller id, so ancestors first
-        sets[rows[:, None], top] = True
-    return sets, best
+    def upper(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """:math:`\\bar U(k)` for each pair: bounds ``V_{k'}`` for every ``k' >= k``."""
+        out = np.empty(rows.size)
+        lv = self.lv[None, :]
+        step = max(1, _BB_ELEMENTS // self.lv.size)
+        for s in range(0, rows.size, step):
+            sl = slice(s, s + step)
+            big = np.maximum(ks[sl, None].astype(np.float64), lv)
+            frac = np.where(lv > 0, lv / (self.b2 * lv + big), 0.0)
+            out[sl] = (1.0 + self.b2) * (self.r[rows[sl]] * frac).sum(1)
+        return out
+
+    # ------------------------------------------------------------------ the search
+    def run(self, k0: np.ndarray) -> None:
+        """Search every row; ``k0`` is a first guess of the best size per row (a speed knob only)."""
+        g = self.pt.shape[0]
+        if self.cnt <= 0 or g == 0:
+            return
+        ev: dict[tuple[int, int], tuple[float, float, float]] = {}
+        k0 = np.clip(k0, 1, self.cnt)
+        todo_rows = np.concatenate([np.arange(g), np.flatnonzero(k0 > 1)])
+        todo_ks = np.concatenate([np.ones(g, dtype=np.int64), k0[k0 > 1]])
+        # Open intervals of sizes: (row, a, b) with a < k < b unknown; b = -1 for the tail a < k <= cnt.
+        new_iv: list[tuple[int, int, int]] = [(r, 1, int(k0[r])) for r in range(g) if k0[r] > 2]
+        new_iv += [(r, int(k0[r]), -1) for r in range(g) if k0[r] < self.cnt]
+        open_iv: list[tuple[int, int, int]] = []
+        open_bound: list[float] = []
+        while True:
+            if todo_rows.size:
+                value, kth, nxt = self.evaluate(todo_rows, todo_ks)
+                for r, k, v, t, x in zip(todo_rows.tolist(), todo_ks.tolist(), value, kth, nxt, strict=True):
+                    ev[(r, k)] = (float(v), float(t), float(x))
+                # Ties go to the smaller size (the empty set, k = 0, is the smallest).
+                order = np.lexsort((todo_ks, todo_rows))
+                for r, k, v in zip(todo_rows[order].tolist(), todo_ks[order].tolist(), value[order], strict=True):
+                    if v > self.best[r] or (v == self.best[r] and 0 < k < self.best_k[r]):
+                        self.best[r] = v
+                        self.best_k[r] = k
+            if new_iv:
+                open_iv += new_iv
+                open_bound += self._bounds(new_iv, ev).tolist()
+            if not open_iv:
+                break
+            best = self.best
+            keep_iv, keep_bound = [], []
+            rows_l, ks_l = [], []
+            new_iv = []
+            for (r, a, b), bd in zip(open_iv, open_bound, strict=True):
+                bk = self.best_k[r]
+                if bd < best[r] or (bd == best[r] and a >= bk):  # nothing inside beats (or ties smaller) the best
+                    continue
+                if b < 0:  # the tail: double the largest evaluated size
+                    m = min(max(2 * a, a + 1), self.cnt)
+                    if m - a >= 2:
+                        new_iv.append((r, a, m))
+                    if m < self.cnt:
+                        new_iv.append((r, m, -1))
+                else:
+                    m = (a + b) // 2
+                    if m - a >= 2:
+                        new_iv.append((r, a, m))
+                    if b - m >= 2:
+                        new_iv.append((r, m, b))
+                rows_l.append(r)
+                ks_l.append(m)
+            open_iv, open_bound = keep_iv, keep_bound
+            todo_rows = np.asarray(rows_l, dtype=np.int64)
+            todo_ks = np.asarray(ks_l, dtype=np.int64)
+            if not todo_rows.size and not new_iv:
+                break
+
+    def _bounds(
+        self, ivs: list[tuple[int, int, int]], ev: dict[tuple[int, int], tuple[float, float, float]]
+    ) -> np.ndarray:
+        rows = np.fromiter((iv[0] for iv in ivs), dtype=np.int64, count=len(ivs))
+        a = np.fromiter((iv[1] for iv in ivs), dtype=np.int64, count=len(ivs))
+        b = np.fromiter((iv[2] for iv in ivs), dtype=np.int64, count=len(ivs))
+        ea = np.array([ev[(r, k)] for r, k in zip(rows.tolist(), a.tolist(), strict=True)]).reshape(-1, 3)
+        tail = b < 0
+        eb = np.array(
+            [ev[(r, k)] if k >= 0 else (0.0, 0.0, 0.0) for r, k in zip(rows.tolist(), b.tolist(), strict=True)]
+        ).reshape(-1, 3)
+        length = np.where(tail, 1, b - a).astype(np.float64)
+        dv = eb[:, 0] - ea[:, 0]
+        d = np.maximum(ea[:, 2] - eb[:, 1], 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(d > 0, (dv + d * length) / (2 * d), np.where(dv > 0, length - 1, 1.0))
+        t = np.clip(t, 1.0, np.maximum(length - 1, 1.0))
+        inner = ea[:, 0] + dv * t / length + d * t * (length - t) / length
+        bound = self.upper(rows, a + 1)
+        return np.where(tail, bound, np.minimum(bound, inner))
+
+    def sets(self) -> np.ndarray:
+        """The chosen sets: the top-``best_k`` nodes of ``w_best_k``, ties to the smaller id (ancestors first)."""
+        g = self.pt.shape[0]
+        out = np.zeros((g, self.n), dtype=bool)
+        out[:, 0] = True
+        pick = np.flatnonzero(self.best_k > 0)
+        if self.chain:
+            for r in pick.tolist():
+                out[r, : self.first + int(self.best_k[r])] = True
+            return out
+        step = max(1, _BB_ELEMENTS // self.n)
+        for s in range(0, pick.size, step):
+            rows = pick[s : s + step]
+            ks = self.best_k[rows]
+            w = self.weights(rows, ks.astype(np.float64))
+            for i, (r, k) in enumerate(zip(rows.tolist(), ks.tolist(), strict=True)):
+                kth = np.partition(w[i], self.n - k)[self.n - k]
+                above = w[i] > kth
+                ties = np.flatnonzero(w[i] == kth)[: k - int(above.sum())]  # smallest ids: ancestors first
+                out[r, above] = True
+                out[r, ties] = True
+        return out
+
+
+def _tree_rows_search(
+    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deep trees (and rows the candidate solver cannot narrow): :class:`_SizeSearch` over every node."""
+    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
+    search = _SizeSearch(pt, taxonomy, b2, include_root)
+    search.run(_first_guess(pt, taxonomy, include_root))
+    return search.sets(), search.best
+
+
+def _first_guess(pt: np.ndarray, taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
+    """Counted nodes with probability above one half: the majority path, a good first size to try."""
+    n = pt.shape[1]
+    ids = np.arange(n)
+    cs = np.zeros((pt.shape[0], n + 1))
+    np.cumsum(pt, axis=1, out=cs[:, 1:])
+    ptil = cs[:, ids + np.asarray(taxonomy.subtree_size, dtype=np.int64)] - cs[:, ids]
+    first = 0 if include_root else 1
+    return np.maximum((ptil[:, first:] > 0.5 * ptil[:, :1]).sum(1), 1)
 
 
 # ---------------------------------------------------------------------------------------------- DAGs
@@ -592,7 +759,7 @@ def optimal_hfbeta(
         for s in range(0, bsz, _CHUNK):
             sl = slice(s, s + _CHUNK)
             if taxonomy.is_tree and taxonomy.height + 1 > _DEEP_HEIGHT:
-                sets[sl], values[sl] = _tree_rows_deep(
+                sets[sl], values[sl] = _tree_rows_search(
                     batch.node[sl], None if batch.leaf is None else batch.leaf[sl], taxonomy, b2, include_root
                 )
             elif taxonomy.is_tree:
