@@ -433,7 +433,7 @@ def _tree_rows(
     return sets, values
 
 
-_BB_ELEMENTS = 1 << 21  # bound on the [pairs, N] work arrays of the size search
+_BB_ELEMENTS = 1 << 16  # bound on the [pairs, N] work arrays of the size search
 
 
 def _label_mass_by_depth(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
@@ -480,7 +480,11 @@ class _SizeSearch:
         self.ends = self.ids + np.asarray(taxonomy.subtree_size, dtype=np.int64)
         self.chain = taxonomy.num_leaves == 1 and n > 1  # node i at depth i: top-k = the first k counted nodes
         self.cnt = n - self.first
-        self.r = _label_mass_by_depth(pt, taxonomy)
+        self.r = pt if self.chain else _label_mass_by_depth(pt, taxonomy)  # a chain's node i is its depth i
+        self.off = off
+        if self.chain:
+            self.rcum = np.zeros((g, self.lv.size + 1))
+            np.cumsum(self.r, axis=1, out=self.rcum[:, 1:])
         self.best = np.full(g, -np.inf) if include_root else self.r[:, 0].copy()
         self.best_k = np.zeros(g, dtype=np.int64)
         self.evaluations = 0
@@ -505,16 +509,20 @@ class _SizeSearch:
         if self.chain:
             lv = self.lv[None, :]
             step = max(1, _BB_ELEMENTS // self.lv.size)
+            m = self.lv.size
             for s in range(0, rows.size, step):
                 sl = slice(s, s + step)
                 k = kf[sl, None]
-                rc = self.r[rows[sl]] * np.where(lv > 0, (1.0 + self.b2) / (self.b2 * lv + k), 0.0)
+                rc = self.r[rows[sl]] * ((1.0 + self.b2) / (self.b2 * lv + k))  # k >= 1: no 0/0 at size 0
                 value[sl] = (rc * np.minimum(lv, k)).sum(1)
-                tail = np.cumsum(rc[:, ::-1], axis=1)[:, ::-1]  # tail[:, d] = w_k of the node at depth d
+                # w_k of the node at depth d is the label mass at depths >= d times its coefficient: one reduceat
+                # over [row start, row start + d) and [row start + d, next row start) pairs.
                 d = ks[sl] - 1 + self.first
-                kth[sl] = tail[np.arange(d.size), d]
+                start = np.arange(d.size) * m
+                sums = np.add.reduceat(rc.ravel(), np.stack([start, start + d], 1).ravel())
+                kth[sl] = sums[1::2]
                 more = ks[sl] < self.cnt
-                nxt[sl] = np.where(more, tail[np.arange(d.size), np.minimum(d + 1, tail.shape[1] - 1)], 0.0)
+                nxt[sl] = np.where(more, np.maximum(kth[sl] - rc[np.arange(d.size), d], 0.0), 0.0)
             return value, kth, nxt
         n = self.n
         step = max(1, _BB_ELEMENTS // n)
@@ -539,7 +547,7 @@ class _SizeSearch:
         for s in range(0, rows.size, step):
             sl = slice(s, s + step)
             big = np.maximum(ks[sl, None].astype(np.float64), lv)
-            frac = np.where(lv > 0, lv / (self.b2 * lv + big), 0.0)
+            frac = lv / (self.b2 * lv + big)  # big >= k >= 1
             out[sl] = (1.0 + self.b2) * (self.r[rows[sl]] * frac).sum(1)
         return out
 
@@ -549,7 +557,7 @@ class _SizeSearch:
         g = self.pt.shape[0]
         if self.cnt <= 0 or g == 0:
             return
-        ev: dict[tuple[int, int], tuple[float, float, float]] = {}
+        ev: dict[tuple[int, int], tuple[float, float, float, float]] = {}
         k0 = np.clip(k0, 1, self.cnt)
         todo_rows = np.concatenate([np.arange(g), np.flatnonzero(k0 > 1)])
         todo_ks = np.concatenate([np.ones(g, dtype=np.int64), k0[k0 > 1]])
@@ -558,11 +566,12 @@ class _SizeSearch:
         new_iv += [(r, int(k0[r]), -1) for r in range(g) if k0[r] < self.cnt]
         open_iv: list[tuple[int, int, int]] = []
         open_bound: list[float] = []
+        open_split: list[int] = []
         while True:
             if todo_rows.size:
                 value, kth, nxt = self.evaluate(todo_rows, todo_ks)
                 for r, k, v, t, x in zip(todo_rows.tolist(), todo_ks.tolist(), value, kth, nxt, strict=True):
-                    ev[(r, k)] = (float(v), float(t), float(x))
+                    ev[(r, k)] = (float(v), float(t), float(x), float(v) - k * float(x))
                 # Ties go to the smaller size (the empty set, k = 0, is the smallest).
                 order = np.lexsort((todo_ks, todo_rows))
                 for r, k, v in zip(todo_rows[order].tolist(), todo_ks[order].tolist(), value[order], strict=True):
@@ -571,14 +580,15 @@ class _SizeSearch:
                         self.best_k[r] = k
             if new_iv:
                 open_iv += new_iv
-                open_bound += self._bounds(new_iv, ev).tolist()
+                bound, split = self._bounds(new_iv, ev)
+                open_bound += bound.tolist()
+                open_split += split.tolist()
             if not open_iv:
                 break
             best = self.best
-            keep_iv, keep_bound = [], []
             rows_l, ks_l = [], []
             new_iv = []
-            for (r, a, b), bd in zip(open_iv, open_bound, strict=True):
+            for (r, a, b), bd, m in zip(open_iv, open_bound, open_split, strict=True):
                 bk = self.best_k[r]
                 if bd < best[r] or (bd == best[r] and a >= bk):  # nothing inside beats (or ties smaller) the best
                     continue
@@ -589,39 +599,53 @@ class _SizeSearch:
                     if m < self.cnt:
                         new_iv.append((r, m, -1))
                 else:
-                    m = (a + b) // 2
                     if m - a >= 2:
                         new_iv.append((r, a, m))
                     if b - m >= 2:
                         new_iv.append((r, m, b))
                 rows_l.append(r)
                 ks_l.append(m)
-            open_iv, open_bound = keep_iv, keep_bound
+            open_iv, open_bound, open_split = [], [], []
             todo_rows = np.asarray(rows_l, dtype=np.int64)
             todo_ks = np.asarray(ks_l, dtype=np.int64)
             if not todo_rows.size and not new_iv:
                 break
 
     def _bounds(
-        self, ivs: list[tuple[int, int, int]], ev: dict[tuple[int, int], tuple[float, float, float]]
-    ) -> np.ndarray:
+        self, ivs: list[tuple[int, int, int]], ev: dict[tuple[int, int], tuple[float, float, float, float]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Upper bound of ``V_k`` inside each interval, and the size to evaluate next when it does not prune."""
         rows = np.fromiter((iv[0] for iv in ivs), dtype=np.int64, count=len(ivs))
         a = np.fromiter((iv[1] for iv in ivs), dtype=np.int64, count=len(ivs))
         b = np.fromiter((iv[2] for iv in ivs), dtype=np.int64, count=len(ivs))
-        ea = np.array([ev[(r, k)] for r, k in zip(rows.tolist(), a.tolist(), strict=True)]).reshape(-1, 3)
+        ea = np.array([ev[(r, k)] for r, k in zip(rows.tolist(), a.tolist(), strict=True)]).reshape(-1, 4)
         tail = b < 0
         eb = np.array(
-            [ev[(r, k)] if k >= 0 else (0.0, 0.0, 0.0) for r, k in zip(rows.tolist(), b.tolist(), strict=True)]
-        ).reshape(-1, 3)
+            [ev[(r, k)] if k >= 0 else (0.0, 0.0, 0.0, 0.0) for r, k in zip(rows.tolist(), b.tolist(), strict=True)]
+        ).reshape(-1, 4)
         length = np.where(tail, 1, b - a).astype(np.float64)
         dv = eb[:, 0] - ea[:, 0]
         d = np.maximum(ea[:, 2] - eb[:, 1], 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(d > 0, (dv + d * length) / (2 * d), np.where(dv > 0, length - 1, 1.0))
         t = np.clip(t, 1.0, np.maximum(length - 1, 1.0))
-        inner = ea[:, 0] + dv * t / length + d * t * (length - t) / length
-        bound = self.upper(rows, a + 1)
-        return np.where(tail, bound, np.minimum(bound, inner))
+        bound = np.where(tail, np.inf, ea[:, 0] + dv * t / length + d * t * (length - t) / length)
+        if self.chain:
+            # Box bound: labels at sizes <= a count as at k = a (the head of V_a, ``V_a - a nxt_a``), labels at
+            # sizes > b as at k = b (the tail of V_b plus the size-b labels), those in between at hF 1.
+            top = np.where(tail, self.lv.size, np.minimum(b - self.off + 1, self.lv.size))
+            between = self.rcum[rows, top] - self.rcum[rows, np.minimum(a - self.off + 1, self.lv.size)]
+            box = ea[:, 3] + between + np.where(tail, 0.0, eb[:, 0] - eb[:, 3])
+            bound = np.minimum(bound, box)
+        # U-bar costs O(depth) per pair: only where the interval bound alone does not prune.
+        need = np.flatnonzero(bound >= self.best[rows])
+        if need.size:
+            bound[need] = np.minimum(bound[need], self.upper(rows[need], a[need] + 1))
+        # Split where the bound peaks (near the optimum when V has a kink there), kept off the ends so that every
+        # split removes at least an eighth of the interval.
+        margin = np.maximum(1, (b - a) // 8)
+        split = np.where(tail, -1, a + np.clip(np.rint(t).astype(np.int64), margin, b - a - margin))
+        return bound, split
 
     def sets(self) -> np.ndarray:
         """The chosen sets: the top-``best_k`` nodes of ``w_best_k``, ties to the smaller id (ancestors first)."""
