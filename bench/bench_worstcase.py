@@ -13,9 +13,10 @@ Inputs, two per tree (both reported):
   temperatures 0.5, 1 or 2. On the star the labels are the children (``bench_decode.posteriors`` itself); on the
   chain every node is a possible label (a chain has one leaf) and the path sums are scaled by
   ``1/sqrt(depth)`` so that the mass spreads over a band of depths instead of sitting on one node.
-* ``adversarial``: a near-uniform label distribution over every depth of the chain (every child of the star),
-  Dirichlet(50) noise, which puts the hF-optimal set deep and the objective flat around it: the worst case of
-  the pruning in :func:`hiercls.decode.optimal_hfbeta`. The other rules' cost does not depend on the values.
+* ``adversarial``: a near-uniform label distribution over every depth of the chain (Dirichlet(50)) and the
+  exactly uniform distribution over the star's children (a model that learnt nothing). Both put the hF-optimal
+  set deep or wide (every child, on the star) with a flat objective around it: the worst case of the pruning in
+  :func:`hiercls.decode.optimal_hfbeta`. The other rules' cost hardly depends on the values.
 
 Targets: 10 (one second per 100 samples) for every case. Run ``python bench/run_all.py --quick --only worstcase``
 or ``python bench/bench_worstcase.py`` (prints one JSON line per case).
@@ -76,7 +77,7 @@ def chain_labels(n: int, batch: int, rng: np.random.Generator, adversarial: bool
 def star_labels(n: int, batch: int, rng: np.random.Generator, adversarial: bool) -> np.ndarray:
     """Leaf (child) distributions ``[batch, n]`` of a star."""
     if adversarial:
-        return rng.dirichlet(np.full(n, 50.0), size=batch)
+        return np.full((batch, n), 1.0 / n)
     z = rng.normal(size=(batch, n)) * 0.5  # bench_decode.posteriors on a star: one shock per child
     z[np.arange(batch), rng.integers(0, n, size=batch)] += rng.uniform(2, 12, size=batch)
     return _softmax(z / rng.choice([0.5, 1.0, 2.0], size=(batch, 1)))

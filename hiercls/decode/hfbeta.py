@@ -89,6 +89,7 @@ _CHUNK = 512
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
 _GEMM_ROWS = 1024
 _DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
+_SEARCH_FROM = 256  # rows needing more candidates go to _SizeSearch over every node
 _FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
 
 
@@ -374,7 +375,6 @@ def _tree_rows(
     ptil = cs[:, ids + tab["size"]] - cs[:, ids]  # [G, N]
     cs_dm = cs  # reused: the prefix sums in depth-major order
     np.cumsum(pt[:, tab["order"]], axis=1, out=cs_dm[:, 1:])
-    del pt
     r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
     flat_dm = cs_dm.ravel()
@@ -418,7 +418,23 @@ def _tree_rows(
     del above
     pending = np.concatenate(pending_parts)
     c = min(c0, n - first)
+
+    def search_rows(rows: np.ndarray) -> None:
+        # The weights of every node per size (O(N) each) beat [candidates, sizes] arrays for many candidates.
+        search = _SizeSearch(np.ascontiguousarray(pt[rows]), taxonomy, b2, include_root, r=r[rows], ptil=ptil[rows])
+        search.run(search.first_guess())
+        sets[rows] = search.sets()
+        values[rows] = search.best
+
+    # Rows whose labels all have one size are solved at once from one sort (a star, leaf labels at one depth).
+    single = (r[pending, 1 - off :] > 0).sum(1) == 1
+    if single.any():
+        search_rows(pending[single])
+        pending = pending[~single]
     while pending.size:
+        if c > _SEARCH_FROM:
+            search_rows(pending)
+            break
         full = c >= n - first
         rows_per_step = pending.size if not full else max(1, _MAX_ELEMENTS // max(1, (n - first) * (h + 1)))
         failed = []
@@ -466,7 +482,15 @@ class _SizeSearch:
     falls to the best value).
     """
 
-    def __init__(self, pt: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) -> None:
+    def __init__(
+        self,
+        pt: np.ndarray,
+        taxonomy: Taxonomy,
+        b2: float,
+        include_root: bool,
+        r: np.ndarray | None = None,
+        ptil: np.ndarray | None = None,
+    ) -> None:
         self.pt = pt
         self.b2 = b2
         g, n = pt.shape
@@ -480,7 +504,10 @@ class _SizeSearch:
         self.ends = self.ids + np.asarray(taxonomy.subtree_size, dtype=np.int64)
         self.chain = taxonomy.num_leaves == 1 and n > 1  # node i at depth i: top-k = the first k counted nodes
         self.cnt = n - self.first
-        self.r = pt if self.chain else _label_mass_by_depth(pt, taxonomy)  # a chain's node i is its depth i
+        if r is None:
+            r = pt if self.chain else _label_mass_by_depth(pt, taxonomy)  # a chain's node i is its depth i
+        self.r = r
+        self._ptil = ptil
         self.off = off
         if self.chain:
             self.rcum = np.zeros((g, self.lv.size + 1))
@@ -488,6 +515,20 @@ class _SizeSearch:
         self.best = np.full(g, -np.inf) if include_root else self.r[:, 0].copy()
         self.best_k = np.zeros(g, dtype=np.int64)
         self.evaluations = 0
+
+    @property
+    def ptil(self) -> np.ndarray:
+        """``P~``: node probabilities re-summed from the label probabilities (exactly monotone along ancestry)."""
+        if self._ptil is None:
+            cs = np.zeros((self.pt.shape[0], self.n + 1))
+            np.cumsum(self.pt, axis=1, out=cs[:, 1:])
+            self._ptil = cs[:, self.ends] - cs[:, self.ids]
+        return self._ptil
+
+    def first_guess(self) -> np.ndarray:
+        """Counted nodes with ``P~`` above half the root's: the majority path, a good first size to try."""
+        p = self.ptil
+        return np.maximum((p[:, self.first :] > 0.5 * p[:, :1]).sum(1), 1)
 
     # ------------------------------------------------------------------ exact values and bounds
     def weights(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
@@ -557,13 +598,20 @@ class _SizeSearch:
         g = self.pt.shape[0]
         if self.cnt <= 0 or g == 0:
             return
+        single = np.flatnonzero((self.r[:, 1 - self.off :] > 0).sum(1) == 1)
+        if single.size:
+            self._single_size(single)
+        rest = np.ones(g, dtype=bool)
+        rest[single] = False
         ev: dict[tuple[int, int], tuple[float, float, float, float]] = {}
-        k0 = np.clip(k0, 1, self.cnt)
-        todo_rows = np.concatenate([np.arange(g), np.flatnonzero(k0 > 1)])
-        todo_ks = np.concatenate([np.ones(g, dtype=np.int64), k0[k0 > 1]])
+        k0 = np.where(rest, np.clip(k0, 1, self.cnt), 0)
+        if not rest.any():
+            return
+        todo_rows = np.concatenate([np.flatnonzero(rest), np.flatnonzero(k0 > 1)])
+        todo_ks = np.concatenate([np.ones(int(rest.sum()), dtype=np.int64), k0[k0 > 1]])
         # Open intervals of sizes: (row, a, b) with a < k < b unknown; b = -1 for the tail a < k <= cnt.
         new_iv: list[tuple[int, int, int]] = [(r, 1, int(k0[r])) for r in range(g) if k0[r] > 2]
-        new_iv += [(r, int(k0[r]), -1) for r in range(g) if k0[r] < self.cnt]
+        new_iv += [(r, int(k0[r]), -1) for r in range(g) if 0 < k0[r] < self.cnt]
         open_iv: list[tuple[int, int, int]] = []
         open_bound: list[float] = []
         open_split: list[int] = []
@@ -611,6 +659,33 @@ class _SizeSearch:
             if not todo_rows.size and not new_iv:
                 break
 
+    def _single_size(self, rows: np.ndarray) -> None:
+        """Rows whose labels all have one size ``m`` (a star, leaf labels at one depth): all sizes at once.
+
+        Then ``w_k(n) = (1+b2) P(n) / (b2 m + k)`` keeps one order for every ``k``, so one sort of ``P`` gives
+        ``V_k = (1+b2) SP(k) / (b2 m + k)`` for every ``k`` (``SP(k)`` the sum of the ``k`` largest ``P``).
+        """
+        n, first = self.n, self.first
+        ids = self.ids
+        step = max(1, _BB_ELEMENTS // n)
+        self.single_rows = getattr(self, "single_rows", {})
+        for s in range(0, rows.size, step):
+            rr = rows[s : s + step]
+            ptil = self.ptil[rr, first:]
+            lo = 1 - self.off  # the root's label (size 0 without the root) weighs nothing in w
+            m = self.lv[lo + np.argmax(self.r[rr, lo:] > 0, axis=1)]
+            order = np.argsort(-ptil, axis=1, kind="stable")  # ties: smaller id, so ancestors first
+            top = np.cumsum(np.take_along_axis(ptil, order, axis=1), axis=1)
+            ks = np.arange(1, n - first + 1, dtype=np.float64)
+            value = (1.0 + self.b2) * top / (self.b2 * m[:, None] + ks[None, :])
+            k = np.argmax(value, axis=1)  # first maximum: the smallest size wins ties
+            v = value[np.arange(rr.size), k]
+            better = v > self.best[rr]
+            self.best[rr[better]] = v[better]
+            self.best_k[rr[better]] = k[better] + 1
+            for i in np.flatnonzero(better).tolist():
+                self.single_rows[int(rr[i])] = order[i, : k[i] + 1] + first
+
     def _bounds(
         self, ivs: list[tuple[int, int, int]], ev: dict[tuple[int, int], tuple[float, float, float, float]]
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -653,6 +728,10 @@ class _SizeSearch:
         out = np.zeros((g, self.n), dtype=bool)
         out[:, 0] = True
         pick = np.flatnonzero(self.best_k > 0)
+        single = getattr(self, "single_rows", {})
+        for r, chosen in single.items():
+            out[r, chosen] = True
+        pick = np.array([r for r in pick.tolist() if r not in single], dtype=np.int64)
         if self.chain:
             for r in pick.tolist():
                 out[r, : self.first + int(self.best_k[r])] = True
@@ -677,19 +756,8 @@ def _tree_rows_search(
     """Deep trees (and rows the candidate solver cannot narrow): :class:`_SizeSearch` over every node."""
     pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
     search = _SizeSearch(pt, taxonomy, b2, include_root)
-    search.run(_first_guess(pt, taxonomy, include_root))
+    search.run(search.first_guess())
     return search.sets(), search.best
-
-
-def _first_guess(pt: np.ndarray, taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
-    """Counted nodes with probability above one half: the majority path, a good first size to try."""
-    n = pt.shape[1]
-    ids = np.arange(n)
-    cs = np.zeros((pt.shape[0], n + 1))
-    np.cumsum(pt, axis=1, out=cs[:, 1:])
-    ptil = cs[:, ids + np.asarray(taxonomy.subtree_size, dtype=np.int64)] - cs[:, ids]
-    first = 0 if include_root else 1
-    return np.maximum((ptil[:, first:] > 0.5 * ptil[:, :1]).sum(1), 1)
 
 
 # ---------------------------------------------------------------------------------------------- DAGs
