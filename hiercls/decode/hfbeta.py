@@ -329,6 +329,7 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
             "lo": lo,
             "hi": hi,
             "size": size.astype(np.int64),
+            "ends": ids + size.astype(np.int64),
         }
     return cache["hf_tree"]
 
@@ -366,13 +367,14 @@ def _tree_rows(
     lv = np.arange(h + 1) + off  # label size of a label at depth m
     # Row-major [G, N]: the prefix sums run along contiguous rows (numpy's cumsum along axis 0 is several times
     # slower), and every gather below takes the same columns from each row.
-    pt = label_distribution_t(node, taxonomy, leaf=leaf).T  # label probability: P(n) - sum of P(children)
+    # label probability P(n) - sum of P(children), made row-major: one transposing copy makes both prefix sums
+    # below run along contiguous rows, 3x faster than along the node-major axis 0.
+    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)
     # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
     cs = np.zeros((g, n + 1))
     np.cumsum(pt, axis=1, out=cs[:, 1:])
-    ids = np.arange(n)
-    ptil = cs[:, ids + tab["size"]] - cs[:, ids]  # [G, N]
+    ptil = cs[:, tab["ends"]] - cs[:, :n]  # [G, N]
     cs_dm = cs  # reused: the prefix sums in depth-major order
     np.cumsum(pt[:, tab["order"]], axis=1, out=cs_dm[:, 1:])
     r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
