@@ -517,6 +517,7 @@ class _SizeSearch:
         self.best = np.full(g, -np.inf) if include_root else self.r[:, 0].copy()
         self.best_k = np.zeros(g, dtype=np.int64)
         self.evaluations = 0
+        self.single_rows: dict[int, np.ndarray] = {}  # chosen nodes of the rows solved by _single_size
 
     @property
     def ptil(self) -> np.ndarray:
@@ -668,9 +669,7 @@ class _SizeSearch:
         ``V_k = (1+b2) SP(k) / (b2 m + k)`` for every ``k`` (``SP(k)`` the sum of the ``k`` largest ``P``).
         """
         n, first = self.n, self.first
-        ids = self.ids
         step = max(1, _BB_ELEMENTS // n)
-        self.single_rows = getattr(self, "single_rows", {})
         for s in range(0, rows.size, step):
             rr = rows[s : s + step]
             ptil = self.ptil[rr, first:]
@@ -730,7 +729,7 @@ class _SizeSearch:
         out = np.zeros((g, self.n), dtype=bool)
         out[:, 0] = True
         pick = np.flatnonzero(self.best_k > 0)
-        single = getattr(self, "single_rows", {})
+        single = self.single_rows
         for r, chosen in single.items():
             out[r, chosen] = True
         pick = np.array([r for r in pick.tolist() if r not in single], dtype=np.int64)
