@@ -400,7 +400,7 @@ def test_deep_branching_tree_search_agrees_with_candidate_solver(monkeypatch: py
             node_probs = p @ ancestor_indicator(tax)
         for beta in (0.5, 2.0):
             monkeypatch.setattr(hfbeta, "_DEEP_HEIGHT", 10_000)
-            s_c, v_c = optimal_hfbeta(node_probs, tax, beta, return_value=True)
+            _s_c, v_c = optimal_hfbeta(node_probs, tax, beta, return_value=True)
             monkeypatch.setattr(hfbeta, "_DEEP_HEIGHT", 0)
             s_s, v_s = optimal_hfbeta(node_probs, tax, beta, return_value=True)
             np.testing.assert_allclose(v_s, v_c, atol=1e-12)
