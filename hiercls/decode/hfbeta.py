@@ -85,9 +85,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 
 _K_BLOCK = 16
-_CHUNK = 512
+_CHUNK = 256
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
-_GEMM_ROWS = 1024
 _DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
 _SEARCH_FROM = 256  # rows needing more candidates go to _SizeSearch over every node
 _FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
@@ -170,16 +169,11 @@ def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) ->
     Used for the search values only; the final selection recomputes the weights of the chosen size with a
     fixed summation order (see :func:`_solve`), which is what keeps the chosen set ancestor-closed.
     """
-    coef = (1.0 + b2) / (b2 * lv[:, None].astype(np.float64) + ks[None, :].astype(np.float64))  # [M, K]
-    coef[lv == 0] = 0.0
-    rows, c, m = q.shape
-    flat = q.reshape(rows * c, m)
-    out = np.empty((rows * c, len(ks)))
-    # Products of at most _GEMM_ROWS rows: BLAS runs them on one thread, where a single big product of these
-    # thin shapes starts threads that spin against each other (several times slower on a busy machine).
-    for s in range(0, flat.shape[0], _GEMM_ROWS):
-        np.matmul(flat[s : s + _GEMM_ROWS], coef, out=out[s : s + _GEMM_ROWS])
-    return np.ascontiguousarray(out.reshape(rows, c, len(ks)).transpose(0, 2, 1))
+    coef = (1.0 + b2) / (b2 * lv[None, :].astype(np.float64) + ks[:, None].astype(np.float64))  # [K, M]
+    coef[:, lv == 0] = 0.0
+    # [K, M] @ [rows, M, c] on the transposed view: numpy's own small-matrix loop, no BLAS threads, and the
+    # result comes out in the [rows, K, c] layout the sorts want (10x faster than a flat GEMM plus a transpose).
+    return np.matmul(coef, q.transpose(0, 2, 1))
 
 
 def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
@@ -374,9 +368,10 @@ def _tree_rows(
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
     cs = np.zeros((g, n + 1))
     np.cumsum(pt, axis=1, out=cs[:, 1:])
-    ptil = cs[:, tab["ends"]] - cs[:, :n]  # [G, N]
+    ptil = np.take(cs, tab["ends"], axis=1)  # [G, N]; np.take beats fancy indexing on rows
+    ptil -= cs[:, :n]
     cs_dm = cs  # reused: the prefix sums in depth-major order
-    np.cumsum(pt[:, tab["order"]], axis=1, out=cs_dm[:, 1:])
+    np.cumsum(np.take(pt, tab["order"], axis=1), axis=1, out=cs_dm[:, 1:])
     r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
     flat_dm = cs_dm.ravel()
