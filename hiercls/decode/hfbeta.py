@@ -423,11 +423,6 @@ def _tree_rows(
         sets[rows] = search.sets()
         values[rows] = search.best
 
-    # Rows whose labels all have one size are solved at once from one sort (a star, leaf labels at one depth).
-    single = (r[pending, 1 - off :] > 0).sum(1) == 1
-    if single.any():
-        search_rows(pending[single])
-        pending = pending[~single]
     while pending.size:
         if c > _SEARCH_FROM:
             search_rows(pending)
@@ -438,6 +433,11 @@ def _tree_rows(
         for s in range(0, pending.size, rows_per_step):
             rows = pending[s : s + rows_per_step]
             cand, valid, tau = _select_candidates(ptil[rows], first, c)
+            # Ties at tau keep most nodes out (a flat row): more candidates would not help, the search does.
+            tied = (valid.sum(1) < c // 4) & (not full)
+            if tied.any():
+                search_rows(rows[tied])
+                rows, cand, valid, tau = rows[~tied], cand[~tied], valid[~tied], tau[~tied]
             failed.append(solve_rows(rows, cand, valid, tau, full))
         pending = np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)
         if pending.size:
