@@ -102,7 +102,7 @@ _CHUNK = 256
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
 _DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
 _SEARCH_FROM = 256  # rows needing more candidates go to _SizeSearch over every node
-_FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
+_FRACTIONS = (0.05, 0.005, 0.0005)  # threshold rounds: nodes with P~ above these fractions of the row's mass
 
 
 def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
@@ -360,6 +360,7 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
             "hi": hi,
             "size": size.astype(np.int64),
             "ends": ids + size.astype(np.int64),
+            "preorder_is_depth_major": bool(np.array_equal(order, ids)),
         }
     return cache["hf_tree"]
 
@@ -406,8 +407,9 @@ def _tree_rows(
     np.cumsum(pt, axis=1, out=cs[:, 1:])
     ptil = np.take(cs, tab["ends"], axis=1)  # [G, N]; np.take beats fancy indexing on rows
     ptil -= cs[:, :n]
-    cs_dm = cs  # reused: the prefix sums in depth-major order
-    np.cumsum(np.take(pt, tab["order"], axis=1), axis=1, out=cs_dm[:, 1:])
+    cs_dm = cs  # reused: the prefix sums in depth-major order (the same ones when pre-order is depth-major)
+    if not tab["preorder_is_depth_major"]:  # cs is not needed past P~: overwrite it
+        np.cumsum(np.take(pt, tab["order"], axis=1), axis=1, out=cs_dm[:, 1:])
     r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
     flat_dm = cs_dm.ravel()
@@ -429,26 +431,38 @@ def _tree_rows(
         sets[done[rr], cand[ok][rr, jj]] = True
         return rows[~ok]
 
-    # First round: the nodes above a fraction of the row's mass (an ancestor-closed set, found with one
+    # Threshold rounds: the nodes above a fraction of the row's mass (an ancestor-closed set, found with one
     # comparison instead of a partition), rows grouped by how many there are so that narrow rows stay narrow.
-    # Rows with more than c0 of them, and rows whose certificate fails, go to the top-c rounds below.
-    counted = ptil[:, first:]
-    above = counted > (_FIRST_FRACTION * ptil[:, :1])
-    count = above.sum(1)
-    tau0 = np.where(above, 0.0, counted).max(1, initial=0.0)
-    pending_parts = [np.flatnonzero(count > c0)]
-    fits = np.flatnonzero(count <= c0)
-    width_of = np.maximum(8 * ((count[fits] + 7) // 8), 1)
-    for width in np.unique(width_of):
-        rows = fits[width_of == width]
-        rr, cc = np.nonzero(above[rows])
-        rank = np.arange(rr.size) - np.repeat(np.cumsum(count[rows]) - count[rows], count[rows])
-        cand = np.zeros((rows.size, int(width)), dtype=np.int64)
-        valid = np.zeros((rows.size, int(width)), dtype=bool)
-        cand[rr, rank] = cc + first
-        valid[rr, rank] = True
-        pending_parts.append(solve_rows(rows, cand, valid, tau0[rows], False))
-    del above
+    # Rows whose certificate fails try the next, 10x lower fraction, as long as at most c0 nodes pass it (a
+    # flat tail below a few large nodes, common on wide trees); the others go to the top-c rounds below.
+    def threshold_round(rows_in: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        counted = ptil[rows_in, first:]
+        above = counted > (fraction * ptil[rows_in, :1])
+        count = above.sum(1)
+        tau0 = np.where(above, 0.0, counted).max(1, initial=0.0)
+        fits = np.flatnonzero(count <= c0)
+        width_of = np.maximum(8 * ((count[fits] + 7) // 8), 1)
+        failed = []
+        for width in np.unique(width_of):
+            sel = fits[width_of == width]
+            rr, cc = np.nonzero(above[sel])
+            rank = np.arange(rr.size) - np.repeat(np.cumsum(count[sel]) - count[sel], count[sel])
+            cand = np.zeros((sel.size, int(width)), dtype=np.int64)
+            valid = np.zeros((sel.size, int(width)), dtype=bool)
+            cand[rr, rank] = cc + first
+            valid[rr, rank] = True
+            failed.append(solve_rows(rows_in[sel], cand, valid, tau0[sel], False))
+        too_many = rows_in[count > c0]
+        return (np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)), too_many
+
+    pending_parts = []
+    retry = np.arange(g)
+    for fraction in _FRACTIONS:
+        if not retry.size:
+            break
+        retry, too_many = threshold_round(retry, fraction)
+        pending_parts.append(too_many)
+    pending_parts.append(retry)
     pending = np.concatenate(pending_parts)
     c = min(c0, n - first)
 
