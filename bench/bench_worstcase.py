@@ -23,8 +23,10 @@ O(N) pass over the input (and its probability check), the same for any values, a
 keeps ``run_all --quick`` short. The chain runs both inputs for every rule.
 
 Each case: one warm-up call, then 3 interleaved repeats of one call each (``number=1``), so about 0.4 s of
-sleep plus 4 decodes. Targets: 10 (one second per 100 samples) for every case. Run ``python bench/run_all.py --quick --only worstcase``
-or ``python bench/bench_worstcase.py`` (prints one JSON line per case).
+sleep plus 4 decodes. Targets: 10 (one second per 100 samples) for every case.
+
+Run ``python bench/run_all.py --quick --only worstcase`` or ``python bench/bench_worstcase.py`` (one JSON line
+per case).
 """
 
 from __future__ import annotations
