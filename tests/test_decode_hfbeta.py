@@ -254,3 +254,161 @@ def test_large_tree_escalation_agrees_with_full_search() -> None:
         )
         np.testing.assert_allclose(v_small, v_all, atol=1e-10)
         np.testing.assert_allclose(expected_hfbeta(s_all, leaf, tax, beta, leaf_probs=True), v_all, atol=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ worst-case trees
+def chain_taxonomy(n: int) -> Taxonomy:
+    return Taxonomy.from_parents({"n0": None, **{f"n{i}": f"n{i - 1}" for i in range(1, n)}})
+
+
+def caterpillar_taxonomy(n: int) -> Taxonomy:
+    """A spine with one leaf hanging off each spine node: deep (height ~ n/2) and unbalanced."""
+    return Taxonomy.from_parents(
+        {"n0": None, **{f"n{i}": f"n{max(0, i - 2) if i % 2 == 0 else max(0, i - 1)}" for i in range(1, n)}}
+    )
+
+
+def worst_case_distributions(rng: np.random.Generator, n: int, batch: int) -> np.ndarray:
+    """Label distributions over all n nodes: near-uniform (the flat worst case), exactly uniform (ties
+    everywhere), a softmax band around a random node, one-hot, and sparse Dirichlet."""
+    out = np.zeros((batch, n))
+    for b in range(batch):
+        kind = b % 5
+        if kind == 0:
+            p = rng.dirichlet(np.full(n, 50.0))
+        elif kind == 1:
+            p = np.full(n, 1.0 / n)
+        elif kind == 2:
+            z = np.cumsum(rng.normal(size=n)) * 0.3
+            z[rng.integers(0, n)] += rng.uniform(2, 8)
+            p = np.exp(z - z.max())
+        elif kind == 3:
+            p = np.zeros(n)
+            p[rng.integers(0, n)] = 1.0
+        else:
+            p = rng.dirichlet(np.full(n, 0.1))
+        out[b] = p / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("shape", ["chain", "star", "caterpillar"])
+def test_size_search_matches_brute_force_on_small_worst_case_trees(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branch-and-bound size search (deep trees, wide rows) on every small chain, star and caterpillar.
+
+    ``_DEEP_HEIGHT = 0`` sends every tree to the size search, which a real tree reaches only from height 48.
+    """
+    import hiercls.decode.hfbeta as hfbeta
+
+    monkeypatch.setattr(hfbeta, "_DEEP_HEIGHT", 0)
+    rng = np.random.default_rng({"chain": 21, "star": 22, "caterpillar": 23}[shape])
+    make = {"chain": chain_taxonomy, "caterpillar": caterpillar_taxonomy}.get(shape)
+    for n in range(2, 12):
+        tax = make(n) if make else Taxonomy.from_parents({"r": None, **{f"c{i}": "r" for i in range(n - 1)}})
+        a = ancestor_indicator(tax)
+        p = worst_case_distributions(rng, n, 10)
+        if shape == "star":
+            p[::2, 0] = 0.0  # leaf labels only on half the rows: one label size, the single-sort path
+            p[p.sum(1) == 0, 1] = 1.0
+            p /= p.sum(1, keepdims=True)
+        node_probs = p @ a
+        for beta in (0.5, 1.0, 3.0):
+            for include_root in (False, True):
+                best = brute_expected(closed_subsets(a, include_root), p, a, beta, include_root).max(0)
+                sets, value = optimal_hfbeta(node_probs, tax, beta, include_root=include_root, return_value=True)
+                ctx = f"{shape} n={n} beta={beta} include_root={include_root}"
+                np.testing.assert_allclose(value, best, atol=1e-12, err_msg=ctx)
+                own = brute_expected(sets, p, a, beta, include_root)[np.arange(len(p)), np.arange(len(p))]
+                np.testing.assert_allclose(own, best, atol=1e-12, err_msg=ctx)
+                for s in sets:
+                    assert s[0] and np.all(a[s][:, ~s] == 0), ctx
+
+
+def test_long_chain_against_every_prefix() -> None:
+    """A 300-node chain (the deep path without any patching): the optimum over all 301 prefixes, independently."""
+    rng = np.random.default_rng(31)
+    n = 300
+    tax = chain_taxonomy(n)
+    p = worst_case_distributions(rng, n, 10)
+    node_probs = np.cumsum(p[:, ::-1], axis=1)[:, ::-1]  # node i: label mass at depth >= i
+    for beta in (0.5, 1.0, 2.0):
+        for include_root in (False, True):
+            b2 = beta * beta
+            size = np.arange(n) + include_root  # |Y| of the label at depth y
+            k = np.arange(0 if not include_root else 1, n + 1)  # counted nodes of each prefix
+            inter = np.minimum(k[:, None], size[None, :])
+            denom = b2 * size[None, :] + k[:, None]
+            hf = np.where(denom > 0, (1 + b2) * inter / np.where(denom > 0, denom, 1), 1.0)
+            exp = hf @ p.T  # [prefixes, batch]
+            sets, value = optimal_hfbeta(node_probs, tax, beta, include_root=include_root, return_value=True)
+            np.testing.assert_allclose(value, exp.max(0), atol=1e-12)
+            # the set is a prefix, and the shortest of the optimal prefixes
+            counted = sets.sum(1) - (0 if include_root else 1)
+            assert np.all(sets == (np.arange(n)[None, :] < sets.sum(1)[:, None]))
+            np.testing.assert_allclose(exp[counted - k[0], np.arange(len(p))], exp.max(0), atol=1e-12)
+
+
+def test_wide_star_and_escalation_to_the_size_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2,000-child star (uniform: every child is optimal; random; a few large) and the same rows sent through
+    candidate escalation into the size search; the reference is the best top-k set for every k."""
+    import hiercls.decode.hfbeta as hfbeta
+
+    rng = np.random.default_rng(41)
+    n = 2000
+    tax = Taxonomy.from_parents({"r": None, **{f"c{i}": "r" for i in range(n)}})
+    leaf = np.stack(
+        [np.full(n, 1.0 / n), rng.dirichlet(np.full(n, 50.0)), rng.dirichlet(np.full(n, 0.05)), np.eye(n)[7]]
+    )
+    node_probs = np.asarray(tax.marginals(leaf))
+    for beta in (0.5, 1.0, 4.0):
+        # Reference: on a star every size-k set's value is a sum of k child weights, so the best is the top k.
+        order = np.argsort(-leaf, axis=1, kind="stable")
+        ref = np.full(len(leaf), -np.inf)
+        for k in range(1, n + 1):
+            s = np.zeros((len(leaf), n + 1), dtype=bool)
+            s[:, 0] = True
+            s[np.arange(len(leaf))[:, None], 1 + order[:, :k]] = True
+            ref = np.maximum(
+                ref, (1 + beta**2) * leaf[np.arange(len(leaf))[:, None], order[:, :k]].sum(1) / (beta**2 + k)
+            )
+        for search_from in (4096, 2):
+            monkeypatch.setattr(hfbeta, "_SEARCH_FROM", search_from)
+            sets, value = optimal_hfbeta(node_probs, tax, beta, return_value=True, initial_candidates=1)
+            np.testing.assert_allclose(value, ref, rtol=1e-12)
+            np.testing.assert_allclose(expected_hfbeta(sets, node_probs, tax, beta), ref, rtol=1e-12)
+        assert sets[0].all() or beta < 1  # uniform children: predicting all of them is optimal for beta >= 1
+
+
+def test_deep_branching_tree_search_agrees_with_candidate_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two exact solvers, one answer: the size search against the candidate solver on deep caterpillars and
+    random deep trees with softmax and near-uniform label distributions."""
+    import hiercls.decode.hfbeta as hfbeta
+
+    rng = np.random.default_rng(51)
+    for trial in range(6):
+        n = 120
+        if trial % 2:
+            tax = caterpillar_taxonomy(n)
+        else:
+            tax = Taxonomy.from_parents(
+                {"n0": None, **{f"n{i}": f"n{int(rng.integers(max(0, i - 3), i))}" for i in range(1, n)}}
+            )
+        p = worst_case_distributions(rng, n, 10)
+        if trial == 5:  # leaf labels only
+            leaf = p[:, tax.leaves] + 1e-3
+            node_probs = np.asarray(tax.marginals(leaf / leaf.sum(1, keepdims=True)))
+        else:
+            node_probs = p @ ancestor_indicator(tax)
+        for beta in (0.5, 2.0):
+            monkeypatch.setattr(hfbeta, "_DEEP_HEIGHT", 10_000)
+            _s_c, v_c = optimal_hfbeta(node_probs, tax, beta, return_value=True)
+            monkeypatch.setattr(hfbeta, "_DEEP_HEIGHT", 0)
+            s_s, v_s = optimal_hfbeta(node_probs, tax, beta, return_value=True)
+            np.testing.assert_allclose(v_s, v_c, atol=1e-12)
+            np.testing.assert_allclose(expected_hfbeta(s_s, node_probs, tax, beta), v_c, atol=1e-12)
+            # the candidate solver handing its unsettled rows to the size search
+            monkeypatch.setattr(hfbeta, "_DEEP_HEIGHT", 10_000)
+            monkeypatch.setattr(hfbeta, "_SEARCH_FROM", 2)
+            s_e, v_e = optimal_hfbeta(node_probs, tax, beta, return_value=True, initial_candidates=1)
+            monkeypatch.setattr(hfbeta, "_SEARCH_FROM", 256)
+            np.testing.assert_allclose(v_e, v_c, atol=1e-12)
+            np.testing.assert_allclose(expected_hfbeta(s_e, node_probs, tax, beta), v_c, atol=1e-12)

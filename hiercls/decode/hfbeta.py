@@ -56,9 +56,21 @@ zero-probability nodes never matter. The result is exact on every input; the can
 how fast. ``P`` here is re-summed from the clipped label probabilities, so the argument holds even when the
 input node probabilities are slightly inconsistent (float32 round-off).
 
+*Deep trees and flat rows: branch and bound over the size.* Trees of height 48 or more, and rows the candidates
+cannot narrow (more than 256 needed, or ties at ``tau``), use :class:`_SizeSearch`: ``V_k`` is evaluated
+exactly at a few sizes (``w_k`` of every node from one prefix sum, O(N); on a chain, whose top-``k`` set is its
+first ``k`` nodes, O(depth) from the label mass by depth), and every interval ``(a, b)`` of sizes between two
+evaluated ones is bounded from above by the convexity of ``1/(c + k)`` in ``k`` together with the concavity of
+top-``k`` sums (and on chains by a box bound from prefix sums of the label mass), capped by :math:`\bar U`.
+Intervals whose bound falls to the best value are dropped, the others split where their bound peaks, until
+none is left: exact, like the rest. Rows whose labels all have one size (a star, leaf labels at one depth) keep
+one node order for every ``k`` and are solved from one sort.
+
 Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
-depths ``H`` and sizes ``K`` searched, vectorised over the batch. DAGs use dense per-depth sums over all nodes
-(fine for DAGs of a few thousand nodes).
+depths ``H`` and sizes ``K`` searched, vectorised over the batch; the size search costs O(N) per evaluated size
+(O(depth) on a chain) for a few tens of sizes, O(N log N) for single-size rows. Measured (bench/bench_worstcase.py):
+a 10,000-node chain and a 100,000-child star decode 100 samples in well under a second for realistic
+posteriors. DAGs use dense per-depth sums over all nodes (fine for DAGs of a few thousand nodes).
 """
 
 from __future__ import annotations
@@ -68,6 +80,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from hiercls._checks import check_beta
 from hiercls.decode._common import (
@@ -85,11 +98,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 
 _K_BLOCK = 16
-_CHUNK = 512
+_CHUNK = 256
 _MAX_ELEMENTS = 1 << 23  # bound on the [rows, candidates, depths] work arrays of the fallback levels
-_GEMM_ROWS = 1024
 _DEEP_HEIGHT = 48  # trees with more depths use _tree_rows_deep (no [candidates, depths] arrays)
-_FIRST_FRACTION = 0.05  # first-round candidates: nodes with P~ above this fraction of the row's mass
+_SEARCH_FROM = 256  # rows needing more candidates go to _SizeSearch over every node
+_FRACTIONS = (0.05, 0.005, 0.0005)  # threshold rounds: nodes with P~ above these fractions of the row's mass
 
 
 def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
@@ -97,7 +110,10 @@ def _label_sizes(taxonomy: Taxonomy, include_root: bool) -> np.ndarray:
     cache = taxonomy.namespace_cache(__name__)
     key = ("label_sizes", include_root)
     if key not in cache:
-        counts = np.diff(taxonomy.ancestors_sparse.indptr).astype(np.int64)  # ancestors-or-self, root included
+        if taxonomy.is_tree:  # depth + 1 ancestors-or-self; no N x depth ancestor matrix on deep trees
+            counts = np.asarray(taxonomy.depth, dtype=np.int64) + 1
+        else:
+            counts = np.diff(taxonomy.ancestors_sparse.indptr).astype(np.int64)  # ancestors-or-self, root included
         cache[key] = counts - (0 if include_root else 1)
     return cache[key]
 
@@ -137,7 +153,7 @@ def expected_hfbeta(
     s = _as_sets(sets, taxonomy, batch.node.shape[0])
     s[:, 0] = include_root
     p = batch.label
-    inter = np.asarray(taxonomy.ancestors_sparse.astype(np.float64).dot(s.T.astype(np.float64))).T  # [B, N]
+    inter = _path_counts(s, taxonomy)  # [B, N]: |S cap Y_y| for every label y
     size = s.sum(1).astype(np.float64)[:, None]
     ly = _label_sizes(taxonomy, include_root).astype(np.float64)[None, :]
     denom = b2 * ly + size
@@ -146,6 +162,26 @@ def expected_hfbeta(
         hf = np.where(denom > 0, (1 + b2) * inter / np.where(denom > 0, denom, 1.0), 0.0)
     hf = np.where(both_empty, 1.0, hf)
     return restore_values((p * hf).sum(1), batch)
+
+
+def _path_counts(s: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """``|S cap Y_y|`` for every set row and label ``y``: members among the ancestors-or-self of ``y``.
+
+    On a tree (pre-order ids) ``n`` is an ancestor-or-self of ``y`` iff ``n <= y < n + size(n)``, so the count is
+    a prefix sum of ``+1`` at each member and ``-1`` where its subtree ends: O(N) per row, where the ancestor
+    matrix has N * depth entries (50 million on a 10,000-node chain). DAGs use the ancestor matrix.
+    """
+    if not taxonomy.is_tree:
+        return np.asarray(taxonomy.ancestors_sparse.astype(np.float64).dot(s.T.astype(np.float64))).T
+    n = taxonomy.num_nodes
+    cache = taxonomy.namespace_cache(__name__)
+    if "subtree_end_csr" not in cache:
+        ends = np.arange(n) + np.asarray(taxonomy.subtree_size, dtype=np.int64)
+        cache["subtree_end_csr"] = sp.csr_matrix((np.ones(n), (np.arange(n), ends)), shape=(n, n + 1))
+    step = np.zeros((s.shape[0], n + 1))
+    step[:, :n] = s
+    step -= np.asarray(cache["subtree_end_csr"].T.dot(s.T.astype(np.float64))).T
+    return np.cumsum(step, axis=1)[:, :n]
 
 
 def _as_sets(sets: Any, taxonomy: Taxonomy, batch_size: int) -> np.ndarray:
@@ -169,16 +205,11 @@ def _search_weights(q: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) ->
     Used for the search values only; the final selection recomputes the weights of the chosen size with a
     fixed summation order (see :func:`_solve`), which is what keeps the chosen set ancestor-closed.
     """
-    coef = (1.0 + b2) / (b2 * lv[:, None].astype(np.float64) + ks[None, :].astype(np.float64))  # [M, K]
-    coef[lv == 0] = 0.0
-    rows, c, m = q.shape
-    flat = q.reshape(rows * c, m)
-    out = np.empty((rows * c, len(ks)))
-    # Products of at most _GEMM_ROWS rows: BLAS runs them on one thread, where a single big product of these
-    # thin shapes starts threads that spin against each other (several times slower on a busy machine).
-    for s in range(0, flat.shape[0], _GEMM_ROWS):
-        np.matmul(flat[s : s + _GEMM_ROWS], coef, out=out[s : s + _GEMM_ROWS])
-    return np.ascontiguousarray(out.reshape(rows, c, len(ks)).transpose(0, 2, 1))
+    coef = (1.0 + b2) / (b2 * lv[None, :].astype(np.float64) + ks[:, None].astype(np.float64))  # [K, M]
+    coef[:, lv == 0] = 0.0
+    # [K, M] @ [rows, M, c] on the transposed view: numpy's own small-matrix loop, no BLAS threads, and the
+    # result comes out in the [rows, K, c] layout the sorts want (10x faster than a flat GEMM plus a transpose).
+    return np.matmul(coef, q.transpose(0, 2, 1))
 
 
 def _upper_bound(r: np.ndarray, lv: np.ndarray, ks: np.ndarray, b2: float) -> np.ndarray:
@@ -328,6 +359,8 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
             "lo": lo,
             "hi": hi,
             "size": size.astype(np.int64),
+            "ends": ids + size.astype(np.int64),
+            "preorder_is_depth_major": bool(np.array_equal(order, ids)),
         }
     return cache["hf_tree"]
 
@@ -365,16 +398,18 @@ def _tree_rows(
     lv = np.arange(h + 1) + off  # label size of a label at depth m
     # Row-major [G, N]: the prefix sums run along contiguous rows (numpy's cumsum along axis 0 is several times
     # slower), and every gather below takes the same columns from each row.
-    pt = label_distribution_t(node, taxonomy, leaf=leaf).T  # label probability: P(n) - sum of P(children)
+    # label probability P(n) - sum of P(children), made row-major: one transposing copy makes both prefix sums
+    # below run along contiguous rows, 3x faster than along the node-major axis 0.
+    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)
     # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
     cs = np.zeros((g, n + 1))
     np.cumsum(pt, axis=1, out=cs[:, 1:])
-    ids = np.arange(n)
-    ptil = cs[:, ids + tab["size"]] - cs[:, ids]  # [G, N]
-    cs_dm = cs  # reused: the prefix sums in depth-major order
-    np.cumsum(pt[:, tab["order"]], axis=1, out=cs_dm[:, 1:])
-    del pt
+    ptil = np.take(cs, tab["ends"], axis=1)  # [G, N]; np.take beats fancy indexing on rows
+    ptil -= cs[:, :n]
+    cs_dm = cs  # reused: the prefix sums in depth-major order (the same ones when pre-order is depth-major)
+    if not tab["preorder_is_depth_major"]:  # cs is not needed past P~: overwrite it
+        np.cumsum(np.take(pt, tab["order"], axis=1), axis=1, out=cs_dm[:, 1:])
     r = cs_dm[:, tab["seg_hi"]] - cs_dm[:, tab["seg_lo"]]  # [G, h+1] label mass by depth
     p_empty = None if include_root else r[:, 0]
     flat_dm = cs_dm.ravel()
@@ -396,35 +431,63 @@ def _tree_rows(
         sets[done[rr], cand[ok][rr, jj]] = True
         return rows[~ok]
 
-    # First round: the nodes above a fraction of the row's mass (an ancestor-closed set, found with one
+    # Threshold rounds: the nodes above a fraction of the row's mass (an ancestor-closed set, found with one
     # comparison instead of a partition), rows grouped by how many there are so that narrow rows stay narrow.
-    # Rows with more than c0 of them, and rows whose certificate fails, go to the top-c rounds below.
-    counted = ptil[:, first:]
-    above = counted > (_FIRST_FRACTION * ptil[:, :1])
-    count = above.sum(1)
-    tau0 = np.where(above, 0.0, counted).max(1, initial=0.0)
-    pending_parts = [np.flatnonzero(count > c0)]
-    fits = np.flatnonzero(count <= c0)
-    width_of = np.maximum(8 * ((count[fits] + 7) // 8), 1)
-    for width in np.unique(width_of):
-        rows = fits[width_of == width]
-        rr, cc = np.nonzero(above[rows])
-        rank = np.arange(rr.size) - np.repeat(np.cumsum(count[rows]) - count[rows], count[rows])
-        cand = np.zeros((rows.size, int(width)), dtype=np.int64)
-        valid = np.zeros((rows.size, int(width)), dtype=bool)
-        cand[rr, rank] = cc + first
-        valid[rr, rank] = True
-        pending_parts.append(solve_rows(rows, cand, valid, tau0[rows], False))
-    del above
+    # Rows whose certificate fails try the next, 10x lower fraction, as long as at most c0 nodes pass it (a
+    # flat tail below a few large nodes, common on wide trees); the others go to the top-c rounds below.
+    def threshold_round(rows_in: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        counted = ptil[rows_in, first:]
+        above = counted > (fraction * ptil[rows_in, :1])
+        count = above.sum(1)
+        tau0 = np.where(above, 0.0, counted).max(1, initial=0.0)
+        fits = np.flatnonzero(count <= c0)
+        width_of = np.maximum(8 * ((count[fits] + 7) // 8), 1)
+        failed = []
+        for width in np.unique(width_of):
+            sel = fits[width_of == width]
+            rr, cc = np.nonzero(above[sel])
+            rank = np.arange(rr.size) - np.repeat(np.cumsum(count[sel]) - count[sel], count[sel])
+            cand = np.zeros((sel.size, int(width)), dtype=np.int64)
+            valid = np.zeros((sel.size, int(width)), dtype=bool)
+            cand[rr, rank] = cc + first
+            valid[rr, rank] = True
+            failed.append(solve_rows(rows_in[sel], cand, valid, tau0[sel], False))
+        too_many = rows_in[count > c0]
+        return (np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)), too_many
+
+    pending_parts = []
+    retry = np.arange(g)
+    for fraction in _FRACTIONS:
+        if not retry.size:
+            break
+        retry, too_many = threshold_round(retry, fraction)
+        pending_parts.append(too_many)
+    pending_parts.append(retry)
     pending = np.concatenate(pending_parts)
     c = min(c0, n - first)
+
+    def search_rows(rows: np.ndarray) -> None:
+        # The weights of every node per size (O(N) each) beat [candidates, sizes] arrays for many candidates.
+        search = _SizeSearch(np.ascontiguousarray(pt[rows]), taxonomy, b2, include_root, r=r[rows], ptil=ptil[rows])
+        search.run(search.first_guess())
+        sets[rows] = search.sets()
+        values[rows] = search.best
+
     while pending.size:
+        if c > _SEARCH_FROM:
+            search_rows(pending)
+            break
         full = c >= n - first
         rows_per_step = pending.size if not full else max(1, _MAX_ELEMENTS // max(1, (n - first) * (h + 1)))
         failed = []
         for s in range(0, pending.size, rows_per_step):
             rows = pending[s : s + rows_per_step]
             cand, valid, tau = _select_candidates(ptil[rows], first, c)
+            # Ties at tau keep most nodes out (a flat row): more candidates would not help, the search does.
+            tied = (valid.sum(1) < c // 4) & (not full)
+            if tied.any():
+                search_rows(rows[tied])
+                rows, cand, valid, tau = rows[~tied], cand[~tied], valid[~tied], tau[~tied]
             failed.append(solve_rows(rows, cand, valid, tau, full))
         pending = np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)
         if pending.size:
@@ -433,72 +496,314 @@ def _tree_rows(
     return sets, values
 
 
-def _tree_rows_deep(
-    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Deep trees: every size ``k`` in turn over all nodes, O(N) per row and size, no depth dimension.
+_BB_ELEMENTS = 1 << 16  # bound on the [pairs, N] work arrays of the size search
 
-    For one ``k`` the weight of every node is a subtree sum of ``g_k(y) = p(y) (1+b2) / (b2 |Y_y| + k)``, one
-    prefix sum in pre-order (so ``w_k`` never increases down the tree, in floating point too), and ``V_k`` is the
-    sum of its ``k`` largest weights (ancestor-closed with ties to the smaller id, as in the module proof).
-    Sizes are tried upwards until the two bounds of :func:`_solve` fall to the best value. Memory is O(rows * N)
-    and time O(N * K) per row for the ``K`` sizes tried (``K <= N``), where the candidate solver needs
-    ``[rows, candidates, depths]`` arrays.
+
+def _label_mass_by_depth(pt: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """``r[g, m]``: label mass at depth ``m`` (one prefix sum in depth-major order, O(N) per row)."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "depth_segments" not in cache:
+        depth = taxonomy.depth
+        order = np.argsort(depth, kind="stable")
+        bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+        cache["depth_segments"] = (order, bounds)
+    order, bounds = cache["depth_segments"]
+    cs = np.zeros((pt.shape[0], pt.shape[1] + 1))
+    np.cumsum(pt[:, order], axis=1, out=cs[:, 1:])
+    return cs[:, bounds[1:]] - cs[:, bounds[:-1]]
+
+
+class _SizeSearch:
+    """Exact ``max_k V_k`` by branch and bound over intervals of the size ``k`` (trees, full rows).
+
+    One *evaluation* at ``(row, k)`` computes ``w_k`` for every node (a prefix sum in pre-order, O(N)), and from
+    it ``V_k`` (the sum of the ``k`` largest), the ``k``-th largest ``kth_k`` and the ``(k+1)``-th ``nxt_k``. On a
+    chain the top-``k`` set is the first ``k`` counted nodes and all three are sums over the label depths, O(depth).
+
+    *Interval bound.* For ``a < k < b``, ``1/(c + k)`` is convex in ``k``, so ``w_k <= l w_a + (1-l) w_b`` with
+    ``l = (b-k)/(b-a)``, and a top-``k`` sum is subadditive: ``V_k <= l T_a(k) + (1-l) T_b(k)`` with ``T_x(k)``
+    the sum of the ``k`` largest ``w_x``. ``T_x`` is concave in ``k``, so ``T_a(k) <= V_a + (k-a) nxt_a`` and
+    ``T_b(k) <= V_b - (b-k) kth_b``. The bound is the maximum over ``k`` of the resulting concave quadratic,
+    capped by :math:`\\bar U(a+1)`; it is exact to second order in ``b - a``, so few bisections settle a flat
+    optimum. Beyond the largest evaluated size ``a`` the bound is :math:`\\bar U(a+1)` (sizes double until it
+    falls to the best value).
     """
-    g, n = node.shape
-    first = 0 if include_root else 1
-    off = 1 if include_root else 0
-    depth = taxonomy.depth
-    h = int(depth.max())
-    lv = np.arange(h + 1) + off
-    lsize = (depth + off).astype(np.float64)
-    size = np.asarray(taxonomy.subtree_size, dtype=np.int64)
-    ids = np.arange(n)
-    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
-    cs = np.zeros((g, n + 1))
-    np.cumsum(pt, axis=1, out=cs[:, 1:])
-    ptil = cs[:, ids + size] - cs[:, ids]
-    r = np.zeros((g, h + 1))
-    for m in range(h + 1):  # label mass by depth; the deep trees this serves have few nodes per level
-        r[:, m] = pt[:, taxonomy.levels[m]].sum(1)
-    best = np.full(g, -np.inf) if include_root else r[:, 0].copy()
-    best_k = np.zeros(g, dtype=np.int64)
-    p_sorted = -np.sort(-ptil[:, first:], axis=1)
-    nvalid = np.full(g, n - first)
-    tau = np.zeros(g)
 
-    def weights(rows: np.ndarray, k: int) -> np.ndarray:
-        coef = np.where(lsize > 0, (1.0 + b2) / (b2 * lsize + k), 0.0)
-        csk = np.zeros((rows.size, n + 1))
-        np.cumsum(pt[rows] * coef, axis=1, out=csk[:, 1:])
-        w = csk[:, ids + size] - csk[:, ids]
-        w[:, :first] = -np.inf  # the root is never counted
+    def __init__(
+        self,
+        pt: np.ndarray,
+        taxonomy: Taxonomy,
+        b2: float,
+        include_root: bool,
+        r: np.ndarray | None = None,
+        ptil: np.ndarray | None = None,
+    ) -> None:
+        self.pt = pt
+        self.b2 = b2
+        g, n = pt.shape
+        self.n = n
+        self.first = 0 if include_root else 1
+        off = 1 if include_root else 0
+        depth = taxonomy.depth
+        self.lv = (np.arange(int(depth.max()) + 1) + off).astype(np.float64)  # label size by depth
+        self.lsize = (depth + off).astype(np.float64)
+        self.ids = np.arange(n)
+        self.ends = self.ids + np.asarray(taxonomy.subtree_size, dtype=np.int64)
+        self.chain = taxonomy.num_leaves == 1 and n > 1  # node i at depth i: top-k = the first k counted nodes
+        self.cnt = n - self.first
+        if r is None:
+            r = pt if self.chain else _label_mass_by_depth(pt, taxonomy)  # a chain's node i is its depth i
+        self.r = r
+        self._ptil = ptil
+        self.off = off
+        if self.chain:
+            self.rcum = np.zeros((g, self.lv.size + 1))
+            np.cumsum(self.r, axis=1, out=self.rcum[:, 1:])
+        self.best = np.full(g, -np.inf) if include_root else self.r[:, 0].copy()
+        self.best_k = np.zeros(g, dtype=np.int64)
+        self.evaluations = 0
+        self.single_rows: dict[int, np.ndarray] = {}  # chosen nodes of the rows solved by _single_size
+
+    @property
+    def ptil(self) -> np.ndarray:
+        """``P~``: node probabilities re-summed from the label probabilities (exactly monotone along ancestry)."""
+        if self._ptil is None:
+            cs = np.zeros((self.pt.shape[0], self.n + 1))
+            np.cumsum(self.pt, axis=1, out=cs[:, 1:])
+            self._ptil = cs[:, self.ends] - cs[:, self.ids]
+        return self._ptil
+
+    def first_guess(self) -> np.ndarray:
+        """Counted nodes with ``P~`` above half the root's: the majority path, a good first size to try."""
+        p = self.ptil
+        return np.maximum((p[:, self.first :] > 0.5 * p[:, :1]).sum(1), 1)
+
+    # ------------------------------------------------------------------ exact values and bounds
+    def weights(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """``w_k`` of every node for each ``(row, k)`` pair, ``[P, N]``; the uncounted root gets ``-inf``."""
+        coef = np.where(self.lsize[None, :] > 0, (1.0 + self.b2) / (self.b2 * self.lsize[None, :] + ks[:, None]), 0.0)
+        cs = np.zeros((rows.size, self.n + 1))
+        np.cumsum(self.pt[rows] * coef, axis=1, out=cs[:, 1:])
+        w = cs[:, self.ends] - cs[:, self.ids]  # subtree sums: monotone along ancestry in floating point
+        w[:, : self.first] = -np.inf
         return w
 
-    active = np.arange(g)
-    for k in range(1, n - first + 1):
-        if not active.size:
-            break
-        w = weights(active, k)
-        value = np.partition(w, n - k, axis=1)[:, n - k :].sum(1)
-        better = value > best[active]
-        best[active[better]] = value[better]
-        best_k[active[better]] = k
-        nxt = np.array([k + 1])
-        bound = np.minimum(
-            _upper_bound(r[active], lv, nxt, b2)[:, 0],
-            _mass_bound(p_sorted[active], nvalid[active], tau[active], nxt, b2)[:, 0],
-        )
-        active = active[bound > best[active]]
+    def evaluate(self, rows: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``V_k``, ``kth_k`` and ``nxt_k`` (0 when ``k`` is every counted node) for each pair."""
+        self.evaluations += rows.size
+        value = np.empty(rows.size)
+        kth = np.empty(rows.size)
+        nxt = np.zeros(rows.size)
+        kf = ks.astype(np.float64)
+        if self.chain:
+            lv = self.lv[None, :]
+            step = max(1, _BB_ELEMENTS // self.lv.size)
+            m = self.lv.size
+            for s in range(0, rows.size, step):
+                sl = slice(s, s + step)
+                k = kf[sl, None]
+                rc = self.r[rows[sl]] * ((1.0 + self.b2) / (self.b2 * lv + k))  # k >= 1: no 0/0 at size 0
+                value[sl] = (rc * np.minimum(lv, k)).sum(1)
+                # w_k of the node at depth d is the label mass at depths >= d times its coefficient: one reduceat
+                # over [row start, row start + d) and [row start + d, next row start) pairs.
+                d = ks[sl] - 1 + self.first
+                start = np.arange(d.size) * m
+                sums = np.add.reduceat(rc.ravel(), np.stack([start, start + d], 1).ravel())
+                kth[sl] = sums[1::2]
+                more = ks[sl] < self.cnt
+                nxt[sl] = np.where(more, np.maximum(kth[sl] - rc[np.arange(d.size), d], 0.0), 0.0)
+            return value, kth, nxt
+        n = self.n
+        step = max(1, _BB_ELEMENTS // n)
+        for s in range(0, rows.size, step):
+            w = self.weights(rows[s : s + step], kf[s : s + step])
+            for i, k in enumerate(ks[s : s + step].tolist()):
+                j = s + i
+                if k < self.cnt:
+                    part = np.partition(w[i], (n - k - 1, n - k))
+                    nxt[j] = part[n - k - 1]
+                else:
+                    part = np.partition(w[i], n - k)
+                value[j] = part[n - k :].sum()
+                kth[j] = part[n - k]
+        return value, kth, nxt
 
-    sets = np.zeros((g, n), dtype=bool)
-    sets[:, 0] = True
-    for k in np.unique(best_k[best_k > 0]):
-        rows = np.flatnonzero(best_k == k)
-        w = weights(rows, int(k))
-        top = np.argsort(-w, axis=1, kind="stable")[:, : int(k)]  # ties: smaller id, so ancestors first
-        sets[rows[:, None], top] = True
-    return sets, best
+    def upper(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """:math:`\\bar U(k)` for each pair: bounds ``V_{k'}`` for every ``k' >= k``."""
+        out = np.empty(rows.size)
+        lv = self.lv[None, :]
+        step = max(1, _BB_ELEMENTS // self.lv.size)
+        for s in range(0, rows.size, step):
+            sl = slice(s, s + step)
+            big = np.maximum(ks[sl, None].astype(np.float64), lv)
+            frac = lv / (self.b2 * lv + big)  # big >= k >= 1
+            out[sl] = (1.0 + self.b2) * (self.r[rows[sl]] * frac).sum(1)
+        return out
+
+    # ------------------------------------------------------------------ the search
+    def run(self, k0: np.ndarray) -> None:
+        """Search every row; ``k0`` is a first guess of the best size per row (a speed knob only)."""
+        g = self.pt.shape[0]
+        if self.cnt <= 0 or g == 0:
+            return
+        single = np.flatnonzero((self.r[:, 1 - self.off :] > 0).sum(1) == 1)
+        if single.size:
+            self._single_size(single)
+        rest = np.ones(g, dtype=bool)
+        rest[single] = False
+        ev: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        k0 = np.where(rest, np.clip(k0, 1, self.cnt), 0)
+        if not rest.any():
+            return
+        todo_rows = np.concatenate([np.flatnonzero(rest), np.flatnonzero(k0 > 1)])
+        todo_ks = np.concatenate([np.ones(int(rest.sum()), dtype=np.int64), k0[k0 > 1]])
+        # Open intervals of sizes: (row, a, b) with a < k < b unknown; b = -1 for the tail a < k <= cnt.
+        new_iv: list[tuple[int, int, int]] = [(r, 1, int(k0[r])) for r in range(g) if k0[r] > 2]
+        new_iv += [(r, int(k0[r]), -1) for r in range(g) if 0 < k0[r] < self.cnt]
+        open_iv: list[tuple[int, int, int]] = []
+        open_bound: list[float] = []
+        open_split: list[int] = []
+        while True:
+            if todo_rows.size:
+                value, kth, nxt = self.evaluate(todo_rows, todo_ks)
+                for r, k, v, t, x in zip(todo_rows.tolist(), todo_ks.tolist(), value, kth, nxt, strict=True):
+                    ev[(r, k)] = (float(v), float(t), float(x), float(v) - k * float(x))
+                # Ties go to the smaller size (the empty set, k = 0, is the smallest).
+                order = np.lexsort((todo_ks, todo_rows))
+                for r, k, v in zip(todo_rows[order].tolist(), todo_ks[order].tolist(), value[order], strict=True):
+                    if v > self.best[r] or (v == self.best[r] and 0 < k < self.best_k[r]):
+                        self.best[r] = v
+                        self.best_k[r] = k
+            if new_iv:
+                open_iv += new_iv
+                bound, split = self._bounds(new_iv, ev)
+                open_bound += bound.tolist()
+                open_split += split.tolist()
+            if not open_iv:
+                break
+            best = self.best
+            rows_l, ks_l = [], []
+            new_iv = []
+            for (r, a, b), bd, m in zip(open_iv, open_bound, open_split, strict=True):
+                bk = self.best_k[r]
+                if bd < best[r] or (bd == best[r] and a >= bk):  # nothing inside beats (or ties smaller) the best
+                    continue
+                if b < 0:  # the tail: double the largest evaluated size
+                    m = min(max(2 * a, a + 1), self.cnt)
+                    if m - a >= 2:
+                        new_iv.append((r, a, m))
+                    if m < self.cnt:
+                        new_iv.append((r, m, -1))
+                else:
+                    if m - a >= 2:
+                        new_iv.append((r, a, m))
+                    if b - m >= 2:
+                        new_iv.append((r, m, b))
+                rows_l.append(r)
+                ks_l.append(m)
+            open_iv, open_bound, open_split = [], [], []
+            todo_rows = np.asarray(rows_l, dtype=np.int64)
+            todo_ks = np.asarray(ks_l, dtype=np.int64)
+            if not todo_rows.size and not new_iv:
+                break
+
+    def _single_size(self, rows: np.ndarray) -> None:
+        """Rows whose labels all have one size ``m`` (a star, leaf labels at one depth): all sizes at once.
+
+        Then ``w_k(n) = (1+b2) P(n) / (b2 m + k)`` keeps one order for every ``k``, so one sort of ``P`` gives
+        ``V_k = (1+b2) SP(k) / (b2 m + k)`` for every ``k`` (``SP(k)`` the sum of the ``k`` largest ``P``).
+        """
+        n, first = self.n, self.first
+        step = max(1, _BB_ELEMENTS // n)
+        for s in range(0, rows.size, step):
+            rr = rows[s : s + step]
+            ptil = self.ptil[rr, first:]
+            lo = 1 - self.off  # the root's label (size 0 without the root) weighs nothing in w
+            m = self.lv[lo + np.argmax(self.r[rr, lo:] > 0, axis=1)]
+            order = np.argsort(-ptil, axis=1, kind="stable")  # ties: smaller id, so ancestors first
+            top = np.cumsum(np.take_along_axis(ptil, order, axis=1), axis=1)
+            ks = np.arange(1, n - first + 1, dtype=np.float64)
+            value = (1.0 + self.b2) * top / (self.b2 * m[:, None] + ks[None, :])
+            k = np.argmax(value, axis=1)  # first maximum: the smallest size wins ties
+            v = value[np.arange(rr.size), k]
+            better = v > self.best[rr]
+            self.best[rr[better]] = v[better]
+            self.best_k[rr[better]] = k[better] + 1
+            for i in np.flatnonzero(better).tolist():
+                self.single_rows[int(rr[i])] = order[i, : k[i] + 1] + first
+
+    def _bounds(
+        self, ivs: list[tuple[int, int, int]], ev: dict[tuple[int, int], tuple[float, float, float, float]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Upper bound of ``V_k`` inside each interval, and the size to evaluate next when it does not prune."""
+        rows = np.fromiter((iv[0] for iv in ivs), dtype=np.int64, count=len(ivs))
+        a = np.fromiter((iv[1] for iv in ivs), dtype=np.int64, count=len(ivs))
+        b = np.fromiter((iv[2] for iv in ivs), dtype=np.int64, count=len(ivs))
+        ea = np.array([ev[(r, k)] for r, k in zip(rows.tolist(), a.tolist(), strict=True)]).reshape(-1, 4)
+        tail = b < 0
+        eb = np.array(
+            [ev[(r, k)] if k >= 0 else (0.0, 0.0, 0.0, 0.0) for r, k in zip(rows.tolist(), b.tolist(), strict=True)]
+        ).reshape(-1, 4)
+        length = np.where(tail, 1, b - a).astype(np.float64)
+        dv = eb[:, 0] - ea[:, 0]
+        d = np.maximum(ea[:, 2] - eb[:, 1], 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(d > 0, (dv + d * length) / (2 * d), np.where(dv > 0, length - 1, 1.0))
+        t = np.clip(t, 1.0, np.maximum(length - 1, 1.0))
+        bound = np.where(tail, np.inf, ea[:, 0] + dv * t / length + d * t * (length - t) / length)
+        if self.chain:
+            # Box bound: labels at sizes <= a count as at k = a (the head of V_a, ``V_a - a nxt_a``), labels at
+            # sizes > b as at k = b (the tail of V_b plus the size-b labels), those in between at hF 1.
+            top = np.where(tail, self.lv.size, np.minimum(b - self.off + 1, self.lv.size))
+            between = self.rcum[rows, top] - self.rcum[rows, np.minimum(a - self.off + 1, self.lv.size)]
+            box = ea[:, 3] + between + np.where(tail, 0.0, eb[:, 0] - eb[:, 3])
+            bound = np.minimum(bound, box)
+        # U-bar costs O(depth) per pair: only where the interval bound alone does not prune.
+        need = np.flatnonzero(bound >= self.best[rows])
+        if need.size:
+            bound[need] = np.minimum(bound[need], self.upper(rows[need], a[need] + 1))
+        # Split where the bound peaks (near the optimum when V has a kink there), kept off the ends so that every
+        # split removes at least an eighth of the interval.
+        margin = np.maximum(1, (b - a) // 8)
+        split = np.where(tail, -1, a + np.clip(np.rint(t).astype(np.int64), margin, b - a - margin))
+        return bound, split
+
+    def sets(self) -> np.ndarray:
+        """The chosen sets: the top-``best_k`` nodes of ``w_best_k``, ties to the smaller id (ancestors first)."""
+        g = self.pt.shape[0]
+        out = np.zeros((g, self.n), dtype=bool)
+        out[:, 0] = True
+        pick = np.flatnonzero(self.best_k > 0)
+        single = self.single_rows
+        for r, chosen in single.items():
+            out[r, chosen] = True
+        pick = np.array([r for r in pick.tolist() if r not in single], dtype=np.int64)
+        if self.chain:
+            for r in pick.tolist():
+                out[r, : self.first + int(self.best_k[r])] = True
+            return out
+        step = max(1, _BB_ELEMENTS // self.n)
+        for s in range(0, pick.size, step):
+            rows = pick[s : s + step]
+            ks = self.best_k[rows]
+            w = self.weights(rows, ks.astype(np.float64))
+            for i, (r, k) in enumerate(zip(rows.tolist(), ks.tolist(), strict=True)):
+                kth = np.partition(w[i], self.n - k)[self.n - k]
+                above = w[i] > kth
+                ties = np.flatnonzero(w[i] == kth)[: k - int(above.sum())]  # smallest ids: ancestors first
+                out[r, above] = True
+                out[r, ties] = True
+        return out
+
+
+def _tree_rows_search(
+    node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deep trees (and rows the candidate solver cannot narrow): :class:`_SizeSearch` over every node."""
+    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
+    search = _SizeSearch(pt, taxonomy, b2, include_root)
+    search.run(search.first_guess())
+    return search.sets(), search.best
 
 
 # ---------------------------------------------------------------------------------------------- DAGs
@@ -592,7 +897,7 @@ def optimal_hfbeta(
         for s in range(0, bsz, _CHUNK):
             sl = slice(s, s + _CHUNK)
             if taxonomy.is_tree and taxonomy.height + 1 > _DEEP_HEIGHT:
-                sets[sl], values[sl] = _tree_rows_deep(
+                sets[sl], values[sl] = _tree_rows_search(
                     batch.node[sl], None if batch.leaf is None else batch.leaf[sl], taxonomy, b2, include_root
                 )
             elif taxonomy.is_tree:
