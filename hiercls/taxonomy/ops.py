@@ -324,6 +324,10 @@ class TreeOps(nn.Module):
 #: or broadcasting the module never meets a sparse tensor.
 _CSR_CACHE: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
 
+_LOG2E = 1.0 / math.log(2.0)
+#: ChainedSoftmax's fast path: an exponential overflowed without a shift.
+_OVERFLOW = object()
+
 
 def _sparse_csr(pairs: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """A 0/1 CSR matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``' device."""
@@ -349,19 +353,22 @@ class ChainedSoftmax(nn.Module):
     The semantic softmax (groups = classes sharing a nearest class ancestor) and the conditional softmax
     (groups = the children, and stop outcome, of each internal node) are both of this form. Output ``i`` reads
     logit ``input_order[i]`` (default: logit ``i``), so the outputs can come out in another order (node ids) at
-    the cost of one gather.
+    the cost of one gather. Groups are renumbered top-down at construction (by depth in the tree of groups, ties
+    in the given order), so :attr:`group` and :attr:`parent` hold the new numbers.
 
-    :meth:`log_probs` and :meth:`probs` take one segmented log-softmax over all groups (a shift, one exponential
-    pass, the group sums as one sparse product) and one sparse ancestor product over the tree of *groups* in log
-    space: ``log P(i) = z_i + A[group[i]]`` where ``A[j]`` sums ``z[parent[a]] - logsumexp_a(z)`` over the
-    ancestors-or-self ``a`` of group ``j``. There is no loop over levels or nodes: the work on ``[B, M]`` is a
-    few elementwise passes and the tree recursion runs on ``[B, num_groups]``.
+    :meth:`log_probs` takes one segmented log-softmax over all groups and one sparse ancestor product over the
+    tree of *groups* in log space: ``log P(i) = z_i + A[group[i]]`` where ``A[j]`` sums
+    ``z[parent[a]] - logsumexp_a(z)`` over the ancestors-or-self ``a`` of group ``j``; it shifts each group by its
+    own maximum (exact for any logits).
 
-    :meth:`log_probs` shifts each group by its own maximum (exact for any logits). :meth:`probs` shares one
-    shift per row (none while no logit exceeds 60, else the row maximum), so its rounding error is a few ulps of
-    the largest logit (``max|z| * 2^-23`` relative), the precision float32 logits carry anyway; a batch where
-    some group's sum underflows (a group more than about 70 below the shift) is recomputed through
-    :meth:`log_probs`. The underflow check reads one boolean back from the device.
+    :meth:`probs` is the fast path: one exponential pass over ``[B, M]`` (``2^(z log2 e)``), the group sums as one
+    ``index_add``, the ancestor sums on ``[B, num_groups]`` (one small gather per depth of the tree of groups, or
+    the sparse product when that tree is deeper than ``_MAX_LEVELS``), and one gather of the per-group scale back
+    to the outputs. There is no loop over nodes and no per-level pass over ``[B, M]``. The logits are not
+    shifted unless some exponential overflows (then each row is shifted by its maximum), so its rounding error
+    is a few ulps of the largest logit (``max|z| * 2^-23`` relative), the precision float32 logits carry anyway;
+    a batch where some group's sum underflows (all of a group more than about 70 below the shift) is recomputed
+    through :meth:`log_probs`. The over/underflow check reads one pair of booleans back from the device.
 
     Args:
         group: ``[M]`` group id (``0 .. G-1``) of each output.
@@ -374,10 +381,14 @@ class ChainedSoftmax(nn.Module):
         >>> p = cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]))  # a 3/4, b 1/4, x, y within a
         >>> [round(v, 6) for v in p[0].tolist()]
         [0.75, 0.25, 0.15, 0.6]
+        >>> cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]), outputs=2, lead=1).tolist()  # a, b
+        [[1.0, 0.75, 0.25]]
     """
 
     #: Group sums below this (the shared shift left too little mass) trigger the exact per-group path.
     _TINY = 1e-30
+    #: Deeper trees of groups take the sparse ancestor product instead of one small gather per depth.
+    _MAX_LEVELS = 64
 
     def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
         super().__init__()
@@ -399,23 +410,44 @@ class ChainedSoftmax(nn.Module):
             self.register_buffer("input_order", as_tensor(input_order), persistent=False)
         # The tree of groups: group j hangs below the group of its conditioning output.
         gparent = np.where(parent >= 0, group[np.maximum(parent, 0)], -1)
-        rows, cols, cur = [], [], np.arange(len(parent))
+        rows, cur = [], np.arange(len(parent))
         for _ in range(len(parent) + 1):  # pointer chasing: one step per depth of the group tree
             live = cur >= 0
             if not live.any():
                 break
             rows.append(np.flatnonzero(live))
-            cols.append(cur[live])
             cur = np.where(live, gparent[np.maximum(cur, 0)], -1)
         else:
             raise ValueError("parent: the groups form a cycle")
-        anc_rows, anc_cols = np.concatenate(rows), np.concatenate(cols)
+        # Renumber the groups top-down, so that each depth is a contiguous block whose parents come before it.
+        gdepth = np.bincount(np.concatenate(rows), minlength=len(parent)) - 1
+        order = np.argsort(gdepth, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        group, parent, gparent, gdepth = rank[group], parent[order], gparent[order], gdepth[order]
+        gparent = np.where(gparent >= 0, rank[np.maximum(gparent, 0)], -1)
+        anc_rows, anc_cols, cur = [], [], np.arange(len(parent))
+        while (cur >= 0).any():
+            live = np.flatnonzero(cur >= 0)
+            anc_rows.append(live)
+            anc_cols.append(cur[live])
+            cur = np.where(cur >= 0, gparent[np.maximum(cur, 0)], -1)
         self.register_buffer("group", as_tensor(group), persistent=False)
         self.register_buffer("parent", as_tensor(np.maximum(parent, 0)), persistent=False)
         self.register_buffer("has_parent", torch.from_numpy(parent >= 0), persistent=False)
         # [G, G] with entry (j, a) = 1 when a is an ancestor-or-self of j (the transpose of the summing matrix),
         # kept as dense index pairs: sparse buffers break copy.deepcopy (EMA, teachers) and DDP's broadcast.
-        self.register_buffer("ancestor_pairs", torch.from_numpy(np.vstack([anc_rows, anc_cols])), persistent=False)
+        pairs = np.vstack([np.concatenate(anc_rows), np.concatenate(anc_cols)])
+        self.register_buffer("ancestor_pairs", torch.from_numpy(pairs), persistent=False)
+        # Depth blocks [lo, hi) of the renumbered groups; block d >= 1 reads its parents' groups from lower blocks.
+        bounds = np.searchsorted(gdepth, np.arange(int(gdepth.max(initial=0)) + 2))
+        self.num_top_groups = int(bounds[1])
+        self._levels: list[tuple[int, int]] = []
+        if len(bounds) - 2 <= self._MAX_LEVELS:
+            for d in range(1, len(bounds) - 1):
+                lo, hi = int(bounds[d]), int(bounds[d + 1])
+                self.register_buffer(f"level_parent_{d}", as_tensor(gparent[lo:hi]), persistent=False)
+                self._levels.append((lo, hi))
 
     @property
     def ancestor_sum_t(self) -> torch.Tensor:
@@ -437,16 +469,9 @@ class ChainedSoftmax(nn.Module):
         order = self._buffers.get("input_order")
         return z if order is None else z.index_select(1, order)
 
-    def _parent_logits(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
-
-    def _offsets(self, z: torch.Tensor, log_sums: torch.Tensor, gathered: bool = False) -> torch.Tensor:
+    def _offsets(self, z: torch.Tensor, log_sums: torch.Tensor) -> torch.Tensor:
         # A[j] = sum over ancestors-or-self a of j of (z[parent[a]] - logsumexp_a), one sparse product.
-        zq = (
-            z
-            if gathered
-            else torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
-        )
+        zq = torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
         return _times_sparse(zq - log_sums, self.ancestor_sum_t)
 
     def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -455,27 +480,75 @@ class ChainedSoftmax(nn.Module):
         lse = segment_logsumexp(z, self.group, self.num_groups, dim=1)
         return z + self._offsets(z, lse).index_select(1, self.group)
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable."""
+    def probs(self, logits: torch.Tensor, *, outputs: int | None = None, lead: int = 0) -> torch.Tensor:
+        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable.
+
+        Args:
+            logits: ``[B, num_inputs]``.
+            outputs: return only outputs ``0 .. outputs - 1`` (all of them still enter the group sums).
+            lead: that many columns of ones before the outputs (a root of probability 1): ``[B, lead + outputs]``.
+        """
         z = self._inputs(logits)
-        # In place on our own copy where autograd does not need the intermediate values.
-        inplace = z is not logits and not (torch.is_grad_enabled() and z.requires_grad)
-        zq = self._parent_logits(z)
-        # No shift while exp cannot overflow (saves a pass); else the row maximum.
-        shift = z.detach().amax(1, keepdim=True) if bool(z.detach().max() > 60.0) else None
-        if shift is None:
-            e = z.exp_() if inplace else z.exp()
+        k = self.num_outputs if outputs is None else int(outputs)
+        if not 0 <= k <= self.num_outputs or lead < 0:
+            raise ValueError(f"outputs must be in 0..{self.num_outputs} and lead >= 0; got {outputs}, {lead}")
+        p = self._fast_probs(z, z is not logits, k, lead, shift=False)
+        if p is _OVERFLOW:  # some exponential overflowed: shift each row by its maximum (z may be overwritten)
+            z = self._inputs(logits)
+            p = self._fast_probs(z, z is not logits, k, lead, shift=True)
+        if isinstance(p, torch.Tensor):
+            return p
+        # Some group's mass underflowed below the shared shift: the exact per-group path.
+        p = self.log_probs(logits).exp()[:, :k]
+        return torch.cat([p.new_ones(p.shape[0], lead), p], dim=1) if lead else p
+
+    def _fast_probs(self, z: torch.Tensor, owned: bool, k: int, lead: int, shift: bool) -> torch.Tensor | object:
+        """:meth:`probs` on the logits in output order ``z``; ``_OVERFLOW`` or ``None`` (underflow) when the
+        shared shift does not fit. ``owned``: ``z`` is a copy of ours, to overwrite where autograd allows."""
+        b, g = z.shape[0], self.num_groups
+        grad = torch.is_grad_enabled() and z.requires_grad
+        if b == 0:
+            return z.new_zeros(0, lead + k)
+        # The parent logits (log P(parent) enters through them), read before z may be overwritten.
+        zq = z.index_select(1, self.parent)
+        s = z.detach().amax(1, keepdim=True) if shift else None
+        x = z
+        if s is not None:
+            x, owned = (x.sub_(s) if owned and not grad else x - s), True
+        # exp(z) as 2^(z log2 e): exp2 is the faster kernel on CPU, and the scaling pass runs in place when it may.
+        e = torch.exp2(x * _LOG2E) if grad else (x.mul_(_LOG2E) if owned else x * _LOG2E).exp2_()
+        sums = e.new_zeros(b, g).index_add_(1, self.group, e)
+        lo, hi = torch.aminmax(sums.detach())
+        underflow, overflow = torch.stack([lo < self._TINY, torch.isinf(hi)]).tolist()  # one read-back
+        if overflow:
+            return None if shift else _OVERFLOW
+        if underflow:
+            return None
+        # c[j] = log2 P(parent of j) - log2 (sum of group j), as if unshifted: the shift cancels in every ratio.
+        log_sums = sums.log2() if grad else sums.log2_()
+        if s is not None:
+            log_sums = log_sums + s * _LOG2E
+        zq[:, : self.num_top_groups] = 0.0  # top groups hang below nothing: log2 P = 0
+        c = zq * _LOG2E - log_sums
+        if self._levels:  # shallow tree of groups: add each depth's parent sums, top-down
+            for d, (lo_g, hi_g) in enumerate(self._levels, 1):
+                c[:, lo_g:hi_g] += c.index_select(1, self._buffers[f"level_parent_{d}"])
         else:
-            e = z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
-        sums = e.new_zeros(e.shape[0], self.num_groups).index_add_(1, self.group, e)
-        if bool((sums < self._TINY).any()):  # some group's mass underflowed: per-group shifts
-            return self.log_probs(logits).exp()
-        log_sums = sums.log_() if shift is None else sums.log_().add_(shift)
-        # P(parent) / group sum, per group, from the ancestor product in log space.
-        log_scale = self._offsets(zq, log_sums, gathered=True)
-        scale = (log_scale if shift is None else log_scale.add_(shift)).exp_()
-        per_output = scale.index_select(1, self.group)
-        return e.mul_(per_output) if inplace else e * per_output
+            c = _times_sparse(c, self.ancestor_sum_t)
+        # Per group P(parent) / sum in the shifted units of e.
+        if s is not None:
+            c = c + s * _LOG2E if grad else c.add_(s * _LOG2E)
+        r = torch.exp2(c) if grad else c.exp2_()
+        if grad:
+            p = r.index_select(1, self.group[:k]) * e[:, :k]
+            return torch.cat([p.new_ones(b, lead), p], dim=1) if lead else p
+        index = self.group[:k]
+        if lead:  # the extra last column of r is 1: the lead columns' scale
+            r = torch.cat([r, r.new_ones(b, 1)], dim=1)
+            index = torch.cat([index.new_full((lead,), g), index])
+        p = r.index_select(1, index)
+        p[:, lead:].mul_(e[:, :k])
+        return p
 
 
 def tree_ops(taxonomy: Taxonomy, device: torch.device | str | None = None) -> TreeOps:
