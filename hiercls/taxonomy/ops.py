@@ -327,6 +327,8 @@ _CSR_CACHE: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor]] = weakref.W
 _LOG2E = 1.0 / math.log(2.0)
 #: ChainedSoftmax's fast path: an exponential overflowed without a shift.
 _OVERFLOW = object()
+#: ... and a group sum underflowed below the shared shift.
+_UNDERFLOW = object()
 
 
 def _sparse_csr(pairs: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -387,8 +389,13 @@ class ChainedSoftmax(nn.Module):
 
     #: Group sums below this (the shared shift left too little mass) trigger the exact per-group path.
     _TINY = 1e-30
-    #: Deeper trees of groups take the sparse ancestor product instead of one small gather per depth.
+    #: Unshifted group sums above this (logits above about 60) are recomputed with each row shifted by its
+    #: maximum, so that a scale ``P(parent) / sum`` never falls far below ``P(parent)`` into the subnormals.
+    _HUGE = 1e28
+    #: Deeper trees of groups take the sparse ancestor product (out of place) instead of one step per depth.
     _MAX_LEVELS = 64
+    #: Elements of the scale gathered at a time on CPU by :meth:`probs` (about 1 MiB of float32).
+    _BLOCK = 1 << 18
 
     def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
         super().__init__()
@@ -435,6 +442,8 @@ class ChainedSoftmax(nn.Module):
         self.register_buffer("group", as_tensor(group), persistent=False)
         self.register_buffer("parent", as_tensor(np.maximum(parent, 0)), persistent=False)
         self.register_buffer("has_parent", torch.from_numpy(parent >= 0), persistent=False)
+        if input_order is not None:  # the logit of each group's parent output
+            self.register_buffer("parent_input", as_tensor(input_order[np.maximum(parent, 0)]), persistent=False)
         # [G, G] with entry (j, a) = 1 when a is an ancestor-or-self of j (the transpose of the summing matrix),
         # kept as dense index pairs: sparse buffers break copy.deepcopy (EMA, teachers) and DDP's broadcast.
         pairs = np.vstack([np.concatenate(anc_rows), np.concatenate(anc_cols)])
@@ -461,11 +470,14 @@ class ChainedSoftmax(nn.Module):
             _CSR_CACHE[self] = cached
         return cached[1]
 
-    def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
+    def _inputs_unordered(self, logits: torch.Tensor) -> torch.Tensor:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.num_inputs:
             shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must have shape [B, {self.num_inputs}]; got {shape}")
-        z = logits if logits.dtype == torch.float64 else logits.float()
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
+        z = self._inputs_unordered(logits)
         order = self._buffers.get("input_order")
         return z if order is None else z.index_select(1, order)
 
@@ -488,67 +500,114 @@ class ChainedSoftmax(nn.Module):
             outputs: return only outputs ``0 .. outputs - 1`` (all of them still enter the group sums).
             lead: that many columns of ones before the outputs (a root of probability 1): ``[B, lead + outputs]``.
         """
-        z = self._inputs(logits)
         k = self.num_outputs if outputs is None else int(outputs)
         if not 0 <= k <= self.num_outputs or lead < 0:
             raise ValueError(f"outputs must be in 0..{self.num_outputs} and lead >= 0; got {outputs}, {lead}")
-        p = self._fast_probs(z, z is not logits, k, lead, shift=False)
-        if p is _OVERFLOW:  # some exponential overflowed: shift each row by its maximum (z may be overwritten)
-            z = self._inputs(logits)
-            p = self._fast_probs(z, z is not logits, k, lead, shift=True)
+        grad = torch.is_grad_enabled() and isinstance(logits, torch.Tensor) and logits.requires_grad
+        # Without autograd and on a shallow tree of groups, the in-place path; else the out-of-place one.
+        fast = self._fast_probs_no_grad if self._levels and not grad else self._fast_probs
+        p = fast(logits, k, lead, shift=False)
+        if p is _OVERFLOW:  # some exponential overflowed: shift each row by its maximum
+            p = fast(logits, k, lead, shift=True)
         if isinstance(p, torch.Tensor):
             return p
         # Some group's mass underflowed below the shared shift: the exact per-group path.
         p = self.log_probs(logits).exp()[:, :k]
         return torch.cat([p.new_ones(p.shape[0], lead), p], dim=1) if lead else p
 
-    def _fast_probs(self, z: torch.Tensor, owned: bool, k: int, lead: int, shift: bool) -> torch.Tensor | object:
-        """:meth:`probs` on the logits in output order ``z``; ``_OVERFLOW`` or ``None`` (underflow) when the
-        shared shift does not fit. ``owned``: ``z`` is a copy of ours, to overwrite where autograd allows."""
-        b, g = z.shape[0], self.num_groups
-        grad = torch.is_grad_enabled() and z.requires_grad
-        if b == 0:
-            return z.new_zeros(0, lead + k)
-        # The parent logits (log P(parent) enters through them), read before z may be overwritten.
-        zq = z.index_select(1, self.parent)
-        s = z.detach().amax(1, keepdim=True) if shift else None
-        x = z
-        if s is not None:
-            x, owned = (x.sub_(s) if owned and not grad else x - s), True
-        # exp(z) as 2^(z log2 e): exp2 is the faster kernel on CPU, and the scaling pass runs in place when it may.
-        e = torch.exp2(x * _LOG2E) if grad else (x.mul_(_LOG2E) if owned else x * _LOG2E).exp2_()
-        sums = e.new_zeros(b, g).index_add_(1, self.group, e)
+    def _check_sums(self, sums: torch.Tensor, shift: bool) -> object:
+        """``None`` when the group sums fit, else ``_OVERFLOW`` (retry shifted) or ``_UNDERFLOW`` (exact path)."""
         lo, hi = torch.aminmax(sums.detach())
-        underflow, overflow = torch.stack([lo < self._TINY, torch.isinf(hi)]).tolist()  # one read-back
-        if overflow:
-            return None if shift else _OVERFLOW
-        if underflow:
-            return None
-        # c[j] = log2 P(parent of j) - log2 (sum of group j), as if unshifted: the shift cancels in every ratio.
+        underflow, overflow = torch.stack([lo < self._TINY, hi > self._HUGE]).tolist()  # one read-back
+        if overflow and not shift:
+            return _OVERFLOW
+        return _UNDERFLOW if underflow or overflow else None
+
+    def _log2_scales(self, zq: torch.Tensor, sums: torch.Tensor, s: torch.Tensor | None, grad: bool) -> torch.Tensor:
+        """``[B, G]``: log2 of P(parent of j) / (sum of group j), in the units of the shifted exponentials.
+
+        ``zq`` (the parent logits, ours to overwrite) and ``sums`` are consumed.
+        """
         log_sums = sums.log2() if grad else sums.log2_()
-        if s is not None:
+        if s is not None:  # the sums of the true exponentials
             log_sums = log_sums + s * _LOG2E
         zq[:, : self.num_top_groups] = 0.0  # top groups hang below nothing: log2 P = 0
-        c = zq * _LOG2E - log_sums
-        if self._levels:  # shallow tree of groups: add each depth's parent sums, top-down
-            for d, (lo_g, hi_g) in enumerate(self._levels, 1):
-                c[:, lo_g:hi_g] += c.index_select(1, self._buffers[f"level_parent_{d}"])
+        c = zq * _LOG2E - log_sums if grad else zq.mul_(_LOG2E).sub_(log_sums)
+        if self._levels:  # a shallow tree of groups: add the parents' sums depth by depth, top-down
+            for d, (lo, hi) in enumerate(self._levels, 1):
+                c[:, lo:hi] += c.index_select(1, self._buffers[f"level_parent_{d}"])
         else:
             c = _times_sparse(c, self.ancestor_sum_t)
-        # Per group P(parent) / sum in the shifted units of e.
-        if s is not None:
+        if s is not None:  # back to the units of the shifted exponentials
             c = c + s * _LOG2E if grad else c.add_(s * _LOG2E)
-        r = torch.exp2(c) if grad else c.exp2_()
-        if grad:
-            p = r.index_select(1, self.group[:k]) * e[:, :k]
-            return torch.cat([p.new_ones(b, lead), p], dim=1) if lead else p
-        index = self.group[:k]
-        if lead:  # the extra last column of r is 1: the lead columns' scale
-            r = torch.cat([r, r.new_ones(b, 1)], dim=1)
-            index = torch.cat([index.new_full((lead,), g), index])
-        p = r.index_select(1, index)
-        p[:, lead:].mul_(e[:, :k])
-        return p
+        return c
+
+    def _fast_probs(self, logits: torch.Tensor, k: int, lead: int, shift: bool) -> torch.Tensor | object:
+        """:meth:`probs` for autograd (out of place); ``_OVERFLOW`` / ``_UNDERFLOW`` when the shared shift does
+        not fit."""
+        z = self._inputs(logits)
+        b, g = z.shape[0], self.num_groups
+        if b == 0:
+            return z.new_zeros(0, lead + k)
+        zq = z.index_select(1, self.parent)
+        s = z.detach().amax(1, keepdim=True) if shift else None
+        e = torch.exp2((z if s is None else z - s) * _LOG2E)
+        sums = e.new_zeros(b, g).index_add_(1, self.group, e)
+        bad = self._check_sums(sums, shift)
+        if bad is not None:
+            return bad
+        r = torch.exp2(self._log2_scales(zq, sums, s, grad=True))
+        p = r.index_select(1, self.group[:k]) * e[:, :k]
+        return torch.cat([p.new_ones(b, lead), p], dim=1) if lead else p
+
+    def _fast_probs_no_grad(self, logits: torch.Tensor, k: int, lead: int, shift: bool) -> torch.Tensor | object:
+        """:meth:`probs` without autograd: the exponentials live in the output buffer, every pass over
+        ``[B, M]`` but the scale gather is in place, and the ancestor products run in probability space."""
+        z = self._inputs_unordered(logits)
+        b, g, m = z.shape[0], self.num_groups, self.num_outputs
+        order = self._buffers.get("input_order")
+        if order is None:
+            out = z.new_empty(b, lead + m)
+            torch.mul(z, _LOG2E, out=out[:, lead:])
+        else:  # the one reordering gather, into the output buffer (lead columns read logit 0, overwritten below)
+            out = z.index_select(1, order if not lead else torch.cat([order.new_zeros(lead), order]))
+            out[:, lead:].mul_(_LOG2E)
+        if b == 0:
+            return out[:, : lead + k]
+        e = out[:, lead:]
+        if shift:  # exp(z) as 2^(z log2 e): exp2 is the faster kernel on CPU
+            e.sub_(e.amax(1, keepdim=True))
+        e.exp2_()
+        if lead:  # zeros that the group sums can read: the sums then run over the contiguous buffer
+            out[:, :lead] = 0.0
+        sums = out.new_zeros(b, g).index_add_(1, self._group_lead(lead), out)
+        bad = self._check_sums(sums, shift)
+        if bad is not None:
+            return bad
+        # c[j] = P(parent of j) / (sum of group j) in the units of e: top groups 1 / sum, below them
+        # (e of the parent * c of the parent's group) / sum, the product first so that no factor overflows.
+        c = out.index_select(1, self._parent_lead(lead))
+        top = self.num_top_groups
+        c[:, :top] = 1.0
+        c[:, :top].div_(sums[:, :top])
+        for d, (lo, hi) in enumerate(self._levels, 1):
+            c[:, lo:hi].mul_(c.index_select(1, self._buffers[f"level_parent_{d}"])).div_(sums[:, lo:hi])
+        # P = scale of the group * exponential. On CPU a block of rows at a time, so that the gathered scales
+        # stay in cache (a whole [B, M] temporary costs more than the product itself).
+        index, ek = self.group[:k], e[:, :k]
+        step = max(1, self._BLOCK // max(k, 1)) if out.device.type == "cpu" else b
+        for i in range(0, b, step):
+            ek[i : i + step].mul_(c[i : i + step].index_select(1, index))
+        if lead:
+            out[:, :lead] = 1.0
+        return out if k == m else out[:, : lead + k].contiguous()
+
+    def _group_lead(self, lead: int) -> torch.Tensor:
+        """:attr:`group` after ``lead`` leading columns summed into group 0 (they hold zeros)."""
+        return self.group if not lead else torch.cat([self.group.new_zeros(lead), self.group])
+
+    def _parent_lead(self, lead: int) -> torch.Tensor:
+        return self.parent if not lead else self.parent + lead
 
 
 def tree_ops(taxonomy: Taxonomy, device: torch.device | str | None = None) -> TreeOps:
