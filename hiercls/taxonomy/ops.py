@@ -325,19 +325,25 @@ class TreeOps(nn.Module):
 _CSR_CACHE: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 _LOG2E = 1.0 / math.log(2.0)
+#: ChainedSoftmax -> {(device, dtype, lead, group pointer): [lead + M, G] CSC 0/1 group matrix}.
+_SUMS_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
+
 #: ChainedSoftmax's fast path: an exponential overflowed without a shift.
 _OVERFLOW = object()
 #: ... and a group sum underflowed below the shared shift.
 _UNDERFLOW = object()
 
 
-def _sparse_csr(pairs: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """A 0/1 CSR matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``' device."""
-    ones = torch.ones(pairs.shape[1], device=pairs.device)
+def _sparse_csr(
+    pairs: torch.Tensor, shape: tuple[int, int], csc: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A 0/1 CSR (or CSC) matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``'
+    device."""
+    ones = torch.ones(pairs.shape[1], device=pairs.device, dtype=dtype)
     coo = torch.sparse_coo_tensor(pairs, ones, shape, check_invariants=True).coalesce()
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is stable
         warnings.simplefilter("ignore", UserWarning)
-        return coo.to_sparse_csr()
+        return coo.to_sparse_csc() if csc else coo.to_sparse_csr()
 
 
 def _times_sparse(x: torch.Tensor, m_t: torch.Tensor) -> torch.Tensor:
@@ -394,8 +400,8 @@ class ChainedSoftmax(nn.Module):
     _HUGE = 1e28
     #: Deeper trees of groups take the sparse ancestor product (out of place) instead of one step per depth.
     _MAX_LEVELS = 64
-    #: Elements of the scale gathered at a time on CPU by :meth:`probs` (about 1 MiB of float32).
-    _BLOCK = 1 << 18
+    #: Devices where :meth:`probs` takes the group sums as a sparse product (see :meth:`_group_sums`).
+    _SPARSE_SUM_DEVICES: tuple[str, ...] = ("cpu",)
 
     def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
         super().__init__()
@@ -564,7 +570,7 @@ class ChainedSoftmax(nn.Module):
         """:meth:`probs` without autograd: the exponentials live in the output buffer, every pass over
         ``[B, M]`` but the scale gather is in place, and the ancestor products run in probability space."""
         z = self._inputs_unordered(logits)
-        b, g, m = z.shape[0], self.num_groups, self.num_outputs
+        b, m = z.shape[0], self.num_outputs
         order = self._buffers.get("input_order")
         if order is None:
             out = z.new_empty(b, lead + m)
@@ -578,9 +584,7 @@ class ChainedSoftmax(nn.Module):
         if shift:  # exp(z) as 2^(z log2 e): exp2 is the faster kernel on CPU
             e.sub_(e.amax(1, keepdim=True))
         e.exp2_()
-        if lead:  # zeros that the group sums can read: the sums then run over the contiguous buffer
-            out[:, :lead] = 0.0
-        sums = out.new_zeros(b, g).index_add_(1, self._group_lead(lead), out)
+        sums = self._group_sums(out, lead)
         bad = self._check_sums(sums, shift)
         if bad is not None:
             return bad
@@ -592,19 +596,29 @@ class ChainedSoftmax(nn.Module):
         c[:, :top].div_(sums[:, :top])
         for d, (lo, hi) in enumerate(self._levels, 1):
             c[:, lo:hi].mul_(c.index_select(1, self._buffers[f"level_parent_{d}"])).div_(sums[:, lo:hi])
-        # P = scale of the group * exponential. On CPU a block of rows at a time, so that the gathered scales
-        # stay in cache (a whole [B, M] temporary costs more than the product itself).
-        index, ek = self.group[:k], e[:, :k]
-        step = max(1, self._BLOCK // max(k, 1)) if out.device.type == "cpu" else b
-        for i in range(0, b, step):
-            ek[i : i + step].mul_(c[i : i + step].index_select(1, index))
+        # P = scale of the group * exponential.
+        e[:, :k].mul_(c.index_select(1, self.group[:k]))
         if lead:
             out[:, :lead] = 1.0
         return out if k == m else out[:, : lead + k].contiguous()
 
-    def _group_lead(self, lead: int) -> torch.Tensor:
-        """:attr:`group` after ``lead`` leading columns summed into group 0 (they hold zeros)."""
-        return self.group if not lead else torch.cat([self.group.new_zeros(lead), self.group])
+    def _group_sums(self, x: torch.Tensor, lead: int) -> torch.Tensor:
+        """``[B, G]`` sums of ``x[:, lead:]`` over each group (the lead columns are never read).
+
+        On CPU a product with a sparse 0/1 matrix (dense-times-sparse runs on the rows of ``x`` as they lie,
+        about 1.5x faster than ``index_add_`` along dim 1); elsewhere ``index_add_``.
+        """
+        if x.device.type not in self._SPARSE_SUM_DEVICES:
+            return x.new_zeros(x.shape[0], self.num_groups).index_add_(1, self.group, x[:, lead:])
+        key = (x.device, x.dtype, lead, self.group.data_ptr())
+        cache = _SUMS_CACHE.setdefault(self, {})
+        mat = cache.get(key)
+        if mat is None:
+            pairs = torch.stack([torch.arange(self.num_outputs, device=x.device) + lead, self.group])
+            shape = (lead + self.num_outputs, self.num_groups)
+            mat = cache[key] = _sparse_csr(pairs, shape, csc=True, dtype=x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            return x @ mat
 
     def _parent_lead(self, lead: int) -> torch.Tensor:
         return self.parent if not lead else self.parent + lead
