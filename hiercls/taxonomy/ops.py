@@ -369,14 +369,20 @@ class ChainedSoftmax(nn.Module):
     ``z[parent[a]] - logsumexp_a(z)`` over the ancestors-or-self ``a`` of group ``j``; it shifts each group by its
     own maximum (exact for any logits).
 
-    :meth:`probs` is the fast path: one exponential pass over ``[B, M]`` (``2^(z log2 e)``), the group sums as one
-    ``index_add``, the ancestor sums on ``[B, num_groups]`` (one small gather per depth of the tree of groups, or
-    the sparse product when that tree is deeper than ``_MAX_LEVELS``), and one gather of the per-group scale back
-    to the outputs. There is no loop over nodes and no per-level pass over ``[B, M]``. The logits are not
-    shifted unless some exponential overflows (then each row is shifted by its maximum), so its rounding error
-    is a few ulps of the largest logit (``max|z| * 2^-23`` relative), the precision float32 logits carry anyway;
-    a batch where some group's sum underflows (all of a group more than about 70 below the shift) is recomputed
-    through :meth:`log_probs`. The over/underflow check reads one pair of booleans back from the device.
+    :meth:`probs` is the fast path. Without autograd it writes ``2^(z log2 e)`` into the output buffer (one
+    pass; exp2 is the faster kernel on CPU), takes the group sums (on CPU a dense-times-sparse product with the
+    0/1 group matrix, elsewhere ``index_add_``), runs the ancestor products on ``[B, num_groups]`` in probability
+    space (``c[j] = P(parent of j) / sum_j``, one small gather per depth of the tree of groups, the product before
+    the division so that no factor overflows), and multiplies the output buffer in place by one gather of ``c``.
+    So the passes over ``[B, M]`` are: the scaling (or the one reordering gather when ``input_order`` is given),
+    the exponential, the sums and the scale; no loop over nodes or levels touches ``[B, M]``. With autograd, or
+    when the tree of groups is deeper than ``_MAX_LEVELS``, the same formula runs out of place in log space (the
+    ancestor sums as one sparse product in the deep case). The logits are not shifted unless some group's sum
+    exceeds ``_HUGE`` (logits above about 60; then each row is shifted by its maximum and recomputed), so the
+    rounding error is a few ulps of the largest logit (``max|z| * 2^-23`` relative), the precision float32
+    logits carry anyway; a batch where some group's sum underflows (all of a group more than about 70 below the
+    shift) is recomputed through :meth:`log_probs`. The over/underflow check reads one pair of booleans back
+    from the device.
 
     Args:
         group: ``[M]`` group id (``0 .. G-1``) of each output.
