@@ -190,3 +190,78 @@ def test_heads_survive_deepcopy_as_ema_and_teachers_need():
         want = head.node_probs(head(feats))
         twin = copy.deepcopy(head)
         torch.testing.assert_close(twin.node_probs(twin(feats)), want)
+
+
+def _chained_reference(group: np.ndarray, parent: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """P(i) = P(parent of i's group) * softmax over i's group, output by output in float64 with ``math``."""
+    out = np.zeros(z.shape)
+    for b in range(z.shape[0]):
+        for i in range(z.shape[1]):
+            value, j = 1.0, i
+            while j >= 0:  # up the chain of conditioning outputs
+                members = [int(m) for m in np.flatnonzero(group == group[j])]
+                value *= _softmax([float(z[b, m]) for m in members])[members.index(j)]
+                j = int(parent[group[j]])
+            out[b, i] = value
+    return out
+
+
+# outputs 0, 1 | 2, 3, 4 below output 0 | 5, 6 below output 3 | 7 below output 6 (a group of one)
+GROUP, PARENT = np.array([2, 2, 0, 0, 0, 1, 1, 3]), np.array([0, 3, -1, 6])
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        (lambda rng: rng.normal(scale=3.0, size=(4, 8)), "plain"),
+        (lambda rng: rng.normal(scale=3.0, size=(4, 8)) + 75.0, "sums too large unshifted: each row shifted"),
+        (lambda rng: rng.normal(scale=3.0, size=(4, 8)) + 150.0, "exp overflows unshifted: each row shifted"),
+        (lambda rng: np.array([[60.0, 0.0, -60.0, -61.0, -62.0, 1.0, 2.0, 3.0]]), "parent far above its group"),
+    ],
+)
+def test_chained_probs_paths_agree_with_a_reference(values, why):
+    rng = np.random.default_rng(7)
+    z = torch.from_numpy(values(rng)).float()
+    cs = ChainedSoftmax(GROUP, PARENT)
+    want = _chained_reference(GROUP, PARENT, z.double().numpy())
+    got = cs.probs(z)
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=1e-7, err_msg=why)
+    # the autograd path, the index_add sums (other devices) and the exact log path agree with it
+    np.testing.assert_allclose(cs.probs(z.requires_grad_()).detach().numpy(), want, rtol=2e-5, atol=1e-7)
+    cs._SPARSE_SUM_DEVICES = ()
+    np.testing.assert_allclose(cs.probs(z.detach()).numpy(), want, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(cs.log_probs(z.detach().double()).exp().numpy(), want, rtol=1e-9, atol=1e-12)
+
+
+def test_chained_probs_outputs_and_lead_columns():
+    rng = np.random.default_rng(8)
+    order = rng.permutation(8)
+    cs = ChainedSoftmax(GROUP, PARENT, input_order=order)
+    z = torch.from_numpy(rng.normal(scale=2.0, size=(3, 8))).float()
+    want = _chained_reference(GROUP, PARENT, z.double().numpy()[:, order])
+    for k, lead in ((8, 0), (5, 1), (8, 2), (0, 1)):
+        got = cs.probs(z, outputs=k, lead=lead)
+        assert got.shape == (3, lead + k) and got.is_contiguous()
+        assert torch.all(got[:, :lead] == 1.0)
+        np.testing.assert_allclose(got[:, lead:].numpy(), want[:, :k], rtol=2e-5, atol=1e-7)
+        grad = cs.probs(z.requires_grad_(), outputs=k, lead=lead)
+        np.testing.assert_allclose(grad.detach().numpy(), got.numpy(), rtol=2e-5, atol=1e-7)
+        z = z.detach()
+    assert cs.probs(torch.zeros(0, 8), lead=1).shape == (0, 9)
+    zd = z.double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: cs.probs(x, outputs=6, lead=1), (zd,))
+    with pytest.raises(ValueError, match=r"outputs must be in 0\.\.8"):
+        cs.probs(z, outputs=9)
+
+
+def test_deep_trees_of_groups_take_the_sparse_ancestor_product():
+    # A chain of single-child groups deeper than the per-depth loop allows, with a sibling at every depth.
+    depth = ChainedSoftmax._MAX_LEVELS + 6
+    group = np.repeat(np.arange(depth), 2)  # group d = outputs 2d, 2d + 1
+    parent = np.concatenate([[-1], 2 * np.arange(depth - 1)])  # group d + 1 below output 2d
+    cs = ChainedSoftmax(group, parent)
+    assert not cs._levels
+    z = torch.from_numpy(np.random.default_rng(9).normal(size=(2, 2 * depth)) + 3.0).float()
+    want = cs.log_probs(z.double()).exp().numpy()
+    np.testing.assert_allclose(cs.probs(z).numpy(), want, rtol=1e-4, atol=1e-30)
+    np.testing.assert_allclose(_chained_reference(group, parent, z.double().numpy())[:, :8], want[:, :8], rtol=1e-9)

@@ -71,14 +71,14 @@ class SemanticSoftmaxHead(HierarchicalHead):
         self.num_outputs = self.layout.num_classes
         self._fill_nonclass = not self.layout.all_nodes_are_classes
         if not self._fill_nonclass:
-            # The same chained softmaxes with outputs in node-id order, so node_probs needs no reordering: node n
-            # reads its class's logit; the root reads logit 0 as a group of its own (probability 1).
+            # The same chained softmaxes with outputs in node-id order, so node_probs needs one gather and no
+            # reordering after it: node n >= 1 is output n - 1 and reads its class's logit; the root is a lead column.
             chained, pos = self.layout.chained, np.zeros(taxonomy.num_nodes, dtype=np.int64)
             pos[self.layout.class_ids.numpy()] = np.arange(self.num_outputs)
-            group = np.concatenate([[chained.num_groups], chained.group.numpy()[pos[1:]]])
+            group = chained.group.numpy()[pos[1:]]
             parent_node = self.layout.class_ids.numpy()[chained.parent.numpy()]
-            parent = np.concatenate([np.where(chained.has_parent.numpy(), parent_node, -1), [-1]])
-            self.node_softmax = ChainedSoftmax(group, parent, input_order=pos)
+            parent = np.where(chained.has_parent.numpy(), parent_node - 1, -1)
+            self.node_softmax = ChainedSoftmax(group, parent, input_order=pos[1:])
         if self._fill_nonclass:
             # Depth-wise tables to sum children into the nodes that are not classes (bottom-up).
             depth, parent, is_class = taxonomy.depth, taxonomy.parent, taxonomy.class_mask
@@ -128,7 +128,7 @@ class SemanticSoftmaxHead(HierarchicalHead):
     def node_probs(self, output: torch.Tensor) -> torch.Tensor:
         if not self._fill_nonclass:  # every node but the root is a class: one gather into node order
             self.layout.split(output)  # shape check
-            out = self.node_softmax.probs(upcast(output))
+            out = self.node_softmax.probs(upcast(output), lead=1)
         else:
             probs = self.layout.class_probs(output)
             out = probs.new_zeros(probs.shape[0], self.taxonomy.num_nodes)

@@ -61,14 +61,6 @@ class ConditionalSoftmax(nn.Module):
         # The same softmaxes chained in one pass: group k (internal node internal[k]) hangs below its node's
         # logit (node n is logit n - 1; the root's group hangs below nothing).
         self.chained = ChainedSoftmax(group, np.where(internal > 0, internal - 1, -1))
-        # The same with outputs in node-id order (node n reads logit n - 1, stop logits after the nodes) for
-        # node_probs; the root reads logit 0 as a group of its own (probability 1).
-        order = np.concatenate([[0], np.arange(len(group))])
-        self.node_softmax = ChainedSoftmax(
-            np.concatenate([[self.num_internal], group]),
-            np.concatenate([np.where(internal > 0, internal, -1), [-1]]),
-            input_order=order,
-        )
 
     def check(self, logits: torch.Tensor) -> None:
         if not isinstance(logits, torch.Tensor) or logits.dim() < 2 or logits.shape[1] != self.num_outputs:
@@ -104,12 +96,9 @@ class ConditionalSoftmax(nn.Module):
         up to rounding.
         """
         self.check(logits)
-        p = self.node_softmax.probs(upcast(logits))
-        if self.stop:
-            p = p[:, : self.taxonomy.num_nodes].contiguous()
-        p = p.clamp_(0.0, 1.0)
-        p[:, 0] = 1.0
-        return p
+        # Node n is output n - 1: the nodes are the first N - 1 outputs, after one lead column for the root.
+        p = self.chained.probs(upcast(logits), outputs=self.taxonomy.num_nodes - 1, lead=1)
+        return p.clamp_(0.0, 1.0)
 
     def label_log_likelihood(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``log P(label)`` per sample (targets >= 0); with ``stop`` internal labels include ``log P(stop)``."""

@@ -324,14 +324,26 @@ class TreeOps(nn.Module):
 #: or broadcasting the module never meets a sparse tensor.
 _CSR_CACHE: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
 
+_LOG2E = 1.0 / math.log(2.0)
+#: ChainedSoftmax -> {(device, dtype, lead, group pointer): [lead + M, G] CSC 0/1 group matrix}.
+_SUMS_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
 
-def _sparse_csr(pairs: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """A 0/1 CSR matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``' device."""
-    ones = torch.ones(pairs.shape[1], device=pairs.device)
+#: ChainedSoftmax's fast path: an exponential overflowed without a shift.
+_OVERFLOW = object()
+#: ... and a group sum underflowed below the shared shift.
+_UNDERFLOW = object()
+
+
+def _sparse_csr(
+    pairs: torch.Tensor, shape: tuple[int, int], csc: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A 0/1 CSR (or CSC) matrix with ones at the ``(row, col)`` columns of ``pairs [2, nnz]``, on ``pairs``'
+    device."""
+    ones = torch.ones(pairs.shape[1], device=pairs.device, dtype=dtype)
     coo = torch.sparse_coo_tensor(pairs, ones, shape, check_invariants=True).coalesce()
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is stable
         warnings.simplefilter("ignore", UserWarning)
-        return coo.to_sparse_csr()
+        return coo.to_sparse_csc() if csc else coo.to_sparse_csr()
 
 
 def _times_sparse(x: torch.Tensor, m_t: torch.Tensor) -> torch.Tensor:
@@ -349,19 +361,28 @@ class ChainedSoftmax(nn.Module):
     The semantic softmax (groups = classes sharing a nearest class ancestor) and the conditional softmax
     (groups = the children, and stop outcome, of each internal node) are both of this form. Output ``i`` reads
     logit ``input_order[i]`` (default: logit ``i``), so the outputs can come out in another order (node ids) at
-    the cost of one gather.
+    the cost of one gather. Groups are renumbered top-down at construction (by depth in the tree of groups, ties
+    in the given order), so :attr:`group` and :attr:`parent` hold the new numbers.
 
-    :meth:`log_probs` and :meth:`probs` take one segmented log-softmax over all groups (a shift, one exponential
-    pass, the group sums as one sparse product) and one sparse ancestor product over the tree of *groups* in log
-    space: ``log P(i) = z_i + A[group[i]]`` where ``A[j]`` sums ``z[parent[a]] - logsumexp_a(z)`` over the
-    ancestors-or-self ``a`` of group ``j``. There is no loop over levels or nodes: the work on ``[B, M]`` is a
-    few elementwise passes and the tree recursion runs on ``[B, num_groups]``.
+    :meth:`log_probs` takes one segmented log-softmax over all groups and one sparse ancestor product over the
+    tree of *groups* in log space: ``log P(i) = z_i + A[group[i]]`` where ``A[j]`` sums
+    ``z[parent[a]] - logsumexp_a(z)`` over the ancestors-or-self ``a`` of group ``j``; it shifts each group by its
+    own maximum (exact for any logits).
 
-    :meth:`log_probs` shifts each group by its own maximum (exact for any logits). :meth:`probs` shares one
-    shift per row (none while no logit exceeds 60, else the row maximum), so its rounding error is a few ulps of
-    the largest logit (``max|z| * 2^-23`` relative), the precision float32 logits carry anyway; a batch where
-    some group's sum underflows (a group more than about 70 below the shift) is recomputed through
-    :meth:`log_probs`. The underflow check reads one boolean back from the device.
+    :meth:`probs` is the fast path. Without autograd it writes ``2^(z log2 e)`` into the output buffer (one
+    pass; exp2 is the faster kernel on CPU), takes the group sums (on CPU a dense-times-sparse product with the
+    0/1 group matrix, elsewhere ``index_add_``), runs the ancestor products on ``[B, num_groups]`` in probability
+    space (``c[j] = P(parent of j) / sum_j``, one small gather per depth of the tree of groups, the product before
+    the division so that no factor overflows), and multiplies the output buffer in place by one gather of ``c``.
+    So the passes over ``[B, M]`` are: the scaling (or the one reordering gather when ``input_order`` is given),
+    the exponential, the sums and the scale; no loop over nodes or levels touches ``[B, M]``. With autograd, or
+    when the tree of groups is deeper than ``_MAX_LEVELS``, the same formula runs out of place in log space (the
+    ancestor sums as one sparse product in the deep case). The logits are not shifted unless some group's sum
+    exceeds ``_HUGE`` (logits above about 60; then each row is shifted by its maximum and recomputed), so the
+    rounding error is a few ulps of the largest logit (``max|z| * 2^-23`` relative), the precision float32
+    logits carry anyway; a batch where some group's sum underflows (all of a group more than about 70 below the
+    shift) is recomputed through :meth:`log_probs`. The over/underflow check reads one pair of booleans back
+    from the device.
 
     Args:
         group: ``[M]`` group id (``0 .. G-1``) of each output.
@@ -374,10 +395,19 @@ class ChainedSoftmax(nn.Module):
         >>> p = cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]))  # a 3/4, b 1/4, x, y within a
         >>> [round(v, 6) for v in p[0].tolist()]
         [0.75, 0.25, 0.15, 0.6]
+        >>> cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]), outputs=2, lead=1).tolist()  # a, b
+        [[1.0, 0.75, 0.25]]
     """
 
     #: Group sums below this (the shared shift left too little mass) trigger the exact per-group path.
     _TINY = 1e-30
+    #: Unshifted group sums above this (logits above about 60) are recomputed with each row shifted by its
+    #: maximum, so that a scale ``P(parent) / sum`` never falls far below ``P(parent)`` into the subnormals.
+    _HUGE = 1e28
+    #: Deeper trees of groups take the sparse ancestor product (out of place) instead of one step per depth.
+    _MAX_LEVELS = 64
+    #: Devices where :meth:`probs` takes the group sums as a sparse product (see :meth:`_group_sums`).
+    _SPARSE_SUM_DEVICES: tuple[str, ...] = ("cpu",)
 
     def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
         super().__init__()
@@ -399,23 +429,46 @@ class ChainedSoftmax(nn.Module):
             self.register_buffer("input_order", as_tensor(input_order), persistent=False)
         # The tree of groups: group j hangs below the group of its conditioning output.
         gparent = np.where(parent >= 0, group[np.maximum(parent, 0)], -1)
-        rows, cols, cur = [], [], np.arange(len(parent))
+        rows, cur = [], np.arange(len(parent))
         for _ in range(len(parent) + 1):  # pointer chasing: one step per depth of the group tree
             live = cur >= 0
             if not live.any():
                 break
             rows.append(np.flatnonzero(live))
-            cols.append(cur[live])
             cur = np.where(live, gparent[np.maximum(cur, 0)], -1)
         else:
             raise ValueError("parent: the groups form a cycle")
-        anc_rows, anc_cols = np.concatenate(rows), np.concatenate(cols)
+        # Renumber the groups top-down, so that each depth is a contiguous block whose parents come before it.
+        gdepth = np.bincount(np.concatenate(rows), minlength=len(parent)) - 1
+        order = np.argsort(gdepth, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        group, parent, gparent, gdepth = rank[group], parent[order], gparent[order], gdepth[order]
+        gparent = np.where(gparent >= 0, rank[np.maximum(gparent, 0)], -1)
+        anc_rows, anc_cols, cur = [], [], np.arange(len(parent))
+        while (cur >= 0).any():
+            live = np.flatnonzero(cur >= 0)
+            anc_rows.append(live)
+            anc_cols.append(cur[live])
+            cur = np.where(cur >= 0, gparent[np.maximum(cur, 0)], -1)
         self.register_buffer("group", as_tensor(group), persistent=False)
         self.register_buffer("parent", as_tensor(np.maximum(parent, 0)), persistent=False)
         self.register_buffer("has_parent", torch.from_numpy(parent >= 0), persistent=False)
+        if input_order is not None:  # the logit of each group's parent output
+            self.register_buffer("parent_input", as_tensor(input_order[np.maximum(parent, 0)]), persistent=False)
         # [G, G] with entry (j, a) = 1 when a is an ancestor-or-self of j (the transpose of the summing matrix),
         # kept as dense index pairs: sparse buffers break copy.deepcopy (EMA, teachers) and DDP's broadcast.
-        self.register_buffer("ancestor_pairs", torch.from_numpy(np.vstack([anc_rows, anc_cols])), persistent=False)
+        pairs = np.vstack([np.concatenate(anc_rows), np.concatenate(anc_cols)])
+        self.register_buffer("ancestor_pairs", torch.from_numpy(pairs), persistent=False)
+        # Depth blocks [lo, hi) of the renumbered groups; block d >= 1 reads its parents' groups from lower blocks.
+        bounds = np.searchsorted(gdepth, np.arange(int(gdepth.max(initial=0)) + 2))
+        self.num_top_groups = int(bounds[1])
+        self._levels: list[tuple[int, int]] = []
+        if len(bounds) - 2 <= self._MAX_LEVELS:
+            for d in range(1, len(bounds) - 1):
+                lo, hi = int(bounds[d]), int(bounds[d + 1])
+                self.register_buffer(f"level_parent_{d}", as_tensor(gparent[lo:hi]), persistent=False)
+                self._levels.append((lo, hi))
 
     @property
     def ancestor_sum_t(self) -> torch.Tensor:
@@ -429,24 +482,20 @@ class ChainedSoftmax(nn.Module):
             _CSR_CACHE[self] = cached
         return cached[1]
 
-    def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
+    def _inputs_unordered(self, logits: torch.Tensor) -> torch.Tensor:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.num_inputs:
             shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise ValueError(f"logits must have shape [B, {self.num_inputs}]; got {shape}")
-        z = logits if logits.dtype == torch.float64 else logits.float()
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
+        z = self._inputs_unordered(logits)
         order = self._buffers.get("input_order")
         return z if order is None else z.index_select(1, order)
 
-    def _parent_logits(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
-
-    def _offsets(self, z: torch.Tensor, log_sums: torch.Tensor, gathered: bool = False) -> torch.Tensor:
+    def _offsets(self, z: torch.Tensor, log_sums: torch.Tensor) -> torch.Tensor:
         # A[j] = sum over ancestors-or-self a of j of (z[parent[a]] - logsumexp_a), one sparse product.
-        zq = (
-            z
-            if gathered
-            else torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
-        )
+        zq = torch.where(self.has_parent, z.index_select(1, self.parent), torch.zeros((), dtype=z.dtype))
         return _times_sparse(zq - log_sums, self.ancestor_sum_t)
 
     def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -455,27 +504,130 @@ class ChainedSoftmax(nn.Module):
         lse = segment_logsumexp(z, self.group, self.num_groups, dim=1)
         return z + self._offsets(z, lse).index_select(1, self.group)
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable."""
-        z = self._inputs(logits)
-        # In place on our own copy where autograd does not need the intermediate values.
-        inplace = z is not logits and not (torch.is_grad_enabled() and z.requires_grad)
-        zq = self._parent_logits(z)
-        # No shift while exp cannot overflow (saves a pass); else the row maximum.
-        shift = z.detach().amax(1, keepdim=True) if bool(z.detach().max() > 60.0) else None
-        if shift is None:
-            e = z.exp_() if inplace else z.exp()
+    def probs(self, logits: torch.Tensor, *, outputs: int | None = None, lead: int = 0) -> torch.Tensor:
+        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable.
+
+        Args:
+            logits: ``[B, num_inputs]``.
+            outputs: return only outputs ``0 .. outputs - 1`` (all of them still enter the group sums).
+            lead: that many columns of ones before the outputs (a root of probability 1): ``[B, lead + outputs]``.
+        """
+        k = self.num_outputs if outputs is None else int(outputs)
+        if not 0 <= k <= self.num_outputs or lead < 0:
+            raise ValueError(f"outputs must be in 0..{self.num_outputs} and lead >= 0; got {outputs}, {lead}")
+        grad = torch.is_grad_enabled() and isinstance(logits, torch.Tensor) and logits.requires_grad
+        # Without autograd and on a shallow tree of groups, the in-place path; else the out-of-place one.
+        fast = self._fast_probs_no_grad if self._levels and not grad else self._fast_probs
+        p = fast(logits, k, lead, shift=False)
+        if p is _OVERFLOW:  # some exponential overflowed: shift each row by its maximum
+            p = fast(logits, k, lead, shift=True)
+        if isinstance(p, torch.Tensor):
+            return p
+        # Some group's mass underflowed below the shared shift: the exact per-group path.
+        p = self.log_probs(logits).exp()[:, :k]
+        return torch.cat([p.new_ones(p.shape[0], lead), p], dim=1) if lead else p
+
+    def _check_sums(self, sums: torch.Tensor, shift: bool) -> object:
+        """``None`` when the group sums fit, else ``_OVERFLOW`` (retry shifted) or ``_UNDERFLOW`` (exact path)."""
+        lo, hi = torch.aminmax(sums.detach())
+        underflow, overflow = torch.stack([lo < self._TINY, hi > self._HUGE]).tolist()  # one read-back
+        if overflow and not shift:
+            return _OVERFLOW
+        return _UNDERFLOW if underflow or overflow else None
+
+    def _log2_scales(self, zq: torch.Tensor, sums: torch.Tensor, s: torch.Tensor | None, grad: bool) -> torch.Tensor:
+        """``[B, G]``: log2 of P(parent of j) / (sum of group j), in the units of the shifted exponentials.
+
+        ``zq`` (the parent logits, ours to overwrite) and ``sums`` are consumed.
+        """
+        log_sums = sums.log2() if grad else sums.log2_()
+        if s is not None:  # the sums of the true exponentials
+            log_sums = log_sums + s * _LOG2E
+        zq[:, : self.num_top_groups] = 0.0  # top groups hang below nothing: log2 P = 0
+        c = zq * _LOG2E - log_sums if grad else zq.mul_(_LOG2E).sub_(log_sums)
+        if self._levels:  # a shallow tree of groups: add the parents' sums depth by depth, top-down
+            for d, (lo, hi) in enumerate(self._levels, 1):
+                c[:, lo:hi] += c.index_select(1, self._buffers[f"level_parent_{d}"])
         else:
-            e = z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
-        sums = e.new_zeros(e.shape[0], self.num_groups).index_add_(1, self.group, e)
-        if bool((sums < self._TINY).any()):  # some group's mass underflowed: per-group shifts
-            return self.log_probs(logits).exp()
-        log_sums = sums.log_() if shift is None else sums.log_().add_(shift)
-        # P(parent) / group sum, per group, from the ancestor product in log space.
-        log_scale = self._offsets(zq, log_sums, gathered=True)
-        scale = (log_scale if shift is None else log_scale.add_(shift)).exp_()
-        per_output = scale.index_select(1, self.group)
-        return e.mul_(per_output) if inplace else e * per_output
+            c = _times_sparse(c, self.ancestor_sum_t)
+        if s is not None:  # back to the units of the shifted exponentials
+            c = c + s * _LOG2E if grad else c.add_(s * _LOG2E)
+        return c
+
+    def _fast_probs(self, logits: torch.Tensor, k: int, lead: int, shift: bool) -> torch.Tensor | object:
+        """:meth:`probs` for autograd (out of place); ``_OVERFLOW`` / ``_UNDERFLOW`` when the shared shift does
+        not fit."""
+        z = self._inputs(logits)
+        b, g = z.shape[0], self.num_groups
+        if b == 0:
+            return z.new_zeros(0, lead + k)
+        zq = z.index_select(1, self.parent)
+        s = z.detach().amax(1, keepdim=True) if shift else None
+        e = torch.exp2((z if s is None else z - s) * _LOG2E)
+        sums = e.new_zeros(b, g).index_add_(1, self.group, e)
+        bad = self._check_sums(sums, shift)
+        if bad is not None:
+            return bad
+        r = torch.exp2(self._log2_scales(zq, sums, s, grad=True))
+        p = r.index_select(1, self.group[:k]) * e[:, :k]
+        return torch.cat([p.new_ones(b, lead), p], dim=1) if lead else p
+
+    def _fast_probs_no_grad(self, logits: torch.Tensor, k: int, lead: int, shift: bool) -> torch.Tensor | object:
+        """:meth:`probs` without autograd: the exponentials live in the output buffer, every pass over
+        ``[B, M]`` but the scale gather is in place, and the ancestor products run in probability space."""
+        z = self._inputs_unordered(logits)
+        b, m = z.shape[0], self.num_outputs
+        order = self._buffers.get("input_order")
+        if order is None:
+            out = z.new_empty(b, lead + m)
+            torch.mul(z, _LOG2E, out=out[:, lead:])
+        else:  # the one reordering gather, into the output buffer (lead columns read logit 0, overwritten below)
+            out = z.index_select(1, order if not lead else torch.cat([order.new_zeros(lead), order]))
+            out[:, lead:].mul_(_LOG2E)
+        if b == 0:
+            return out[:, : lead + k]
+        e = out[:, lead:]
+        if shift:  # exp(z) as 2^(z log2 e): exp2 is the faster kernel on CPU
+            e.sub_(e.amax(1, keepdim=True))
+        e.exp2_()
+        sums = self._group_sums(out, lead)
+        bad = self._check_sums(sums, shift)
+        if bad is not None:
+            return bad
+        # c[j] = P(parent of j) / (sum of group j) in the units of e: top groups 1 / sum, below them
+        # (e of the parent * c of the parent's group) / sum, the product first so that no factor overflows.
+        c = out.index_select(1, self._parent_lead(lead))
+        top = self.num_top_groups
+        c[:, :top] = 1.0
+        c[:, :top].div_(sums[:, :top])
+        for d, (lo, hi) in enumerate(self._levels, 1):
+            c[:, lo:hi].mul_(c.index_select(1, self._buffers[f"level_parent_{d}"])).div_(sums[:, lo:hi])
+        # P = scale of the group * exponential.
+        e[:, :k].mul_(c.index_select(1, self.group[:k]))
+        if lead:
+            out[:, :lead] = 1.0
+        return out if k == m else out[:, : lead + k].contiguous()
+
+    def _group_sums(self, x: torch.Tensor, lead: int) -> torch.Tensor:
+        """``[B, G]`` sums of ``x[:, lead:]`` over each group (the lead columns are never read).
+
+        On CPU a product with a sparse 0/1 matrix (dense-times-sparse runs on the rows of ``x`` as they lie,
+        about 1.5x faster than ``index_add_`` along dim 1); elsewhere ``index_add_``.
+        """
+        if x.device.type not in self._SPARSE_SUM_DEVICES:
+            return x.new_zeros(x.shape[0], self.num_groups).index_add_(1, self.group, x[:, lead:])
+        key = (x.device, x.dtype, lead, self.group.data_ptr())
+        cache = _SUMS_CACHE.setdefault(self, {})
+        mat = cache.get(key)
+        if mat is None:
+            pairs = torch.stack([torch.arange(self.num_outputs, device=x.device) + lead, self.group])
+            shape = (lead + self.num_outputs, self.num_groups)
+            mat = cache[key] = _sparse_csr(pairs, shape, csc=True, dtype=x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            return x @ mat
+
+    def _parent_lead(self, lead: int) -> torch.Tensor:
+        return self.parent if not lead else self.parent + lead
 
 
 def tree_ops(taxonomy: Taxonomy, device: torch.device | str | None = None) -> TreeOps:
