@@ -1,15 +1,21 @@
-"""Training throughput (samples/s) of every head against the flat softmax head on the same backbone.
+"""Training-step time of every head against the flat softmax head on the same backbone, in one process.
 
-One full optimizer step per measurement, exactly as the training loop does it (forward, the head's loss,
-backward, gradient clipping, AdamW step), on random inputs so that data loading is not measured. Heads are
-measured in interleaved rounds (flat, head A, head B, ..., flat, head A, ...) and the median per head is
-kept, so that load changes on a shared machine hit every head alike. Prints JSON with samples/s and the
-overhead ``head_step_time / flat_step_time - 1``.
+One measured step is exactly what the training loop does (forward, the head's loss, backward, gradient
+clipping, AdamW step), on fixed random inputs so that data loading is not measured. Every head is timed against
+the flat head with :func:`_timing.compare`: one step of each per repeat, in ABBA order, the verdict on the
+median of the per-repeat ratios ``head step / flat step`` and the spread (quartiles, min, max) reported with it.
+
+The quick and full modes measure the same configuration (``STEP_BACKBONE``: ViT-Tiny, 12 blocks, width 192,
+at 64 px with 8 px patches, 65 tokens; batch ``STEP_BATCH`` = 16; the ``imagenet21k_winter21`` tree, 10,450
+nodes) and differ only in the number of repeats (``QUICK_REPEATS`` / ``FULL_REPEATS``), so that both give the
+same verdict; a smaller model or tree would change the share of the head in the step, i.e. the ratio itself.
+The flat model is built once per process and shared by every comparison.
 
 Usage::
 
-    python bench/bench_train.py            # ViT-Tiny at 64 px on an ImageNet-21K-sized tree
-    python bench/bench_train.py --quick    # seconds: test_vit on a 60-node tree
+    python bench/bench_train.py                 # every head and TransHP, FULL_REPEATS repeats each
+    python bench/bench_train.py --quick         # the same steps, QUICK_REPEATS repeats
+    python bench/bench_train.py --heads hxe semantic_softmax --repeats 21
 """
 
 from __future__ import annotations
@@ -17,148 +23,57 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from _timing import time_calls
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import Case, compare
+
+#: The training-step configuration (quick and full alike): ViT-Tiny at 64 px with 8 px patches.
+STEP_BACKBONE = ("timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8})
+STEP_BATCH = 16
+STEP_TAXONOMY = "imagenet21k_winter21"
+#: Interleaved repeats (one step of the head and one of flat each). A step takes about 0.5 s on one thread;
+#: single-step ratios on a shared machine scatter by several percent, so the verdict needs the median of many.
+QUICK_REPEATS = 7
+FULL_REPEATS = 15
+#: Heads whose step must stay within this factor of flat's; TransHP (extra tokens in one block) has its own.
+HEAD_TARGET = 1.05
+TRANSHP_TARGET = 1.5
+
+_CACHE: dict[str, object] = {}
 
 
-def random_tree(num_classes: int, depth: int, seed: int = 0):
-    """A random tree with about ``num_classes`` leaves and the given depth (stand-in when no shipped tree)."""
-    from hiercls.taxonomy import Taxonomy
-
-    rng = np.random.default_rng(seed)
-    edges, frontier, next_id = [], ["root"], 0
-    branching = max(2, round(num_classes ** (1.0 / depth)))
-    for _ in range(depth):
-        new = []
-        for parent in frontier:
-            k = int(rng.integers(1, 2 * branching))
-            for _ in range(k):
-                name = f"n{next_id}"
-                next_id += 1
-                edges.append((parent, name))
-                new.append(name)
-        frontier = new
-    return Taxonomy(edges, name=f"random_{next_id}")
-
-
-def load_tree(quick: bool):
-    if quick:
-        return random_tree(40, 3)
-    try:
+def _inputs() -> tuple[object, torch.Tensor, torch.Tensor]:
+    if "inputs" not in _CACHE:
         from hiercls.taxonomy import load_taxonomy
 
-        return load_taxonomy("imagenet21k_winter21")
-    except Exception as err:  # the shipped tree may be absent in a partial checkout
-        print(f"note: imagenet21k_winter21 unavailable ({err}); using a random tree of similar size", file=sys.stderr)
-        return random_tree(10450, 5)
+        tax = load_taxonomy(STEP_TAXONOMY)
+        size = STEP_BACKBONE[1]["img_size"]
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(STEP_BATCH, 3, size, size, generator=gen)
+        leaves = torch.as_tensor(np.array(tax.leaves))
+        y = leaves[torch.randint(len(leaves), (STEP_BATCH,), generator=gen)]
+        _CACHE["inputs"] = (tax, x, y)
+    return _CACHE["inputs"]  # type: ignore[return-value]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny backbone and tree, a few seconds")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (median kept)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per measurement")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--heads", nargs="*", default=None, help="heads to measure (default: all + transhp)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    from hiercls.heads import get_head_class, list_heads
+def build_step(head: str, **head_options: object) -> Callable[[], None]:
+    """One training step of ``head`` on the shared backbone configuration and inputs (a fresh model)."""
     from hiercls.models import create_model
     from hiercls.train.config import TrainConfig
     from hiercls.train.loop import build_optimizer
 
-    taxonomy = load_tree(args.quick)
-    if args.quick:
-        backbone, bb_opts, size = "timm:test_vit", {"img_size": 32}, 32
-        batch, rounds, steps = args.batch_size or 16, args.rounds or 3, args.steps or 2
-    else:
-        backbone, bb_opts, size = "timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8}, 64
-        batch, rounds, steps = args.batch_size or 32, args.rounds or 3, args.steps or 2
-    heads = args.heads or [h for h in list_heads() if not get_head_class(h).supports_dense] + ["transhp"]
-    if "flat" not in heads:
-        heads = ["flat", *heads]
-    heads = ["flat", *[h for h in heads if h != "flat"]]
+    tax, x, y = _inputs()
+    name, opts = STEP_BACKBONE
+    torch.manual_seed(0)  # the same backbone weights for every head
+    model = create_model(name, tax, head=head, head_options=head_options or None, **opts).train()
+    opt = build_optimizer(model, TrainConfig())
 
-    torch.manual_seed(0)
-    x = torch.randn(batch, 3, size, size)
-    leaves = torch.as_tensor(np.array(taxonomy.leaves))
-    y = leaves[torch.randint(len(leaves), (batch,))]
-    cfg = TrainConfig()
-    setups = {}
-    for head in heads:
-        model = create_model(backbone, taxonomy, head=head, **bb_opts).train()
-        setups[head] = (model, build_optimizer(model, cfg))
-
-    def one_step(model, opt) -> None:
-        loss = model.loss(model(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for model, opt in setups.values():  # warm-up (allocations, lazy init)
-        one_step(model, opt)
-    times: dict[str, list[float]] = {h: [] for h in heads}
-    for _ in range(rounds):
-        for head in heads:
-            model, opt = setups[head]
-            times[head].append(time_calls(lambda m=model, o=opt: one_step(m, o), steps))
-    flat = statistics.median(times["flat"])
-    results = {}
-    for head in heads:
-        t = statistics.median(times[head])
-        results[head] = {
-            "step_s": t,
-            "samples_per_s": batch / t,
-            "overhead_vs_flat": t / flat - 1.0,
-            "params": sum(p.numel() for p in setups[head][0].parameters()),
-        }
-    out = {
-        "bench": "train_step_throughput",
-        "quick": args.quick,
-        "backbone": backbone,
-        "backbone_options": bb_opts,
-        "image_size": size,
-        "batch_size": batch,
-        "rounds": rounds,
-        "steps_per_round": steps,
-        "taxonomy": taxonomy.name,
-        "num_nodes": taxonomy.num_nodes,
-        "num_leaves": taxonomy.num_leaves,
-        "height": taxonomy.height,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "baseline": "flat",
-        "heads": results,
-        "target": "overhead_vs_flat < 0.05 for every head except transhp",
-        "within_target": {h: r["overhead_vs_flat"] < 0.05 for h, r in results.items() if h not in ("flat", "transhp")},
-    }
-    print(json.dumps(out, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
-# ---------------------------------------------------------------------------------------------- run_all cases
-#: The training-step configuration of the run_all cases (quick and full alike, so that they agree): ViT-Tiny
-#: (12 blocks, width 192) at 64 px with 8 px patches (65 tokens), batch 16, the 21K tree.
-STEP_BACKBONE = ("timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8})
-STEP_BATCH = 16
-
-
-def _step_fn(model, opt, x, y):
     def step() -> None:
         loss = model.loss(model(x), y)
         loss.backward()
@@ -166,57 +81,108 @@ def _step_fn(model, opt, x, y):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    step.model = model  # type: ignore[attr-defined]
     return step
 
 
-def _train_setup(head: str, **head_options):
-    def setup():
-        from hiercls.models import create_model
-        from hiercls.taxonomy import load_taxonomy
-        from hiercls.train.config import TrainConfig
-        from hiercls.train.loop import build_optimizer
+def flat_step() -> Callable[[], None]:
+    """The flat baseline's step, built once per process."""
+    if "flat" not in _CACHE:
+        _CACHE["flat"] = build_step("flat")
+    return _CACHE["flat"]  # type: ignore[return-value]
 
-        tax = load_taxonomy("imagenet21k_winter21")
-        name, opts = STEP_BACKBONE
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(STEP_BATCH, 3, opts["img_size"], opts["img_size"], generator=gen)
-        leaves = torch.as_tensor(np.array(tax.leaves))
-        y = leaves[torch.randint(len(leaves), (STEP_BATCH,), generator=gen)]
-        steps = []
-        for h, hopts in ((head, head_options), ("flat", {})):
-            torch.manual_seed(0)
-            model = create_model(name, tax, head=h, head_options=hopts or None, **opts).train()
-            steps.append(_step_fn(model, build_optimizer(model, TrainConfig()), x, y))
-        return steps[0], steps[1]
+
+def _train_setup(head: str, **head_options: object) -> Callable[[], tuple[Callable[[], None], Callable[[], None]]]:
+    def setup() -> tuple[Callable[[], None], Callable[[], None]]:
+        return build_step(head, **head_options), flat_step()
 
     return setup
 
 
-def cases(quick: bool) -> list:
-    from _timing import Case
-
+def compared_heads() -> list[str]:
+    """Every registered single-feature head except flat (dense heads need a dense backbone)."""
     from hiercls.heads import get_head_class, list_heads
 
-    heads = [h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense]
+    return [h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense]
+
+
+def cases(quick: bool) -> list[Case]:
+    repeats = QUICK_REPEATS if quick else FULL_REPEATS
     out = [
         Case(
             f"train/step_{h}_vs_flat_21k",
-            1.05,
+            HEAD_TARGET,
             setup=_train_setup(h),
             number=1,
-            repeats=5 if quick else 9,
-            note=f"AdamW step of ViT-Tiny 64px/8 + {h} vs + flat, batch {STEP_BATCH}, imagenet21k_winter21",
+            repeats=repeats,
+            note=f"AdamW step of ViT-Tiny 64px/8 + {h} vs + flat, batch {STEP_BATCH}, {STEP_TAXONOMY}",
         )
-        for h in heads
+        for h in compared_heads()
     ]
     out.append(
         Case(
             "train/step_transhp_default_vs_flat_21k",
-            1.5,
+            TRANSHP_TARGET,
             setup=_train_setup("transhp"),
             number=1,
-            repeats=5 if quick else 9,
+            repeats=repeats,
             note="TransHP with its default prompts vs the flat head on the same ViT-Tiny 64px/8",
         )
     )
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} repeats instead of {FULL_REPEATS}")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per head (overrides)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable ratios)")
+    parser.add_argument("--heads", nargs="*", default=None, help="heads to measure (default: all + transhp)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    repeats = args.repeats or (QUICK_REPEATS if args.quick else FULL_REPEATS)
+    heads = args.heads or [*compared_heads(), "transhp"]
+    base = flat_step()
+    results = {}
+    for head in heads:
+        if head == "flat":
+            continue
+        step = build_step(head)
+        r = compare(step, base, repeats=repeats, number=1)
+        target = TRANSHP_TARGET if head == "transhp" else HEAD_TARGET
+        results[head] = {
+            "ratio_median": round(r["ratio_median"], 4),
+            "ratio_q1": round(r["ratio_q1"], 4),
+            "ratio_q3": round(r["ratio_q3"], 4),
+            "ratio_min": round(r["ratio_min"], 4),
+            "ratio_max": round(r["ratio_max"], 4),
+            "step_s": round(r["candidate_s"], 4),
+            "flat_step_s": round(r["baseline_s"], 4),
+            "samples_per_s": round(STEP_BATCH / r["candidate_s"], 2),
+            "params": sum(p.numel() for p in step.model.parameters()),  # type: ignore[attr-defined]
+            "target": target,
+            "pass": r["ratio_median"] <= target,
+        }
+        del step
+    tax, _, _ = _inputs()
+    out = {
+        "bench": "train_step_vs_flat",
+        "quick": args.quick,
+        "backbone": STEP_BACKBONE[0],
+        "backbone_options": STEP_BACKBONE[1],
+        "batch_size": STEP_BATCH,
+        "repeats": repeats,
+        "taxonomy": tax.name,  # type: ignore[attr-defined]
+        "num_nodes": tax.num_nodes,  # type: ignore[attr-defined]
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "heads": results,
+        "all_pass": all(r["pass"] for r in results.values()),
+    }
+    print(json.dumps(out, indent=2))
+    return 0 if out["all_pass"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

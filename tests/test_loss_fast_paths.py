@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from hiercls.losses import HXELoss, SemanticSoftmaxLoss
+from hiercls.losses.leaf import _block_size, _path_masses, _spread_path_weights
+from hiercls.losses.semantic import _LevelSmoothedCE
 from tests._trees import random_tree
 
 
@@ -56,15 +60,20 @@ def test_hxe_label_far_below_the_maximum_falls_back_to_exact():
 
 @pytest.mark.parametrize(("n", "seed"), [(3, 0), (30, 1), (60, 2)])
 @pytest.mark.parametrize("options", [{}, {"normalize": "present"}, {"drop_deepest_level": True}])
-def test_semantic_loss_matches_per_level_cross_entropies(n, seed, options):
+@pytest.mark.parametrize("eps", [0.0, 0.2])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("one_softmax", [True, False])
+def test_semantic_loss_matches_per_level_cross_entropies(n, seed, options, eps, dtype, one_softmax, monkeypatch):
     rng = np.random.default_rng(seed)
     tax = random_tree(n, rng)
     lay_levels = SemanticSoftmaxLoss(tax).layout.num_levels
     if options.get("drop_deepest_level") and lay_levels < 2:
         pytest.skip("needs two levels")
-    loss = SemanticSoftmaxLoss(tax, label_smoothing=0.2, **options)
+    if not one_softmax:  # every batch takes the per-level shifts
+        monkeypatch.setattr(_LevelSmoothedCE, "TINY", math.inf)
+    loss = SemanticSoftmaxLoss(tax, label_smoothing=eps, **options)
     y = _labels(tax, rng, 8)
-    z = torch.tensor(rng.normal(scale=5.0, size=(8, loss.layout.num_classes)))
+    z = torch.tensor(rng.normal(scale=5.0, size=(8, loss.layout.num_classes)), dtype=dtype)
 
     def reference(x):  # independent: one F.cross_entropy per level, weights and normalisation by hand
         lt = loss.layout.targets(y)
@@ -75,9 +84,7 @@ def test_semantic_loss_matches_per_level_cross_entropies(n, seed, options):
             coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
         per = torch.stack(
             [
-                torch.nn.functional.cross_entropy(
-                    zk, lt[:, k].clamp(min=0), reduction="none", label_smoothing=loss.label_smoothing
-                )
+                torch.nn.functional.cross_entropy(zk, lt[:, k].clamp(min=0), reduction="none", label_smoothing=eps)
                 for k, zk in enumerate(loss.layout.split(x))
             ],
             dim=1,
@@ -86,8 +93,10 @@ def test_semantic_loss_matches_per_level_cross_entropies(n, seed, options):
 
     got, g = _value_and_grad(lambda x: loss(x, y), z)
     want, g_want = _value_and_grad(reference, z)
-    assert torch.allclose(got, want, rtol=1e-10)
-    assert torch.allclose(g, g_want, rtol=1e-8, atol=1e-12)
+    tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
+    assert got.dtype == dtype and g.dtype == dtype
+    assert torch.allclose(got, want, **tol)
+    assert torch.allclose(g, g_want, **tol)
 
 
 def test_semantic_loss_level_far_below_the_row_maximum():
@@ -99,3 +108,47 @@ def test_semantic_loss_level_far_below_the_row_maximum():
     z64 = z.double()
     assert torch.isfinite(loss(z, y))
     assert torch.allclose(loss(z, y).double(), loss(z64, y), rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_leaves", [1, 7, 8, 9, 64, 100, 257])
+@pytest.mark.parametrize("block", [8, 16])
+def test_blocked_range_sums_and_spread_against_brute_force(num_leaves, block):
+    rng = np.random.default_rng(num_leaves * block)
+    b, ranges = 5, 6
+    p = torch.tensor(rng.random((b, num_leaves)))
+    ends = np.sort(rng.integers(0, num_leaves + 1, size=(b, ranges, 2)), axis=2)
+    ends[:, 0] = (0, num_leaves)  # the whole row
+    ends[:, 1] = (3 % (num_leaves + 1),) * 2  # empty
+    lo, hi = torch.as_tensor(ends[..., 0]), torch.as_tensor(ends[..., 1])
+    weights = torch.tensor(rng.normal(size=(b, ranges)))
+    got, geometry = _path_masses(p, lo, hi, block)
+    want = torch.zeros(b, ranges, dtype=p.dtype)
+    spread = torch.zeros_like(p)
+    for i in range(b):
+        for j in range(ranges):
+            want[i, j] = p[i, lo[i, j] : hi[i, j]].sum()
+            spread[i, lo[i, j] : hi[i, j]] += weights[i, j] * p[i, lo[i, j] : hi[i, j]]
+    assert torch.allclose(got, want, rtol=1e-12, atol=0)
+    assert torch.allclose(_spread_path_weights(p, weights, geometry, block), spread, rtol=1e-12, atol=1e-15)
+
+
+def test_block_size_grows_with_the_leaves():
+    assert _block_size(2) == 8 and _block_size(8146) == 64
+    assert all(_block_size(n) & (_block_size(n) - 1) == 0 for n in (10, 1000, 100_000))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_hxe_path_only_on_a_wide_tree(dtype):
+    rng = np.random.default_rng(7)
+    tax = random_tree(600, rng)  # a few hundred leaves: ranges span many blocks
+    loss = HXELoss(tax, alpha=0.4)
+    assert loss._block < tax.num_leaves
+    y = _labels(tax, rng, 12)
+    z = torch.tensor(rng.normal(scale=3.0, size=(12, tax.num_leaves)), dtype=dtype)
+    fast, g_fast = _value_and_grad(lambda x: loss(x, y), z)
+    t, valid = loss.targets(z, y)
+    exact, g_exact = _value_and_grad(lambda x: loss._forward_all_nodes(x, t, valid), z)
+    tol = {"rtol": 1e-9, "atol": 1e-14} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-9}
+    assert fast.dtype == dtype and g_fast.dtype == dtype
+    assert torch.allclose(fast, exact, **tol)
+    assert torch.allclose(g_fast, g_exact, **tol)

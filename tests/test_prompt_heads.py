@@ -700,3 +700,61 @@ def test_real_minilm_offline(tax, monkeypatch):
     assert out["fine_logits"].shape == (2, 6) and out["coarse_logits"][2].shape == (2, 3)
     assert torch.isfinite(model.loss(out, ids(tax, "a2x", "B")))
     assert (model.node_probs(out)[:, 0] == 1).all()
+
+
+# ------------------------------------------------------------------------------ shared prompt projections
+@pytest.mark.parametrize(
+    ("vit_options", "model_options"),
+    [({}, {}), ({"qk_norm": True, "init_values": 0.5}, {}), ({}, {"condition": False})],
+)
+def test_prompt_projections_once_per_batch_match_the_block(tax, vit_options, model_options, monkeypatch):
+    """The prompting block with the prompts' norm/qkv computed once equals the block run on the concatenation."""
+    import hiercls.heads.prompt as prompt_module
+
+    x, t = images(3), ids(tax, "a1x", "B", "c")
+    results = []
+    for shared in (True, False):
+        torch.manual_seed(0)
+        vit = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            img_size=16,
+            patch_size=8,
+            depth=3,
+            embed_dim=16,
+            num_heads=2,
+            **vit_options,
+        )
+        model = TransHPViT(vit, tax, prompt_blocks={1: 1, 2: 2}, **model_options).train()
+        model.vit.blocks.apply(lambda m: setattr(m, "p", 0.0) if isinstance(m, torch.nn.Dropout) else None)
+        with torch.no_grad():
+            for p in model.pool.prompts.values():
+                p.normal_(0, 1.0)
+        assert prompt_module._shares_prompt_projections(model.vit.blocks[1])
+        if not shared:
+            monkeypatch.setattr(prompt_module, "_shares_prompt_projections", lambda _block: False)
+        out = model(x)
+        model.loss(out, t).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((out["fine_logits"].detach(), {k: v.detach() for k, v in out["coarse_logits"].items()}, grads))
+        monkeypatch.undo()
+    (fine_a, coarse_a, grads_a), (fine_b, coarse_b, grads_b) = results
+    torch.testing.assert_close(fine_a, fine_b, rtol=1e-5, atol=1e-6)
+    for lvl in coarse_a:
+        torch.testing.assert_close(coarse_a[lvl], coarse_b[lvl], rtol=1e-5, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_blocks_with_hooks_run_their_own_forward(tax):
+    from hiercls.heads.prompt import _shares_prompt_projections
+
+    model = make_transhp(tax, {1: 1})
+    blk = model.vit.blocks[1]
+    assert _shares_prompt_projections(blk)
+    handle = blk.attn.register_forward_hook(lambda *_: None)
+    assert not _shares_prompt_projections(blk)
+    handle.remove()
+    blk.attn.fused_attn = False  # the explicit-softmax attention: the block's own forward
+    assert not _shares_prompt_projections(blk)

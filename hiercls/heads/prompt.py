@@ -515,6 +515,67 @@ def _check_absorb(absorb: str, condition: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- ViT
+def _shares_prompt_projections(block: nn.Module) -> bool:
+    """Whether ``block`` is timm's plain ``Block`` with fused ``Attention``, which :func:`_prompted_block_forward`
+    reproduces (other block types run the concatenated sequence through their own forward)."""
+    from timm.models.vision_transformer import Attention, Block
+
+    attn = getattr(block, "attn", None)
+    return (
+        not _has_hooks(block)
+        and not _has_hooks(attn)
+        and type(block).forward is Block.forward
+        and type(attn).forward is Attention.forward
+        and bool(getattr(attn, "fused_attn", False))
+        and all(hasattr(attn, a) for a in _ATTENTION_PARTS)
+    )
+
+
+def _has_hooks(module: nn.Module | None) -> bool:
+    # Forward/backward hooks on the block or its attention expect their own forward to run (feature taps,
+    # attention maps): such blocks keep it.
+    from torch.nn.modules import module as module_globals
+
+    if module is None:
+        return False
+    names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    global_names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks")
+    return any(getattr(module, n, None) for n in names) or any(getattr(module_globals, n, None) for n in global_names)
+
+
+#: What :func:`_prompted_block_forward` uses of timm's ``Attention`` (older timm versions lack some).
+_ATTENTION_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "proj_drop", "attn_dim")
+
+
+def _prompted_block_forward(
+    block: nn.Module, x: torch.Tensor, prompts: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """timm ``Block.forward`` on ``[x ; prompts]`` (``x [B, n, D]``, ``prompts [M, D]``), the prompts projected once.
+
+    The prompt tokens enter the block identical for every sample, so their ``norm1`` and query/key/value
+    projections (a quarter of the block's per-token matmuls, for ``M`` tokens that can outnumber the image's)
+    are computed once and broadcast; everything after attention depends on the sample and runs per token, as in
+    the block itself. The result equals ``block(torch.cat([x, prompts.expand(B, -1, -1)], 1), attn_mask=mask)``.
+    """
+    b, n, _ = x.shape
+    m = prompts.shape[0]
+    attn = block.attn
+    tokens = torch.cat([x, prompts.expand(b, -1, -1)], 1)
+    hx, hp = block.norm1(x), block.norm1(prompts)
+    qkv = torch.cat([attn.qkv(hx), attn.qkv(hp).expand(b, -1, -1)], 1)
+    q, k, v = qkv.reshape(b, n + m, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=attn.attn_drop.p if attn.training else 0.0
+    )
+    out = attn.norm(out.transpose(1, 2).reshape(b, n + m, attn.attn_dim))
+    if attn.gate is not None:
+        out = out * torch.cat([attn.gate(hx), attn.gate(hp).expand(b, -1, -1)], 1).sigmoid()
+    out = attn.proj_drop(attn.proj(out))
+    y = tokens + block.drop_path1(block.ls1(out))
+    return y + block.drop_path2(block.ls2(block.mlp(block.norm2(y))))
+
+
 class TransHPViT(_PromptedModel):
     """TransHP around a timm ``VisionTransformer``: prompt pools injected at chosen blocks (see the module doc).
 
@@ -588,6 +649,14 @@ class TransHPViT(_PromptedModel):
             return checkpoint(blk, x, mask, use_reentrant=False)
         return blk(x) if mask is None else blk(x, attn_mask=mask)
 
+    def _prompt_block(
+        self, index: int, x: torch.Tensor, prompts: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        blk = self.vit.blocks[index]
+        if self.vit.grad_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(_prompted_block_forward, blk, x, prompts, mask, use_reentrant=False)
+        return _prompted_block_forward(blk, x, prompts, mask)
+
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Patch + position embedding (with class/register tokens), as the ViT does before its blocks."""
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
@@ -617,7 +686,10 @@ class TransHPViT(_PromptedModel):
                 total = n_keep + prompts.shape[1]
                 mask = torch.ones(total, total, dtype=torch.bool, device=x.device)
                 mask[:n_keep, n_keep:] = False
-            y = self._block(i, torch.cat([x, prompts], dim=1), mask)
+            if _shares_prompt_projections(self.vit.blocks[i]):
+                y = self._prompt_block(i, x, prompts[0], mask)
+            else:
+                y = self._block(i, torch.cat([x, prompts], dim=1), mask)
             x, prompt_out = y[:, :n_keep], y[:, n_keep:]
             coarse[level] = self.pool.coarse_logits(level, prompt_out)
             if self.absorb == "soft_token":

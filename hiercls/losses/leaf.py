@@ -124,6 +124,76 @@ def hxe_weights(taxonomy: Taxonomy, alpha: float, normalize: bool = True) -> np.
     return w / w.sum() if normalize else w
 
 
+def _block_size(num_leaves: int) -> int:
+    # Path masses are interior blocks plus two edge blocks per path node: about num_leaves / b + 2 b entries per
+    # node, least near b = sqrt(num_leaves / 2); a power of two keeps the index arithmetic simple.
+    return max(8, 1 << max(0, round(math.log2(max(1.0, math.sqrt(num_leaves / 2))))))
+
+
+def _path_masses(
+    p: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, block: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Sums of ``p [B, L]`` over the leaf ranges ``[lo, hi) [B, P]`` of each row, exactly (no prefix differences).
+
+    The leaves are cut into blocks of ``block``: a range is the blocks strictly between its first and last
+    block (summed once per row, then a masked sum over at most ``L / block`` block sums) plus the covered
+    entries of those two edge blocks (gathered). Empty ranges (``lo == hi``) sum to 0. Returns the sums and what
+    :func:`_spread_path_weights` needs to send weights back to the leaves.
+    """
+    num_leaves = p.shape[1]
+    n_full = num_leaves // block
+    first, last = lo.div(block, rounding_mode="floor"), (hi - 1).div(block, rounding_mode="floor")
+    k = torch.arange(n_full, device=p.device)
+    interior = (k > first[..., None]) & (k < last[..., None])  # [B, P, n_full]; such blocks are full-size
+    block_sums = p[:, : n_full * block].unflatten(1, (n_full, block)).sum(2)
+    inner = torch.bmm(interior.to(p.dtype), block_sums[:, :, None])[..., 0]
+    r = torch.arange(block, device=p.device)
+    idx = torch.stack([first, last], 2)[..., None] * block + r  # [B, P, 2, block]
+    edge = (idx >= lo[..., None, None]) & (idx < hi[..., None, None])
+    edge[:, :, 1] &= (last != first)[..., None]  # one edge block: counted once
+    idx = idx.clamp_(0, num_leaves - 1).flatten(1)
+    edge_p = p.gather(1, idx).view(edge.shape) * edge
+    return inner + edge_p.sum((2, 3)), (interior, idx, edge_p)
+
+
+def _spread_path_weights(
+    p: torch.Tensor, weights: torch.Tensor, geometry: tuple[torch.Tensor, ...], block: int
+) -> torch.Tensor:
+    """``out[b, l] = p[b, l] * sum_j weights[b, j] [lo_j <= l < hi_j]`` for the ranges of :func:`_path_masses`."""
+    interior, idx, edge_p = geometry
+    num_leaves = p.shape[1]
+    n_full = num_leaves // block
+    out = torch.empty_like(p)
+    per_block = torch.bmm(weights[:, None, :], interior.to(p.dtype))  # [B, 1, n_full]
+    torch.mul(
+        p[:, : n_full * block].unflatten(1, (n_full, block)),
+        per_block.transpose(1, 2),
+        out=out[:, : n_full * block].unflatten(1, (n_full, block)),
+    )
+    out[:, n_full * block :] = 0
+    return out.scatter_add_(1, idx, (edge_p * weights[..., None, None]).flatten(1))
+
+
+class _PathLogMassSum(torch.autograd.Function):
+    """``sum_{b,j} coef[b,j] * log mass[b,j]`` with ``mass`` the softmax mass of leaf ranges, its gradient by hand.
+
+    With ``p = softmax(z)`` and ``sum_j coef[b, j] = 0`` for every row (HXE's telescoping sum), the softmax's
+    normaliser drops out and ``d/dz_l = p_l * sum_{j: l in range j} coef_j / mass_j``.
+    """
+
+    @staticmethod
+    def forward(ctx, z, p, mass, coef, geometry, block):  # type: ignore[override]
+        ctx.save_for_backward(p, mass, coef, *geometry)
+        ctx.block = block
+        return (coef * mass.log()).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        p, mass, coef, *geometry = ctx.saved_tensors
+        return _spread_path_weights(p, grad * coef / mass, tuple(geometry), ctx.block), None, None, None, None, None
+
+
 class HXELoss(_LeafBase):
     """Hierarchical cross-entropy (Bertinetto et al., "Making better mistakes", CVPR 2020).
 
@@ -153,8 +223,9 @@ class HXELoss(_LeafBase):
         self.register_buffer(
             "weights", as_tensor(hxe_weights(taxonomy, alpha, normalize), dtype=torch.float64), persistent=False
         )
+        self._block = _block_size(self.num_leaves)
 
-    #: A label subtree whose mass under the row-maximum shift falls below this takes the exact path.
+    #: A label subtree whose softmax mass falls below this takes the exact all-node path (float32 stays normal).
     _TINY = 1e-30
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -163,24 +234,27 @@ class HXELoss(_LeafBase):
         z = upcast(logits)
         path = self.paths[t]  # [B, H + 1], -1 past the label
         on = path >= 0
-        # Only the label's path is needed. Leaf l's mass counts towards the path nodes down to its LCA with the
-        # label: the depth of that LCA is the number of path nodes whose leaf range [lo, hi) holds l, minus one
-        # (a difference array and a cumulative sum), and the path masses are suffix sums of per-depth "rings".
+        # Only the label's path is needed: P(path node) is the softmax mass of its leaf range [lo, hi) (leaves
+        # are in DFS order), and HXE = sum_j coef_j log P(node at depth j) with coef_j = w_{j+1} - w_j (w_j the
+        # weight of the edge into the path node at depth j, 0 for the root and past the label): the telescoping
+        # sum of -w_j log P(n_j | n_{j-1}).
         node = path.clamp(min=0)
-        ones = on.long()
-        diff = torch.zeros(z.shape[0], self.num_leaves + 1, dtype=torch.long, device=z.device)
-        diff.scatter_add_(1, self.leaf_lo[node], ones).scatter_add_(1, self.leaf_hi[node], -ones)
-        ring = diff[:, : self.num_leaves].cumsum(1)  # 1 + depth of the leaf's LCA with the label
-        e = (z - z.detach().amax(1, keepdim=True)).exp_()
-        rings = e.new_zeros(z.shape[0], path.shape[1] + 1).scatter_add_(1, ring, e)[:, 1:]
-        mass = rings.flip(1).cumsum(1).flip(1)  # mass[b, d] = P(path node at depth d) * sum(e)
-        own = mass.gather(1, on.sum(1, keepdim=True) - 1)  # the label's own subtree
+        zero = torch.zeros_like(path)
+        lo, hi = torch.where(on, self.leaf_lo[node], zero), torch.where(on, self.leaf_hi[node], zero)
+        w = torch.where(on, self.weights.to(z.dtype)[node], torch.zeros((), dtype=z.dtype, device=z.device))
+        w[:, 0] = 0
+        coef = torch.cat([w[:, 1:], w[:, :1]], 1) - w  # w[:, 0] == 0 closes the shift
+        kept = valid.to(z.dtype)
+        coef = coef * (kept / kept.sum().clamp(min=1))[:, None]
+        block = self._block
+        with torch.no_grad():
+            p = torch.softmax(z.detach(), 1)
+            mass, geometry = _path_masses(p, lo, hi, block)
+            own = mass.gather(1, on.sum(1, keepdim=True) - 1)  # the label's own subtree
         if bool((own < self._TINY).any()):  # the label subtree underflows the shared shift: exact marginals
             return self._forward_all_nodes(z, t, valid)
-        log_mass = torch.where(on, mass, torch.ones_like(mass)).log()
-        cond = log_mass[:, 1:] - log_mass[:, :-1]  # log P(n | parent(n)) along the path
-        w = torch.where(on[:, 1:], self.weights.to(cond.dtype)[node[:, 1:]], torch.zeros_like(cond))
-        return _masked_mean(-(w * cond).sum(1), valid)
+        mass = torch.where(on, mass, torch.ones_like(mass))
+        return _PathLogMassSum.apply(z, p, mass, coef, geometry, block)
 
     def _forward_all_nodes(self, z: torch.Tensor, t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         # Every node's log-marginal with per-node shifts (exact for any logits; slower).

@@ -128,10 +128,18 @@ class SemanticLayout(nn.Module):
 class _LevelSmoothedCE(torch.autograd.Function):
     """``sum_{b,l} coef[b,l] * CE_l(b)`` over contiguous level slices, with a hand-written backward.
 
-    Autograd of per-slice ``log_softmax`` materialises several ``[B, C]`` temporaries per level; this keeps one
-    (the shifted exponentials, as ``F.cross_entropy`` keeps its softmax) and computes the gradient
-    ``coef * (softmax - (1 - eps) onehot - eps / n_l)`` in one pass per level.
+    ``CE_l(b) = lse_l(b) - (1 - eps) z[b, t_l] - eps * mean_l(z[b])``, ``lse_l`` the log-sum-exp of level ``l``'s
+    slice. One softmax over the whole row ``p = softmax(z)`` (the fused kernel of ``F.cross_entropy``; per-slice
+    exponentials on strided views are several times slower) serves every level: with ``S_l`` level ``l``'s share
+    of ``p``, ``lse_l - z_t = log S_l - log p_t`` and level ``l``'s softmax is ``p / S_l``. Where a level's share or
+    a target's probability falls below :attr:`TINY` (logits far below the row's maximum, where the shared shift
+    underflows), the batch takes per-level shifts instead; both are exact. The only ``[B, C]`` tensor kept for
+    the backward is ``p`` (or the per-level exponentials), as ``F.cross_entropy`` keeps its log-softmax, and the
+    gradient ``coef * (p / S_l - (1 - eps) onehot - eps / n_l)`` is one in-place product per level.
     """
+
+    #: Smallest level share and target probability of the one-softmax path (float32 stays normal far below it).
+    TINY = 1e-30
 
     @staticmethod
     def forward(
@@ -139,44 +147,45 @@ class _LevelSmoothedCE(torch.autograd.Function):
         z: torch.Tensor,
         coef: torch.Tensor,
         tpos: torch.Tensor,  # type: ignore[override]
-        bounds: tuple[tuple[int, int], ...],
+        sizes: tuple[int, ...],
         eps: float,
     ) -> torch.Tensor:
-        e = torch.empty_like(z)
-        k_levels = len(bounds)
-        sums = z.new_empty(z.shape[0], k_levels)
-        mean = z.new_empty(z.shape[0], k_levels) if eps else None
-        maxes = z.new_empty(z.shape[0], k_levels)
-        for k, (lo, hi) in enumerate(bounds):
-            zk = z[:, lo:hi]
-            maxes[:, k] = zk.amax(1)
-            torch.sub(zk, maxes[:, k : k + 1], out=e[:, lo:hi])
-            if mean is not None:
-                mean[:, k] = zk.mean(1)
-        e.exp_()  # one call on the contiguous buffer vectorises far better than per-slice calls
-        for k, (lo, hi) in enumerate(bounds):
-            sums[:, k] = e[:, lo:hi].sum(1)
-        lse = maxes + sums.log()
-        per = lse - (1.0 - eps) * z.gather(1, tpos)
-        if mean is not None:
-            per = per - eps * mean
+        # torch.split gives every level's view in one call; per-level ops on them beat out= writes into slices.
+        e = torch.softmax(z, 1)
+        sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
+        p_t = e.gather(1, tpos)
+        if bool((torch.minimum(sums, p_t) >= _LevelSmoothedCE.TINY).all()):
+            per = sums.log().sub_(p_t.log_())  # lse_l - z_t
+            if eps:
+                per.add_(z.gather(1, tpos), alpha=eps)
+        else:  # per-level shifts: each level's largest shifted logit is 0, nothing underflows
+            shift = torch.stack([v.amax(1) for v in z.split(sizes, 1)], 1)
+            e = torch.cat([v - m for v, m in zip(z.split(sizes, 1), shift.split(1, 1), strict=True)], 1).exp_()
+            sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
+            per = (shift + sums.log()).sub_(z.gather(1, tpos), alpha=1.0 - eps)
+        if eps:  # the smoothing term -eps * mean_l(z)
+            zsum = torch.stack([v.sum(1) for v in z.split(sizes, 1)], 1)
+            per.sub_(zsum.div_(torch.tensor(sizes, dtype=z.dtype, device=z.device)), alpha=eps)
         ctx.save_for_backward(e, sums, coef, tpos)
-        ctx.bounds, ctx.eps = bounds, eps
+        ctx.sizes, ctx.eps = sizes, eps
         return (coef * per).sum()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         e, sums, coef, tpos = ctx.saved_tensors
-        eps = ctx.eps
+        sizes, eps = ctx.sizes, ctx.eps
         g = grad * coef
-        out = torch.empty_like(e)
-        for k, (lo, hi) in enumerate(ctx.bounds):
-            ok = out[:, lo:hi]
-            torch.mul(e[:, lo:hi], (g[:, k] / sums[:, k])[:, None], out=ok)
-            if eps:
-                ok.sub_((g[:, k] * (eps / (hi - lo)))[:, None])
-        out.scatter_add_(1, tpos, -(1.0 - eps) * g)
+        scale = (g / sums).split(1, 1)  # coef * softmax_l = e * coef / S_l
+        out = e.clone()
+        if eps:
+            floor = (g * eps / torch.tensor(sizes, dtype=e.dtype, device=e.device)).split(1, 1)
+            for v, s, f in zip(out.split(sizes, 1), scale, floor, strict=True):
+                v.mul_(s).sub_(f)
+        else:
+            for v, s in zip(out.split(sizes, 1), scale, strict=True):
+                v.mul_(s)
+        out.scatter_add_(1, tpos, g.mul_(-(1.0 - eps)))
         return out, None, None, None, None
 
 
@@ -236,21 +245,38 @@ class SemanticSoftmaxLoss(nn.Module):
             )
         # The weights the loss applies: the deepest level's is 0 when it is dropped.
         self._loss_weights = [*self.level_weights[:-1], 0.0] if self.drop_deepest_level else self.level_weights
-        self._bounds = tuple((sl.start, sl.stop) for sl in self.layout.slices)
-        self.register_buffer("_offsets", torch.tensor([sl.start for sl in self.layout.slices]), persistent=False)
+        self._sizes = tuple(int(n) for n in self.layout.level_sizes)
+        # Per node: the layout position of its target at every level (any position where it has none, weighted
+        # 0) and the weight of each level in its loss, so that a batch needs one lookup of each.
+        level_t = self.layout.level_targets
+        offsets = torch.tensor([sl.start for sl in self.layout.slices])
+        self.register_buffer("_tpos_table", level_t.clamp(min=0) + offsets, persistent=False)
+        coef = (level_t >= 0).double() * torch.tensor(self._loss_weights, dtype=torch.float64)
+        if normalize == "present":
+            coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
+        # Kept outside the buffers so that module.half() cannot round the weights; cast per (device, dtype).
+        self._coef_table64 = coef
+        self._coef_tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def _coef_table(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.device, like.dtype)
+        table = self._coef_tables.get(key)
+        if table is None:
+            table = self._coef_tables[key] = self._coef_table64.to(device=like.device, dtype=like.dtype)
+        return table
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self.layout.split(logits)  # shape check
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.layout.num_classes:
+            self.layout.split(logits)  # raises with the expected shape
         t = check_node_targets(targets, self.taxonomy.num_nodes, batch=logits.shape[0])
-        level_t = self.layout.targets(t)  # [B, K] positions within each level, -1 = none
         z = upcast(logits)
-        present = (level_t >= 0).to(z.dtype)
-        coef = present * torch.tensor(self._loss_weights, dtype=z.dtype, device=z.device)
-        if self.normalize == "present":
-            coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
-        coef = coef / (t >= 0).sum().clamp(min=1).to(z.dtype)  # mean over the kept samples
-        tpos = level_t.clamp(min=0) + self._offsets
-        return _LevelSmoothedCE.apply(z.contiguous(), coef, tpos, self._bounds, self.label_smoothing)
+        valid = t >= 0
+        node = t.clamp(min=0)
+        kept = valid.to(z.dtype)
+        kept = kept / kept.sum().clamp(min=1)  # mean over the kept samples
+        coef = self._coef_table(z)[node] * kept[:, None]
+        tpos = self._tpos_table[node]
+        return _LevelSmoothedCE.apply(z.contiguous(), coef, tpos, self._sizes, self.label_smoothing)
 
 
 class SemanticKDLoss(nn.Module):
