@@ -136,12 +136,7 @@ def compare(
             out.append(time_calls(fn, n, device))
         ratios.append(cand[-1] / base[-1])
     return {
-        "ratio_median": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "ratio_q1": _quantile(ratios, 0.25),
-        "ratio_q3": _quantile(ratios, 0.75),
-        "ratios": ratios,
+        **_summary(ratios),
         "candidate_s": statistics.median(cand),
         "baseline_s": statistics.median(base),
         "repeats": repeats,

@@ -43,6 +43,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from _timing import Case  # noqa: E402
+from bench_decode import posteriors  # noqa: E402
 
 from hiercls.decode import RULES, decode  # noqa: E402
 from hiercls.taxonomy import Taxonomy  # noqa: E402
@@ -82,15 +83,6 @@ def chain_labels(n: int, batch: int, rng: np.random.Generator, adversarial: bool
     return _softmax(walk / temp)
 
 
-def star_labels(n: int, batch: int, rng: np.random.Generator, adversarial: bool) -> np.ndarray:
-    """Leaf (child) distributions ``[batch, n]`` of a star."""
-    if adversarial:
-        return np.full((batch, n), 1.0 / n)
-    z = rng.normal(size=(batch, n)) * 0.5  # bench_decode.posteriors on a star: one shock per child
-    z[np.arange(batch), rng.integers(0, n, size=batch)] += rng.uniform(2, 12, size=batch)
-    return _softmax(z / rng.choice([0.5, 1.0, 2.0], size=(batch, 1)))
-
-
 def node_probs(tax: Taxonomy, kind: str, adversarial: bool, rng: np.random.Generator, batch: int = BATCH) -> np.ndarray:
     """float32 node probabilities ``[batch, N]`` of the chain or the star (what a head would output)."""
     if kind == "chain":
@@ -99,7 +91,7 @@ def node_probs(tax: Taxonomy, kind: str, adversarial: bool, rng: np.random.Gener
         node = np.cumsum(label[:, ::-1], axis=1)[:, ::-1]
         node[:, 0] = 1.0
         return np.minimum(node, 1.0).astype(np.float32)
-    leaf = star_labels(tax.num_leaves, batch, rng, adversarial)
+    leaf = np.full((batch, tax.num_leaves), 1.0 / tax.num_leaves) if adversarial else posteriors(tax, batch, rng)
     return np.asarray(tax.marginals(leaf), dtype=np.float32)
 
 

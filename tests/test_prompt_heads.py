@@ -714,17 +714,7 @@ def test_prompt_projections_once_per_batch_match_the_block(tax, vit_options, mod
     x, t = images(3), ids(tax, "a1x", "B", "c")
     results = []
     for shared in (True, False):
-        torch.manual_seed(0)
-        vit = timm.create_model(
-            "vit_tiny_patch16_224",
-            pretrained=False,
-            img_size=16,
-            patch_size=8,
-            depth=3,
-            embed_dim=16,
-            num_heads=2,
-            **vit_options,
-        )
+        vit = make_vit(depth=3, **vit_options)
         model = TransHPViT(vit, tax, prompt_blocks={1: 1, 2: 2}, **model_options).train()
         model.vit.blocks.apply(lambda m: setattr(m, "p", 0.0) if isinstance(m, torch.nn.Dropout) else None)
         with torch.no_grad():
