@@ -13,7 +13,7 @@ reports a ratio that is not a timing (e.g. peak extra memory / input size).
 Example:
     >>> r = compare(lambda: sum(range(2000)), lambda: sum(range(1000)), repeats=3, min_time=0.001)
     >>> sorted(r) == sorted(["ratio_median", "ratio_min", "ratio_max", "ratio_q1", "ratio_q3", "ratios",
-    ...                      "candidate_s", "baseline_s", "repeats", "number"])
+    ...                      "ratio_of_min", "candidate_s", "baseline_s", "repeats", "number"])
     True
 """
 
@@ -52,6 +52,11 @@ class Case:
         measure: instead of a timing, a callable returning the ratio itself (e.g. peak extra memory / input
             bytes); ``candidate``, ``baseline`` and ``setup`` are then unused.
         warmup: untimed calls of each callable before the timing.
+        statistic: the ratio the verdict is on. ``"median"``: the median of the per-repeat ratios.
+            ``"min"``: the fastest candidate timing over the fastest baseline timing (``ratio_of_min``), for
+            slow steps (a training step) where repeats are few: machine load only ever adds time, so the
+            minimum over repeats estimates the unloaded time of each side, and its ratio scatters less than a
+            median of a few noisy ratios.
     """
 
     name: str
@@ -68,6 +73,11 @@ class Case:
     group: str | None = None
     measure: Callable[[], float] | None = None
     warmup: int = 1
+    statistic: str = "median"
+
+    def __post_init__(self) -> None:
+        if self.statistic not in ("median", "min"):
+            raise ValueError(f"Case {self.name!r}: statistic must be 'median' or 'min', got {self.statistic!r}")
 
 
 def sync(device: str = "cpu") -> None:
@@ -116,8 +126,8 @@ def compare(
 
     Returns:
         ``ratio_median``, ``ratio_min``, ``ratio_max``, ``ratio_q1``, ``ratio_q3`` and ``ratios`` (per repeat),
-        ``candidate_s`` / ``baseline_s`` (median seconds per call), ``repeats`` and ``number`` (calls per
-        timing, candidate and baseline).
+        ``ratio_of_min`` (fastest candidate timing / fastest baseline timing), ``candidate_s`` / ``baseline_s``
+        (median seconds per call), ``repeats`` and ``number`` (calls per timing, candidate and baseline).
     """
     for _ in range(warmup):
         candidate()
@@ -137,6 +147,7 @@ def compare(
         ratios.append(cand[-1] / base[-1])
     return {
         **_summary(ratios),
+        "ratio_of_min": min(cand) / min(base),
         "candidate_s": statistics.median(cand),
         "baseline_s": statistics.median(base),
         "repeats": repeats,
@@ -176,7 +187,8 @@ def compare_group(
         >>> res = compare_group([lambda: sum(range(2000)), lambda: sum(range(500))], lambda: sum(range(1000)),
         ...                     repeats=3, min_time=0.001)
         >>> len(res), sorted(res[0]) == sorted(["ratio_median", "ratio_min", "ratio_max", "ratio_q1", "ratio_q3",
-        ...                                     "ratios", "candidate_s", "baseline_s", "repeats", "number"])
+        ...                                     "ratios", "ratio_of_min", "candidate_s", "baseline_s", "repeats",
+        ...                                     "number"])
         (2, True)
     """
     numbers = numbers or [None] * len(candidates)
@@ -200,6 +212,7 @@ def compare_group(
         ratios = [c / (0.5 * (base[r] + base[r + 1])) for r, c in enumerate(cand[i])]
         res = _summary(ratios)
         res.update(
+            ratio_of_min=min(cand[i]) / min(base),
             candidate_s=statistics.median(cand[i]),
             baseline_s=statistics.median(base),
             repeats=repeats,

@@ -2,8 +2,9 @@
 
 One measured step is exactly what the training loop does (forward, the head's loss, backward, gradient
 clipping, AdamW step), on fixed random inputs so that data loading is not measured. Every head is timed against
-the flat head with :func:`_timing.compare`: one step of each per repeat, in ABBA order, the verdict on the
-median of the per-repeat ratios ``head step / flat step`` and the spread (quartiles, min, max) reported with it.
+the flat head with :func:`_timing.compare`: one step of each per repeat, in ABBA order. The verdict is on the ratio
+of the fastest steps (``ratio_of_min``: machine load only adds time, so each side's fastest step over the repeats
+estimates its unloaded time); the per-repeat ratios' median and spread (quartiles, min, max) are reported with it.
 
 The quick and full modes measure the same configuration (``STEP_BACKBONE``: ViT-Tiny, 12 blocks, width 192,
 at 64 px with 8 px patches, 65 tokens; batch ``STEP_BATCH`` = 16; the ``imagenet21k_winter21`` tree, 10,450
@@ -115,6 +116,7 @@ def cases(quick: bool) -> list[Case]:
             setup=_train_setup(h),
             number=1,
             repeats=repeats,
+            statistic="min",
             note=f"AdamW step of ViT-Tiny 64px/8 + {h} vs + flat, batch {STEP_BATCH}, {STEP_TAXONOMY}",
         )
         for h in compared_heads()
@@ -126,6 +128,7 @@ def cases(quick: bool) -> list[Case]:
             setup=_train_setup("transhp"),
             number=1,
             repeats=repeats,
+            statistic="min",
             note="TransHP with its default prompts vs the flat head on the same ViT-Tiny 64px/8",
         )
     )
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         r = compare(step, base, repeats=repeats, number=1)
         target = TRANSHP_TARGET if head == "transhp" else HEAD_TARGET
         results[head] = {
+            "ratio_of_min": round(r["ratio_of_min"], 4),
             "ratio_median": round(r["ratio_median"], 4),
             "ratio_q1": round(r["ratio_q1"], 4),
             "ratio_q3": round(r["ratio_q3"], 4),
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "samples_per_s": round(STEP_BATCH / r["candidate_s"], 2),
             "params": sum(p.numel() for p in step.model.parameters()),  # type: ignore[attr-defined]
             "target": target,
-            "pass": r["ratio_median"] <= target,
+            "pass": r["ratio_of_min"] <= target,
         }
         del step
     tax, _, _ = _inputs()

@@ -168,6 +168,7 @@ def test_optimal_hfbeta_on_a_wide_star_is_the_best_top_k(big_star: Taxonomy) -> 
 TORCH_NATIVE = ["argmax_leaf", "threshold", "majority", "max_info", "info_gain", "hie"]
 
 
+@pytest.mark.usefixtures("torch_kernels_on_cpu")
 @pytest.mark.parametrize("rule", TORCH_NATIVE)
 def test_torch_native_rules_never_leave_torch_and_equal_numpy(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch

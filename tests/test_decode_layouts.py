@@ -2,7 +2,8 @@
 
 The NumPy decoders and the probability check take a node-major path when the input is laid out node by node
 (:meth:`Taxonomy.marginals` returns such arrays); the torch paths of the tree rules, the label-set rules and
-the Bayes closed forms stay on the tensor's device. Both are checked against the plain row-major NumPy path, and
+the Bayes closed forms stay on the tensor's device (CPU tensors take them only with ``TORCH_KERNELS_ON_CPU``, set here;
+by default they are read as NumPy arrays). Both are checked against the plain row-major NumPy path, and
 the refusals against the same messages.
 """
 
@@ -116,6 +117,19 @@ def _refuse(*_args: object, **_kwargs: object) -> None:
     raise AssertionError("host round trip (.cpu() / .numpy()) in a decoder's torch path")
 
 
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_cpu_tensors_decode_through_numpy_by_default(rule: str) -> None:
+    rng = np.random.default_rng(27)
+    tax = _tree(50, rng)
+    node = np.asarray(tax.marginals(rng.dirichlet(np.full(tax.num_leaves, 0.3), size=9)))
+    for arr in (node, node.astype(np.float32)):
+        got = decode(torch.as_tensor(arr), tax, rule)
+        assert isinstance(got, torch.Tensor) and got.device.type == "cpu"
+        assert got.dtype == (torch.bool if rule in SET_RULES else torch.int64)
+        np.testing.assert_array_equal(got.numpy(), decode(arr, tax, rule))
+
+
+@pytest.mark.usefixtures("torch_kernels_on_cpu")
 @pytest.mark.parametrize("rule", TORCH_NATIVE)
 def test_torch_rules_stay_on_the_device_and_equal_numpy(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(25)
@@ -153,6 +167,7 @@ def test_torch_rules_stay_on_the_device_and_equal_numpy(rule: str, monkeypatch: 
     np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.usefixtures("torch_kernels_on_cpu")
 @pytest.mark.parametrize("rule", ["bayes_node", "crm", "top_down", "plurality", "threshold_set", "chmcnn"])
 def test_torch_refusals_match_numpy(rule: str) -> None:
     rng = np.random.default_rng(26)

@@ -35,7 +35,7 @@ from hiercls.decode._common import (
     prepare_torch,
     restore_ids,
     restore_values,
-    torch_input,
+    torch_kernels,
 )
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
@@ -419,7 +419,7 @@ def bayes_node(
         ([1], [2])
     """
     fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
-    if fast and torch_input(probs):  # on the tensor's device
+    if fast and torch_kernels(probs):  # on the tensor's device
         return _fast_tree_ids_torch(probs, taxonomy, cost, _candidate_mask(taxonomy, candidates), leaf_probs)
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)

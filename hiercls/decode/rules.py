@@ -25,7 +25,7 @@ from hiercls.decode._common import (
     prepare_torch,
     restore_ids,
     segment_reduce_t,
-    torch_input,
+    torch_kernels,
 )
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -59,7 +59,7 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         >>> argmax_leaf(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # tie x/y: smaller id
         [2]
     """
-    if torch_input(probs):  # on the tensor's device (torch.argmax returns the first maximum, as NumPy)
+    if torch_kernels(probs):  # on the tensor's device (torch.argmax returns the first maximum, as NumPy)
         x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
         leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
         return leaves[x[:, leaves].argmax(1)] if x.shape[0] else leaves[:0]
@@ -204,7 +204,7 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
         [1]
     """
     t = _check_unit(threshold, "threshold")
-    if torch_input(probs):
+    if torch_kernels(probs):
         import torch
 
         x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
@@ -254,7 +254,7 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
         >>> tax.name_of(int(plurality(leaf, tax, leaf_probs=True)[0]))  # a2 (.29) < c (.31): stop at Y
         'Y'
     """
-    if torch_input(probs):
+    if torch_kernels(probs):
         import torch
 
         x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
@@ -350,7 +350,7 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
         [0]
     """
     t = _check_unit(threshold, "threshold")
-    if torch_input(probs):
+    if torch_kernels(probs):
         return _deepest_above_torch(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64), "depth"), batch)
@@ -377,7 +377,7 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
     """
     t = _check_unit(threshold, "threshold")
     ic = taxonomy.information_content.astype(np.float64)
-    if torch_input(probs):
+    if torch_kernels(probs):
         return _deepest_above_torch(probs, taxonomy, t, "ic", ic, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     return restore_ids(_deepest_above(batch, t, ic, "ic"), batch)
@@ -404,7 +404,7 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     lam = float(lam)
     if not np.isfinite(lam) or lam < 0:
         raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
-    if torch_input(probs):
+    if torch_kernels(probs):
         x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
         w = index_tensor(taxonomy, "ic", taxonomy.information_content.astype(np.float64), x.device) + lam
         return (x.double() * w).argmax(1) if x.shape[0] else w[:0].long()
@@ -504,7 +504,7 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
             raise ValueError(f"level must be a depth >= 0; got {level!r}")
         paths = taxonomy.paths[leaves]
         coarse = paths[np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
-    if torch_input(probs):
+    if torch_kernels(probs):
         return _hie_torch(probs, taxonomy, coarse, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     if not batch.node.shape[0]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls.decode._common import chunked, prepare, prepare_torch, restore_sets, torch_input
+from hiercls.decode._common import chunked, prepare, prepare_torch, restore_sets, torch_kernels
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["chmcnn", "threshold_set"]
@@ -83,7 +83,7 @@ def threshold_set(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, lea
         >>> threshold_set(p, tax, threshold=0.65).astype(int).tolist()
         [[1, 1, 1, 0, 0]]
     """
-    if torch_input(probs):
+    if torch_kernels(probs):
         return _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs)
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
     return restore_sets(sets, batch)
@@ -103,7 +103,7 @@ def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs
         >>> threshold_set(raw, tax).astype(int).tolist(), chmcnn(raw, tax).astype(int).tolist()
         ([[1, 0, 1, 0, 0]], [[1, 1, 1, 0, 0]])
     """
-    if torch_input(probs):
+    if torch_kernels(probs):
         return _ancestor_closure_torch(
             _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs), taxonomy
         )

@@ -1,0 +1,94 @@
+"""The benchmark harness (bench/_timing.py, bench/run_all.py): verdict statistics, and quick = full configurations.
+
+No timing is asserted: the candidates are deterministic fake clocks, so the ratios are known exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("_timing"), importlib.import_module("run_all")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+CANDIDATE = [1.0, 1.1, 2.0, 1.1, 2.5, 1.3]  # warm-up, then one timing per repeat
+BASELINE = [1.0, 1.0, 1.0, 1.9, 1.0, 1.0]
+
+
+class FakeClock:
+    """``time.perf_counter`` replacement: each call of a registered function advances it by that call's cost."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, costs: list[float]):
+        it = iter(costs)
+
+        def fn() -> None:
+            self.now += next(it)
+
+        return fn
+
+
+def test_ratio_of_min_ignores_load_spikes(harness, monkeypatch):
+    timing, _ = harness
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    # one warm-up call, then 5 repeats; candidate 1.1 s unloaded, baseline 1.0 s, load spikes on some repeats
+    cand = clock.work(list(CANDIDATE))
+    base = clock.work(list(BASELINE))
+    res = timing.compare(cand, base, repeats=5, number=1, warmup=1)
+    assert res["ratio_of_min"] == pytest.approx(1.1)
+    assert res["ratios"] == pytest.approx([1.1, 2.0, 1.1 / 1.9, 2.5, 1.3])
+    assert res["ratio_median"] == pytest.approx(1.3)
+
+
+def test_verdict_uses_the_case_statistic(harness, monkeypatch):
+    timing, run_all = harness
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+
+    def case(statistic: str):
+        return timing.Case(
+            name=f"t/{statistic}",
+            target=1.2,
+            candidate=clock.work(list(CANDIDATE)),
+            baseline=clock.work(list(BASELINE)),
+            number=1,
+            repeats=5,
+            statistic=statistic,
+        )
+
+    by_median = run_all.run_case(case("median"), quick=True, repeats=None)
+    by_min = run_all.run_case(case("min"), quick=True, repeats=None)
+    assert by_median["ratio"] == pytest.approx(1.3) and by_median["pass"] is False
+    assert by_min["ratio"] == pytest.approx(1.1) and by_min["pass"] is True
+    with pytest.raises(ValueError, match="statistic must be"):
+        timing.Case(name="t/bad", target=1.0, statistic="mean")
+
+
+def test_quick_and_full_register_the_same_cases(harness):
+    """``--quick`` may only change repeats, never what is measured, so both modes give the same verdicts."""
+    for path in sorted(BENCH.glob("bench_*.py")):
+        if "def cases(" not in path.read_text(encoding="utf-8"):
+            continue
+        module = importlib.import_module(path.stem)
+        quick, full = module.cases(True), module.cases(False)
+        assert [c.name for c in quick] == [c.name for c in full], path.name
+        for q, f in zip(quick, full, strict=True):
+            assert (q.target, q.statistic, q.group, q.note) == (f.target, f.statistic, f.group, f.note), q.name
