@@ -760,3 +760,24 @@ def test_blocks_with_hooks_run_their_own_forward(tax):
     handle.remove()
     blk.attn.fused_attn = False  # the explicit-softmax attention: the block's own forward
     assert not _shares_prompt_projections(blk)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_prompt_queries_attention_is_the_softmax_over_the_whole_sequence(dtype):
+    """Prompt queries over [image keys ; prompt keys], the prompt part shared by the batch: the plain softmax."""
+    from hiercls.heads.prompt import _prompt_queries_attention
+
+    gen = torch.Generator().manual_seed(3)
+    b, h, n, m, d = 4, 2, 5, 7, 3
+    qp, kp, vp = (torch.randn(h, m, d, generator=gen) for _ in range(3))
+    kx, vx = torch.randn(b, h, n, d, generator=gen), torch.randn(b, h, n, d, generator=gen)
+    kx[0] *= 40.0  # image scores far above the prompt ones in sample 0 ...
+    kp[1] *= 40.0  # ... and prompt scores far above the image ones in head 1
+    scale = d**-0.5
+    keys = torch.cat([kx, kp.expand(b, -1, -1, -1)], 2).double()
+    values = torch.cat([vx, vp.expand(b, -1, -1, -1)], 2).double()
+    ref = torch.softmax(qp.double() * scale @ keys.transpose(-2, -1), -1) @ values
+    got = _prompt_queries_attention(*(t.to(dtype) for t in (qp, kp, vp, kx, vx)), scale)
+    assert got.dtype == dtype and got.shape == (b, h, m, d) and torch.isfinite(got).all()
+    tol = {torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)

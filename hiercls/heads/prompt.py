@@ -544,7 +544,33 @@ def _has_hooks(module: nn.Module | None) -> bool:
 
 
 #: What :func:`_prompted_block_forward` uses of timm's ``Attention`` (older timm versions lack some).
-_ATTENTION_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "proj_drop", "attn_dim")
+_ATTENTION_PARTS = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "proj_drop", "attn_dim", "scale")
+
+
+def _prompt_queries_attention(
+    qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, kx: torch.Tensor, vx: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax attention of the prompt queries over ``[image keys ; prompt keys]``: ``[B, H, M, d]``.
+
+    ``qp, kp, vp [H, M, d]`` are the same for every sample, so the prompt-to-prompt part of the softmax
+    (scores, their exponentials against their own row maximum, the weighted values and the weights' sums) is
+    computed once per batch; per sample only the ``M x n`` prompt-to-image scores are, and the two parts are
+    merged with the usual running-maximum rescaling. This is the same softmax, in another summation order: an
+    ``[M, n + M]`` score matrix per sample becomes ``[M, n]`` (``M`` = 293 coarse classes against ``n`` = 65 image
+    tokens at the ImageNet-21K default). Scores and sums are float32 (or float64) under AMP.
+    """
+    dtype = torch.promote_types(qp.dtype, torch.float32)
+    qp = qp.to(dtype) * scale
+    s_pp = qp @ kp.to(dtype).transpose(-2, -1)  # [H, M, M]
+    max_pp = s_pp.amax(-1, keepdim=True)
+    e_pp = torch.exp(s_pp - max_pp)
+    num_pp, den_pp = e_pp @ vp.to(dtype), e_pp.sum(-1, keepdim=True)  # [H, M, d], [H, M, 1]
+    s_px = qp @ kx.to(dtype).transpose(-2, -1)  # [B, H, M, n]
+    top = torch.maximum(s_px.amax(-1, keepdim=True), max_pp)
+    e_px = torch.exp(s_px - top)
+    rescale = torch.exp(max_pp - top)  # [B, H, M, 1]
+    out = (e_px @ vx.to(dtype) + rescale * num_pp) / (e_px.sum(-1, keepdim=True) + rescale * den_pp)
+    return out.to(vx.dtype)
 
 
 def _prompted_block_forward(
@@ -554,20 +580,32 @@ def _prompted_block_forward(
 
     The prompt tokens enter the block identical for every sample, so their ``norm1`` and query/key/value
     projections (a quarter of the block's per-token matmuls, for ``M`` tokens that can outnumber the image's)
-    are computed once and broadcast; everything after attention depends on the sample and runs per token, as in
-    the block itself. The result equals ``block(torch.cat([x, prompts.expand(B, -1, -1)], 1), attn_mask=mask)``.
+    are computed once and broadcast, and so is the prompt-to-prompt part of their attention
+    (:func:`_prompt_queries_attention`; with a mask or attention dropout the plain attention runs); everything
+    after attention depends on the sample and runs per token, as in the block itself. The result equals
+    ``block(torch.cat([x, prompts.expand(B, -1, -1)], 1), attn_mask=mask)`` up to float round-off.
     """
     b, n, _ = x.shape
     m = prompts.shape[0]
     attn = block.attn
     tokens = torch.cat([x, prompts.expand(b, -1, -1)], 1)
     hx, hp = block.norm1(x), block.norm1(prompts)
-    qkv = torch.cat([attn.qkv(hx), attn.qkv(hp).expand(b, -1, -1)], 1)
-    q, k, v = qkv.reshape(b, n + m, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=attn.attn_drop.p if attn.training else 0.0
-    )
+
+    def heads(qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [..., T, 3D] -> q, k, v [..., H, T, D/H]
+        q, k, v = qkv.unflatten(-1, (3, attn.num_heads, attn.head_dim)).movedim(-3, 0).transpose(-3, -2).unbind(0)
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    qx, kx, vx = heads(attn.qkv(hx))  # [B, H, n, d]
+    qp, kp, vp = heads(attn.qkv(hp))  # [H, M, d], the same for every sample
+    dropout = attn.attn_drop.p if attn.training else 0.0
+    keys = torch.cat([kx, kp.expand(b, -1, -1, -1)], 2)
+    values = torch.cat([vx, vp.expand(b, -1, -1, -1)], 2)
+    if mask is not None or dropout > 0:  # the plain attention over the whole sequence
+        q = torch.cat([qx, qp.expand(b, -1, -1, -1)], 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout)
+    else:
+        out_x = torch.nn.functional.scaled_dot_product_attention(qx, keys, values)
+        out = torch.cat([out_x, _prompt_queries_attention(qp, kp, vp, kx, vx, attn.scale)], 2)
     out = attn.norm(out.transpose(1, 2).reshape(b, n + m, attn.attn_dim))
     if attn.gate is not None:
         out = out * torch.cat([attn.gate(hx), attn.gate(hp).expand(b, -1, -1)], 1).sigmoid()
