@@ -205,3 +205,39 @@ def test_torch_native_rules_never_leave_torch_and_equal_numpy(rule: str, monkeyp
         decode(torch.full((2, tax.num_nodes), float("nan")), tax, rule)
     with pytest.raises(ValueError, match="negative"):  # the checks off, the basic validation stays
         decode(torch.as_tensor(node) - 0.5, tax, rule, check=False)
+
+
+def _chmcnn_brute(scores: np.ndarray, tax: Taxonomy, t: float) -> np.ndarray:
+    """C-HMCNN by its definition: n is kept when max(P(d), d descendant-or-self of n) > t (the root always)."""
+    out = np.zeros(scores.shape, dtype=bool)
+    for n in range(tax.num_nodes):
+        desc = [d for d in range(tax.num_nodes) if n in tax.path(d)]
+        out[:, n] = scores[:, desc].max(1) > t
+    out[:, 0] = True
+    return out
+
+
+@pytest.mark.usefixtures("torch_kernels_on_cpu")
+@pytest.mark.parametrize("shape", ["random", "chain", "star", "caterpillar"])
+def test_chmcnn_is_the_max_constraint_on_trees_and_chains(shape: str) -> None:
+    import torch
+
+    rng = np.random.default_rng(31)
+    n = 40
+    if shape == "random":
+        edges = [(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, n)]
+    elif shape == "chain":
+        edges = [(f"n{i - 1}", f"n{i}") for i in range(1, n)]
+    elif shape == "star":
+        edges = [("n0", f"n{i}") for i in range(1, n)]
+    else:  # a spine with one leaf hanging off each spine node
+        edges = [(f"s{i - 1}" if i > 1 else "n0", f"s{i}") for i in range(1, n // 2)]
+        edges += [(f"s{i}", f"l{i}") for i in range(1, n // 2)]
+    tax = Taxonomy(edges)
+    scores = rng.uniform(size=(13, tax.num_nodes)) ** 3  # raw, incoherent scores: children above parents
+    for t in (0.1, 0.5, 0.9):
+        want = _chmcnn_brute(scores, tax, t)
+        for arr in (scores, np.asfortranarray(scores), scores.astype(np.float32)):
+            np.testing.assert_array_equal(decode(arr, tax, "chmcnn", threshold=t), want, err_msg=f"{shape} {t}")
+        got = decode(torch.as_tensor(scores), tax, "chmcnn", threshold=t)
+        np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{shape} {t} torch")

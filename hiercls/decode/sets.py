@@ -42,13 +42,52 @@ def _above_torch(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: b
     return sets
 
 
+def _subtree_ends(taxonomy: Taxonomy) -> np.ndarray:
+    """``n + subtree_size[n]`` for every node of a tree: its descendants-or-self are the ids ``[n, end[n])``."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "subtree_ends" not in cache:
+        cache["subtree_ends"] = (np.arange(taxonomy.num_nodes) + taxonomy.subtree_size).astype(np.intp)
+    return cache["subtree_ends"]
+
+
+def _ancestor_closure(sets: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """Every ancestor of a kept node kept too: ``sets [B, N]`` bool, NumPy.
+
+    On a tree a node is kept when its id range ``[n, end[n])`` (its subtree, ids being the depth-first
+    pre-order) holds a kept node, i.e. when the running count of kept nodes grows over that range: one
+    cumulative sum and one gather per row, O(N) whatever the depth (a 10,000-deep chain costs what a bushy tree
+    of the same size does). On a DAG, ``S @ A > 0`` with the sparse ancestor matrix.
+    """
+    if not taxonomy.is_tree:
+        # Row d of the ancestor matrix lists d's ancestors-or-self: S @ A marks every ancestor of a kept node.
+        return (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
+    end = _subtree_ends(taxonomy)
+    if sets.shape[0] > 1 and sets.strides[0] < sets.strides[1]:  # node-major (e.g. a row block of Fortran order)
+        x = sets.T
+        counts = np.zeros((x.shape[0] + 1, x.shape[1]), dtype=np.int32)
+        # Row by row: NumPy's cumsum down axis 0 is some 15x slower than these N vectorised row additions.
+        for n in range(x.shape[0]):
+            np.add(counts[n], x[n], out=counts[n + 1])
+        return (counts[end] > counts[:-1]).T
+    counts = np.zeros((sets.shape[0], sets.shape[1] + 1), dtype=np.int32)
+    np.cumsum(sets, axis=1, dtype=np.int32, out=counts[:, 1:])
+    return np.take(counts, end, axis=1) > counts[:, :-1]
+
+
 def _ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
-    """Every ancestor of a kept node kept too (trees and DAGs): ``S @ A > 0`` as a sparse product on the device."""
+    """:func:`_ancestor_closure` on the tensor's device (trees: the running count; DAGs: a sparse product)."""
     import torch
 
     if not sets.shape[0]:
         return sets
     cache = taxonomy.namespace_cache(__name__)
+    if taxonomy.is_tree:
+        key = ("subtree_ends_t", str(sets.device))
+        if key not in cache:
+            cache[key] = torch.as_tensor(_subtree_ends(taxonomy), dtype=torch.int64, device=sets.device)
+        counts = sets.new_zeros(sets.shape[0], sets.shape[1] + 1, dtype=torch.int32)
+        torch.cumsum(sets, 1, dtype=torch.int32, out=counts[:, 1:])
+        return counts.index_select(1, cache[key]) > counts[:, :-1]
     key = ("ancestors_t", str(sets.device))
     if key not in cache:
         a = taxonomy.ancestors_sparse.tocoo()  # a[d, u] = 1 when u is an ancestor-or-self of d
@@ -108,6 +147,4 @@ def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs
             _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs), taxonomy
         )
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
-    # Row d of the ancestor matrix lists d's ancestors-or-self: S @ A marks every ancestor of a kept node.
-    closed = (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
-    return restore_sets(closed, batch)
+    return restore_sets(_ancestor_closure(sets, taxonomy), batch)
