@@ -177,14 +177,16 @@ class _LevelSmoothedCE(torch.autograd.Function):
         sizes, eps = ctx.sizes, ctx.eps
         g = grad * coef
         scale = (g / sums).split(1, 1)  # coef * softmax_l = e * coef / S_l
-        out = e.clone()
+        # Written level by level straight into a fresh buffer: one read of e and one write, where a clone of e
+        # scaled in place would make two of each (e itself may be needed again by a retained graph).
+        out = torch.empty_like(e)
         if eps:
             floor = (g * eps / torch.tensor(sizes, dtype=e.dtype, device=e.device)).split(1, 1)
-            for v, s, f in zip(out.split(sizes, 1), scale, floor, strict=True):
-                v.mul_(s).sub_(f)
+            for o, v, s, f in zip(out.split(sizes, 1), e.split(sizes, 1), scale, floor, strict=True):
+                torch.mul(v, s, out=o).sub_(f)
         else:
-            for v, s in zip(out.split(sizes, 1), scale, strict=True):
-                v.mul_(s)
+            for o, v, s in zip(out.split(sizes, 1), e.split(sizes, 1), scale, strict=True):
+                torch.mul(v, s, out=o)
         out.scatter_add_(1, tpos, g.mul_(-(1.0 - eps)))
         return out, None, None, None, None
 
