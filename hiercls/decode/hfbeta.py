@@ -247,6 +247,7 @@ def _solve(
     tau: np.ndarray,
     b2: float,
     tau_depth: np.ndarray | None = None,
+    max_k: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Best value, best size, certificate and chosen candidates for rows of candidate weights.
 
@@ -262,29 +263,36 @@ def _solve(
     with ``P~(n) <= P~(f)`` and ``depth(n) >= depth(f)``. Hence ``w_k(n) <= (1+b2) max_m tau_depth[m] /
     (b2 lv[m] + k)``, at most the depth-free bound ``(1+b2) tau / (b2 + k)``.
 
+    Sizes are searched up to ``max(c, max_k)``; past ``c`` no size is feasible within the candidates and the
+    relaxation counts the missing nodes at the outside bound, which lets the bounds settle sizes beyond the
+    candidates without padding ``q``.
+
     A size ``k`` is settled when the top-``k`` sum over the candidates is provably the global one
     (``exact``: no outside node can beat the ``k``-th candidate weight) or when even the relaxation that lets
     outside nodes in at their upper bound stays at or below the best value (``relaxed``).
     """
     g, c, _ = q.shape
+    kmax = max(c, int(max_k))
     nvalid = valid.sum(1)
     best = np.full(g, -np.inf) if p_empty is None else p_empty.astype(np.float64).copy()
     best_k = np.zeros(g, dtype=np.int64)
-    exact = np.zeros((g, max(c, 1)), dtype=bool)
-    relaxed = np.full((g, max(c, 1)), np.inf)
+    exact = np.zeros((g, max(kmax, 1)), dtype=bool)
+    relaxed = np.full((g, max(kmax, 1)), np.inf)
     # Candidate probabilities, capped below by tau: outside nodes may be up to tau, so these bound the top sums.
     p_sorted = np.maximum(-np.sort(-np.where(valid, q.sum(2), 0.0), axis=1), tau[:, None])
     active = np.flatnonzero(nvalid > 0)
     k0 = 1
-    while active.size and k0 <= c:
-        k1 = min(c, k0 + _K_BLOCK - 1)
+    while active.size and k0 <= kmax:
+        k1 = min(kmax, k0 + _K_BLOCK - 1)
         ks = np.arange(k0, k1 + 1)
+        kc = np.minimum(ks, c) - 1  # past c: infeasible, the relaxation adds (k - c) outside nodes
+        extra = np.maximum(ks - c, 0)
         # [A, K, c]: sorts and prefix sums run along the contiguous last axis.
         w = np.where(valid[active][:, None, :], _search_weights(q[active], lv, ks, b2), -1.0)
         w_sorted = -np.sort(-w, axis=2)
         cols = np.arange(len(ks))
-        value = np.cumsum(w_sorted, axis=2)[:, cols, ks - 1]  # [A, K]
-        kth = w_sorted[:, cols, ks - 1]
+        value = np.cumsum(w_sorted, axis=2)[:, cols, kc]  # [A, K]
+        kth = w_sorted[:, cols, kc]
         feasible = ks[None, :] <= nvalid[active][:, None]
         value = np.where(feasible, value, -np.inf)
         t = tau[active][:, None]
@@ -297,9 +305,10 @@ def _solve(
         exact[active, k0 - 1 : k1] = ex
         loose = np.flatnonzero(~ex.all(1))  # the relaxation only matters where a size is not settled exactly
         if loose.size:
-            relaxed[active[loose], k0 - 1 : k1] = np.cumsum(
-                np.maximum(w_sorted[loose], outside[loose, :, None]), axis=2
-            )[:, cols, ks - 1]
+            relaxed[active[loose], k0 - 1 : k1] = (
+                np.cumsum(np.maximum(w_sorted[loose], outside[loose, :, None]), axis=2)[:, cols, kc]
+                + extra[None, :] * outside[loose]
+            )
         block_best = value.max(1)
         block_arg = value.argmax(1)  # first maximum: the smallest size wins ties
         better = block_best > best[active]
@@ -315,14 +324,14 @@ def _solve(
         k0 = k1 + 1
 
     # Certificate: every size below the first k whose bound falls under the best must be settled.
-    all_k = np.arange(1, c + 2)
+    all_k = np.arange(1, kmax + 2)
     ub = np.minimum(_upper_bound(r, lv, all_k, b2), _mass_bound(p_sorted, nvalid, tau, all_k, b2))  # [G, c+1]
     below = ub <= best[:, None]
-    k_hat = np.where(below.any(1), below.argmax(1) + 1, c + 2)
+    k_hat = np.where(below.any(1), below.argmax(1) + 1, kmax + 2)
     need = k_hat - 1
-    settled = exact[:, :c] | (relaxed[:, :c] <= best[:, None])
+    settled = exact[:, :kmax] | (relaxed[:, :kmax] <= best[:, None])
     prefix_ok = np.cumprod(np.concatenate([np.ones((g, 1), dtype=bool), settled], axis=1), axis=1).astype(bool)
-    certified = prefix_ok[np.arange(g), np.minimum(need, c)] & ((need <= c) | (tau == 0))
+    certified = prefix_ok[np.arange(g), np.minimum(need, kmax)] & ((need <= kmax) | (tau == 0))
 
     chosen = np.zeros((g, c), dtype=bool)
     pick = np.flatnonzero(best_k > 0)
@@ -510,7 +519,7 @@ def _tree_rows(
 
 
 # ---------------------------------------------------------------------------------------------- trees, node-major
-_BLOCK_WIDTH = 40  # fewest candidate slots per row: room for sizes past the candidates, where the bounds settle
+_BLOCK_WIDTH = 40  # sizes searched at least (past the candidates: bounds only), where the bounds usually settle
 _BLOCK_ELEMENTS = 1 << 20  # rows x nodes per block of _tree_block (float64 node-major work arrays of ~8 MB)
 
 
@@ -650,7 +659,7 @@ def _tree_block(
         per_row = np.bincount(kr, minlength=m_rows)
         rank = np.arange(kr.size) - (np.cumsum(per_row) - per_row)[kr]
         fits = np.flatnonzero(count <= c0)
-        width_of = np.maximum(8 * ((per_row + 7) // 8), _BLOCK_WIDTH)  # a row's own count: layout-independent
+        width_of = np.maximum(8 * ((per_row + 7) // 8), 8)  # a row's own count: layout-independent
         failed = [rows_in[count > c0]]
         local = np.full(m_rows, -1)
         for width in np.unique(width_of[fits]).tolist():
@@ -668,7 +677,15 @@ def _tree_block(
             q[li, ri] = np.take(csf, hi[ids] * g + col) - np.take(csf, lo[ids] * g + col)
             rows = rows_in[sel]
             best, _best_k, ok, chosen = _solve(
-                q, lv, valid, r[rows], None if p_empty is None else p_empty[rows], tau[sel], b2, tau_depth[sel]
+                q,
+                lv,
+                valid,
+                r[rows],
+                None if p_empty is None else p_empty[rows],
+                tau[sel],
+                b2,
+                tau_depth[sel],
+                max_k=_BLOCK_WIDTH,
             )
             done = rows[ok]
             values[done] = best[ok]
