@@ -521,6 +521,16 @@ def _tree_rows(
 # ---------------------------------------------------------------------------------------------- trees, node-major
 _BLOCK_WIDTH = 40  # sizes searched at least (past the candidates: bounds only), where the bounds usually settle
 _BLOCK_ELEMENTS = 1 << 20  # rows x nodes per block of _tree_block (float64 node-major work arrays of ~8 MB)
+_BLOCK_MAX_CHILDREN = 2048  # wider nodes (stars) make the top-down candidate growth list every child per row
+
+
+def _block_path(taxonomy: Taxonomy) -> bool:
+    """Whether :func:`_tree_block` decodes this tree: not deep (the size search) and no very wide node."""
+    return (
+        taxonomy.is_tree
+        and taxonomy.height + 1 <= _DEEP_HEIGHT
+        and int(np.max(taxonomy.num_children, initial=0)) <= _BLOCK_MAX_CHILDREN
+    )
 
 
 def _block_tables(taxonomy: Taxonomy) -> dict[str, Any]:
@@ -1097,7 +1107,8 @@ def optimal_hfbeta(
     values = np.zeros(bsz)
     if n > 1 or include_root:
         step = _CHUNK
-        if taxonomy.is_tree and batch.leaf is None and taxonomy.height + 1 <= _DEEP_HEIGHT:
+        block = batch.leaf is None and _block_path(taxonomy)
+        if block:
             step = max(_CHUNK, min(4 * _CHUNK, _BLOCK_ELEMENTS // n))
         for s in range(0, bsz, step):
             sl = slice(s, s + step)
@@ -1105,7 +1116,7 @@ def optimal_hfbeta(
                 sets[sl], values[sl] = _tree_rows_search(
                     batch.node[sl], None if batch.leaf is None else batch.leaf[sl], taxonomy, b2, include_root
                 )
-            elif taxonomy.is_tree and batch.leaf is None:
+            elif block:
                 sets[sl], values[sl] = _tree_block(
                     batch.node[sl], taxonomy, b2, include_root, int(initial_candidates), row0=s
                 )
