@@ -1101,7 +1101,8 @@ def optimal_hfbeta(
     b2 = check_beta(beta) ** 2
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
-    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    # The block path converts each block to float64 in its own gather: float32 input is not copied up front.
+    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=leaf_probs or not _block_path(taxonomy))
     bsz, n = batch.node.shape
     sets = np.zeros((bsz, n), dtype=bool)
     sets[:, 0] = True
