@@ -66,6 +66,15 @@ Intervals whose bound falls to the best value are dropped, the others split wher
 none is left: exact, like the rest. Rows whose labels all have one size (a star, leaf labels at one depth) keep
 one node order for every ``k`` and are solved from one sort.
 
+*Trees, node-major blocks.* Trees of height below 48 whose nodes have at most 2,048 children are decoded by
+:func:`_tree_block` in blocks of rows, in either memory layout: one gather makes a block node-major in
+depth-major order, the label probabilities are one sparse product and the prefix sums whole-row additions.
+Candidates grow top-down (children of candidates with ``P~`` above a fraction of the total), so they are
+ancestor-closed by construction, and the children left out bound every outside node by depth: labels below a
+node at depth ``d`` have ``|Y| >= d`` (``d + 1`` with the root), so ``w_k(n) <= (1+\beta^2) P~(f) / (\beta^2 d_f
++ k)`` for its first outside ancestor-or-self ``f`` (see :func:`_solve`). Rows not certified go to the row path
+above, so the result is the same exact optimum.
+
 Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
 depths ``H`` and sizes ``K`` searched, vectorised over the batch; the size search costs O(N) per evaluated size
 (O(depth) on a chain) for a few tens of sizes, O(N log N) for single-size rows. Measured (bench/bench_worstcase.py):
