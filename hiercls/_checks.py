@@ -395,13 +395,15 @@ def check_label_mass(
     node_major: bool = False,
     atol: float = PROBABILITY_ATOL,
     row_offset: int = 0,
+    nodes: np.ndarray | None = None,
 ) -> None:
     """Refuse node probabilities whose label distribution (``P(n)`` minus its children's mass) is negative.
 
     The decoders that read the probability that the label is exactly ``n`` (``optimal_hfbeta``, ``bayes_node``,
     ``crm``, ``plurality``, ...) need single-label node probabilities: on a tree a parent at least the sum of its
     children. ``label`` is the distribution before clipping, ``[B, N]`` (``[N, B]`` with ``node_major``), ``probs``
-    the node probabilities ``[B, N]`` it came from (for the message); a
+    the node probabilities ``[B, N]`` it came from (for the message); ``nodes`` the node id of each of
+    ``label``'s node positions when they are permuted (e.g. depth-major), ids in order by default; a
     negative entry below ``-(atol + 2**-23 * (children + 1))`` is an error. Skipped outside
     :func:`probability_checks`.
 
@@ -413,11 +415,14 @@ def check_label_mass(
     lab = label.T if node_major else label
     nc = np.asarray(taxonomy.num_children, dtype=np.float64)
     tol = atol + _EPS32 * (nc + 1.0)
+    if nodes is not None:
+        tol = tol[nodes]
     bad = lab < -tol[None, :]
     if not bad.any():
         return
-    r, n = (int(v) for v in np.argwhere(bad)[0])
-    deficit = -float(lab[r, n])
+    r, j = (int(v) for v in np.argwhere(bad)[0])
+    n = j if nodes is None else int(nodes[j])
+    deficit = -float(lab[r, j])
     kids = "children" if taxonomy.is_tree else "descendants"
     if probs is not None:
         own = float(np.asarray(probs)[r, n])

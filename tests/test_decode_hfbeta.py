@@ -412,3 +412,63 @@ def test_deep_branching_tree_search_agrees_with_candidate_solver(monkeypatch: py
             monkeypatch.setattr(hfbeta, "_SEARCH_FROM", 256)
             np.testing.assert_allclose(v_e, v_c, atol=1e-12)
             np.testing.assert_allclose(expected_hfbeta(s_e, node_probs, tax, beta), v_c, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ node-major block path
+def _per_size_optimum(node_probs: np.ndarray, tax: Taxonomy, beta: float, include_root: bool) -> np.ndarray:
+    """``max_k V_k`` from every node (no pruning), with ``V_k`` the sum of the ``k`` largest ``w_k``.
+
+    Independent of hiercls.decode: the label distribution is ``P(n)`` minus its children (clipped at 0),
+    ``q_m(n)`` sums it over the labels of size ``m`` below ``n`` with networkx ancestors.
+    """
+    a = ancestor_indicator(tax)  # a[y, n]: n is an ancestor-or-self of y
+    n = tax.num_nodes
+    children = np.zeros((n, n))
+    for c in range(1, n):
+        children[tax.parent[c], c] = 1.0
+    p = np.clip(node_probs.astype(np.float64) - node_probs.astype(np.float64) @ children.T, 0.0, None)
+    size = a.sum(1) - (0 if include_root else 1)  # |Y| of each label
+    b2 = beta * beta
+    counted = np.arange(n) >= (0 if include_root else 1)
+    out = []
+    for row in p:
+        best = row[0] if not include_root else -np.inf  # the empty prediction: only the root label scores
+        for k in range(1, int(counted.sum()) + 1):
+            coef = np.where(size > 0, (1 + b2) / (b2 * size + k), 0.0)
+            w = (a * (row * coef)[:, None]).sum(0)[counted]  # w_k(n) = sum over labels y below n
+            best = max(best, float(np.sort(w)[::-1][:k].sum()))
+        out.append(best)
+    return np.array(out)
+
+
+def test_block_path_pruning_matches_per_size_reference() -> None:
+    """Concentrated posteriors on 20-150-node trees: the top-down candidates and their depth-wise outside bound
+    prune most nodes; the optimum must equal the unpruned per-size maximum, in both layouts and from torch."""
+    rng = np.random.default_rng(31)
+    for trial in range(12):
+        n = int(rng.integers(20, 150))
+        parents = {"n0": None, **{f"n{i}": f"n{int(rng.integers(max(0, i - 8), i))}" for i in range(1, n)}}
+        tax = Taxonomy.from_parents(parents)
+        logits = rng.normal(size=(24, tax.num_leaves)) * rng.choice([0.3, 1.0, 3.0, 8.0], size=(24, 1))
+        leaf = np.exp(logits - logits.max(1, keepdims=True))
+        leaf /= leaf.sum(1, keepdims=True)
+        node = np.asarray(tax.marginals(leaf))
+        node[:4] = np.asarray(tax.marginals(rng.dirichlet(np.full(tax.num_leaves, 0.05), size=4)))
+        for arr in (node, node.astype(np.float32)):
+            beta = float(rng.choice([0.5, 1.0, 2.0, 4.0, 8.0]))
+            include_root = bool(rng.random() < 0.3)
+            want = _per_size_optimum(arr, tax, beta, include_root)
+            sets, value = optimal_hfbeta(arr, tax, beta, include_root=include_root, return_value=True)
+            ctx = f"trial {trial} n={n} beta={beta} include_root={include_root} {arr.dtype}"
+            np.testing.assert_allclose(value, want, atol=1e-9, err_msg=ctx)
+            achieved = expected_hfbeta(sets, arr, tax, beta, include_root=include_root)
+            np.testing.assert_allclose(achieved, want, atol=1e-9, err_msg=ctx)
+            a = ancestor_indicator(tax)
+            for s in sets:
+                assert s[0] and np.all(a[s][:, ~s] == 0), ctx
+            np.testing.assert_array_equal(
+                optimal_hfbeta(np.asfortranarray(arr), tax, beta, include_root=include_root), sets, err_msg=ctx
+            )
+            np.testing.assert_array_equal(
+                optimal_hfbeta(torch.tensor(arr), tax, beta, include_root=include_root).numpy(), sets, err_msg=ctx
+            )

@@ -66,6 +66,15 @@ Intervals whose bound falls to the best value are dropped, the others split wher
 none is left: exact, like the rest. Rows whose labels all have one size (a star, leaf labels at one depth) keep
 one node order for every ``k`` and are solved from one sort.
 
+*Trees, node-major blocks.* Trees of height below 48 whose nodes have at most 2,048 children are decoded by
+:func:`_tree_block` in blocks of rows, in either memory layout: one gather makes a block node-major in
+depth-major order, the label probabilities are one sparse product and the prefix sums whole-row additions.
+Candidates grow top-down (children of candidates with ``P~`` above a fraction of the total), so they are
+ancestor-closed by construction, and the children left out bound every outside node by depth: labels below a
+node at depth ``d`` have ``|Y| >= d`` (``d + 1`` with the root), so ``w_k(n) <= (1+\beta^2) P~(f) / (\beta^2 d_f
++ k)`` for its first outside ancestor-or-self ``f`` (see :func:`_solve`). Rows not certified go to the row path
+above, so the result is the same exact optimum.
+
 Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
 depths ``H`` and sizes ``K`` searched, vectorised over the batch; the size search costs O(N) per evaluated size
 (O(depth) on a chain) for a few tens of sizes, O(N log N) for single-size rows. Measured (bench/bench_worstcase.py):
@@ -82,8 +91,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_beta
+from hiercls._checks import check_beta, check_label_mass
 from hiercls.decode._common import (
+    _ROW_OFFSET,
     Batch,
     chunked,
     label_distribution_t,
@@ -245,48 +255,69 @@ def _solve(
     p_empty: np.ndarray | None,
     tau: np.ndarray,
     b2: float,
+    tau_depth: np.ndarray | None = None,
+    max_k: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Best value, best size, certificate and chosen candidates for rows of candidate weights.
 
     ``q`` is ``[G, c, M]`` (``q[:, j, m]`` the probability that candidate ``j`` is on a label path of size
     ``lv[m]``), candidates sorted by node id with the invalid ones last; ``r`` ``[G, M]`` the label-size
     distribution; ``p_empty`` the value of the empty prediction (``None`` when the root is counted);
-    ``tau`` the largest node probability outside the candidates.
+    ``tau`` the largest node probability outside the candidates; ``tau_depth`` ``[G, M]`` (optional, trees), the
+    largest ``P~`` of the outside nodes whose parent is a candidate, by depth ``m`` (0 where none).
+
+    With ``tau_depth`` the outside weights are bounded by depth: every label at or below an outside node ``n``
+    has ``|Y| >= lv[depth(n)]``, so ``w_k(n) <= (1+b2) P~(n) / (b2 lv[depth(n)] + k)``; and ``n`` has an
+    ancestor-or-self ``f`` outside whose parent is a candidate (candidates are ancestor-closed and hold the root),
+    with ``P~(n) <= P~(f)`` and ``depth(n) >= depth(f)``. Hence ``w_k(n) <= (1+b2) max_m tau_depth[m] /
+    (b2 lv[m] + k)``, at most the depth-free bound ``(1+b2) tau / (b2 + k)``.
+
+    Sizes are searched up to ``max(c, max_k)``; past ``c`` no size is feasible within the candidates and the
+    relaxation counts the missing nodes at the outside bound, which lets the bounds settle sizes beyond the
+    candidates without padding ``q``.
 
     A size ``k`` is settled when the top-``k`` sum over the candidates is provably the global one
     (``exact``: no outside node can beat the ``k``-th candidate weight) or when even the relaxation that lets
     outside nodes in at their upper bound stays at or below the best value (``relaxed``).
     """
     g, c, _ = q.shape
+    kmax = max(c, int(max_k))
     nvalid = valid.sum(1)
     best = np.full(g, -np.inf) if p_empty is None else p_empty.astype(np.float64).copy()
     best_k = np.zeros(g, dtype=np.int64)
-    exact = np.zeros((g, max(c, 1)), dtype=bool)
-    relaxed = np.full((g, max(c, 1)), np.inf)
+    exact = np.zeros((g, max(kmax, 1)), dtype=bool)
+    relaxed = np.full((g, max(kmax, 1)), np.inf)
     # Candidate probabilities, capped below by tau: outside nodes may be up to tau, so these bound the top sums.
     p_sorted = np.maximum(-np.sort(-np.where(valid, q.sum(2), 0.0), axis=1), tau[:, None])
     active = np.flatnonzero(nvalid > 0)
     k0 = 1
-    while active.size and k0 <= c:
-        k1 = min(c, k0 + _K_BLOCK - 1)
+    while active.size and k0 <= kmax:
+        k1 = min(kmax, k0 + _K_BLOCK - 1)
         ks = np.arange(k0, k1 + 1)
+        kc = np.minimum(ks, c) - 1  # past c: infeasible, the relaxation adds (k - c) outside nodes
+        extra = np.maximum(ks - c, 0)
         # [A, K, c]: sorts and prefix sums run along the contiguous last axis.
         w = np.where(valid[active][:, None, :], _search_weights(q[active], lv, ks, b2), -1.0)
         w_sorted = -np.sort(-w, axis=2)
         cols = np.arange(len(ks))
-        value = np.cumsum(w_sorted, axis=2)[:, cols, ks - 1]  # [A, K]
-        kth = w_sorted[:, cols, ks - 1]
+        value = np.cumsum(w_sorted, axis=2)[:, cols, kc]  # [A, K]
+        kth = w_sorted[:, cols, kc]
         feasible = ks[None, :] <= nvalid[active][:, None]
         value = np.where(feasible, value, -np.inf)
         t = tau[active][:, None]
-        outside = (1.0 + b2) * t / (b2 + ks[None, :])  # [A, K]
+        if tau_depth is None:
+            outside = (1.0 + b2) * t / (b2 + ks[None, :])  # [A, K]
+        else:
+            den = b2 * lv[None, None, :].astype(np.float64) + ks[None, :, None]  # >= k >= 1
+            outside = (1.0 + b2) * (tau_depth[active][:, None, :] / den).max(2)
         ex = np.where(feasible, outside <= kth, t == 0)
         exact[active, k0 - 1 : k1] = ex
         loose = np.flatnonzero(~ex.all(1))  # the relaxation only matters where a size is not settled exactly
         if loose.size:
-            relaxed[active[loose], k0 - 1 : k1] = np.cumsum(
-                np.maximum(w_sorted[loose], outside[loose, :, None]), axis=2
-            )[:, cols, ks - 1]
+            relaxed[active[loose], k0 - 1 : k1] = (
+                np.cumsum(np.maximum(w_sorted[loose], outside[loose, :, None]), axis=2)[:, cols, kc]
+                + extra[None, :] * outside[loose]
+            )
         block_best = value.max(1)
         block_arg = value.argmax(1)  # first maximum: the smallest size wins ties
         better = block_best > best[active]
@@ -302,14 +333,14 @@ def _solve(
         k0 = k1 + 1
 
     # Certificate: every size below the first k whose bound falls under the best must be settled.
-    all_k = np.arange(1, c + 2)
+    all_k = np.arange(1, kmax + 2)
     ub = np.minimum(_upper_bound(r, lv, all_k, b2), _mass_bound(p_sorted, nvalid, tau, all_k, b2))  # [G, c+1]
     below = ub <= best[:, None]
-    k_hat = np.where(below.any(1), below.argmax(1) + 1, c + 2)
+    k_hat = np.where(below.any(1), below.argmax(1) + 1, kmax + 2)
     need = k_hat - 1
-    settled = exact[:, :c] | (relaxed[:, :c] <= best[:, None])
+    settled = exact[:, :kmax] | (relaxed[:, :kmax] <= best[:, None])
     prefix_ok = np.cumprod(np.concatenate([np.ones((g, 1), dtype=bool), settled], axis=1), axis=1).astype(bool)
-    certified = prefix_ok[np.arange(g), np.minimum(need, c)] & ((need <= c) | (tau == 0))
+    certified = prefix_ok[np.arange(g), np.minimum(need, kmax)] & ((need <= kmax) | (tau == 0))
 
     chosen = np.zeros((g, c), dtype=bool)
     pick = np.flatnonzero(best_k > 0)
@@ -493,6 +524,197 @@ def _tree_rows(
         if pending.size:
             logger.debug("optimal_hfbeta: %d rows need more than %d candidates", pending.size, c)
         c = min(c * 4, n - first)
+    return sets, values
+
+
+# ---------------------------------------------------------------------------------------------- trees, node-major
+_BLOCK_WIDTH = 40  # sizes searched at least (past the candidates: bounds only), where the bounds usually settle
+_BLOCK_ELEMENTS = 1 << 20  # rows x nodes per block of _tree_block (float64 node-major work arrays of ~8 MB)
+_BLOCK_FRACTIONS = (0.1, 0.02, 0.005, 0.0005)  # _tree_block's rounds: fewer first candidates, cheaper sorts
+_BLOCK_MAX_CHILDREN = 2048  # wider nodes (stars) make the top-down candidate growth list every child per row
+
+
+def _block_path(taxonomy: Taxonomy) -> bool:
+    """Whether :func:`_tree_block` decodes this tree: not deep (the size search) and no very wide node."""
+    return (
+        taxonomy.is_tree
+        and taxonomy.height + 1 <= _DEEP_HEIGHT
+        and int(np.max(taxonomy.num_children, initial=0)) <= _BLOCK_MAX_CHILDREN
+    )
+
+
+def _block_tables(taxonomy: Taxonomy) -> dict[str, Any]:
+    """Depth-major tables of :func:`_tree_block`: children as csr and as position ranges, per-level csr, cached."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "hf_block" not in cache:
+        tab = tree_tables(taxonomy)
+        n = taxonomy.num_nodes
+        order, lo, hi, seg_lo, seg_hi = tab["order"], tab["lo"], tab["hi"], tab["seg_lo"], tab["seg_hi"]
+        h = lo.shape[1] - 1
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n)
+        parent_pos = pos[np.asarray(taxonomy.parent, dtype=np.int64)[order[1:]]]  # order[0] is the root
+        # Children sums in depth-major positions; csr sums each row's children in ascending id order, as
+        # label_distribution_t does, so the label probabilities are the same numbers.
+        child = sp.csr_matrix((np.ones(n - 1), (parent_pos, np.arange(1, n))), shape=(n, n))
+        child.sort_indices()
+        levels = [child[seg_lo[d] : seg_hi[d], seg_lo[d + 1] : seg_hi[d + 1]].tocsr() for d in range(h)]
+        depth_dm = np.asarray(taxonomy.depth, dtype=np.int64)[order]
+        cstart = np.zeros(n, dtype=np.int64)
+        cend = np.zeros(n, dtype=np.int64)
+        inner = depth_dm < h
+        # On a pre-order tree the children of a node are one contiguous run of the next depth's positions.
+        cstart[inner] = lo[order[inner], depth_dm[inner] + 1]
+        cend[inner] = hi[order[inner], depth_dm[inner] + 1]
+        bs = max(8, int(np.sqrt(n)))
+        cache["hf_block"] = {
+            "order": order,
+            "child": child,
+            "levels": levels,
+            "seg_lo": seg_lo,
+            "seg_hi": seg_hi,
+            "lo": lo,
+            "hi": hi,
+            "cstart": cstart,
+            "cend": cend,
+            "bs": bs,
+            "nb": -(-n // bs),
+            "h": h,
+        }
+    return cache["hf_block"]
+
+
+def _prefix_sums_t(a: np.ndarray, bs: int, nb: int) -> np.ndarray:
+    """``cs[j] = sum(a[:j])`` down the rows of node-major ``a [nb * bs, G]`` (padded with zero rows): ``[nb*bs+1, G]``.
+
+    NumPy's cumsum down axis 0 walks each column separately (slow); this adds whole rows, ``bs`` steps within
+    blocks of ``bs`` rows and ``nb`` steps over the block totals. Still monotone in floating point for
+    ``a >= 0`` (what keeps ``q`` monotone along ancestry): within a block the partial sums only grow; across a
+    boundary ``cs`` at the last row of a block is ``fl(off + part)``, at most ``fl(off + part + a) = `` the next
+    block's offset, since rounding is monotone.
+    """
+    g = a.shape[1]
+    a3 = a.reshape(nb, bs, g)
+    cs = np.empty((nb * bs + 1, g))
+    c3 = cs[: nb * bs].reshape(nb, bs, g)
+    c3[:, 0] = 0.0
+    for i in range(1, bs):
+        np.add(c3[:, i - 1], a3[:, i - 1], out=c3[:, i])
+    tot = c3[:, bs - 1] + a3[:, bs - 1]
+    off = np.empty((nb + 1, g))
+    off[0] = 0.0
+    for b in range(nb):
+        np.add(off[b], tot[b], out=off[b + 1])
+    c3 += off[:nb, None, :]
+    cs[nb * bs] = off[nb]
+    return cs
+
+
+def _tree_block(
+    node: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool, c0: int, row0: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Trees from node probabilities ``[G, N]`` in either memory layout: node-major, depth-major work arrays.
+
+    One gather makes the block node-major in depth-major order (a view's rows for Fortran-order input), where
+    the label probabilities are one sparse product, ``P~`` one sparse product per level and the prefix sums
+    whole-row additions. Candidates are grown top-down, children of candidates with ``P~`` above a fraction of
+    the total: ancestor-closed by construction, and the children left out give the depth-wise bound on every
+    outside node (see :func:`_solve`). Rows the threshold rounds do not certify go to :func:`_tree_rows`.
+    """
+    tab = _block_tables(taxonomy)
+    g, n = node.shape
+    order, bs, nb, h = tab["order"], tab["bs"], tab["nb"], tab["h"]
+    off = 1 if include_root else 0
+    lv = np.arange(h + 1) + off
+    a = np.zeros((nb * bs, g))
+    a[:n] = node.T[order]
+    a[:n] -= tab["child"] @ a[:n]
+    check_label_mass(a[:n], taxonomy, node, node_major=True, row_offset=_ROW_OFFSET.get() + row0, nodes=order)
+    np.maximum(a, 0.0, out=a)
+    sl, sh = tab["seg_lo"], tab["seg_hi"]
+    ptil = a[:n].copy()  # P~ bottom-up: p(n) + the children's P~, sums of non-negatives, monotone along ancestry
+    for d in range(h - 1, -1, -1):
+        ptil[sl[d] : sh[d]] += tab["levels"][d] @ ptil[sl[d + 1] : sh[d + 1]]
+    cs = _prefix_sums_t(a, bs, nb)
+    del a
+    r = np.ascontiguousarray((cs[sh] - cs[sl]).T)  # [G, h+1] label mass by depth (= q of the root)
+    p_empty = None if include_root else r[:, 0]
+    csf, ptf = cs.ravel(), ptil.ravel()
+    lo, hi, cstart, cend = tab["lo"], tab["hi"], tab["cstart"], tab["cend"]
+    sets = np.zeros((g, n), dtype=bool)
+    sets[:, 0] = True
+    values = np.zeros(g)
+    rows_in = np.arange(g)
+    for fraction in _BLOCK_FRACTIONS:
+        if not rows_in.size:
+            break
+        m_rows = rows_in.size
+        thr = fraction * ptil[0, rows_in]
+        tau_depth = np.zeros((m_rows, h + 1))
+        count = np.zeros(m_rows, dtype=np.int64)
+        pr, pj = np.arange(m_rows), np.zeros(m_rows, dtype=np.int64)  # (row, depth-major position) pairs
+        kept_r, kept_j = ([pr], [pj]) if include_root else ([], [])
+        depth = 0
+        while pr.size:
+            cnt = cend[pj] - cstart[pj]
+            total = int(cnt.sum())
+            if total == 0:
+                break
+            depth += 1
+            rr = np.repeat(pr, cnt)
+            cj = np.repeat(cstart[pj] - (np.cumsum(cnt) - cnt), cnt) + np.arange(total)
+            v = ptf[cj * g + rows_in[rr]]
+            keep = v > thr[rr]
+            out = ~keep
+            np.maximum.at(tau_depth[:, depth], rr[out], v[out])
+            pr, pj = rr[keep], cj[keep]
+            count += np.bincount(pr, minlength=m_rows)
+            fit = count[pr] <= c0  # rows past c0 candidates stop growing (and go to _tree_rows)
+            pr, pj = pr[fit], pj[fit]
+            kept_r.append(pr)
+            kept_j.append(pj)
+        tau = tau_depth.max(1)
+        key = np.sort(np.concatenate(kept_r) * n + order[np.concatenate(kept_j)])  # by row, then node id
+        kr, kid = key // n, key % n
+        per_row = np.bincount(kr, minlength=m_rows)
+        rank = np.arange(kr.size) - (np.cumsum(per_row) - per_row)[kr]
+        fits = np.flatnonzero(count <= c0)
+        width_of = np.maximum(8 * ((per_row + 7) // 8), 8)  # a row's own count: layout-independent
+        failed = [rows_in[count > c0]]
+        local = np.full(m_rows, -1)
+        for width in np.unique(width_of[fits]).tolist():
+            sel = fits[width_of[fits] == width]
+            local[:] = -1
+            local[sel] = np.arange(sel.size)
+            mine = local[kr] >= 0
+            li, ri, ids = local[kr[mine]], rank[mine], kid[mine]
+            cand = np.zeros((sel.size, width), dtype=np.int64)
+            valid = np.zeros((sel.size, width), dtype=bool)
+            cand[li, ri] = ids
+            valid[li, ri] = True
+            col = rows_in[sel][li][:, None]
+            q = np.zeros((sel.size, width, h + 1))
+            q[li, ri] = np.take(csf, hi[ids] * g + col) - np.take(csf, lo[ids] * g + col)
+            rows = rows_in[sel]
+            best, _best_k, ok, chosen = _solve(
+                q,
+                lv,
+                valid,
+                r[rows],
+                None if p_empty is None else p_empty[rows],
+                tau[sel],
+                b2,
+                tau_depth[sel],
+                max_k=_BLOCK_WIDTH,
+            )
+            done = rows[ok]
+            values[done] = best[ok]
+            cr, cc = np.nonzero(chosen[ok])
+            sets[done[cr], cand[ok][cr, cc]] = True
+            failed.append(rows[~ok])
+        rows_in = np.sort(np.concatenate(failed))
+    if rows_in.size:
+        sets[rows_in], values[rows_in] = _tree_rows(node[rows_in], None, taxonomy, b2, include_root, c0)
     return sets, values
 
 
@@ -888,17 +1110,26 @@ def optimal_hfbeta(
     b2 = check_beta(beta) ** 2
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
-    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
+    # The block path converts each block to float64 in its own gather: float32 input is not copied up front.
+    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=leaf_probs or not _block_path(taxonomy))
     bsz, n = batch.node.shape
     sets = np.zeros((bsz, n), dtype=bool)
     sets[:, 0] = True
     values = np.zeros(bsz)
     if n > 1 or include_root:
-        for s in range(0, bsz, _CHUNK):
-            sl = slice(s, s + _CHUNK)
+        step = _CHUNK
+        block = batch.leaf is None and _block_path(taxonomy)
+        if block:
+            step = max(_CHUNK, min(4 * _CHUNK, _BLOCK_ELEMENTS // n))
+        for s in range(0, bsz, step):
+            sl = slice(s, s + step)
             if taxonomy.is_tree and taxonomy.height + 1 > _DEEP_HEIGHT:
                 sets[sl], values[sl] = _tree_rows_search(
                     batch.node[sl], None if batch.leaf is None else batch.leaf[sl], taxonomy, b2, include_root
+                )
+            elif block:
+                sets[sl], values[sl] = _tree_block(
+                    batch.node[sl], taxonomy, b2, include_root, int(initial_candidates), row0=s
                 )
             elif taxonomy.is_tree:
                 sets[sl], values[sl] = _tree_rows(
