@@ -241,3 +241,16 @@ def test_chmcnn_is_the_max_constraint_on_trees_and_chains(shape: str) -> None:
             np.testing.assert_array_equal(decode(arr, tax, "chmcnn", threshold=t), want, err_msg=f"{shape} {t}")
         got = decode(torch.as_tensor(scores), tax, "chmcnn", threshold=t)
         np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{shape} {t} torch")
+
+
+@pytest.mark.parametrize(("rows", "block"), [(1, None), (7, None), (64, None), (65, None), (100, 10), (39, 8)])
+def test_prefix_sums_t_is_the_cumulative_sum_down_the_rows(rows: int, block: int | None) -> None:
+    from hiercls.decode._common import prefix_sums_t
+
+    rng = np.random.default_rng(rows)
+    a = rng.uniform(size=(rows, 5))
+    want = np.concatenate([np.zeros((1, 5)), np.cumsum(a, axis=0)])
+    np.testing.assert_allclose(prefix_sums_t(a, block=block), want, rtol=1e-12, atol=1e-12)
+    counts = prefix_sums_t(a > 0.5, block=block, dtype=np.int32)
+    assert counts.dtype == np.int32
+    np.testing.assert_array_equal(counts, np.concatenate([np.zeros((1, 5)), np.cumsum(a > 0.5, axis=0)]))

@@ -35,6 +35,7 @@ __all__ = [
     "first_true_t",
     "index_tensor",
     "label_distribution",
+    "prefix_sums_t",
     "prepare",
     "prepare_torch",
     "restore_ids",
@@ -365,6 +366,39 @@ def index_tensor(taxonomy: Taxonomy, key: str, values: np.ndarray, device: Any) 
     if k not in cache:
         cache[k] = torch.as_tensor(np.array(values), device=device)
     return cache[k]
+
+
+def prefix_sums_t(a: np.ndarray, *, block: int | None = None, dtype: Any = None) -> np.ndarray:
+    """``cs[j] = sum(a[:j])`` down the rows of node-major ``a [R, G]``: ``[R + 1, G]`` (``dtype``: ``a``'s).
+
+    NumPy's cumsum down axis 0 walks each column separately (some 15x slower on these arrays); this adds whole
+    rows, ``block`` steps within blocks of ``block`` rows (default about ``sqrt(R)``) and one step per block over
+    the block totals, so ``R`` rows cost about ``2 sqrt(R)`` vectorised additions. ``a`` is padded with zero rows
+    to whole blocks (a copy, unless it already has whole blocks). Still monotone in floating point for ``a >= 0``:
+    within a block the partial sums only grow; across a boundary ``cs`` at the last row of a block is
+    ``fl(off + part)``, at most ``fl(off + part + a) =`` the next block's offset, since rounding is monotone.
+    """
+    r, g = a.shape
+    bs = block or max(8, int(np.sqrt(r)))
+    nb = max(1, -(-r // bs))
+    if r != nb * bs:
+        padded = np.zeros((nb * bs, g), dtype=a.dtype)
+        padded[:r] = a
+        a = padded
+    a3 = a.reshape(nb, bs, g)
+    cs = np.empty((nb * bs + 1, g), dtype=a.dtype if dtype is None else dtype)
+    c3 = cs[: nb * bs].reshape(nb, bs, g)
+    c3[:, 0] = 0
+    for i in range(1, bs):
+        np.add(c3[:, i - 1], a3[:, i - 1], out=c3[:, i])
+    tot = c3[:, bs - 1] + a3[:, bs - 1]
+    off = np.empty((nb + 1, g), dtype=cs.dtype)
+    off[0] = 0
+    for b in range(nb):
+        np.add(off[b], tot[b], out=off[b + 1])
+    c3 += off[:nb, None, :]
+    cs[nb * bs] = off[nb]
+    return cs[: r + 1]
 
 
 def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:

@@ -97,6 +97,7 @@ from hiercls.decode._common import (
     Batch,
     chunked,
     label_distribution_t,
+    prefix_sums_t,
     prepare,
     restore_sets,
     restore_values,
@@ -584,32 +585,6 @@ def _block_tables(taxonomy: Taxonomy) -> dict[str, Any]:
     return cache["hf_block"]
 
 
-def _prefix_sums_t(a: np.ndarray, bs: int, nb: int) -> np.ndarray:
-    """``cs[j] = sum(a[:j])`` down the rows of node-major ``a [nb * bs, G]`` (padded with zero rows): ``[nb*bs+1, G]``.
-
-    NumPy's cumsum down axis 0 walks each column separately (slow); this adds whole rows, ``bs`` steps within
-    blocks of ``bs`` rows and ``nb`` steps over the block totals. Still monotone in floating point for
-    ``a >= 0`` (what keeps ``q`` monotone along ancestry): within a block the partial sums only grow; across a
-    boundary ``cs`` at the last row of a block is ``fl(off + part)``, at most ``fl(off + part + a) = `` the next
-    block's offset, since rounding is monotone.
-    """
-    g = a.shape[1]
-    a3 = a.reshape(nb, bs, g)
-    cs = np.empty((nb * bs + 1, g))
-    c3 = cs[: nb * bs].reshape(nb, bs, g)
-    c3[:, 0] = 0.0
-    for i in range(1, bs):
-        np.add(c3[:, i - 1], a3[:, i - 1], out=c3[:, i])
-    tot = c3[:, bs - 1] + a3[:, bs - 1]
-    off = np.empty((nb + 1, g))
-    off[0] = 0.0
-    for b in range(nb):
-        np.add(off[b], tot[b], out=off[b + 1])
-    c3 += off[:nb, None, :]
-    cs[nb * bs] = off[nb]
-    return cs
-
-
 def _tree_block(
     node: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool, c0: int, row0: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -635,7 +610,7 @@ def _tree_block(
     ptil = a[:n].copy()  # P~ bottom-up: p(n) + the children's P~, sums of non-negatives, monotone along ancestry
     for d in range(h - 1, -1, -1):
         ptil[sl[d] : sh[d]] += tab["levels"][d] @ ptil[sl[d + 1] : sh[d + 1]]
-    cs = _prefix_sums_t(a, bs, nb)
+    cs = prefix_sums_t(a, block=bs)
     del a
     r = np.ascontiguousarray((cs[sh] - cs[sl]).T)  # [G, h+1] label mass by depth (= q of the root)
     p_empty = None if include_root else r[:, 0]

@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls.decode._common import chunked, prepare, prepare_torch, restore_sets, torch_kernels
+from hiercls.decode._common import (
+    chunked,
+    index_tensor,
+    prefix_sums_t,
+    prepare,
+    prepare_torch,
+    restore_sets,
+    torch_kernels,
+)
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["chmcnn", "threshold_set"]
@@ -63,11 +71,7 @@ def _ancestor_closure(sets: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
         return (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
     end = _subtree_ends(taxonomy)
     if sets.shape[0] > 1 and sets.strides[0] < sets.strides[1]:  # node-major (e.g. a row block of Fortran order)
-        x = sets.T
-        counts = np.zeros((x.shape[0] + 1, x.shape[1]), dtype=np.int32)
-        # Row by row: NumPy's cumsum down axis 0 is some 15x slower than these N vectorised row additions.
-        for n in range(x.shape[0]):
-            np.add(counts[n], x[n], out=counts[n + 1])
+        counts = prefix_sums_t(sets.T, dtype=np.int32)
         return (counts[end] > counts[:-1]).T
     counts = np.zeros((sets.shape[0], sets.shape[1] + 1), dtype=np.int32)
     np.cumsum(sets, axis=1, dtype=np.int32, out=counts[:, 1:])
@@ -80,14 +84,12 @@ def _ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
 
     if not sets.shape[0]:
         return sets
-    cache = taxonomy.namespace_cache(__name__)
     if taxonomy.is_tree:
-        key = ("subtree_ends_t", str(sets.device))
-        if key not in cache:
-            cache[key] = torch.as_tensor(_subtree_ends(taxonomy), dtype=torch.int64, device=sets.device)
+        end = index_tensor(taxonomy, "subtree_ends", _subtree_ends(taxonomy).astype(np.int64), sets.device)
         counts = sets.new_zeros(sets.shape[0], sets.shape[1] + 1, dtype=torch.int32)
         torch.cumsum(sets, 1, dtype=torch.int32, out=counts[:, 1:])
-        return counts.index_select(1, cache[key]) > counts[:, :-1]
+        return counts.index_select(1, end) > counts[:, :-1]
+    cache = taxonomy.namespace_cache(__name__)
     key = ("ancestors_t", str(sets.device))
     if key not in cache:
         a = taxonomy.ancestors_sparse.tocoo()  # a[d, u] = 1 when u is an ancestor-or-self of d
