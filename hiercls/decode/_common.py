@@ -35,6 +35,7 @@ __all__ = [
     "first_true_t",
     "index_tensor",
     "label_distribution",
+    "label_distribution_torch",
     "prefix_sums_t",
     "prepare",
     "prepare_torch",
@@ -42,6 +43,8 @@ __all__ = [
     "restore_sets",
     "restore_values",
     "segment_reduce_t",
+    "subtree_ends",
+    "subtree_ends_tensor",
     "torch_kernels",
 ]
 
@@ -368,6 +371,19 @@ def index_tensor(taxonomy: Taxonomy, key: str, values: np.ndarray, device: Any) 
     return cache[k]
 
 
+def subtree_ends(taxonomy: Taxonomy) -> np.ndarray:
+    """``n + subtree_size[n]`` for every node of a tree: its descendants-or-self are the ids ``[n, end[n])``."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "subtree_ends" not in cache:
+        cache["subtree_ends"] = (np.arange(taxonomy.num_nodes) + taxonomy.subtree_size).astype(np.intp)
+    return cache["subtree_ends"]
+
+
+def subtree_ends_tensor(taxonomy: Taxonomy, device: Any) -> Any:
+    """:func:`subtree_ends` as an int64 tensor on ``device`` (cached)."""
+    return index_tensor(taxonomy, "subtree_ends", subtree_ends(taxonomy).astype(np.int64), device)
+
+
 def prefix_sums_t(a: np.ndarray, *, block: int | None = None, dtype: Any = None) -> np.ndarray:
     """``cs[j] = sum(a[:j])`` down the rows of node-major ``a [R, G]``: ``[R + 1, G]`` (``dtype``: ``a``'s).
 
@@ -450,6 +466,68 @@ def label_distribution(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.n
         out = np.asarray(out)
         check_label_mass(out, taxonomy, node_probs, row_offset=_ROW_OFFSET.get())
     return np.maximum(out, 0.0, out=out)
+
+
+def label_distribution_torch(x: Any, taxonomy: Taxonomy, *, leaf: Any = None) -> Any:
+    """:func:`label_distribution` on the tensor's device: float64 ``[B, N]`` from validated node probabilities
+    ``x`` (:func:`prepare_torch`), or from the leaf probabilities ``leaf`` ``[B, L]`` when given.
+
+    Trees: ``P(n)`` minus the sum of its children's ``P`` (one ``index_add_``). DAGs: ``P(n)`` minus the label mass
+    of its strict descendants, one height at a time from the leaves up (each height reads only lower ones), the
+    triangular solve of the NumPy path as ``height`` sparse gathers. Round-off negatives are clipped to 0; a
+    negative beyond round-off is named by the NumPy check (the error path is the only host copy).
+    """
+    import torch
+
+    b, n = x.shape
+    dev = x.device
+    if leaf is not None:
+        out = torch.zeros(b, n, dtype=torch.float64, device=dev)
+        out[:, index_tensor(taxonomy, "leaves", taxonomy.leaves, dev)] = leaf.double().clamp_min(0.0)
+        return out
+    out = x.to(torch.float64, copy=True)
+    if n > 1 and taxonomy.is_tree:
+        parent = index_tensor(taxonomy, "tree_parent", np.asarray(taxonomy.parent[1:]), dev)
+        out -= torch.zeros_like(out).index_add_(1, parent, out[:, 1:])
+    elif n > 1:
+        for nodes, pair_node, pair_desc in _descendant_levels_torch(taxonomy, dev):
+            below = torch.zeros(b, len(nodes), dtype=out.dtype, device=dev).index_add_(1, pair_node, out[:, pair_desc])
+            out[:, nodes] -= below
+    if probability_checks_enabled() and b and bool(out.amin() < -PROBABILITY_ATOL):
+        label_distribution(x.cpu().numpy().astype(np.float64), taxonomy)  # names the row and node, or passes
+    return out.clamp_min_(0.0)
+
+
+def _descendant_levels_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any, Any]]:
+    """Per height above the leaves (ascending) of a DAG: (its nodes, for every (node, strict descendant) pair
+    the node's position in the level, the descendant), as cached device tensors."""
+    import torch
+
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("descendant_levels", str(device))
+    if key not in cache:
+        anc = taxonomy.ancestors_sparse.tocoo()
+        strict = anc.row != anc.col
+        desc, node = anc.row[strict], anc.col[strict]  # node is a strict ancestor of desc
+        # height = the longest path down to a leaf: relax every edge until nothing moves (at most depth rounds)
+        child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr))
+        parent = np.asarray(taxonomy.parent_idx)
+        height = np.zeros(taxonomy.num_nodes, dtype=np.int64)
+        while True:
+            new = height.copy()
+            np.maximum.at(new, parent, height[child] + 1)
+            if np.array_equal(new, height):
+                break
+            height = new
+        levels = []
+        for h in range(1, int(height.max(initial=0)) + 1):
+            nodes = np.flatnonzero(height == h)
+            pos = np.full(taxonomy.num_nodes, -1, dtype=np.int64)
+            pos[nodes] = np.arange(len(nodes))
+            sel = pos[node] >= 0
+            levels.append(tuple(torch.as_tensor(a, device=device) for a in (nodes, pos[node[sel]], desc[sel])))
+        cache[key] = levels
+    return cache[key]
 
 
 def restore_ids(ids: np.ndarray, batch: Batch) -> Any:

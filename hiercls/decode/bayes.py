@@ -31,10 +31,12 @@ from hiercls.decode._common import (
     first_true_t,
     index_tensor,
     label_distribution_t,
+    label_distribution_torch,
     prepare,
     prepare_torch,
     restore_ids,
     restore_values,
+    subtree_ends_tensor,
     torch_kernels,
 )
 from hiercls.decode.hfbeta import tree_tables
@@ -227,6 +229,25 @@ def _level_tables_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any,
     return cache[key]
 
 
+def _leaf_rows(probs: Any) -> Any:
+    """Leaf-probability tensor rows ``[B, L]`` in the working dtype of :func:`prepare_torch` (already validated)."""
+    import torch
+
+    leaf = probs.detach()
+    leaf = leaf.float() if leaf.dtype == torch.float32 or not leaf.dtype.is_floating_point else leaf.double()
+    return leaf.reshape(-1, leaf.shape[-1])
+
+
+def _path_sum_torch(x: Any, taxonomy: Taxonomy) -> Any:
+    """:func:`_path_sum_t` on a sample-major tensor ``[B, N]``, in place: each level adds its parents' sums."""
+    dev, par = x.device, taxonomy.parent
+    for lvl in taxonomy.levels[1:]:
+        li = index_tensor(taxonomy, ("level", len(lvl), int(lvl[0])), lvl, dev)
+        pi = index_tensor(taxonomy, ("level_parent", len(lvl), int(lvl[0])), par[lvl], dev)
+        x[:, li] += x[:, pi]
+    return x
+
+
 def _fast_tree_ids_torch(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.ndarray, leaf_probs: bool) -> Any:
     """:func:`_fast_tree_ids` on the tensor's device, sample-major ``[B, N]``; the same sums in the same order
     (``index_add_`` adds in index order, as the sparse products do), hence the same answers on the CPU."""
@@ -237,20 +258,7 @@ def _fast_tree_ids_torch(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.nda
     b, n = x.shape
     if not b:
         return torch.zeros(0, dtype=torch.int64, device=dev)
-    if leaf_probs:
-        leaf = probs.detach()
-        leaf = leaf.float() if leaf.dtype == torch.float32 or not leaf.dtype.is_floating_point else leaf.double()
-        pt = torch.zeros(b, n, dtype=torch.float64, device=dev)
-        pt[:, index_tensor(tax, "leaves", tax.leaves, dev)] = leaf.reshape(b, -1).double().clamp_min(0.0)
-    else:
-        xd = x.double()
-        parent = index_tensor(tax, "tree_parent", np.asarray(tax.parent[1:]), dev)
-        pt = xd - torch.zeros_like(xd).index_add_(1, parent, xd[:, 1:])  # P(n) - the sum of its children's P
-        if probability_checks_enabled() and bool(pt.min() < -PROBABILITY_ATOL):
-            # the culprit named from the host copy (an error path only)
-            node = xd.cpu().numpy()
-            check_label_mass(pt.cpu().numpy().T.copy(), tax, node, node_major=True, row_offset=_ROW_OFFSET.get())
-        pt = pt.clamp_min(0.0)
+    pt = label_distribution_torch(x, tax, leaf=_leaf_rows(probs) if leaf_probs else None)
     big = pt.clone()
     for kids, row, parents, count in _level_tables_torch(tax, dev):
         big[:, parents] += torch.zeros(b, count, dtype=big.dtype, device=dev).index_add_(1, row, big[:, kids])
@@ -261,12 +269,7 @@ def _fast_tree_ids_torch(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.nda
         return torch.where(above, ids, 0).amax(1)
     mass = big[:, :1].clone()  # P~(root): the row's label mass, summed as on the NumPy path
     big[:, 0] = 0.0  # the root is the LCA of every pair: it adds the same to every E(n)
-    path = big  # overwritten level by level with the running sums (each level reads its parents' sums)
-    par = tax.parent
-    for lvl in tax.levels[1:]:  # running sums down the tree, the parent's sum plus the node's own
-        li = index_tensor(tax, ("level", len(lvl), int(lvl[0])), lvl, dev)
-        pi = index_tensor(tax, ("level_parent", len(lvl), int(lvl[0])), par[lvl], dev)
-        path[:, li] = big[:, li] + path[:, pi]
+    path = _path_sum_torch(big, tax)
     cand_np = np.flatnonzero(mask)
     cand = index_tensor(tax, ("cand", cand_np.tobytes()), cand_np, dev)
     depth = index_tensor(tax, "depth64", tax.depth.astype(np.float64), dev)[cand]
@@ -340,8 +343,17 @@ def expected_cost(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *
         >>> expected_cost(np.array([[1.0, 0.5, 0.5, 0.0, 0.5]]), tax, "shortest_path").round(3).tolist()
         [[1.5, 1.5, 1.5, 2.5, 1.5]]
     """
+    if torch_kernels(probs):
+        return _expected_cost_torch(probs, taxonomy, cost, leaf_probs).to(_value_dtype(probs))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     return restore_values(_expected_cost(batch, cost), batch)
+
+
+def _value_dtype(probs: Any) -> Any:
+    """The dtype of values handed back for a tensor input (as :func:`restore_values`): its own float dtype."""
+    import torch
+
+    return probs.dtype if probs.dtype.is_floating_point else torch.float32
 
 
 def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
@@ -353,43 +365,143 @@ def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
         if tax.is_tree and tax.num_nodes > 1 and cost in _STRUCTURED:
             return _structured_cost(batch, cost)
         targets = np.flatnonzero(p.any(0)) if p.shape[0] else np.zeros(0, dtype=np.int64)
-        if not tax.is_tree and tax.num_nodes * len(targets) > _DENSE_LIMIT:
-            raise ValueError(
-                f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {len(targets)} "
-                "matrix; convert with to_tree() first"
-            )
-        key = ("cost", cost)
-        cache = tax.namespace_cache(__name__)
-        if key not in cache and tax.num_nodes**2 <= _CACHE_LIMIT:
-            cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
-        if key in cache:
-            return p[:, targets] @ cache[key][:, targets].T
+        _check_distance_size(tax, cost, len(targets))
+        full = _distance_matrix(tax, cost)
+        if full is not None:
+            return p[:, targets] @ full[:, targets].T
         out = np.zeros((p.shape[0], tax.num_nodes))
-        step = max(1, _CACHE_LIMIT // tax.num_nodes)  # label blocks keep the matrix near 32 MB
-        for s in range(0, len(targets), step):
-            cols = targets[s : s + step]
-            out += p[:, cols] @ tax.distance_matrix(cost, targets=cols).T
+        for cols, block in _distance_blocks(tax, cost, targets):
+            out += p[:, cols] @ block.T
         return out
     mat = np.asarray(cost.detach().cpu().numpy() if hasattr(cost, "detach") else cost, dtype=np.float64)
+    _check_cost_matrix(tax, tuple(mat.shape), bool(np.isfinite(mat).all()))
+    if mat.shape[1] == tax.num_leaves and tax.num_nodes > 1:
+        _check_leaf_labels(tax, p.sum(1) - p[:, tax.leaves].sum(1))
+        return p[:, tax.leaves] @ mat.T
+    return p @ mat.T
+
+
+def _check_distance_size(tax: Taxonomy, cost: str, num_targets: int) -> None:
+    if not tax.is_tree and tax.num_nodes * num_targets > _DENSE_LIMIT:
+        raise ValueError(
+            f"cost {cost!r} on DAG {tax.name!r} would need a {tax.num_nodes} x {num_targets} "
+            "matrix; convert with to_tree() first"
+        )
+
+
+def _distance_matrix(tax: Taxonomy, cost: str) -> np.ndarray | None:
+    """The node-to-node matrix of a distance kind, cached on the taxonomy; ``None`` past ``_CACHE_LIMIT``."""
+    key = ("cost", cost)
+    cache = tax.namespace_cache(__name__)
+    if key not in cache and tax.num_nodes**2 <= _CACHE_LIMIT:
+        cache[key] = tax.distance_matrix(cost, targets=np.arange(tax.num_nodes))
+    return cache.get(key)
+
+
+def _distance_blocks(tax: Taxonomy, cost: str, targets: np.ndarray) -> Any:
+    """``(label ids, distance matrix [N, len(ids)])`` over blocks of ``targets`` that keep each near 32 MB."""
+    step = max(1, _CACHE_LIMIT // tax.num_nodes)
+    for s in range(0, len(targets), step):
+        cols = targets[s : s + step]
+        yield cols, tax.distance_matrix(cost, targets=cols)
+
+
+def _check_cost_matrix(tax: Taxonomy, shape: tuple[int, ...], finite: bool) -> None:
     n, nl = tax.num_nodes, tax.num_leaves
-    if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
+    if len(shape) != 2 or shape[0] != n or shape[1] not in (nl, n):
         raise ValueError(
             f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf) or [N, N] = [{n}, {n}] "
-            f"(node to label); got shape {list(mat.shape)}"
+            f"(node to label); got shape {list(shape)}"
         )
-    if not np.isfinite(mat).all():
+    if not finite:
         raise ValueError("cost matrix contains NaN or infinite values")
-    if mat.shape[1] == n and n != nl:
-        return p @ mat.T
-    if n == nl:  # only a single-node taxonomy has as many leaves as nodes
-        return p @ mat.T
-    internal = p.sum(1) - p[:, tax.leaves].sum(1)
-    if internal.size and internal.max() > 1e-6:
+
+
+def _check_leaf_labels(tax: Taxonomy, internal: Any) -> None:
+    """Refuse a node-to-leaf cost when labels carry mass at internal nodes (``internal``: that mass per row)."""
+    worst = float(internal.max()) if internal.shape[0] else 0.0
+    if worst > 1e-6:
         raise ValueError(
             f"a node-to-leaf cost [N, L] cannot score labels at internal nodes (up to "
-            f"{internal.max():.3g} of the mass is there); pass an [N, N] node-to-label cost"
+            f"{worst:.3g} of the mass is there); pass an [N, N] node-to-label cost"
         )
-    return p[:, tax.leaves] @ mat.T
+
+
+def _expected_cost_torch(probs: Any, taxonomy: Taxonomy, cost: Any, leaf_probs: bool) -> Any:
+    """:func:`_expected_cost` on the tensor's device: float64 ``[B, N]`` (the same formulas, sample-major).
+
+    Only verdicts leave the device (the checks' booleans); a distance kind without a cached matrix (a DAG or
+    ``zhao`` past ``_CACHE_LIMIT``) also reads back which labels carry mass, to build just those columns.
+    """
+    import torch
+
+    tax = taxonomy
+    x = prepare_torch(probs, tax, leaf_probs=leaf_probs)
+    dev = x.device
+    p = label_distribution_torch(x, tax, leaf=_leaf_rows(probs) if leaf_probs else None)
+    if isinstance(cost, str):
+        if cost not in COST_KINDS:
+            raise ValueError(f"cost must be one of {', '.join(COST_KINDS)} or a cost matrix; got {cost!r}")
+        if tax.is_tree and tax.num_nodes > 1 and cost in _STRUCTURED:
+            return _structured_cost_torch(p, tax, cost)
+        full = _distance_matrix(tax, cost)
+        if full is not None:
+            return p @ index_tensor(tax, ("cost", cost), full, dev).T
+        targets = np.asarray(torch.nonzero(p.any(0)).flatten().tolist(), dtype=np.int64)
+        _check_distance_size(tax, cost, len(targets))
+        out = torch.zeros_like(p)
+        for cols, block in _distance_blocks(tax, cost, targets):
+            out += p[:, torch.as_tensor(cols, device=dev)] @ torch.as_tensor(block, device=dev).T
+        return out
+    mat = torch.as_tensor(cost, device=dev).to(torch.float64)
+    _check_cost_matrix(tax, tuple(mat.shape), bool(torch.isfinite(mat).all()))
+    if mat.shape[1] == tax.num_leaves and tax.num_nodes > 1:
+        leaves = index_tensor(tax, "leaves", tax.leaves, dev)
+        if not leaf_probs:  # leaf probabilities put no mass on internal nodes
+            _check_leaf_labels(tax, p.sum(1) - p[:, leaves].sum(1))
+        return p[:, leaves] @ mat.T
+    return p @ mat.T
+
+
+def _structured_cost_torch(pt: Any, tax: Taxonomy, kind: str) -> Any:
+    """:func:`_structured_cost` on the tensor's device, sample-major ``[B, N]`` label distribution in and out."""
+    import torch
+
+    b, n = pt.shape
+    dev = pt.device
+    mass = pt.sum(1, keepdim=True)
+    cs = torch.zeros(b, n + 1, dtype=pt.dtype, device=dev)
+    cs[:, 1:] = torch.cumsum(pt, 1)
+    big_p = cs[:, subtree_ends_tensor(tax, dev)] - cs[:, :n]  # P(n in Y), re-summed from the label distribution
+    depth = index_tensor(tax, "depth64", tax.depth.astype(np.float64), dev)
+    not_root = torch.ones(n, dtype=pt.dtype, device=dev)
+    not_root[0] = 0.0
+    if kind in ("shortest_path", "ic_distance", "jiang_conrath"):
+        f = depth if kind == "shortest_path" else index_tensor(tax, "ic64", tax.information_content, dev).double()
+        parent = index_tensor(tax, "parent_or_root", np.maximum(tax.parent, 0), dev)
+        delta = f - torch.where(index_tensor(tax, "has_parent", tax.parent >= 0, dev), f[parent], 0.0)
+        e_lca = _path_sum_torch(big_p * delta, tax)
+        return f * mass + (pt @ f)[:, None] - 2.0 * e_lca
+    if kind == "lca_height":
+        h = float(tax.height)
+        # distance(n, n) is 0, not H - depth(n): take the label-equals-prediction term back out.
+        return h * mass - _path_sum_torch(big_p * not_root, tax) - pt * (h - depth)
+    c = 1.0 if kind == "wu_palmer_root1" else 0.0  # the depth of the root
+    tab = tree_tables(tax)
+    cs = torch.zeros(b, n + 1, dtype=pt.dtype, device=dev)
+    cs[:, 1:] = torch.cumsum(pt[:, index_tensor(tax, "depth_major_order", tab["order"], dev)], 1)
+    seg_lo, seg_hi = (index_tensor(tax, k, tab[k], dev) for k in ("seg_lo", "seg_hi"))
+    lo, hi = (index_tensor(tax, ("depth_ranges", k), tab[k], dev) for k in ("lo", "hi"))
+    r = cs[:, seg_hi] - cs[:, seg_lo]  # [B, H+1] label mass by depth
+    out = torch.zeros_like(pt)
+    for m in range(r.shape[1]):  # a depth with no label mass adds exactly 0 (no data-dependent skip: no sync)
+        q = cs[:, hi[:, m]] - cs[:, lo[:, m]]
+        den = depth + (m + 2.0 * c)
+        out += (c * r[:, m : m + 1] + _path_sum_torch(q * not_root, tax)) / torch.where(den > 0, den, 1.0)
+    out = mass - 2.0 * out
+    if c == 0.0:
+        out[:, 0] -= pt[:, 0]  # distance(root, root) is 0, where the formula reads 1 - 0/0
+    return out
 
 
 @chunked
@@ -419,8 +531,17 @@ def bayes_node(
         ([1], [2])
     """
     fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
-    if fast and torch_kernels(probs):  # on the tensor's device
-        return _fast_tree_ids_torch(probs, taxonomy, cost, _candidate_mask(taxonomy, candidates), leaf_probs)
+    if torch_kernels(probs):  # on the tensor's device
+        mask = _candidate_mask(taxonomy, candidates)
+        if fast:
+            return _fast_tree_ids_torch(probs, taxonomy, cost, mask, leaf_probs)
+        exp = _expected_cost_torch(probs, taxonomy, cost, leaf_probs)
+        allowed = index_tensor(taxonomy, ("candidates", mask.tobytes()), mask, exp.device)
+        exp = exp.masked_fill(~allowed, float("inf"))
+        ids = exp.argmin(1)  # the first minimum: ties go to the smaller id, as np.argmin
+        if return_cost:
+            return ids, exp.gather(1, ids[:, None])[:, 0].to(_value_dtype(probs))
+        return ids
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
     mask = _candidate_mask(taxonomy, candidates)
@@ -461,17 +582,37 @@ def prediction_expected_cost(
         >>> prediction_expected_cost(p, [4], tax, "lca_height").round(6).tolist()  # 0.6 * 2: wrong under a
         [1.2]
     """
+    if torch_kernels(probs):
+        import torch
+
+        exp = _expected_cost_torch(probs, taxonomy, cost, leaf_probs)
+        if isinstance(predictions, torch.Tensor):  # truncated to integers, as int() does on the host path
+            ids = predictions.detach().to(exp.device, torch.int64).reshape(-1)
+        else:  # names or host ids: converted once, then moved
+            ids = torch.as_tensor(_prediction_ids(predictions, taxonomy), device=exp.device)
+        extremes = torch.stack([ids.min(), ids.max()]).tolist() if ids.numel() else ()
+        _check_prediction_ids(taxonomy, ids.shape[0], exp.shape[0], *extremes)
+        return exp.gather(1, ids[:, None])[:, 0].to(_value_dtype(probs))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     pred = predictions.detach().cpu().numpy() if hasattr(predictions, "detach") else predictions
-    ids = np.array(
-        [taxonomy.index(x) if isinstance(x, str) else int(x) for x in np.asarray(pred).ravel()], dtype=np.int64
-    )
-    if ids.shape[0] != batch.node.shape[0]:
-        raise ValueError(f"predictions has {ids.shape[0]} entries but probs has {batch.node.shape[0]} rows")
-    if ids.size and (ids.min() < 0 or ids.max() >= taxonomy.num_nodes):
-        raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got {ids.min()}..{ids.max()}")
+    ids = _prediction_ids(pred, taxonomy)
+    _check_prediction_ids(taxonomy, ids.shape[0], batch.node.shape[0], *((ids.min(), ids.max()) if ids.size else ()))
     exp = _expected_cost(batch, cost)
     return restore_values(exp[np.arange(len(ids)), ids], batch)
+
+
+def _prediction_ids(predictions: Any, taxonomy: Taxonomy) -> np.ndarray:
+    return np.array(
+        [taxonomy.index(x) if isinstance(x, str) else int(x) for x in np.asarray(predictions).ravel()], dtype=np.int64
+    )
+
+
+def _check_prediction_ids(taxonomy: Taxonomy, count: int, rows: int, low: int = 0, high: int = 0) -> None:
+    """Refuse predictions that are not one node id per row (``low``/``high``: their extremes, when any)."""
+    if count != rows:
+        raise ValueError(f"predictions has {count} entries but probs has {rows} rows")
+    if count and (low < 0 or high >= taxonomy.num_nodes):
+        raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got {low}..{high}")
 
 
 @chunked

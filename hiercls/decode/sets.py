@@ -23,11 +23,12 @@ import scipy.sparse as sp
 
 from hiercls.decode._common import (
     chunked,
-    index_tensor,
     prefix_sums_t,
     prepare,
     prepare_torch,
     restore_sets,
+    subtree_ends,
+    subtree_ends_tensor,
     torch_kernels,
 )
 from hiercls.taxonomy import Taxonomy
@@ -50,14 +51,6 @@ def _above_torch(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: b
     return sets
 
 
-def _subtree_ends(taxonomy: Taxonomy) -> np.ndarray:
-    """``n + subtree_size[n]`` for every node of a tree: its descendants-or-self are the ids ``[n, end[n])``."""
-    cache = taxonomy.namespace_cache(__name__)
-    if "subtree_ends" not in cache:
-        cache["subtree_ends"] = (np.arange(taxonomy.num_nodes) + taxonomy.subtree_size).astype(np.intp)
-    return cache["subtree_ends"]
-
-
 def _ancestor_closure(sets: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     """Every ancestor of a kept node kept too: ``sets [B, N]`` bool, NumPy.
 
@@ -69,7 +62,7 @@ def _ancestor_closure(sets: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     if not taxonomy.is_tree:
         # Row d of the ancestor matrix lists d's ancestors-or-self: S @ A marks every ancestor of a kept node.
         return (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
-    end = _subtree_ends(taxonomy)
+    end = subtree_ends(taxonomy)
     if sets.shape[0] > 1 and sets.strides[0] < sets.strides[1]:  # node-major (e.g. a row block of Fortran order)
         counts = prefix_sums_t(sets.T, dtype=np.int32)
         return (counts[end] > counts[:-1]).T
@@ -85,7 +78,7 @@ def _ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
     if not sets.shape[0]:
         return sets
     if taxonomy.is_tree:
-        end = index_tensor(taxonomy, "subtree_ends", _subtree_ends(taxonomy).astype(np.int64), sets.device)
+        end = subtree_ends_tensor(taxonomy, sets.device)
         counts = sets.new_zeros(sets.shape[0], sets.shape[1] + 1, dtype=torch.int32)
         torch.cumsum(sets, 1, dtype=torch.int32, out=counts[:, 1:])
         return counts.index_select(1, end) > counts[:, :-1]

@@ -1,0 +1,175 @@
+"""Expected costs on the tensor's device: ``expected_cost``, ``bayes_node`` (any cost, ``return_cost``), ``crm``,
+``prediction_expected_cost``, checked against the definition ``sum_y p(y) cost(n, y)`` with the cost from
+``Taxonomy.distance_matrix`` and the label distribution built by hand, with host copies made to raise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hiercls.decode as D
+from hiercls._checks import ProbabilityError
+from hiercls.decode._common import label_distribution_torch
+from hiercls.taxonomy import Taxonomy, TaxonomyError
+from tests._trees import random_tree
+
+
+def _refuse(*_args: object, **_kwargs: object) -> None:
+    raise AssertionError("host round trip (.cpu() / .numpy())")
+
+
+@pytest.fixture
+def on_device(torch_kernels_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The torch kernels on CPU tensors, with ``Tensor.cpu`` / ``Tensor.numpy`` raising while they run."""
+    return monkeypatch
+
+
+def _no_host(m: pytest.MonkeyPatch) -> None:
+    m.setattr(torch.Tensor, "cpu", _refuse)
+    m.setattr(torch.Tensor, "numpy", _refuse)
+
+
+def _random_dag(n: int, seed: int) -> Taxonomy:
+    """A random tree plus extra parents: each picked node gains an earlier node that is not its ancestor."""
+    base = random_tree(n, seed)
+    rng = np.random.default_rng(seed)
+    edges = [(base.name_of(int(base.parents(c)[0])), base.name_of(c)) for c in range(1, base.num_nodes)]
+    anc = base.ancestors_sparse.toarray().astype(bool)
+    for c in rng.choice(np.arange(2, base.num_nodes), base.num_nodes // 4, replace=False):
+        options = [a for a in range(1, c) if not anc[c, a] and not anc[a, c]]
+        if options:
+            edges.append((base.name_of(int(rng.choice(options))), base.name_of(int(c))))
+    dag = Taxonomy(edges)
+    assert not dag.is_tree
+    return dag
+
+
+def _probs(tax: Taxonomy, rows: int, seed: int, internal: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(label distribution ``p [B, N]``, node probabilities ``P = p @ A``), some mass on internal nodes."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(tax.num_nodes, 0.3), rows)
+    if not internal:
+        p[:, ~tax.is_leaf] = 0.0
+        p /= p.sum(1, keepdims=True)
+    a = tax.ancestors_sparse.toarray().astype(np.float64)  # A[y, n] = 1: n is an ancestor-or-self of y
+    return p, p @ a
+
+
+def _brute_expected(tax: Taxonomy, p: np.ndarray, cost: object) -> np.ndarray:
+    if isinstance(cost, str):
+        return p @ tax.distance_matrix(cost, targets=np.arange(tax.num_nodes)).T
+    mat = np.asarray(cost)
+    return p[:, tax.leaves] @ mat.T if mat.shape[1] == tax.num_leaves else p @ mat.T
+
+
+TREES = [random_tree(25, 1), random_tree(40, 2), _random_dag(30, 3)]
+COSTS = [*D.COST_KINDS, "node_to_label", "node_to_leaf"]
+
+
+def _cost(tax: Taxonomy, name: str, seed: int) -> object:
+    rng = np.random.default_rng(seed)
+    if name == "node_to_label":
+        return torch.as_tensor(rng.random((tax.num_nodes, tax.num_nodes)))
+    if name == "node_to_leaf":
+        return rng.random((tax.num_nodes, tax.num_leaves))
+    return name
+
+
+@pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
+@pytest.mark.parametrize("name", COSTS)
+def test_expected_cost_on_the_device_is_the_definition(tree: int, name: str, on_device: pytest.MonkeyPatch) -> None:
+    tax = TREES[tree]
+    internal = name != "node_to_leaf"
+    p, node = _probs(tax, 9, tree, internal=internal)
+    cost = _cost(tax, name, tree)
+    want = _brute_expected(tax, p, cost)
+    x = torch.as_tensor(node)
+    with on_device.context() as m:
+        _no_host(m)
+        got = D.expected_cost(x, tax, cost)
+        ids, best = D.bayes_node(x, tax, cost, return_cost=True)
+        leaves_only, leaf_best = D.crm(x, tax, cost, return_cost=True)
+        scored = D.prediction_expected_cost(x, ids, tax, cost)
+    assert got.dtype == torch.float64 and got.shape == want.shape
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+    # the argmin of the definition (ties within round-off: either side of it is optimal)
+    np.testing.assert_allclose(want[np.arange(len(p)), ids.numpy()], want.min(1), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(best.numpy(), want.min(1), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(scored.numpy(), best.numpy(), rtol=1e-12, atol=1e-14)
+    on_leaves = want[:, tax.leaves]
+    assert tax.is_leaf[leaves_only.numpy()].all()
+    np.testing.assert_allclose(leaf_best.numpy(), on_leaves.min(1), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
+def test_label_distribution_on_the_device_inverts_the_marginals(tree: int, on_device: pytest.MonkeyPatch) -> None:
+    tax = TREES[tree]
+    p, node = _probs(tax, 6, 10 + tree)
+    with on_device.context() as m:
+        _no_host(m)
+        got = label_distribution_torch(torch.as_tensor(node), tax)
+    np.testing.assert_allclose(got.numpy(), p, rtol=0, atol=1e-12)
+
+
+def test_device_results_keep_the_input_dtype_candidates_and_leaf_input(on_device: pytest.MonkeyPatch) -> None:
+    tax = TREES[1]
+    p, node = _probs(tax, 8, 4, internal=False)
+    leaf = torch.as_tensor(p[:, tax.leaves], dtype=torch.float32)
+    x32 = torch.as_tensor(node, dtype=torch.float32)
+    want = _brute_expected(tax, p, "wu_palmer")
+    internal = np.flatnonzero(~tax.is_leaf)
+    with on_device.context() as m:
+        _no_host(m)
+        got = D.expected_cost(x32, tax, "wu_palmer")
+        from_leaves = D.expected_cost(leaf, tax, "wu_palmer", leaf_probs=True)
+        ids, cost = D.bayes_node(x32, tax, "zhao", candidates=internal, return_cost=True)
+    assert got.dtype == from_leaves.dtype == cost.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(from_leaves.numpy(), want, rtol=1e-5, atol=1e-6)
+    zhao = _brute_expected(tax, p, "zhao")[:, internal]
+    assert set(ids.tolist()) <= set(internal.tolist())
+    np.testing.assert_allclose(cost.numpy(), zhao.min(1), rtol=1e-5, atol=1e-6)
+
+
+def test_device_refusals_name_the_culprit(on_device: pytest.MonkeyPatch) -> None:
+    tax = TREES[0]
+    _, node = _probs(tax, 5, 6)
+    x = torch.as_tensor(node)
+    bad = np.random.default_rng(0).random((tax.num_nodes, tax.num_nodes))
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        D.expected_cost(x, tax, torch.as_tensor(bad))
+    with pytest.raises(ValueError, match=r"cost matrix must be \[N, L\]"):
+        D.bayes_node(x, tax, torch.ones(tax.num_nodes, 3), return_cost=True)
+    with pytest.raises(ValueError, match="internal nodes"):
+        D.expected_cost(x, tax, torch.ones(tax.num_nodes, tax.num_leaves))
+    with pytest.raises(ValueError, match="cost must be one of"):
+        D.expected_cost(x, tax, "manhattan")
+    with pytest.raises(TaxonomyError, match=r"node ids in \[0, "):
+        D.prediction_expected_cost(x, torch.full((5,), tax.num_nodes), tax)
+    with pytest.raises(ValueError, match="has 4 entries but probs has 5 rows"):
+        D.prediction_expected_cost(x, torch.zeros(4, dtype=torch.int64), tax)
+    names = [tax.name_of(int(i)) for i in D.bayes_node(x, tax, "zhao")]
+    assert D.prediction_expected_cost(x, names, tax, "zhao").shape == (5,)
+    broken = node.copy()
+    child = int(tax.children(0)[0])
+    broken[3, child] = 0.0  # its children now exceed it: not single-label probabilities
+    with pytest.raises(ProbabilityError, match="row 3"):
+        D.bayes_node(torch.as_tensor(broken), tax, "zhao")
+
+
+def test_default_cpu_route_equals_the_device_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors read through NumPy by default; the answers are the torch kernels' to round-off."""
+    from hiercls.decode import _common
+
+    tax = TREES[2]
+    _, node = _probs(tax, 7, 8)
+    x = torch.as_tensor(node)
+    host = D.expected_cost(x, tax, "shortest_path"), D.bayes_node(x, tax, "zhao", return_cost=True)
+    monkeypatch.setattr(_common, "TORCH_KERNELS_ON_CPU", True)
+    dev = D.expected_cost(x, tax, "shortest_path"), D.bayes_node(x, tax, "zhao", return_cost=True)
+    torch.testing.assert_close(dev[0], host[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dev[1][1], host[1][1], rtol=1e-12, atol=1e-12)
+    assert torch.equal(dev[1][0], host[1][0])
