@@ -173,3 +173,46 @@ def test_default_cpu_route_equals_the_device_route(monkeypatch: pytest.MonkeyPat
     torch.testing.assert_close(dev[0], host[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(dev[1][1], host[1][1], rtol=1e-12, atol=1e-12)
     assert torch.equal(dev[1][0], host[1][0])
+
+
+def _brute_hf(tax: Taxonomy, p: np.ndarray, sets: np.ndarray, beta: float, include_root: bool) -> np.ndarray:
+    """``sum_y p(y) hF_beta(S, ancestors-or-self of y)`` set by set, from the definition."""
+    anc = tax.ancestors_sparse.toarray().astype(bool)
+    out = np.zeros(len(p))
+    for i, s in enumerate(sets):
+        s = s.copy()
+        s[0] = include_root
+        for y in range(tax.num_nodes):
+            a = anc[y].copy()
+            a[0] = include_root
+            inter, ns, na = (s & a).sum(), s.sum(), a.sum()
+            hf = 1.0 if ns == na == 0 else (1 + beta**2) * inter / (beta**2 * na + ns)
+            out[i] += p[i, y] * hf
+    return out
+
+
+@pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
+@pytest.mark.parametrize(("beta", "include_root"), [(1.0, False), (2.0, True), (0.5, False)])
+def test_expected_hfbeta_on_the_device_is_the_definition(
+    tree: int, beta: float, include_root: bool, on_device: pytest.MonkeyPatch
+) -> None:
+    tax = TREES[tree]
+    p, node = _probs(tax, 6, 20 + tree)
+    rng = np.random.default_rng(tree)
+    sets = rng.random((6, tax.num_nodes)) < 0.3
+    sets[0] = False  # the empty set
+    want = _brute_hf(tax, p, sets, beta, include_root)
+    q = np.where(tax.is_leaf[None, :], p, 0.0)
+    q /= q.sum(1, keepdims=True)  # leaf probabilities: all the mass on leaves
+    with on_device.context() as m:
+        _no_host(m)
+        got = D.expected_hfbeta(torch.as_tensor(sets), torch.as_tensor(node), tax, beta, include_root=include_root)
+        leaf = torch.as_tensor(q[:, tax.leaves])
+        from_leaves = D.expected_hfbeta(
+            torch.as_tensor(sets), leaf, tax, beta, include_root=include_root, leaf_probs=True
+        )
+    assert got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(from_leaves.numpy(), _brute_hf(tax, q, sets, beta, include_root), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"sets must be boolean node sets \[B, N\]"):
+        D.expected_hfbeta(torch.ones(2, tax.num_nodes, dtype=torch.bool), torch.as_tensor(node), tax)

@@ -36,6 +36,7 @@ __all__ = [
     "index_tensor",
     "label_distribution",
     "label_distribution_torch",
+    "leaf_rows_torch",
     "prefix_sums_t",
     "prepare",
     "prepare_torch",
@@ -46,6 +47,7 @@ __all__ = [
     "subtree_ends",
     "subtree_ends_tensor",
     "torch_kernels",
+    "value_dtype_torch",
 ]
 
 ROW_CHUNK = 2048
@@ -466,6 +468,22 @@ def label_distribution(node_probs: np.ndarray, taxonomy: Taxonomy, *, leaf: np.n
         out = np.asarray(out)
         check_label_mass(out, taxonomy, node_probs, row_offset=_ROW_OFFSET.get())
     return np.maximum(out, 0.0, out=out)
+
+
+def leaf_rows_torch(probs: Any) -> Any:
+    """Leaf-probability tensor rows ``[B, L]`` in the working dtype of :func:`prepare_torch` (already validated)."""
+    import torch
+
+    leaf = probs.detach()
+    leaf = leaf.float() if leaf.dtype == torch.float32 or not leaf.dtype.is_floating_point else leaf.double()
+    return leaf.reshape(-1, leaf.shape[-1])
+
+
+def value_dtype_torch(probs: Any) -> Any:
+    """The dtype of values handed back for a tensor input (as :func:`restore_values`): its own float dtype."""
+    import torch
+
+    return probs.dtype if probs.dtype.is_floating_point else torch.float32
 
 
 def label_distribution_torch(x: Any, taxonomy: Taxonomy, *, leaf: Any = None) -> Any:

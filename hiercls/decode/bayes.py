@@ -32,12 +32,14 @@ from hiercls.decode._common import (
     index_tensor,
     label_distribution_t,
     label_distribution_torch,
+    leaf_rows_torch,
     prepare,
     prepare_torch,
     restore_ids,
     restore_values,
     subtree_ends_tensor,
     torch_kernels,
+    value_dtype_torch,
 )
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
@@ -229,15 +231,6 @@ def _level_tables_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any,
     return cache[key]
 
 
-def _leaf_rows(probs: Any) -> Any:
-    """Leaf-probability tensor rows ``[B, L]`` in the working dtype of :func:`prepare_torch` (already validated)."""
-    import torch
-
-    leaf = probs.detach()
-    leaf = leaf.float() if leaf.dtype == torch.float32 or not leaf.dtype.is_floating_point else leaf.double()
-    return leaf.reshape(-1, leaf.shape[-1])
-
-
 def _path_sum_torch(x: Any, taxonomy: Taxonomy) -> Any:
     """:func:`_path_sum_t` on a sample-major tensor ``[B, N]``, in place: each level adds its parents' sums."""
     dev, par = x.device, taxonomy.parent
@@ -258,7 +251,7 @@ def _fast_tree_ids_torch(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.nda
     b, n = x.shape
     if not b:
         return torch.zeros(0, dtype=torch.int64, device=dev)
-    pt = label_distribution_torch(x, tax, leaf=_leaf_rows(probs) if leaf_probs else None)
+    pt = label_distribution_torch(x, tax, leaf=leaf_rows_torch(probs) if leaf_probs else None)
     big = pt.clone()
     for kids, row, parents, count in _level_tables_torch(tax, dev):
         big[:, parents] += torch.zeros(b, count, dtype=big.dtype, device=dev).index_add_(1, row, big[:, kids])
@@ -344,16 +337,9 @@ def expected_cost(probs: Any, taxonomy: Taxonomy, cost: Any = "shortest_path", *
         [[1.5, 1.5, 1.5, 2.5, 1.5]]
     """
     if torch_kernels(probs):
-        return _expected_cost_torch(probs, taxonomy, cost, leaf_probs).to(_value_dtype(probs))
+        return _expected_cost_torch(probs, taxonomy, cost, leaf_probs).to(value_dtype_torch(probs))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     return restore_values(_expected_cost(batch, cost), batch)
-
-
-def _value_dtype(probs: Any) -> Any:
-    """The dtype of values handed back for a tensor input (as :func:`restore_values`): its own float dtype."""
-    import torch
-
-    return probs.dtype if probs.dtype.is_floating_point else torch.float32
 
 
 def _expected_cost(batch: Batch, cost: Any) -> np.ndarray:
@@ -438,7 +424,7 @@ def _expected_cost_torch(probs: Any, taxonomy: Taxonomy, cost: Any, leaf_probs: 
     tax = taxonomy
     x = prepare_torch(probs, tax, leaf_probs=leaf_probs)
     dev = x.device
-    p = label_distribution_torch(x, tax, leaf=_leaf_rows(probs) if leaf_probs else None)
+    p = label_distribution_torch(x, tax, leaf=leaf_rows_torch(probs) if leaf_probs else None)
     if isinstance(cost, str):
         if cost not in COST_KINDS:
             raise ValueError(f"cost must be one of {', '.join(COST_KINDS)} or a cost matrix; got {cost!r}")
@@ -540,7 +526,7 @@ def bayes_node(
         exp = exp.masked_fill(~allowed, float("inf"))
         ids = exp.argmin(1)  # the first minimum: ties go to the smaller id, as np.argmin
         if return_cost:
-            return ids, exp.gather(1, ids[:, None])[:, 0].to(_value_dtype(probs))
+            return ids, exp.gather(1, ids[:, None])[:, 0].to(value_dtype_torch(probs))
         return ids
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
@@ -592,7 +578,7 @@ def prediction_expected_cost(
             ids = torch.as_tensor(_prediction_ids(predictions, taxonomy), device=exp.device)
         extremes = torch.stack([ids.min(), ids.max()]).tolist() if ids.numel() else ()
         _check_prediction_ids(taxonomy, ids.shape[0], exp.shape[0], *extremes)
-        return exp.gather(1, ids[:, None])[:, 0].to(_value_dtype(probs))
+        return exp.gather(1, ids[:, None])[:, 0].to(value_dtype_torch(probs))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     pred = predictions.detach().cpu().numpy() if hasattr(predictions, "detach") else predictions
     ids = _prediction_ids(pred, taxonomy)

@@ -96,11 +96,18 @@ from hiercls.decode._common import (
     _ROW_OFFSET,
     Batch,
     chunked,
+    index_tensor,
     label_distribution_t,
+    label_distribution_torch,
+    leaf_rows_torch,
     prefix_sums_t,
     prepare,
+    prepare_torch,
     restore_sets,
     restore_values,
+    subtree_ends_tensor,
+    torch_kernels,
+    value_dtype_torch,
 )
 from hiercls.taxonomy import Taxonomy
 
@@ -160,6 +167,8 @@ def expected_hfbeta(
         0.5333
     """
     b2 = check_beta(beta) ** 2
+    if torch_kernels(probs):
+        return _expected_hfbeta_torch(sets, probs, taxonomy, b2, include_root, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     s = _as_sets(sets, taxonomy, batch.node.shape[0])
     s[:, 0] = include_root
@@ -173,6 +182,43 @@ def expected_hfbeta(
         hf = np.where(denom > 0, (1 + b2) * inter / np.where(denom > 0, denom, 1.0), 0.0)
     hf = np.where(both_empty, 1.0, hf)
     return restore_values((p * hf).sum(1), batch)
+
+
+def _expected_hfbeta_torch(sets: Any, probs: Any, taxonomy: Taxonomy, b2: float, include_root: bool, leaf: bool) -> Any:
+    """:func:`expected_hfbeta` on the tensor's device (float64 sums; the same formula as the NumPy path).
+
+    ``|S cap Y_y|`` is the running count of :func:`_path_counts` on trees (``+1`` at each member, ``-1`` where
+    its subtree ends, one cumulative sum) and one ``index_add_`` over the ancestor pairs on DAGs.
+    """
+    import torch
+
+    tax = taxonomy
+    x = prepare_torch(probs, tax, leaf_probs=leaf)
+    p = label_distribution_torch(x, tax, leaf=leaf_rows_torch(probs) if leaf else None)
+    b, n = p.shape
+    s = torch.as_tensor(sets, device=p.device)
+    s = s[None, :] if s.dim() == 1 else s
+    if tuple(s.shape) != (b, n):
+        raise ValueError(f"sets must be boolean node sets [B, N] = [{b}, {n}]; got shape {list(s.shape)}")
+    s = s.to(torch.float64, copy=True)
+    s[:, 0] = float(include_root)
+    if tax.is_tree:
+        step = torch.zeros(b, n + 1, dtype=torch.float64, device=p.device)
+        step[:, :n] = s
+        step.index_add_(1, subtree_ends_tensor(tax, p.device), s, alpha=-1.0)
+        inter = step.cumsum(1)[:, :n]
+    else:
+        anc = tax.ancestors_sparse.tocoo()  # (label y, its ancestor-or-self a)
+        rows, cols = (
+            index_tensor(tax, ("ancestor_pairs", k), a, p.device) for k, a in (("y", anc.row), ("a", anc.col))
+        )
+        inter = torch.zeros_like(s).index_add_(1, rows, s[:, cols])
+    size = s.sum(1, keepdim=True)
+    ly = index_tensor(tax, ("label_sizes", include_root), _label_sizes(tax, include_root), p.device).double()
+    denom = b2 * ly + size
+    hf = torch.where(denom > 0, (1 + b2) * inter / torch.where(denom > 0, denom, 1.0), 0.0)
+    hf = torch.where((ly == 0) & (size == 0), 1.0, hf)
+    return (p * hf).sum(1).to(value_dtype_torch(probs))
 
 
 def _path_counts(s: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
