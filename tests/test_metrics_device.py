@@ -137,7 +137,7 @@ def test_mixed_inputs_names_and_cost_matrices_on_tensors():
         M.realized_cost(torch.as_tensor([1]), torch.as_tensor([1]), taxonomy=tax, cost=nl_cost)
 
 
-def test_bad_tensor_ids_are_named_and_dags_keep_the_numpy_path():
+def test_bad_tensor_ids_are_named_and_dags_score_as_the_numpy_path():
     tax, t, p, _ = _data(4)
     bad = torch.as_tensor(p).clone()
     bad[17] = tax.num_nodes
@@ -153,6 +153,60 @@ def test_bad_tensor_ids_are_named_and_dags_keep_the_numpy_path():
         np.testing.assert_allclose(
             np.asarray(fn(torch.as_tensor(yt), torch.as_tensor(yp), taxonomy=dag)), fn(yt, yp, taxonomy=dag)
         )
+
+
+def _dag_data(seed: int, n: int = 150):
+    """A random DAG (a tree plus second parents from earlier, unrelated nodes) and labels on it."""
+    base = random_tree(40, seed)
+    rng = np.random.default_rng(seed)
+    edges = [(base.name_of(int(base.parents(c)[0])), base.name_of(c)) for c in range(1, base.num_nodes)]
+    anc = base.ancestors_sparse.toarray().astype(bool)
+    for c in rng.choice(np.arange(2, base.num_nodes), 12, replace=False):
+        options = [a for a in range(1, c) if not anc[c, a] and not anc[a, c]]
+        if options:
+            edges.append((base.name_of(int(rng.choice(options))), base.name_of(int(c))))
+    dag = Taxonomy(edges)
+    assert not dag.is_tree
+    t = rng.integers(0, dag.num_nodes, n)
+    t[rng.random(n) < 0.1] = -1
+    p = np.where(rng.random(n) < 0.4, np.maximum(t, 0), rng.integers(0, dag.num_nodes, n))
+    return dag, t, p, rng.random(n)
+
+
+# the set metrics, which run on the device on DAGs too (distances and levels of DAGs read the NumPy path)
+DAG_FUNCTIONS = ["hprf_micro", "hprf_samples", "hf_samples_root", "hprf_macro", "hprf_weighted", "node_macro"]
+DAG_FUNCTIONS += ["hamming", "exact"]
+
+
+@pytest.mark.parametrize("name", DAG_FUNCTIONS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_set_metrics_of_dags_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
+    fn = FUNCTIONS[name]
+    tax, t, p, w = _dag_data(len(name) + weighted)
+    w = w if weighted else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = fn(t, p, taxonomy=tax, sample_weight=w)
+        with monkeypatch.context() as m:
+            if name not in HOST_REDUCTION:
+                _forbid_host(m)
+            got = fn(torch.as_tensor(t), torch.as_tensor(p), taxonomy=tax, sample_weight=_tensor(w))
+    np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["HierarchicalFBeta_samples", "HierarchicalFBeta_macro", "NodeF1"])
+def test_stateful_set_metrics_of_dags_stay_on_the_device(name, monkeypatch):
+    tax, t, p, w = _dag_data(7)
+    ref, dev = STATEFUL[name](tax), STATEFUL[name](tax)
+    for s in range(0, len(t), 50):
+        ref.update(t[s : s + 50], p[s : s + 50], sample_weight=w[s : s + 50])
+        with monkeypatch.context() as m:
+            _forbid_host(m)
+            dev.update(
+                torch.as_tensor(t[s : s + 50]), torch.as_tensor(p[s : s + 50]), sample_weight=_tensor(w[s : s + 50])
+            )
+    for key, value in ref.states().items():
+        torch.testing.assert_close(dev.states()[key], value, rtol=1e-12, atol=1e-12, msg=key)
 
 
 STATEFUL = {

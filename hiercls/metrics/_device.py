@@ -5,7 +5,9 @@ semantic-level classes) and a sum over the batch, so the labels never leave thei
 few scalars, or ``[N]`` node counts) come back as results. The tables are the taxonomy's own arrays, copied
 once per device (``index_tensor``). Each kernel mirrors the NumPy computation of the same name
 (``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
-them on CPU tensors. DAG taxonomies and node-set labels keep the NumPy path; so do CPU tensors (see :data:`ON_CPU`).
+them on CPU tensors. On DAGs the set metrics (hierarchical P/R/F, node metrics, Hamming, exact match) run here
+too, from a padded ancestor table; the distance and level metrics of DAGs and node-set labels keep the NumPy path;
+so do CPU tensors (see :data:`ON_CPU`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def table(taxonomy: Taxonomy, key: str, device: torch.device) -> torch.Tensor:
         from hiercls.metrics.distance import semantic_level_table
 
         values = semantic_level_table(taxonomy)
+    elif key == "ancestors":
+        values = _ancestor_table(taxonomy)
     else:  # pragma: no cover - internal keys only
         raise KeyError(key)
     return index_tensor(taxonomy, f"metrics/{key}", values, device)
@@ -66,10 +70,40 @@ def lca(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> torch.Tensor:
     return out
 
 
+def _ancestor_table(taxonomy: Taxonomy) -> np.ndarray:
+    """``[N, K]`` int64: the ancestors-or-self of each node in ascending id order, ``-1`` padding in front (``K``
+    the largest such set), so that each row is sorted and :func:`torch.searchsorted` tests membership."""
+    anc = taxonomy.ancestors_sparse.tocsr()
+    anc.sort_indices()
+    counts = np.diff(anc.indptr)
+    k = int(counts.max(initial=1))
+    out = np.full((taxonomy.num_nodes, k), -1, dtype=np.int64)
+    rows = np.repeat(np.arange(taxonomy.num_nodes), counts)
+    cols = k - counts[rows] + (np.arange(anc.nnz) - anc.indptr[rows])  # right-aligned
+    out[rows, cols] = anc.indices
+    return out
+
+
+def _shared_ancestors(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> tuple[torch.Tensor, torch.Tensor]:
+    """DAGs: ``(ancestors-or-self rows of t [B, K], which of them are also ancestors-or-self of p [B, K])``."""
+    tab = table(taxonomy, "ancestors", t.device)
+    at, ap = tab[t], tab[p]
+    pos = torch.searchsorted(ap, at).clamp_(max=ap.shape[1] - 1)
+    return at, (at >= 0) & (ap.gather(1, pos) == at)
+
+
 def root_free_counts(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> tuple[torch.Tensor, ...]:
-    """Per sample ``(|T ∩ P|, |P|, |T|)`` of the root paths, root left out, float64 (trees)."""
-    d = table(taxonomy, "depth", t.device).to(torch.float64)
-    return d[lca(t, p, taxonomy)], d[p], d[t]
+    """Per sample ``(|T ∩ P|, |P|, |T|)`` of the ancestor-closed sets, root left out, float64.
+
+    Trees: depths at the LCA and at both labels. DAGs: the ancestor sets are sorted rows of one table, and the
+    intersection is counted by binary search of one row in the other, O(K log K) per sample.
+    """
+    if taxonomy.is_tree:
+        d = table(taxonomy, "depth", t.device).to(torch.float64)
+        return d[lca(t, p, taxonomy)], d[p], d[t]
+    sizes = (table(taxonomy, "ancestors", t.device) >= 0).sum(1).to(torch.float64) - 1.0
+    _, shared = _shared_ancestors(t, p, taxonomy)
+    return shared.sum(1).to(torch.float64) - 1.0, sizes[p], sizes[t]
 
 
 def _bincount(x: torch.Tensor, w: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -79,22 +113,29 @@ def _bincount(x: torch.Tensor, w: torch.Tensor | None, n: int) -> torch.Tensor:
 def node_confusion(
     t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, w: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Weighted per-node ``(tp, fp, fn)`` float64 ``[N]`` of the root paths (trees).
+    """Weighted per-node ``(tp, fp, fn)`` float64 ``[N]`` of the ancestor-closed sets.
 
-    Node ``j`` is a true positive of sample ``b`` iff it lies on the root path of ``lca(t_b, p_b)``: count the
-    samples per node, then push every count up its root path (one scatter of ``[N, height]`` entries).
+    Count the samples per true and per predicted node, then push every count up to the node's ancestors (one
+    scatter over the ``[N, K]`` ancestor table: root paths on trees). Node ``j`` is a true positive of sample
+    ``b`` iff it is an ancestor of both labels: on a tree, of ``lca(t_b, p_b)``, counted the same way; on a DAG
+    the shared ancestors of each sample are scattered directly.
     """
     n = taxonomy.num_nodes
-    paths = table(taxonomy, "paths", t.device)
-    valid = paths >= 0
-    rows = torch.arange(n, device=t.device).unsqueeze(1).expand_as(paths)[valid]
-    cols = paths[valid]
+    anc = table(taxonomy, "paths" if taxonomy.is_tree else "ancestors", t.device)
+    valid = anc >= 0
+    rows = torch.arange(n, device=t.device).unsqueeze(1).expand_as(anc)[valid]
+    cols = anc[valid]
 
     def up(per_node: torch.Tensor) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float64, device=t.device).index_add_(0, cols, per_node[rows])
 
     wf = None if w is None else w.to(torch.float64)
-    tp = up(_bincount(lca(t, p, taxonomy), wf, n))
+    if taxonomy.is_tree:
+        tp = up(_bincount(lca(t, p, taxonomy), wf, n))
+    else:
+        at, shared = _shared_ancestors(t, p, taxonomy)
+        per_sample = shared.to(torch.float64) if wf is None else shared * wf[:, None]
+        tp = torch.zeros(n, dtype=torch.float64, device=t.device).index_add_(0, at[shared], per_sample[shared])
     return tp, up(_bincount(p, wf, n)) - tp, up(_bincount(t, wf, n)) - tp
 
 

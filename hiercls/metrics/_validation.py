@@ -46,7 +46,8 @@ class Labels:
     """One batch of labels: ``ids`` (one node per sample) or ``sets`` (closed CSR ``[B, N]``), never both.
 
     ``ids`` is a torch tensor (int64, on the input's device) only where the caller asked for the device path
-    (``to_labels(..., device=True)``, trees): the metrics then run the kernels of ``hiercls.metrics._device``.
+    (``to_labels(..., device=True)``; trees, and DAGs for the set metrics): the metrics then run the kernels of
+    ``hiercls.metrics._device``.
     """
 
     ids: Any  # np.ndarray | torch.Tensor | None
@@ -329,7 +330,14 @@ def _torch_ids(y: Any, taxonomy: Taxonomy, name: str, allow_ignore: bool) -> Any
 
 
 def to_labels(
-    y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allow_ignore: bool = False, device: bool = False
+    y: Any,
+    taxonomy: Taxonomy,
+    *,
+    name: str,
+    close: bool = True,
+    allow_ignore: bool = False,
+    device: bool = False,
+    dags: bool = False,
 ) -> Labels:
     """Convert ``y`` to :class:`Labels`, validating shape, dtype, ids and names.
 
@@ -340,7 +348,8 @@ def to_labels(
         name: parameter name for error messages (``"y_true"``, ``"y_pred"``).
         close: add all ancestors to node sets (id labels are closed by construction).
         allow_ignore: accept ``-1`` ids (samples to ignore); the caller drops them.
-        device: keep 1-D integer torch tensors on their device (trees only; the caller has a torch path).
+        device: keep 1-D integer torch tensors on their device (trees; the caller has a torch path).
+        dags: with ``device``, on DAGs too (the caller's kernels handle DAGs).
 
     Raises:
         TaxonomyError: unknown label names.
@@ -348,7 +357,7 @@ def to_labels(
         TypeError: unsupported input type or dtype.
     """
     n = taxonomy.num_nodes
-    if device and taxonomy.is_tree:
+    if device and (dags or taxonomy.is_tree):
         ids = _torch_ids(y, taxonomy, name, allow_ignore)
         if ids is not None:
             return Labels(ids, None, n)
@@ -498,17 +507,19 @@ def prepare_pair(
     close_pred: bool | None = None,
     return_keep: bool = False,
     device: bool = False,
+    dags: bool = False,
 ) -> Any:
     """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
 
     With ``return_keep`` also returns the boolean mask of the samples kept (to align other per-sample inputs).
     With ``device`` (callers that have a torch path), node ids given as torch tensors stay on their device
-    (trees): the labels then hold tensors, and so do the weights and the mask; a NumPy or name side of the pair
-    is moved to the tensor's device.
+    (trees; DAGs too with ``dags``): the labels then hold tensors, and so do the weights and the mask; a NumPy
+    or name side of the pair is moved to the tensor's device.
     """
     check_taxonomy(taxonomy)
-    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, device=device)
-    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred, device=device)
+    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, device=device, dags=dags)
+    p_close = close if close_pred is None else close_pred
+    p = to_labels(y_pred, taxonomy, name="y_pred", close=p_close, device=device, dags=dags)
     if len(t) != len(p):
         raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
     if t.is_torch or p.is_torch:

@@ -268,7 +268,7 @@ def hierarchical_precision_recall_fscore(
     check_choice(average, ("micro", "macro", "weighted", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True, dags=True)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     if average in ("macro", "weighted"):
