@@ -491,8 +491,9 @@ def label_distribution_torch(x: Any, taxonomy: Taxonomy, *, leaf: Any = None) ->
     ``x`` (:func:`prepare_torch`), or from the leaf probabilities ``leaf`` ``[B, L]`` when given.
 
     Trees: ``P(n)`` minus the sum of its children's ``P`` (one ``index_add_``). DAGs: ``P(n)`` minus the label mass
-    of its strict descendants, one height at a time from the leaves up (each height reads only lower ones), the
-    triangular solve of the NumPy path as ``height`` sparse gathers. Round-off negatives are clipped to 0; a
+    of its strict descendants, one level of ``max_depth`` at a time from the deepest up (each reads only finished
+    levels), the triangular solve of the NumPy path as one sparse gather per level. Round-off negatives are
+    clipped to 0; a
     negative beyond round-off is named by the NumPy check (the error path is the only host copy).
     """
     import torch
@@ -517,7 +518,7 @@ def label_distribution_torch(x: Any, taxonomy: Taxonomy, *, leaf: Any = None) ->
 
 
 def _descendant_levels_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any, Any]]:
-    """Per height above the leaves (ascending) of a DAG: (its nodes, for every (node, strict descendant) pair
+    """Per level of ``max_depth`` of a DAG, deepest first: (its nodes, for every (node, strict descendant) pair
     the node's position in the level, the descendant), as cached device tensors."""
     import torch
 
@@ -527,19 +528,12 @@ def _descendant_levels_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any,
         anc = taxonomy.ancestors_sparse.tocoo()
         strict = anc.row != anc.col
         desc, node = anc.row[strict], anc.col[strict]  # node is a strict ancestor of desc
-        # height = the longest path down to a leaf: relax every edge until nothing moves (at most depth rounds)
-        child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr))
-        parent = np.asarray(taxonomy.parent_idx)
-        height = np.zeros(taxonomy.num_nodes, dtype=np.int64)
-        while True:
-            new = height.copy()
-            np.maximum.at(new, parent, height[child] + 1)
-            if np.array_equal(new, height):
-                break
-            height = new
         levels = []
-        for h in range(1, int(height.max(initial=0)) + 1):
-            nodes = np.flatnonzero(height == h)
+        # A strict descendant is deeper by the longest root path, so the levels of max_depth, deepest first,
+        # each read only finished ones.
+        depth = np.asarray(taxonomy.max_depth)
+        for h in range(int(depth.max(initial=0)) - 1, -1, -1):
+            nodes = np.flatnonzero(depth == h)
             pos = np.full(taxonomy.num_nodes, -1, dtype=np.int64)
             pos[nodes] = np.arange(len(nodes))
             sel = pos[node] >= 0

@@ -5,9 +5,9 @@ semantic-level classes) and a sum over the batch, so the labels never leave thei
 few scalars, or ``[N]`` node counts) come back as results. The tables are the taxonomy's own arrays, copied
 once per device (``index_tensor``). Each kernel mirrors the NumPy computation of the same name
 (``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
-them on CPU tensors. On DAGs the set metrics (hierarchical P/R/F, node metrics, Hamming, exact match) run here
-too, from a padded ancestor table; the distance and level metrics of DAGs and node-set labels keep the NumPy path;
-so do CPU tensors (see :data:`ON_CPU`).
+them on CPU tensors. On DAGs the set and distance metrics run here too, from a padded ancestor table (shared
+ancestors by binary search; the LCA is the deepest shared one); the level metrics of DAGs and node-set labels keep
+the NumPy path; so do CPU tensors (see :data:`ON_CPU`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,13 @@ def table(taxonomy: Taxonomy, key: str, device: torch.device) -> torch.Tensor:
 
 
 def lca(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> torch.Tensor:
-    """Lowest common ancestors on a tree: the last position where the two root paths agree."""
+    """Lowest common ancestors: on a tree the last position where the two root paths agree; on a DAG the deepest
+    shared ancestor (by ``depth``, ties to the smaller id), as :meth:`Taxonomy.lca`."""
+    if not taxonomy.is_tree:
+        at, shared = _shared_ancestors(t, p, taxonomy)
+        n = taxonomy.num_nodes
+        rank = table(taxonomy, "depth", t.device)[at.clamp(min=0)] * (n + 1) + (n - at)  # deeper, then smaller id
+        return at.gather(1, torch.where(shared, rank, -1).argmax(1, keepdim=True)).squeeze(1)
     paths = table(taxonomy, "paths", t.device)
     out = torch.empty_like(t)
     for s in range(0, len(t), _CHUNK):
@@ -140,7 +146,7 @@ def node_confusion(
 
 
 def distance(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, kind: str) -> torch.Tensor:
-    """``Taxonomy.distance(kind)`` and ``"lca_node_height"`` between node ids, float64 (trees)."""
+    """``Taxonomy.distance(kind)`` and ``"lca_node_height"`` between node ids, float64."""
     anc = lca(t, p, taxonomy)
     if kind == "lca_node_height":
         out = table(taxonomy, "heights", t.device)[anc].to(torch.float64)

@@ -155,7 +155,7 @@ def mistake_severity(
         1.5
     """
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True)
     _nonempty(t)
     num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
     return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
@@ -172,7 +172,7 @@ def hierarchical_distance_loss(
         >>> hierarchical_distance_loss(["x", "x"], ["y", "x"], taxonomy=tax)  # x - a - y: 2 edges, then 0
         1.0
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True)
     _nonempty(t)
     d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
     return _mean(d, w)
@@ -283,7 +283,7 @@ def realized_cost(
         >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
         8.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True)
     _nonempty(t)
     d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
     return _mean(d, w)
