@@ -291,3 +291,68 @@ def test_dag_lca_on_the_device_is_the_deepest_shared_ancestor_ties_to_the_smalle
     got = _device.lca(torch.as_tensor(a), torch.as_tensor(b), dag)
     np.testing.assert_array_equal(got.numpy(), dag.lca(a, b))
     assert int(_device.lca(torch.tensor([dag.index("x")]), torch.tensor([dag.index("y")]), dag)) == dag.index("a")
+
+
+SET_FUNCTIONS = ["hprf_micro", "hprf_samples", "hf_samples_root", "hprf_macro", "hprf_weighted", "node_macro"]
+SET_FUNCTIONS += ["hamming", "exact"]
+
+
+def _raw_sets(tax: Taxonomy, ids: np.ndarray, seed: int) -> np.ndarray:
+    """Unclosed 0/1 node sets [B, N]: each sample's node plus a random extra node (ancestors left to closing)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((len(ids), tax.num_nodes), dtype=np.int64)
+    out[np.arange(len(ids)), np.maximum(ids, 0)] = 1
+    extra = rng.random(len(ids)) < 0.5
+    out[np.flatnonzero(extra), rng.integers(0, tax.num_nodes, int(extra.sum()))] = 1
+    return out
+
+
+@pytest.mark.parametrize("name", SET_FUNCTIONS)
+@pytest.mark.parametrize("shape", ["tree", "dag"])
+@pytest.mark.parametrize("pair", ["sets-sets", "ids-sets", "sets-ids"])
+def test_node_set_tensors_are_scored_on_the_device_as_the_numpy_path(name, shape, pair, monkeypatch):
+    fn = FUNCTIONS[name]
+    tax, t, p, w = _dag_data(len(name)) if shape == "dag" else _data(len(name), weighted=True)
+    keep = t >= 0
+    tsets, psets = _raw_sets(tax, t, 1), _raw_sets(tax, p, 2)
+    if pair == "sets-sets":  # sets on both sides: no ignored samples
+        t, p, w = t[keep], p[keep], w[keep]
+        yt, yp = tsets[keep], psets[keep].astype(bool)
+    elif pair == "ids-sets":
+        yt, yp = t, psets.astype(np.float32)
+    else:
+        t, p, w = t[keep], p[keep], w[keep]
+        yt, yp = tsets[keep], p
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = fn(yt, yp, taxonomy=tax, sample_weight=w)
+        with monkeypatch.context() as m:
+            if name not in HOST_REDUCTION:
+                _forbid_host(m)
+            got = fn(torch.as_tensor(yt), torch.as_tensor(yp), taxonomy=tax, sample_weight=torch.as_tensor(w))
+    np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
+
+
+def test_node_set_tensors_refusals_and_stateful_updates(monkeypatch):
+    tax, t, p, w = _data(5, weighted=True)
+    keep = t >= 0
+    tsets, psets = _raw_sets(tax, t[keep], 3), _raw_sets(tax, p[keep], 4)
+    bad = torch.as_tensor(psets).clone()
+    bad[4, 7] = 2
+    from hiercls.metrics import _device
+
+    if _device.ON_CPU:  # the device check names the culprit as the host one does
+        with pytest.raises(ValueError, match=r"y_pred\[4, 7\] = 2; node sets must hold only 0/1"):
+            M.hierarchical_f1_score(torch.as_tensor(tsets), bad, taxonomy=tax)
+        with pytest.raises(ValueError, match=r"expected \[B\] node ids or \[B, \d+\] node sets"):
+            M.hierarchical_f1_score(torch.as_tensor(tsets), torch.ones(len(tsets), 3), taxonomy=tax)
+    for cls in (lambda: M.HierarchicalFBeta(tax, average="macro", zero_division=0.0), lambda: M.NodeF1(tax)):
+        ref, dev = cls(), cls()
+        ref.update(tsets, psets, sample_weight=w[keep])
+        with monkeypatch.context() as m:
+            _forbid_host(m)
+            dev.update(torch.as_tensor(tsets), torch.as_tensor(psets), sample_weight=torch.as_tensor(w[keep]))
+        for key, value in ref.states().items():
+            torch.testing.assert_close(dev.states()[key], value, rtol=1e-12, atol=1e-12, msg=key)
+    with pytest.raises(ValueError, match="needs single node ids"):  # distances need ids, on either path
+        M.MistakeSeverity(tax).update(torch.as_tensor(tsets), torch.as_tensor(psets))

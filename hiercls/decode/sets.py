@@ -71,7 +71,7 @@ def _ancestor_closure(sets: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
     return np.take(counts, end, axis=1) > counts[:, :-1]
 
 
-def _ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
+def ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
     """:func:`_ancestor_closure` on the tensor's device (trees: the running count; DAGs: a sparse product)."""
     import torch
 
@@ -138,7 +138,7 @@ def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs
         ([[1, 0, 1, 0, 0]], [[1, 1, 1, 0, 0]])
     """
     if torch_kernels(probs):
-        return _ancestor_closure_torch(
+        return ancestor_closure_torch(
             _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs), taxonomy
         )
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)

@@ -6,8 +6,9 @@ few scalars, or ``[N]`` node counts) come back as results. The tables are the ta
 once per device (``index_tensor``). Each kernel mirrors the NumPy computation of the same name
 (``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
 them on CPU tensors. On DAGs the set and distance metrics run here too, from a padded ancestor table (shared
-ancestors by binary search; the LCA is the deepest shared one); the level metrics of DAGs and node-set labels keep
-the NumPy path; so do CPU tensors (see :data:`ON_CPU`).
+ancestors by binary search; the LCA is the deepest shared one), and so do the set metrics of node sets given as
+tensors (dense, closed on the device). The level metrics of DAGs keep the NumPy path; so do CPU tensors (see
+:data:`ON_CPU`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,32 @@ def root_free_counts(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> tu
     sizes = (table(taxonomy, "ancestors", t.device) >= 0).sum(1).to(torch.float64) - 1.0
     _, shared = _shared_ancestors(t, p, taxonomy)
     return shared.sum(1).to(torch.float64) - 1.0, sizes[p], sizes[t]
+
+
+def ancestor_sets(ids: torch.Tensor, taxonomy: Taxonomy) -> torch.Tensor:
+    """Closed node sets ``[B, N]`` bool of node ids: each row marks the ancestors-or-self (the padding of the
+    table scatters onto the root, which every such set holds anyway)."""
+    tab = table(taxonomy, "paths" if taxonomy.is_tree else "ancestors", ids.device)[ids].clamp_(min=0)
+    out = torch.zeros(len(ids), taxonomy.num_nodes, dtype=torch.bool, device=ids.device)
+    return out.scatter_(1, tab, True)
+
+
+def set_counts(ts: torch.Tensor, ps: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`root_free_counts` of closed node sets ``[B, N]``: ``(|T ∩ P|, |P|, |T|)`` without the root."""
+    ts, ps = ts[:, 1:], ps[:, 1:]
+    return ((ts & ps).sum(1, dtype=torch.float64), ps.sum(1, dtype=torch.float64), ts.sum(1, dtype=torch.float64))
+
+
+def set_confusion(
+    ts: torch.Tensor, ps: torch.Tensor, w: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`node_confusion` of closed node sets ``[B, N]``: weighted column sums of ``T & P``, ``P``, ``T``."""
+
+    def colsum(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(0, dtype=torch.float64) if w is None else w.to(torch.float64) @ x.to(torch.float64)
+
+    tp = colsum(ts & ps)
+    return tp, colsum(ps) - tp, colsum(ts) - tp
 
 
 def _bincount(x: torch.Tensor, w: torch.Tensor | None, n: int) -> torch.Tensor:

@@ -47,11 +47,12 @@ class Labels:
 
     ``ids`` is a torch tensor (int64, on the input's device) only where the caller asked for the device path
     (``to_labels(..., device=True)``; trees, and DAGs for the set metrics): the metrics then run the kernels of
-    ``hiercls.metrics._device``.
+    ``hiercls.metrics._device``. Likewise ``sets`` is a dense closed boolean tensor where the caller also takes
+    device node sets (``sets=True``); the two sides of a pair are then both ids or both sets.
     """
 
     ids: Any  # np.ndarray | torch.Tensor | None
-    sets: sp.csr_matrix | None
+    sets: Any  # sp.csr_matrix | torch.Tensor (dense bool [B, N], closed, on the device) | None
     num_nodes: int
 
     def __len__(self) -> int:
@@ -63,8 +64,14 @@ class Labels:
 
     @property
     def is_torch(self) -> bool:
-        """Node ids held as a torch tensor (scored on its device)."""
-        return self.ids is not None and not isinstance(self.ids, np.ndarray)
+        """Node ids or node sets held as a torch tensor (scored on its device)."""
+        x = self.ids if self.ids is not None else self.sets
+        return not isinstance(x, np.ndarray) and not sp.issparse(x)
+
+    @property
+    def device(self) -> Any:
+        """The torch device of :attr:`is_torch` labels."""
+        return (self.ids if self.ids is not None else self.sets).device
 
     def as_sets(self, taxonomy: Taxonomy) -> sp.csr_matrix:
         """Ancestor-closed node sets (the rows of the ancestor matrix for id labels)."""
@@ -75,6 +82,8 @@ class Labels:
     def select(self, mask: np.ndarray) -> Labels:
         if self.ids is not None:
             return Labels(self.ids[mask], None, self.num_nodes)
+        if self.is_torch:
+            return Labels(None, self.sets[mask], self.num_nodes)
         return Labels(None, self.sets[np.flatnonzero(mask)], self.num_nodes)
 
 
@@ -329,6 +338,41 @@ def _torch_ids(y: Any, taxonomy: Taxonomy, name: str, allow_ignore: bool) -> Any
     return ids
 
 
+def _torch_sets(y: Any, taxonomy: Taxonomy, name: str, close: bool) -> Any:
+    """``y`` as boolean node sets ``[B, N]`` on its own device (closed under ancestors when ``close``) if it is a
+    2-D tensor the kernels take, else ``None``. Only the verdict of the 0/1 check leaves the device (and, to name
+    the culprit, the first bad position)."""
+    if not _is_tensor(y) or y.ndim != 2:
+        return None
+    from hiercls.metrics import _device
+
+    if not _device.wanted(y):
+        return None
+    n = taxonomy.num_nodes
+    if y.shape[1] != n:
+        raise ValueError(
+            f"{name} has shape {tuple(y.shape)}; expected [B] node ids or [B, {n}] node sets for "
+            f"taxonomy {taxonomy.name!r} ({n} nodes): is it the right taxonomy?"
+        )
+    if y.dtype.is_complex:
+        raise TypeError(f"{name} node sets have dtype {y.dtype}; expected bool or 0/1 numbers")
+    s = y.detach()
+    if str(s.dtype) != "torch.bool":
+        bad = (s != 0) & (s != 1)
+        if bool(bad.any()):
+            r, c = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(
+                f"{name}[{r}, {c}] = {s[r, c].item()!r}; node sets must hold only 0/1 (threshold "
+                "probabilities with a decoder first)"
+            )
+        s = s != 0
+    if not close:
+        return s
+    from hiercls.decode.sets import ancestor_closure_torch
+
+    return ancestor_closure_torch(s, taxonomy)
+
+
 def to_labels(
     y: Any,
     taxonomy: Taxonomy,
@@ -338,6 +382,7 @@ def to_labels(
     allow_ignore: bool = False,
     device: bool = False,
     dags: bool = False,
+    sets: bool = False,
 ) -> Labels:
     """Convert ``y`` to :class:`Labels`, validating shape, dtype, ids and names.
 
@@ -350,6 +395,7 @@ def to_labels(
         allow_ignore: accept ``-1`` ids (samples to ignore); the caller drops them.
         device: keep 1-D integer torch tensors on their device (trees; the caller has a torch path).
         dags: with ``device``, on DAGs too (the caller's kernels handle DAGs).
+        sets: with ``device``, keep 2-D torch node sets on their device too (closed there when ``close``).
 
     Raises:
         TaxonomyError: unknown label names.
@@ -361,6 +407,9 @@ def to_labels(
         ids = _torch_ids(y, taxonomy, name, allow_ignore)
         if ids is not None:
             return Labels(ids, None, n)
+        dense = _torch_sets(y, taxonomy, name, close) if sets else None
+        if dense is not None:
+            return Labels(None, dense, n)
     if isinstance(y, list | tuple) and y and type(y[0]) is str:
         ids = _lookup_names(y, taxonomy)  # names: no round trip through a numpy array
         if ids is not None:
@@ -508,25 +557,30 @@ def prepare_pair(
     return_keep: bool = False,
     device: bool = False,
     dags: bool = False,
+    sets: bool = False,
 ) -> Any:
     """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
 
     With ``return_keep`` also returns the boolean mask of the samples kept (to align other per-sample inputs).
     With ``device`` (callers that have a torch path), node ids given as torch tensors stay on their device
-    (trees; DAGs too with ``dags``): the labels then hold tensors, and so do the weights and the mask; a NumPy
-    or name side of the pair is moved to the tensor's device.
+    (trees; DAGs too with ``dags``; node sets given as tensors too with ``sets``): the labels then hold tensors,
+    and so do the weights and the mask; a NumPy or name side of the pair is moved to the tensor's device.
     """
     check_taxonomy(taxonomy)
-    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, device=device, dags=dags)
-    p_close = close if close_pred is None else close_pred
-    p = to_labels(y_pred, taxonomy, name="y_pred", close=p_close, device=device, dags=dags)
+    kw = {"device": device, "dags": dags, "sets": sets}
+    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, **kw)
+    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred, **kw)
     if len(t) != len(p):
         raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
+    keep = None
     if t.is_torch or p.is_torch:
-        t, p = _same_device(t, p)
+        t, p, keep = _same_device(t, p, taxonomy)
     if t.is_torch:
-        w = check_weights(sample_weight, len(t), device=t.ids.device)
-        keep = t.ids >= 0
+        import torch
+
+        w = check_weights(sample_weight, len(t), device=t.device)
+        if keep is None:
+            keep = t.ids >= 0 if t.is_ids else torch.ones(len(t), dtype=torch.bool, device=t.device)
         if not bool(keep.all()):
             t, p = t.select(keep), p.select(keep)
             w = None if w is None else w[keep]
@@ -540,20 +594,36 @@ def prepare_pair(
     return (t, p, w, keep) if return_keep else (t, p, w)
 
 
-def _same_device(t: Labels, p: Labels) -> tuple[Labels, Labels]:
-    """Both sides as tensors on one device (the device of ``y_pred``'s tensor if both are tensors), or both on
-    the host when one side holds node sets."""
+def _same_device(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[Labels, Labels, Any]:
+    """Both sides as tensors on one device (``y_pred``'s if both are tensors), both ids or both closed node sets
+    (an id side becomes the rows of its ancestor sets there); both on the host when host node sets meet device
+    ids (a caller without device sets). Also the mask of the samples to keep when ``y_true`` ids with ``-1``
+    became sets (``None`` otherwise: the caller reads it from the ids)."""
     import torch
 
-    if not (t.is_ids and p.is_ids):  # node sets on one side: the NumPy path for both
-        return (Labels(t.ids.cpu().numpy(), None, t.num_nodes) if t.is_torch else t), (
-            Labels(p.ids.cpu().numpy(), None, p.num_nodes) if p.is_torch else p
+    dev = p.device if p.is_torch else t.device
+    if t.is_ids and p.is_ids:
+        return (
+            Labels(torch.as_tensor(t.ids, dtype=torch.int64, device=dev), None, t.num_nodes),
+            Labels(torch.as_tensor(p.ids, dtype=torch.int64, device=dev), None, p.num_nodes),
+            None,
         )
-    dev = p.ids.device if p.is_torch else t.ids.device
-    return (
-        Labels(torch.as_tensor(t.ids, dtype=torch.int64, device=dev), None, t.num_nodes),
-        Labels(torch.as_tensor(p.ids, dtype=torch.int64, device=dev), None, p.num_nodes),
-    )
+    if not any(x.is_torch and not x.is_ids for x in (t, p)):  # host node sets: the NumPy path for both
+        t, p = (Labels(x.ids.cpu().numpy(), None, x.num_nodes) if x.is_torch else x for x in (t, p))
+        return t, p, None
+
+    def dense(x: Labels) -> Labels:
+        if x.is_ids:
+            from hiercls.metrics import _device
+
+            ids = torch.as_tensor(x.ids, dtype=torch.int64, device=dev)
+            return Labels(None, _device.ancestor_sets(ids.clamp(min=0), taxonomy), x.num_nodes)
+        if x.is_torch:
+            return Labels(None, x.sets.to(dev), x.num_nodes)
+        return Labels(None, torch.as_tensor(x.sets.toarray(), device=dev), x.num_nodes)
+
+    keep = torch.as_tensor(t.ids, device=dev) >= 0 if t.is_ids else None  # -1 targets: a root set, dropped after
+    return dense(t), dense(p), keep
 
 
 def check_zero_division(zero_division: Any) -> Any:

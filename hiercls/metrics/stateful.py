@@ -409,7 +409,9 @@ class HierarchicalFBeta(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True, dags=True)
+        t, p, w = prepare_pair(
+            y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True, dags=True, sets=True
+        )
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -513,7 +515,9 @@ class NodeF1(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True, dags=True)
+        t, p, w = prepare_pair(
+            y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True, dags=True, sets=True
+        )
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
