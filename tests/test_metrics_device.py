@@ -173,8 +173,8 @@ def _dag_data(seed: int, n: int = 150):
     return dag, t, p, rng.random(n)
 
 
-# the set and distance metrics, which run on the device on DAGs too (the level metrics of DAGs read the NumPy path)
-DAG_FUNCTIONS = sorted(name for name in FUNCTIONS if not name.startswith(("per_level", "semantic_accuracy")))
+# every metric runs on the device on DAGs too
+DAG_FUNCTIONS = sorted(FUNCTIONS)
 
 
 @pytest.mark.parametrize("name", DAG_FUNCTIONS)
@@ -194,7 +194,14 @@ def test_set_metrics_of_dags_on_tensors_equal_the_numpy_path(name, weighted, mon
 
 
 @pytest.mark.parametrize(
-    "name", ["HierarchicalFBeta_samples", "HierarchicalFBeta_macro", "NodeF1", "MistakeSeverity_zhao"]
+    "name",
+    [
+        "HierarchicalFBeta_samples",
+        "HierarchicalFBeta_macro",
+        "NodeF1",
+        "MistakeSeverity_zhao",
+        "LevelAccuracy_semantic",
+    ],
 )
 def test_stateful_set_and_distance_metrics_of_dags_stay_on_the_device(name, monkeypatch):
     tax, t, p, w = _dag_data(7)
@@ -294,7 +301,8 @@ def test_dag_lca_on_the_device_is_the_deepest_shared_ancestor_ties_to_the_smalle
 
 
 SET_FUNCTIONS = ["hprf_micro", "hprf_samples", "hf_samples_root", "hprf_macro", "hprf_weighted", "node_macro"]
-SET_FUNCTIONS += ["hamming", "exact"]
+SET_FUNCTIONS += ["hamming", "exact", "per_level_depth", "per_level_semantic", "semantic_accuracy"]
+SET_FUNCTIONS += ["semantic_accuracy_depth"]
 
 
 def _raw_sets(tax: Taxonomy, ids: np.ndarray, seed: int) -> np.ndarray:

@@ -7,7 +7,7 @@ once per device (``index_tensor``). Each kernel mirrors the NumPy computation of
 (``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
 them on CPU tensors. On DAGs the set and distance metrics run here too, from a padded ancestor table (shared
 ancestors by binary search; the LCA is the deepest shared one), and so do the set metrics of node sets given as
-tensors (dense, closed on the device). The level metrics of DAGs keep the NumPy path; so do CPU tensors (see
+tensors (dense, closed on the device), level metrics included. CPU tensors are read as NumPy arrays (see
 :data:`ON_CPU`).
 """
 
@@ -220,6 +220,41 @@ def per_level_counts(
             out += stacked.sum(1)
         else:
             out += torch.einsum("kbl,b->kl", stacked, w[s : s + _CHUNK].to(torch.float64))
+    return out[0], out[1], out[2]
+
+
+def set_level_counts(
+    t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, w: torch.Tensor | None, levels: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`per_level_counts` of closed node sets ``[B, N]``, or of DAG node ids (made their ancestor sets in
+    blocks of samples, so a block's dense sets stay near ``_CHUNK * 32`` entries).
+
+    At level ``l`` a set is present when it holds a node of level ``l``; a sample is correct there when both sets
+    are present and their symmetric difference holds no node of ``l`` (the NumPy rule for node sets).
+    """
+    from hiercls.decode._common import index_tensor
+    from hiercls.metrics.distance import _node_levels, num_levels
+
+    dev = t.device
+    node_level, n_lv = _node_levels(taxonomy, levels), num_levels(taxonomy, levels)
+    on_level = np.flatnonzero(node_level >= 0)
+    cols = index_tensor(taxonomy, ("metrics/on_level", levels), on_level, dev)
+    lv = index_tensor(taxonomy, ("metrics/level_of", levels), node_level[on_level], dev)
+    out = torch.zeros((3, n_lv), dtype=torch.float64, device=dev)
+    step = len(t) if t.dim() == 2 else max(1, (_CHUNK * 32) // max(1, taxonomy.num_nodes))
+
+    def presence(m: torch.Tensor) -> torch.Tensor:
+        counts = torch.zeros(m.shape[0], n_lv, dtype=torch.int32, device=dev)
+        return counts.index_add_(1, lv, m[:, cols].to(torch.int32)) > 0
+
+    for s in range(0, len(t), max(1, step)):
+        ts, ps = t[s : s + step], p[s : s + step]
+        if ts.dim() == 1:
+            ts, ps = ancestor_sets(ts, taxonomy), ancestor_sets(ps, taxonomy)
+        vt, vp = presence(ts), presence(ps)
+        both = vt & vp
+        stacked = torch.stack([both & ~presence(ts != ps), both, vt]).to(torch.float64)  # [3, b, L]
+        out += stacked.sum(1) if w is None else torch.einsum("kbl,b->kl", stacked, w[s : s + step].to(torch.float64))
     return out[0], out[1], out[2]
 
 

@@ -479,7 +479,10 @@ def per_level_counts(
     set has one too, and *correct* if both sets agree on level ``l`` (the same nodes there).
     """
     if t.is_torch:
-        return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
+        if t.is_ids and taxonomy.is_tree:
+            return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
+        pair = (t.ids, p.ids) if t.is_ids else (t.sets, p.sets)
+        return _device.set_level_counts(*pair, taxonomy, w, levels)
     n_lv = num_levels(taxonomy, levels)
     ww = np.ones(len(t)) if w is None else w
     if levels == "semantic" and taxonomy.is_tree and t.is_ids and p.is_ids:
@@ -539,7 +542,7 @@ def per_level_accuracy_score(
         >>> per_level_accuracy_score(["x", "x"], ["y", "b"], taxonomy=tax).tolist()  # b has no depth-2 node
         [0.5, 0.0]
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True, sets=True)
     _nonempty(t)
     correct, both, _ = per_level_counts(t, p, taxonomy, w, levels)
     if _device.is_tensor(correct):
@@ -564,7 +567,7 @@ def semantic_accuracy_score(
         >>> semantic_accuracy_score(["x", "x"], ["y", "a"], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True, sets=True)
     _nonempty(t)
     correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
     if float(valid.sum()) == 0:

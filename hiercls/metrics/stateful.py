@@ -721,7 +721,7 @@ class LevelAccuracy(Metric):
         self.set_config(levels=self.levels)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True, dags=True, sets=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
