@@ -82,7 +82,7 @@ class HierarchicalLitModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         probs = self.head.node_probs(self(x))
-        self.val_metrics.update(y, self.decoder(probs, self.taxonomy), scores=probs)
+        self.val_metrics.update(y, self.decoder(probs, self.taxonomy), y_score=probs)
 
     def on_validation_epoch_end(self) -> None:
         # compute() already summed the ranks' states: no sync_dist here

@@ -88,9 +88,9 @@ def test_hf1_equals_the_functional_call_over_batches():
 def test_merge_of_two_equals_one_over_concatenated_data():
     tax, t, p, scores = _data(2)
     a, b, whole = (M.HierarchicalMetrics(tax, k=(1, 3)) for _ in range(3))
-    a.update(t[:11], p[:11], scores=scores[:11])
-    b.update(t[11:], p[11:], scores=scores[11:])
-    whole.update(t, p, scores=scores)
+    a.update(t[:11], p[:11], y_score=scores[:11])
+    b.update(t[11:], p[11:], y_score=scores[11:])
+    whole.update(t, p, y_score=scores)
     merged = a.merge(b).compute()
     ref = whole.compute()
     assert merged.keys() == ref.keys()
@@ -112,15 +112,15 @@ def test_state_dict_round_trip_inside_a_module():
             self.metrics = M.HierarchicalMetrics(tax, k=(1,))
 
     src = Holder()
-    src.metrics.update(t, p, scores=scores)
+    src.metrics.update(t, p, y_score=scores)
     sd = src.state_dict()
     assert "metrics.hier.inter" in sd and "metrics.updates" in sd and "head.weight" in sd
     dst = Holder()
     dst.load_state_dict(sd)
     assert dst.metrics.compute() == src.metrics.compute()
-    dst.metrics.update(t[:5], p[:5], scores=scores[:5])  # accumulation goes on from the loaded sums
+    dst.metrics.update(t[:5], p[:5], y_score=scores[:5])  # accumulation goes on from the loaded sums
     again = M.HierarchicalMetrics(tax, k=(1,))
-    again.update(np.concatenate([t, t[:5]]), np.concatenate([p, p[:5]]), scores=np.concatenate([scores, scores[:5]]))
+    again.update(np.concatenate([t, t[:5]]), np.concatenate([p, p[:5]]), y_score=np.concatenate([scores, scores[:5]]))
     assert dst.metrics.compute()["hF1_micro"] == pytest.approx(again.compute()["hF1_micro"])
     lean = Holder()
     lean.metrics.persistent(False)  # torchmetrics's switch: the sums stay out of the module's state_dict
@@ -155,7 +155,7 @@ def test_update_and_compute_on_the_gpu():
     tax, t, p, scores = _data(5)
     m = M.HierarchicalMetrics(tax, k=(1,)).to("cuda")
     m.update(
-        torch.as_tensor(t, device="cuda"), torch.as_tensor(p, device="cuda"), scores=torch.as_tensor(scores).cuda()
+        torch.as_tensor(t, device="cuda"), torch.as_tensor(p, device="cuda"), y_score=torch.as_tensor(scores).cuda()
     )
     assert m.exact.device.type == "cuda"
     ref = M.hierarchical_report(t, p, taxonomy=tax, y_score=scores, k=(1,), output_dict=True)
