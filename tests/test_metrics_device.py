@@ -364,3 +364,17 @@ def test_node_set_tensors_refusals_and_stateful_updates(monkeypatch):
             torch.testing.assert_close(dev.states()[key], value, rtol=1e-12, atol=1e-12, msg=key)
     with pytest.raises(ValueError, match="needs single node ids"):  # distances need ids, on either path
         M.MistakeSeverity(tax).update(torch.as_tensor(tsets), torch.as_tensor(psets))
+    with pytest.raises(ValueError, match=r"y_pred must be single node ids or names \[B\]"):  # the set side is named
+        M.mistake_severity(torch.as_tensor(t[keep]), torch.as_tensor(psets), taxonomy=tax)
+    ref, dev = M.HierarchicalMetrics(tax, multilabel=True), M.HierarchicalMetrics(tax, multilabel=True)
+    ref.update(t, np.vstack([psets, psets[: len(t) - len(psets)]]), sample_weight=w)
+    with monkeypatch.context() as m:
+        _forbid_host(m)
+        dev.update(
+            torch.as_tensor(t),
+            torch.as_tensor(np.vstack([psets, psets[: len(t) - len(psets)]])),
+            sample_weight=torch.as_tensor(w),
+        )
+    want, got = ref.compute(), dev.compute()
+    for key in want:
+        np.testing.assert_allclose(np.asarray(got[key], dtype=float), np.asarray(want[key], dtype=float), rtol=1e-12)

@@ -5,10 +5,9 @@ semantic-level classes) and a sum over the batch, so the labels never leave thei
 few scalars, or ``[N]`` node counts) come back as results. The tables are the taxonomy's own arrays, copied
 once per device (``index_tensor``). Each kernel mirrors the NumPy computation of the same name
 (``root_free_counts``, ``node_confusion``, ``pairwise_distance``, ``per_level_counts``); the tests compare
-them on CPU tensors. On DAGs the set and distance metrics run here too, from a padded ancestor table (shared
-ancestors by binary search; the LCA is the deepest shared one), and so do the set metrics of node sets given as
-tensors (dense, closed on the device), level metrics included. CPU tensors are read as NumPy arrays (see
-:data:`ON_CPU`).
+them on CPU tensors. DAGs run here too, from a padded ancestor table (shared ancestors by binary search; the
+LCA is the deepest shared one), and so do node sets given as tensors (dense, closed on the device; an id side of
+such a pair becomes its ancestor sets). CPU tensors are read as NumPy arrays (see :data:`ON_CPU`).
 """
 
 from __future__ import annotations
@@ -119,6 +118,12 @@ def ancestor_sets(ids: torch.Tensor, taxonomy: Taxonomy) -> torch.Tensor:
     tab = table(taxonomy, "paths" if taxonomy.is_tree else "ancestors", ids.device)[ids].clamp_(min=0)
     out = torch.zeros(len(ids), taxonomy.num_nodes, dtype=torch.bool, device=ids.device)
     return out.scatter_(1, tab, True)
+
+
+def sets_of(labels: Any, taxonomy: Taxonomy) -> torch.Tensor:
+    """The closed node sets ``[B, N]`` of device :class:`~hiercls.metrics._validation.Labels` (ids: their
+    ancestor sets), for the set kernels when a pair mixes ids and node sets."""
+    return ancestor_sets(labels.ids, taxonomy) if labels.is_ids else labels.sets
 
 
 def set_counts(ts: torch.Tensor, ps: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -46,9 +46,8 @@ class Labels:
     """One batch of labels: ``ids`` (one node per sample) or ``sets`` (closed CSR ``[B, N]``), never both.
 
     ``ids`` is a torch tensor (int64, on the input's device) only where the caller asked for the device path
-    (``to_labels(..., device=True)``; trees, and DAGs for the set metrics): the metrics then run the kernels of
-    ``hiercls.metrics._device``. Likewise ``sets`` is a dense closed boolean tensor where the caller also takes
-    device node sets (``sets=True``); the two sides of a pair are then both ids or both sets.
+    (``to_labels(..., device=True)``): the metrics then run the kernels of ``hiercls.metrics._device``. Likewise
+    ``sets`` is then a dense closed boolean tensor ``[B, N]`` for node sets given as tensors.
     """
 
     ids: Any  # np.ndarray | torch.Tensor | None
@@ -381,8 +380,6 @@ def to_labels(
     close: bool = True,
     allow_ignore: bool = False,
     device: bool = False,
-    dags: bool = False,
-    sets: bool = False,
 ) -> Labels:
     """Convert ``y`` to :class:`Labels`, validating shape, dtype, ids and names.
 
@@ -393,9 +390,8 @@ def to_labels(
         name: parameter name for error messages (``"y_true"``, ``"y_pred"``).
         close: add all ancestors to node sets (id labels are closed by construction).
         allow_ignore: accept ``-1`` ids (samples to ignore); the caller drops them.
-        device: keep 1-D integer torch tensors on their device (trees; the caller has a torch path).
-        dags: with ``device``, on DAGs too (the caller's kernels handle DAGs).
-        sets: with ``device``, keep 2-D torch node sets on their device too (closed there when ``close``).
+        device: keep torch tensors on their device, 1-D integer ones as ids and 2-D ones as node sets (closed
+            there when ``close``); the caller has a torch path.
 
     Raises:
         TaxonomyError: unknown label names.
@@ -403,11 +399,11 @@ def to_labels(
         TypeError: unsupported input type or dtype.
     """
     n = taxonomy.num_nodes
-    if device and (dags or taxonomy.is_tree):
+    if device:
         ids = _torch_ids(y, taxonomy, name, allow_ignore)
         if ids is not None:
             return Labels(ids, None, n)
-        dense = _torch_sets(y, taxonomy, name, close) if sets else None
+        dense = _torch_sets(y, taxonomy, name, close)
         if dense is not None:
             return Labels(None, dense, n)
     if isinstance(y, list | tuple) and y and type(y[0]) is str:
@@ -556,31 +552,26 @@ def prepare_pair(
     close_pred: bool | None = None,
     return_keep: bool = False,
     device: bool = False,
-    dags: bool = False,
-    sets: bool = False,
 ) -> Any:
     """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
 
     With ``return_keep`` also returns the boolean mask of the samples kept (to align other per-sample inputs).
-    With ``device`` (callers that have a torch path), node ids given as torch tensors stay on their device
-    (trees; DAGs too with ``dags``; node sets given as tensors too with ``sets``): the labels then hold tensors,
-    and so do the weights and the mask; a NumPy or name side of the pair is moved to the tensor's device.
+    With ``device`` (callers that have a torch path), labels given as torch tensors stay on their device (ids
+    and node sets): the labels then hold tensors, and so do the weights and the mask; the other side of the pair
+    is moved to the tensor's device (host node sets as dense ones).
     """
     check_taxonomy(taxonomy)
-    kw = {"device": device, "dags": dags, "sets": sets}
-    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, **kw)
-    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred, **kw)
+    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True, device=device)
+    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred, device=device)
     if len(t) != len(p):
         raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
-    keep = None
     if t.is_torch or p.is_torch:
-        t, p, keep = _same_device(t, p, taxonomy)
+        t, p = _same_device(t, p)
     if t.is_torch:
         import torch
 
         w = check_weights(sample_weight, len(t), device=t.device)
-        if keep is None:
-            keep = t.ids >= 0 if t.is_ids else torch.ones(len(t), dtype=torch.bool, device=t.device)
+        keep = t.ids >= 0 if t.is_ids else torch.ones(len(t), dtype=torch.bool, device=t.device)
         if not bool(keep.all()):
             t, p = t.select(keep), p.select(keep)
             w = None if w is None else w[keep]
@@ -594,36 +585,20 @@ def prepare_pair(
     return (t, p, w, keep) if return_keep else (t, p, w)
 
 
-def _same_device(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[Labels, Labels, Any]:
-    """Both sides as tensors on one device (``y_pred``'s if both are tensors), both ids or both closed node sets
-    (an id side becomes the rows of its ancestor sets there); both on the host when host node sets meet device
-    ids (a caller without device sets). Also the mask of the samples to keep when ``y_true`` ids with ``-1``
-    became sets (``None`` otherwise: the caller reads it from the ids)."""
+def _same_device(t: Labels, p: Labels) -> tuple[Labels, Labels]:
+    """Both sides as tensors on one device (``y_pred``'s if both are tensors): ids stay ids (int64), node sets
+    stay node sets (host CSR ones become dense boolean tensors there)."""
     import torch
 
     dev = p.device if p.is_torch else t.device
-    if t.is_ids and p.is_ids:
-        return (
-            Labels(torch.as_tensor(t.ids, dtype=torch.int64, device=dev), None, t.num_nodes),
-            Labels(torch.as_tensor(p.ids, dtype=torch.int64, device=dev), None, p.num_nodes),
-            None,
-        )
-    if not any(x.is_torch and not x.is_ids for x in (t, p)):  # host node sets: the NumPy path for both
-        t, p = (Labels(x.ids.cpu().numpy(), None, x.num_nodes) if x.is_torch else x for x in (t, p))
-        return t, p, None
 
-    def dense(x: Labels) -> Labels:
+    def move(x: Labels) -> Labels:
         if x.is_ids:
-            from hiercls.metrics import _device
+            return Labels(torch.as_tensor(x.ids, dtype=torch.int64, device=dev), None, x.num_nodes)
+        dense = x.sets if x.is_torch else torch.as_tensor(x.sets.toarray())
+        return Labels(None, dense.to(dev), x.num_nodes)
 
-            ids = torch.as_tensor(x.ids, dtype=torch.int64, device=dev)
-            return Labels(None, _device.ancestor_sets(ids.clamp(min=0), taxonomy), x.num_nodes)
-        if x.is_torch:
-            return Labels(None, x.sets.to(dev), x.num_nodes)
-        return Labels(None, torch.as_tensor(x.sets.toarray(), device=dev), x.num_nodes)
-
-    keep = torch.as_tensor(t.ids, device=dev) >= 0 if t.is_ids else None  # -1 targets: a root set, dropped after
-    return dense(t), dense(p), keep
+    return move(t), move(p)
 
 
 def check_zero_division(zero_division: Any) -> Any:

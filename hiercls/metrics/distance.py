@@ -155,7 +155,7 @@ def mistake_severity(
         1.5
     """
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
     return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
@@ -172,7 +172,7 @@ def hierarchical_distance_loss(
         >>> hierarchical_distance_loss(["x", "x"], ["y", "x"], taxonomy=tax)  # x - a - y: 2 edges, then 0
         1.0
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
     return _mean(d, w)
@@ -283,7 +283,7 @@ def realized_cost(
         >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
         8.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
     return _mean(d, w)
@@ -479,10 +479,11 @@ def per_level_counts(
     set has one too, and *correct* if both sets agree on level ``l`` (the same nodes there).
     """
     if t.is_torch:
-        if t.is_ids and taxonomy.is_tree:
-            return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
-        pair = (t.ids, p.ids) if t.is_ids else (t.sets, p.sets)
-        return _device.set_level_counts(*pair, taxonomy, w, levels)
+        if t.is_ids and p.is_ids:
+            if taxonomy.is_tree:
+                return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
+            return _device.set_level_counts(t.ids, p.ids, taxonomy, w, levels)  # ancestor sets block by block
+        return _device.set_level_counts(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy), taxonomy, w, levels)
     n_lv = num_levels(taxonomy, levels)
     ww = np.ones(len(t)) if w is None else w
     if levels == "semantic" and taxonomy.is_tree and t.is_ids and p.is_ids:
@@ -542,7 +543,7 @@ def per_level_accuracy_score(
         >>> per_level_accuracy_score(["x", "x"], ["y", "b"], taxonomy=tax).tolist()  # b has no depth-2 node
         [0.5, 0.0]
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True, sets=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     correct, both, _ = per_level_counts(t, p, taxonomy, w, levels)
     if _device.is_tensor(correct):
@@ -567,7 +568,7 @@ def semantic_accuracy_score(
         >>> semantic_accuracy_score(["x", "x"], ["y", "a"], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True, dags=True, sets=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
     _nonempty(t)
     correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
     if float(valid.sum()) == 0:

@@ -57,9 +57,9 @@ Average = Literal["micro", "macro", "weighted", "samples"]
 def root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sample ``(|T ∩ P|, |P|, |T|)`` of the ancestor-closed label sets, root left out, as float64."""
     if t.is_torch:
-        if t.is_ids:
+        if t.is_ids and p.is_ids:
             return _device.root_free_counts(t.ids, p.ids, taxonomy)
-        return _device.set_counts(t.sets, p.sets)
+        return _device.set_counts(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy))
     if t.is_ids and p.is_ids:
         if taxonomy.is_tree:
             # On a tree anc(a) ∩ anc(b) = anc(lca(a, b)), and |anc(n)| without the root is depth(n).
@@ -104,9 +104,9 @@ def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | Non
     """Weighted per-node ``(tp, fp, fn)`` float64 vectors ``[N]`` of closed sets (internal helper, public for reuse)."""
     n = taxonomy.num_nodes
     if t.is_torch:
-        if t.is_ids:
+        if t.is_ids and p.is_ids:
             return _device.node_confusion(t.ids, p.ids, taxonomy, w)
-        return _device.set_confusion(t.sets, p.sets, w)
+        return _device.set_confusion(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy), w)
     if t.is_ids and p.is_ids and taxonomy.is_tree:
         # Node j is a true positive of sample b iff j is an ancestor of lca(t_b, p_b): count samples per
         # lca / target / prediction once, then push the counts up to every ancestor with one product.
@@ -272,7 +272,7 @@ def hierarchical_precision_recall_fscore(
     check_choice(average, ("micro", "macro", "weighted", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True, dags=True, sets=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     if average in ("macro", "weighted"):

@@ -114,7 +114,7 @@ def node_precision_recall_fscore_support(
     check_choice(average, (None, "micro", "macro", "weighted"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True, dags=True, sets=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
     tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))  # [N] sums; averaged on the host
     mask = present_mask(labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, beta2, average, zero_division, warn_for)
@@ -174,7 +174,7 @@ def hamming_loss(
         >>> hamming_loss(["x"], ["y"], taxonomy=tax)  # x and y differ, of 4 non-root nodes
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True, dags=True, sets=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))
@@ -200,11 +200,14 @@ def exact_match_score(
         >>> exact_match_score([["x", "b"], ["y"]], [["b", "x"], ["a"]], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True, dags=True, sets=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     if t.is_torch:
-        equal = t.ids == p.ids if t.is_ids else (t.sets[:, 1:] == p.sets[:, 1:]).all(1)
+        if t.is_ids and p.is_ids:
+            equal = t.ids == p.ids
+        else:
+            equal = (_device.sets_of(t, taxonomy)[:, 1:] == _device.sets_of(p, taxonomy)[:, 1:]).all(1)
         return float(batch_sum(equal, w) / weight_total(len(t), w))
     if t.is_ids and p.is_ids:
         equal = t.ids == p.ids

@@ -409,9 +409,7 @@ class HierarchicalFBeta(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(
-            y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True, dags=True, sets=True
-        )
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -515,9 +513,7 @@ class NodeF1(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(
-            y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True, dags=True, sets=True
-        )
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -618,7 +614,7 @@ class MistakeSeverity(Metric):
         self.set_config(distance=self.distance)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True, dags=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -721,7 +717,7 @@ class LevelAccuracy(Metric):
         self.set_config(levels=self.levels)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True, dags=True, sets=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -891,6 +887,8 @@ class HierarchicalMetrics(Metric):
             )
         if t.is_ids and p.is_ids:
             equal = t.ids == p.ids
+        elif t.is_torch:
+            equal = (_device.sets_of(t, self.taxonomy)[:, 1:] == _device.sets_of(p, self.taxonomy)[:, 1:]).all(1)
         else:
             ts, ps = t.as_sets(self.taxonomy)[:, 1:], p.as_sets(self.taxonomy)[:, 1:]
             equal = (ts != ps).getnnz(axis=1) == 0
