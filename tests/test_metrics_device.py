@@ -96,23 +96,28 @@ def _forbid_host(m):
         m.setattr(torch.Tensor, "numpy", _refuse)
 
 
-@pytest.mark.parametrize("name", sorted(FUNCTIONS))
-@pytest.mark.parametrize("weighted", [False, True])
-def test_functions_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
+def _device_equals_numpy(name, yt, yp, tax, w, monkeypatch):
+    """``FUNCTIONS[name]`` on tensors (host copies raising, but for the host reductions) equals the NumPy path."""
     fn = FUNCTIONS[name]
-    tax, t, p, w = _data(len(name) + weighted, weighted=weighted)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # undefined ratios warn alike on both paths
-        want = fn(t, p, taxonomy=tax, sample_weight=w)
+        want = fn(yt, yp, taxonomy=tax, sample_weight=w)
         with monkeypatch.context() as m:
             if name not in HOST_REDUCTION:
                 _forbid_host(m)
-            got = fn(torch.as_tensor(t), torch.as_tensor(p), taxonomy=tax, sample_weight=_tensor(w))
+            got = fn(torch.as_tensor(yt), torch.as_tensor(yp), taxonomy=tax, sample_weight=_tensor(w))
+    np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
+    return want, got
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_functions_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
+    tax, t, p, w = _data(len(name) + weighted, weighted=weighted)
+    want, got = _device_equals_numpy(name, t, p, tax, w, monkeypatch)
     if isinstance(want, np.ndarray):  # per-level accuracies: a float64 tensor on the labels' device
         assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
     else:
-        np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
         assert all(isinstance(x, float) for x in np.atleast_1d(np.asarray(got, dtype=object)))
 
 
@@ -179,18 +184,9 @@ DAG_FUNCTIONS = sorted(FUNCTIONS)
 
 @pytest.mark.parametrize("name", DAG_FUNCTIONS)
 @pytest.mark.parametrize("weighted", [False, True])
-def test_set_metrics_of_dags_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
-    fn = FUNCTIONS[name]
+def test_metrics_of_dags_on_tensors_equal_the_numpy_path(name, weighted, monkeypatch):
     tax, t, p, w = _dag_data(len(name) + weighted)
-    w = w if weighted else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        want = fn(t, p, taxonomy=tax, sample_weight=w)
-        with monkeypatch.context() as m:
-            if name not in HOST_REDUCTION:
-                _forbid_host(m)
-            got = fn(torch.as_tensor(t), torch.as_tensor(p), taxonomy=tax, sample_weight=_tensor(w))
-    np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
+    _device_equals_numpy(name, t, p, tax, w if weighted else None, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +199,7 @@ def test_set_metrics_of_dags_on_tensors_equal_the_numpy_path(name, weighted, mon
         "LevelAccuracy_semantic",
     ],
 )
-def test_stateful_set_and_distance_metrics_of_dags_stay_on_the_device(name, monkeypatch):
+def test_stateful_metrics_of_dags_stay_on_the_device(name, monkeypatch):
     tax, t, p, w = _dag_data(7)
     ref, dev = STATEFUL[name](tax), STATEFUL[name](tax)
     for s in range(0, len(t), 50):
@@ -319,7 +315,6 @@ def _raw_sets(tax: Taxonomy, ids: np.ndarray, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("shape", ["tree", "dag"])
 @pytest.mark.parametrize("pair", ["sets-sets", "ids-sets", "sets-ids"])
 def test_node_set_tensors_are_scored_on_the_device_as_the_numpy_path(name, shape, pair, monkeypatch):
-    fn = FUNCTIONS[name]
     tax, t, p, w = _dag_data(len(name)) if shape == "dag" else _data(len(name), weighted=True)
     keep = t >= 0
     tsets, psets = _raw_sets(tax, t, 1), _raw_sets(tax, p, 2)
@@ -331,14 +326,7 @@ def test_node_set_tensors_are_scored_on_the_device_as_the_numpy_path(name, shape
     else:
         t, p, w = t[keep], p[keep], w[keep]
         yt, yp = tsets[keep], p
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        want = fn(yt, yp, taxonomy=tax, sample_weight=w)
-        with monkeypatch.context() as m:
-            if name not in HOST_REDUCTION:
-                _forbid_host(m)
-            got = fn(torch.as_tensor(yt), torch.as_tensor(yp), taxonomy=tax, sample_weight=torch.as_tensor(w))
-    np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=1e-12, atol=1e-15)
+    _device_equals_numpy(name, yt, yp, tax, w, monkeypatch)
 
 
 def test_node_set_tensors_refusals_and_stateful_updates(monkeypatch):
