@@ -509,17 +509,17 @@ def label_distribution_torch(x: Any, taxonomy: Taxonomy, *, leaf: Any = None) ->
         parent = index_tensor(taxonomy, "tree_parent", np.asarray(taxonomy.parent[1:]), dev)
         out -= torch.zeros_like(out).index_add_(1, parent, out[:, 1:])
     elif n > 1:
-        for nodes, pair_node, pair_desc in _descendant_levels_torch(taxonomy, dev):
-            below = torch.zeros(b, len(nodes), dtype=out.dtype, device=dev).index_add_(1, pair_node, out[:, pair_desc])
-            out[:, nodes] -= below
+        for nodes, below in _descendant_levels_torch(taxonomy, dev):
+            out[:, nodes] -= torch.sparse.mm(below, out.T).T
     if probability_checks_enabled() and b and bool(out.amin() < -PROBABILITY_ATOL):
         label_distribution(x.cpu().numpy().astype(np.float64), taxonomy)  # names the row and node, or passes
     return out.clamp_min_(0.0)
 
 
-def _descendant_levels_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any, Any]]:
-    """Per level of ``max_depth`` of a DAG, deepest first: (its nodes, for every (node, strict descendant) pair
-    the node's position in the level, the descendant), as cached device tensors."""
+def _descendant_levels_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any]]:
+    """Per level of ``max_depth`` of a DAG, deepest first: (its nodes, the float64 sparse ``[len(nodes), N]``
+    matrix marking each one's strict descendants), cached on ``device``. A strict descendant is deeper by the
+    longest root path, so each level reads only finished ones."""
     import torch
 
     cache = taxonomy.namespace_cache(__name__)
@@ -528,16 +528,17 @@ def _descendant_levels_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any,
         anc = taxonomy.ancestors_sparse.tocoo()
         strict = anc.row != anc.col
         desc, node = anc.row[strict], anc.col[strict]  # node is a strict ancestor of desc
-        levels = []
-        # A strict descendant is deeper by the longest root path, so the levels of max_depth, deepest first,
-        # each read only finished ones.
         depth = np.asarray(taxonomy.max_depth)
+        n, levels = taxonomy.num_nodes, []
         for h in range(int(depth.max(initial=0)) - 1, -1, -1):
             nodes = np.flatnonzero(depth == h)
-            pos = np.full(taxonomy.num_nodes, -1, dtype=np.int64)
+            pos = np.full(n, -1, dtype=np.int64)
             pos[nodes] = np.arange(len(nodes))
             sel = pos[node] >= 0
-            levels.append(tuple(torch.as_tensor(a, device=device) for a in (nodes, pos[node[sel]], desc[sel])))
+            idx = torch.as_tensor(np.stack([pos[node[sel]], desc[sel]]).astype(np.int64), device=device)
+            values = torch.ones(idx.shape[1], dtype=torch.float64, device=device)
+            mat = torch.sparse_coo_tensor(idx, values, (len(nodes), n), check_invariants=False).coalesce()
+            levels.append((torch.as_tensor(nodes, device=device), mat))
         cache[key] = levels
     return cache[key]
 

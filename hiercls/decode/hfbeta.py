@@ -188,7 +188,7 @@ def _expected_hfbeta_torch(sets: Any, probs: Any, taxonomy: Taxonomy, b2: float,
     """:func:`expected_hfbeta` on the tensor's device (float64 sums; the same formula as the NumPy path).
 
     ``|S cap Y_y|`` is the running count of :func:`_path_counts` on trees (``+1`` at each member, ``-1`` where
-    its subtree ends, one cumulative sum) and one ``index_add_`` over the ancestor pairs on DAGs.
+    its subtree ends, one cumulative sum) and one sparse product with the ancestor matrix on DAGs.
     """
     import torch
 
@@ -208,17 +208,28 @@ def _expected_hfbeta_torch(sets: Any, probs: Any, taxonomy: Taxonomy, b2: float,
         step.index_add_(1, subtree_ends_tensor(tax, p.device), s, alpha=-1.0)
         inter = step.cumsum(1)[:, :n]
     else:
-        anc = tax.ancestors_sparse.tocoo()  # (label y, its ancestor-or-self a)
-        rows, cols = (
-            index_tensor(tax, ("ancestor_pairs", k), a, p.device) for k, a in (("y", anc.row), ("a", anc.col))
-        )
-        inter = torch.zeros_like(s).index_add_(1, rows, s[:, cols])
+        inter = torch.sparse.mm(_ancestor_matrix_torch(tax, p.device), s.T).T  # A[y, a] = 1: a in Y_y
     size = s.sum(1, keepdim=True)
     ly = index_tensor(tax, ("label_sizes", include_root), _label_sizes(tax, include_root), p.device).double()
     denom = b2 * ly + size
     hf = torch.where(denom > 0, (1 + b2) * inter / torch.where(denom > 0, denom, 1.0), 0.0)
     hf = torch.where((ly == 0) & (size == 0), 1.0, hf)
     return (p * hf).sum(1).to(value_dtype_torch(probs))
+
+
+def _ancestor_matrix_torch(taxonomy: Taxonomy, device: Any) -> Any:
+    """``ancestors_sparse`` as a float64 sparse COO tensor on ``device`` (cached): memory O(nnz), not B x nnz."""
+    import torch
+
+    cache = taxonomy.namespace_cache(__name__)
+    key = ("ancestors_coo", str(device))
+    if key not in cache:
+        a = taxonomy.ancestors_sparse.tocoo()
+        idx = torch.as_tensor(np.stack([a.row, a.col]).astype(np.int64), device=device)
+        values = torch.ones(idx.shape[1], dtype=torch.float64, device=device)
+        n = taxonomy.num_nodes
+        cache[key] = torch.sparse_coo_tensor(idx, values, (n, n), check_invariants=False).coalesce()
+    return cache[key]
 
 
 def _path_counts(s: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:

@@ -231,8 +231,8 @@ def per_level_counts(
 def set_level_counts(
     t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy, w: torch.Tensor | None, levels: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`per_level_counts` of closed node sets ``[B, N]``, or of DAG node ids (made their ancestor sets in
-    blocks of samples, so a block's dense sets stay near ``_CHUNK * 32`` entries).
+    """:func:`per_level_counts` of closed node sets ``[B, N]``, or of DAG node ids ``[B]`` (read from their rows
+    of the padded ancestor table, O(K) per sample, without any ``[B, N]`` array).
 
     At level ``l`` a set is present when it holds a node of level ``l``; a sample is correct there when both sets
     are present and their symmetric difference holds no node of ``l`` (the NumPy rule for node sets).
@@ -242,24 +242,26 @@ def set_level_counts(
 
     dev = t.device
     node_level, n_lv = _node_levels(taxonomy, levels), num_levels(taxonomy, levels)
-    on_level = np.flatnonzero(node_level >= 0)
-    cols = index_tensor(taxonomy, ("metrics/on_level", levels), on_level, dev)
-    lv = index_tensor(taxonomy, ("metrics/level_of", levels), node_level[on_level], dev)
-    out = torch.zeros((3, n_lv), dtype=torch.float64, device=dev)
-    step = len(t) if t.dim() == 2 else max(1, (_CHUNK * 32) // max(1, taxonomy.num_nodes))
+    level_of = index_tensor(taxonomy, ("metrics/level_of", levels), node_level, dev)
 
-    def presence(m: torch.Tensor) -> torch.Tensor:
-        counts = torch.zeros(m.shape[0], n_lv, dtype=torch.int32, device=dev)
-        return counts.index_add_(1, lv, m[:, cols].to(torch.int32)) > 0
+    def presence(nodes: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+        """``[B, L]``: some member node of the row lies on level ``l`` (column ``L`` collects the rest)."""
+        lv = level_of[nodes.clamp(min=0)]
+        slot = torch.where(member & (lv >= 0), lv, n_lv)
+        out = torch.zeros(nodes.shape[0], n_lv + 1, dtype=torch.bool, device=dev)
+        return out.scatter_(1, slot, True)[:, :n_lv]
 
-    for s in range(0, len(t), max(1, step)):
-        ts, ps = t[s : s + step], p[s : s + step]
-        if ts.dim() == 1:
-            ts, ps = ancestor_sets(ts, taxonomy), ancestor_sets(ps, taxonomy)
-        vt, vp = presence(ts), presence(ps)
-        both = vt & vp
-        stacked = torch.stack([both & ~presence(ts != ps), both, vt]).to(torch.float64)  # [3, b, L]
-        out += stacked.sum(1) if w is None else torch.einsum("kbl,b->kl", stacked, w[s : s + step].to(torch.float64))
+    if t.dim() == 1:  # DAG ids: the ancestor rows, and which of them the other label shares
+        at, t_shared = _shared_ancestors(t, p, taxonomy)
+        ap, p_shared = _shared_ancestors(p, t, taxonomy)
+        vt, vp = presence(at, at >= 0), presence(ap, ap >= 0)
+        differ = presence(at, (at >= 0) & ~t_shared) | presence(ap, (ap >= 0) & ~p_shared)
+    else:  # closed node sets: every node is a candidate member
+        nodes = torch.arange(taxonomy.num_nodes, device=dev).expand(t.shape[0], -1)
+        vt, vp, differ = presence(nodes, t), presence(nodes, p), presence(nodes, t != p)
+    both = vt & vp
+    stacked = torch.stack([both & ~differ, both, vt]).to(torch.float64)  # [3, B, L]
+    out = stacked.sum(1) if w is None else torch.einsum("kbl,b->kl", stacked, w.to(torch.float64))
     return out[0], out[1], out[2]
 
 
