@@ -4,9 +4,11 @@ decoders on the device, printed as ONE JSON of timings and ratios.
 With CUDA: ViT-Tiny (64 px, 8 px patches) on ``imagenet21k_winter21``, batch 64, a few fp16 (with a gradient
 scaler) and bf16 autocast steps per head, each head's step time as a ratio to the flat head's; the DDP step
 runs under ``torchrun --nproc_per_node 1`` with the NCCL backend; every decoder decodes ``[1000, N]`` node
-probabilities on the device (and must return tensors on it). Without CUDA, or with ``--dry``, the CPU-feasible
-parts run tiny (float32 steps of every head on a 2-block ViT and a small tree, decoders on CPU) and the CUDA
-parts are skipped with a message; the exit status is then 0 when the tiny parts pass.
+probabilities on the device, and so do the expected-cost functions, and a few metrics score device labels: each
+must return tensors on the device without a host copy (``Tensor.cpu`` / ``Tensor.numpy`` raise while it runs),
+but for ``optimal_hfbeta``. Without CUDA, or with ``--dry``, the CPU-feasible parts run tiny (float32 steps of
+every head on a 2-block ViT and a small tree, the decoders' and metrics' torch kernels on CPU tensors) and the
+CUDA parts are skipped with a message; the exit status is then 0 when the tiny parts pass.
 
 Usage: ``python scripts/gpu_check.py [--dry] [--steps 3]`` (``--ddp-worker`` is the torchrun child).
 """
@@ -14,6 +16,7 @@ Usage: ``python scripts/gpu_check.py [--dry] [--steps 3]`` (``--ddp-worker`` is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -113,9 +116,56 @@ def head_steps(device: torch.device, steps: int) -> dict[str, Any]:
     return out
 
 
+class _HostCopy(RuntimeError):
+    """A tensor was copied to the host (``Tensor.cpu`` / ``Tensor.numpy``) where the device path should stay."""
+
+
+@contextlib.contextmanager
+def _device_kernels_only():
+    """Run the torch kernels for CPU tensors too (what CUDA tensors always run) and make host copies raise."""
+    from hiercls.decode import _common
+    from hiercls.metrics import _device
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise _HostCopy("host round trip (.cpu() / .numpy())")
+
+    saved = (_common.TORCH_KERNELS_ON_CPU, _device.ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy)
+    _common.TORCH_KERNELS_ON_CPU = _device.ON_CPU = True
+    torch.Tensor.cpu, torch.Tensor.numpy = refuse, refuse
+    try:
+        yield
+    finally:
+        _common.TORCH_KERNELS_ON_CPU, _device.ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy = saved
+
+
+#: The one decoder that copies to the host by design (docs/decoding.md, "Output").
+_HOST_DECODERS = {"optimal_hfbeta"}
+
+
+def _timed(device: torch.device, base: float, call: Any, host_ok: bool) -> dict[str, Any]:
+    """ms of one call, its ratio to ``base``, and whether it stayed on the device (no host copy, output there)."""
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        with contextlib.nullcontext() if host_ok else _device_kernels_only():
+            out = call()
+            _sync(device)
+        dt = time.perf_counter() - t0
+    except _HostCopy as err:
+        return {"ok": False, "error": str(err)}
+    except Exception as err:
+        return {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    res = {"ms": round(dt * 1e3, 3), "ratio_vs_argmax": round(dt / base, 2), "ok": True}
+    for x in out if isinstance(out, tuple) else (out,):
+        if isinstance(x, torch.Tensor) and x.device != device:
+            res.update(ok=False, error=f"output on {x.device}, input on {device}")
+    return res
+
+
 def decoders(device: torch.device) -> dict[str, Any]:
-    """Every decoder on node probabilities that live on ``device``: ms per call and whether the output stayed there."""
-    from hiercls.decode import RULES, decode
+    """Every decoder, and the expected-cost functions, on node probabilities that live on ``device``: ms per call,
+    the ratio to ``argmax``, and whether it stayed there (host copies raise, but for ``_HOST_DECODERS``)."""
+    from hiercls.decode import RULES, bayes_node, decode, expected_cost, expected_hfbeta, prediction_expected_cost
     from hiercls.taxonomy.ops import node_probs_from_leaves
 
     tax = _tree(device.type == "cuda")
@@ -130,18 +180,47 @@ def decoders(device: torch.device) -> dict[str, Any]:
     _sync(device)
     base = max(time.perf_counter() - base_t0, 1e-9)
     for rule in RULES:
-        try:
-            _sync(device)
-            t0 = time.perf_counter()
-            pred = decode(probs, tax, rule)
-            _sync(device)
-            dt = time.perf_counter() - t0
-            same = not isinstance(pred, torch.Tensor) or pred.device == probs.device
-            res[rule] = {"ms": round(dt * 1e3, 3), "ratio_vs_argmax": round(dt / base, 2), "ok": bool(same)}
-            if not same:
-                res[rule]["error"] = f"output on {pred.device}, input on {probs.device}"
-        except Exception as err:
-            res[rule] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        res[rule] = _timed(device, base, lambda rule=rule: decode(probs, tax, rule), rule in _HOST_DECODERS)
+    sets = decode(probs, tax, "threshold_set")
+    pred = decode(probs, tax, "argmax_leaf")
+    extra = {
+        "bayes_node:cost=zhao+return_cost": lambda: bayes_node(probs, tax, "zhao", return_cost=True),
+        "bayes_node:cost=wu_palmer": lambda: bayes_node(probs, tax, "wu_palmer"),
+        "expected_cost:ic_distance": lambda: expected_cost(probs, tax, "ic_distance"),
+        "prediction_expected_cost:lca_height": lambda: prediction_expected_cost(probs, pred, tax, "lca_height"),
+        "expected_hfbeta": lambda: expected_hfbeta(sets, probs, tax),
+    }
+    for name, call in extra.items():
+        res[name] = _timed(device, base, call, False)
+    return res
+
+
+def metrics(device: torch.device) -> dict[str, Any]:
+    """Metrics of labels that live on ``device`` (ids and node sets): ms per call, host copies raising."""
+    import hiercls.metrics as M
+
+    tax = _tree(device.type == "cuda")
+    batch = 10_000 if device.type == "cuda" else 64
+    gen = torch.Generator().manual_seed(2)
+    y_true = torch.randint(0, tax.num_nodes, (batch,), generator=gen).to(device)
+    y_pred = torch.where(torch.rand(batch, generator=gen).to(device) < 0.5, y_true, torch.zeros_like(y_true))
+    pred_sets = torch.zeros(batch, tax.num_nodes, dtype=torch.bool, device=device)
+    pred_sets[torch.arange(batch, device=device), y_pred] = True  # the metric closes them, on the device
+    calls = {
+        "hierarchical_f1_score": lambda: M.hierarchical_f1_score(y_true, y_pred, taxonomy=tax),
+        "hierarchical_f1_score:macro": lambda: M.hierarchical_f1_score(
+            y_true, y_pred, taxonomy=tax, average="macro", zero_division=0.0
+        ),
+        "mistake_severity:zhao": lambda: M.mistake_severity(y_true, y_pred, taxonomy=tax, distance="zhao"),
+        "per_level_accuracy_score": lambda: M.per_level_accuracy_score(y_true, y_pred, taxonomy=tax),
+        "hierarchical_f1_score:node_sets": lambda: M.hierarchical_f1_score(y_true, pred_sets, taxonomy=tax),
+    }
+    host_reduction = {"hierarchical_f1_score:macro"}  # averages its [N] node counts on the host
+    res: dict[str, Any] = {"batch": batch, "taxonomy": tax.name}
+    for name, call in calls.items():
+        r = _timed(device, 1.0, call, name in host_reduction)
+        r.pop("ratio_vs_argmax", None)
+        res[name] = r
     return res
 
 
@@ -226,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     report["heads"] = head_steps(device, args.steps or (3 if cuda else 1))
     report["ddp"] = ddp_step(cuda)
     report["decoders"] = decoders(device)
+    report["metrics"] = metrics(device)
     failures = [
         f"heads.{p}.{h}"
         for p, res in report["heads"].items()
@@ -233,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         for h, r in res.items()
         if isinstance(r, dict) and not r.get("ok", True)
     ]
-    failures += [f"decoders.{k}" for k, r in report["decoders"].items() if isinstance(r, dict) and not r["ok"]]
+    for part in ("decoders", "metrics"):
+        failures += [f"{part}.{k}" for k, r in report[part].items() if isinstance(r, dict) and not r["ok"]]
     if cuda and not report["ddp"].get("ok"):
         failures.append("ddp")
     report["failures"] = failures
