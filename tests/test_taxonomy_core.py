@@ -139,6 +139,17 @@ def tax_input_order(seed: int) -> list[str]:
 
 
 @pytest.mark.parametrize(("seed", "dag"), CASES)
+def test_ancestor_table_rows_are_the_sorted_ancestors_padded_in_front(seed: int, dag: bool) -> None:
+    tax, g = build(seed, dag)
+    tab = tax.ancestor_table
+    width = max(len(nx.ancestors(g, name)) + 1 for name in tax.names)
+    assert tab.shape == (tax.num_nodes, width) and not tab.flags.writeable
+    for i, name in enumerate(tax.names):
+        want = sorted(tax.index(a) for a in nx.ancestors(g, name) | {name})
+        assert tab[i].tolist() == [-1] * (width - len(want)) + want
+
+
+@pytest.mark.parametrize(("seed", "dag"), CASES)
 def test_lca_matches_networkx_and_brute_force(seed: int, dag: bool) -> None:
     tax, g = build(seed, dag)
     n = tax.num_nodes

@@ -53,7 +53,7 @@ def table(taxonomy: Taxonomy, key: str, device: torch.device) -> torch.Tensor:
 
         values = semantic_level_table(taxonomy)
     elif key == "ancestors":
-        values = _ancestor_table(taxonomy)
+        values = taxonomy.ancestor_table
     else:  # pragma: no cover - internal keys only
         raise KeyError(key)
     return index_tensor(taxonomy, f"metrics/{key}", values, device)
@@ -73,20 +73,6 @@ def lca(t: torch.Tensor, p: torch.Tensor, taxonomy: Taxonomy) -> torch.Tensor:
         pa, pb = paths[t[s : s + _CHUNK]], paths[p[s : s + _CHUNK]]
         k = ((pa == pb) & (pa >= 0)).sum(1, keepdim=True) - 1
         out[s : s + _CHUNK] = pa.gather(1, k).squeeze(1)
-    return out
-
-
-def _ancestor_table(taxonomy: Taxonomy) -> np.ndarray:
-    """``[N, K]`` int64: the ancestors-or-self of each node in ascending id order, ``-1`` padding in front (``K``
-    the largest such set), so that each row is sorted and :func:`torch.searchsorted` tests membership."""
-    anc = taxonomy.ancestors_sparse.tocsr()
-    anc.sort_indices()
-    counts = np.diff(anc.indptr)
-    k = int(counts.max(initial=1))
-    out = np.full((taxonomy.num_nodes, k), -1, dtype=np.int64)
-    rows = np.repeat(np.arange(taxonomy.num_nodes), counts)
-    cols = k - counts[rows] + (np.arange(anc.nnz) - anc.indptr[rows])  # right-aligned
-    out[rows, cols] = anc.indices
     return out
 
 

@@ -571,6 +571,23 @@ class Taxonomy:
         m.sort_indices()
         return m
 
+    @cached_property
+    def ancestor_table(self) -> np.ndarray:
+        """Ancestors-or-self of every node as sorted rows: ``[N, K]`` int64 (``K`` the largest such set), ids in
+        ascending order, ``-1`` padding in front, so that every row is sorted (binary search tests membership).
+
+        Example:
+            >>> Taxonomy([("r", "a"), ("a", "x"), ("r", "b")]).ancestor_table.tolist()
+            [[-1, -1, 0], [-1, 0, 1], [0, 1, 2], [-1, 0, 3]]
+        """
+        anc = self.ancestors_sparse  # sorted indices
+        counts = np.diff(anc.indptr)
+        k = int(counts.max(initial=1))
+        out = np.full((self.num_nodes, k), -1, dtype=np.int64)
+        rows = np.repeat(np.arange(self.num_nodes), counts)
+        out[rows, k - counts[rows] + (np.arange(anc.nnz) - anc.indptr[rows])] = anc.indices  # right-aligned
+        return _readonly(out)
+
     def ancestor_matrix(self, nodes: np.ndarray | None = None, *, include_self: bool = True) -> np.ndarray:
         """Dense boolean ancestor matrix ``[len(nodes), N]`` (rows: ``nodes``, default all nodes).
 
@@ -656,17 +673,21 @@ class Taxonomy:
         if self.is_tree:
             out = self._tree_lca(a_arr.ravel(), b_arr.ravel())
         else:
-            anc = self.ancestors_sparse
-            out = np.empty(a_arr.size, dtype=np.int64)
-            for k, (x, y) in enumerate(zip(a_arr.ravel(), b_arr.ravel(), strict=True)):
-                common = np.intersect1d(
-                    anc.indices[anc.indptr[x] : anc.indptr[x + 1]],
-                    anc.indices[anc.indptr[y] : anc.indptr[y + 1]],
-                    assume_unique=True,
-                )
-                out[k] = common[np.lexsort((common, -self.depth[common]))[0]]
+            out = self._dag_lca(a_arr.ravel(), b_arr.ravel())
         out = out.reshape(a_arr.shape)
         return int(out) if scalar else out
+
+    def _dag_lca(self, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 12) -> np.ndarray:
+        # The shared entries of the two ancestor rows, compared all against all ([chunk, K, K]); among them the
+        # deepest, ties to the smaller id.
+        tab, n = self.ancestor_table, self.num_nodes
+        out = np.empty(len(a), dtype=np.int64)
+        for s in range(0, len(a), chunk):
+            ta, tb = tab[a[s : s + chunk]], tab[b[s : s + chunk]]
+            shared = (ta[:, :, None] == tb[:, None, :]).any(2) & (ta >= 0)
+            rank = np.where(shared, self.depth[np.maximum(ta, 0)] * (n + 1) + (n - ta), -1)
+            out[s : s + chunk] = ta[np.arange(len(ta)), rank.argmax(1)]
+        return out
 
     def _tree_lca(self, a: np.ndarray, b: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
         p = self.paths
