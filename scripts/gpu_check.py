@@ -5,8 +5,8 @@ With CUDA: ViT-Tiny (64 px, 8 px patches) on ``imagenet21k_winter21``, batch 64,
 scaler) and bf16 autocast steps per head, each head's step time as a ratio to the flat head's; the DDP step
 runs under ``torchrun --nproc_per_node 1`` with the NCCL backend; every decoder decodes ``[1000, N]`` node
 probabilities on the device, and so do the expected-cost functions, and a few metrics score device labels: each
-must return tensors on the device without a host copy (``Tensor.cpu`` / ``Tensor.numpy`` raise while it runs),
-but for ``optimal_hfbeta``. Without CUDA, or with ``--dry``, the CPU-feasible parts run tiny (float32 steps of
+must return tensors on the device without a host copy (``Tensor.cpu`` / ``Tensor.numpy`` raise while it runs).
+Without CUDA, or with ``--dry``, the CPU-feasible parts run tiny (float32 steps of
 every head on a 2-block ViT and a small tree, the decoders' and metrics' torch kernels on CPU tensors) and the
 CUDA parts are skipped with a message; the exit status is then 0 when the tiny parts pass.
 
@@ -138,10 +138,6 @@ def _device_kernels_only():
         _common.TORCH_KERNELS_ON_CPU, _device.ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy = saved
 
 
-#: The one decoder that copies to the host by design (docs/decoding.md, "Output").
-_HOST_DECODERS = {"optimal_hfbeta"}
-
-
 def _timed(device: torch.device, base: float, call: Any, host_ok: bool) -> dict[str, Any]:
     """ms of one call, its ratio to ``base``, and whether it stayed on the device (no host copy, output there)."""
     try:
@@ -164,7 +160,7 @@ def _timed(device: torch.device, base: float, call: Any, host_ok: bool) -> dict[
 
 def decoders(device: torch.device) -> dict[str, Any]:
     """Every decoder, and the expected-cost functions, on node probabilities that live on ``device``: ms per call,
-    the ratio to ``argmax``, and whether it stayed there (host copies raise, but for ``_HOST_DECODERS``)."""
+    the ratio to ``argmax``, and whether it stayed there (host copies raise)."""
     from hiercls.decode import RULES, bayes_node, decode, expected_cost, expected_hfbeta, prediction_expected_cost
     from hiercls.taxonomy.ops import node_probs_from_leaves
 
@@ -180,7 +176,7 @@ def decoders(device: torch.device) -> dict[str, Any]:
     _sync(device)
     base = max(time.perf_counter() - base_t0, 1e-9)
     for rule in RULES:
-        res[rule] = _timed(device, base, lambda rule=rule: decode(probs, tax, rule), rule in _HOST_DECODERS)
+        res[rule] = _timed(device, base, lambda rule=rule: decode(probs, tax, rule), False)
     sets = decode(probs, tax, "threshold_set")
     pred = decode(probs, tax, "argmax_leaf")
     extra = {

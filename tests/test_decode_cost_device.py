@@ -216,3 +216,42 @@ def test_expected_hfbeta_on_the_device_is_the_definition(
     np.testing.assert_allclose(from_leaves.numpy(), _brute_hf(tax, q, sets, beta, include_root), rtol=1e-12)
     with pytest.raises(ValueError, match=r"sets must be boolean node sets \[B, N\]"):
         D.expected_hfbeta(torch.ones(2, tax.num_nodes, dtype=torch.bool), torch.as_tensor(node), tax)
+
+
+@pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
+@pytest.mark.parametrize(("beta", "include_root"), [(1.0, False), (2.0, True), (0.5, False), (3.0, False)])
+@pytest.mark.parametrize("concentration", [0.05, 1.0])
+def test_optimal_hfbeta_on_the_device_is_the_numpy_optimum(
+    tree: int, beta: float, include_root: bool, concentration: float, on_device: pytest.MonkeyPatch
+) -> None:
+    """The same sets as the NumPy decoder (tested against brute force in test_decode_hfbeta.py), and the value
+    returned is the definition's expected hF of the set returned."""
+    tax = TREES[tree]
+    rng = np.random.default_rng(30 + tree)
+    p = rng.dirichlet(np.full(tax.num_nodes, concentration), 12)  # peaked (0.05) and flat (1.0) posteriors
+    node = p @ tax.ancestors_sparse.toarray().astype(np.float64)
+    want_sets, want_value = D.optimal_hfbeta(node, tax, beta, include_root=include_root, return_value=True)
+    with on_device.context() as m:
+        _no_host(m)
+        sets, value = D.optimal_hfbeta(torch.as_tensor(node), tax, beta, include_root=include_root, return_value=True)
+        single = D.optimal_hfbeta(torch.as_tensor(node, dtype=torch.float32), tax, beta, include_root=include_root)
+    assert sets.dtype == torch.bool and value.dtype == torch.float64
+    np.testing.assert_array_equal(sets.numpy(), want_sets)
+    np.testing.assert_allclose(value.numpy(), want_value, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(value.numpy(), _brute_hf(tax, p, sets.numpy(), beta, include_root), rtol=1e-12)
+    # float32 input: an optimum of the rounded probabilities, no worse than the float64 one beyond float32 round-off
+    got32 = _brute_hf(tax, p, single.numpy(), beta, include_root)
+    np.testing.assert_array_less(want_value - got32, 1e-5)
+
+
+def test_optimal_hfbeta_on_the_device_from_leaf_probabilities(on_device: pytest.MonkeyPatch) -> None:
+    tax = TREES[1]
+    p, _ = _probs(tax, 10, 40, internal=False)
+    leaf = p[:, tax.leaves]
+    want = D.optimal_hfbeta(leaf, tax, 2.0, leaf_probs=True)
+    with on_device.context() as m:
+        _no_host(m)
+        got = D.optimal_hfbeta(torch.as_tensor(leaf), tax, 2.0, leaf_probs=True)
+        empty = D.optimal_hfbeta(torch.zeros(0, tax.num_nodes), tax)
+    np.testing.assert_array_equal(got.numpy(), want)
+    assert empty.shape == (0, tax.num_nodes)

@@ -17,7 +17,7 @@ from hiercls.decode import RULES, SET_RULES, ProbabilityError, check_probabiliti
 from hiercls.taxonomy import Taxonomy
 from tests.test_decode import sample_case
 
-TORCH_NATIVE = sorted(set(RULES) - {"optimal_hfbeta"})
+TORCH_NATIVE = sorted(RULES)
 
 
 def _tree(n: int, rng: np.random.Generator) -> Taxonomy:
@@ -141,7 +141,16 @@ def test_torch_rules_stay_on_the_device_and_equal_numpy(rule: str, monkeypatch: 
     tax = _tree(60, rng)
     leaf = rng.dirichlet(np.full(tax.num_leaves, 0.3), size=20)
     cases.append((tax, np.asarray(tax.marginals(leaf)), None))
-    if rule in ("top_down", "plurality", "threshold_set", "chmcnn", "threshold", "majority", "max_info"):
+    if rule in (
+        "top_down",
+        "plurality",
+        "threshold_set",
+        "chmcnn",
+        "threshold",
+        "majority",
+        "max_info",
+        "optimal_hfbeta",
+    ):
         leaf = rng.dirichlet(np.ones(dag.num_leaves), size=6)
         cases.append((dag, np.asarray(dag.marginals(leaf)), None))
     opts = [{}] + [o for r, o in OPTIONS if r == rule]

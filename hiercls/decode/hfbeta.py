@@ -75,6 +75,11 @@ node at depth ``d`` have ``|Y| >= d`` (``d + 1`` with the root), so ``w_k(n) <= 
 + k)`` for its first outside ancestor-or-self ``f`` (see :func:`_solve`). Rows not certified go to the row path
 above, so the result is the same exact optimum.
 
+*On the device.* Tensors that the torch kernels take (CUDA, or CPU tensors with ``TORCH_KERNELS_ON_CPU``) are
+decoded by :func:`_optimal_hfbeta_torch`: the same table ``q`` and weights, every counted node a candidate, the
+sizes evaluated in turn until the two bounds above certify every row of a block; the sets equal the NumPy
+path's.
+
 Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
 depths ``H`` and sizes ``K`` searched, vectorised over the batch; the size search costs O(N) per evaluated size
 (O(depth) on a chain) for a few tens of sizes, O(N log N) for single-size rows. Measured (bench/bench_worstcase.py):
@@ -1098,6 +1103,103 @@ def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) 
     return sets, values
 
 
+_TORCH_BLOCK_ELEMENTS = 1 << 24  # rows x label sizes x nodes of the [rows, M, N] mass table per block (128 MB)
+
+
+def _optimal_hfbeta_torch(
+    probs: Any, taxonomy: Taxonomy, b2: float, include_root: bool, leaf: bool, return_value: bool
+) -> Any:
+    """:func:`optimal_hfbeta` on the tensor's device: the same optimum (``max_k V_k``, ties to the smaller set,
+    then to smaller ids), by evaluating the sizes ``k = 1, 2, ...`` for a block of rows until the two bounds of
+    the module docstring certify every row of it.
+
+    The table ``q[b, m, n] = P(n in Y, |Y| = lv[m])`` is built as on the NumPy path (differences of depth-major
+    prefix sums on trees, a sparse product with the descendant matrix per label size on DAGs), so that
+    ``w_k = q^T coef_k`` and ``V_k``, the running sum of the sorted weights at ``k``, are the same numbers. Per
+    block the sizes stop at the first ``k`` where, for every row, ``min(U(k), (1+b2) max(SP(k) / (b2 + k),
+    P_(k+1)))`` is at most the best value found: one boolean read back per size. The winning sets are the top
+    ``k`` of a stable descending sort of ``w`` (ties to smaller ids), closed under ancestors (a no-op by
+    monotonicity). O(K M N) per sample for the K sizes searched: a few tens for peaked posteriors, up to N for a
+    flat one.
+    """
+    import torch
+
+    tax = taxonomy
+    x = prepare_torch(probs, tax, leaf_probs=leaf)
+    p = label_distribution_torch(x, tax, leaf=leaf_rows_torch(probs) if leaf else None)
+    b, n = p.shape
+    dev, first = p.device, 0 if include_root else 1
+    sets = torch.zeros(b, n, dtype=torch.bool, device=dev)
+    sets[:, 0] = True
+    values = p[:, 0].clone() if not include_root else torch.zeros(b, dtype=torch.float64, device=dev)
+    if n - first <= 0 or not b:  # a single-node taxonomy: the root label, predicted perfectly by the root
+        return (sets, values.to(value_dtype_torch(probs))) if return_value else sets
+    if tax.is_tree:
+        tab = tree_tables(tax)
+        lv_np = np.arange(tab["lo"].shape[1]) + (1 if include_root else 0)  # label size of each depth
+        order, lo, hi = (index_tensor(tax, ("hf", k), tab[k], dev) for k in ("order", "lo", "hi"))
+    else:
+        sizes = _label_sizes(tax, include_root)
+        lv_np = np.arange(int(sizes.max()) + 1)
+        size_of = index_tensor(tax, ("label_sizes", include_root), sizes, dev)
+    lv = torch.as_tensor(lv_np, dtype=torch.float64, device=dev)
+    step = max(1, _TORCH_BLOCK_ELEMENTS // (len(lv_np) * n))
+    for s in range(0, b, step):
+        pb = p[s : s + step]
+        if tax.is_tree:
+            cs = torch.zeros(pb.shape[0], n + 1, dtype=torch.float64, device=dev)
+            cs[:, 1:] = torch.cumsum(pb[:, order], 1)
+            q = (cs[:, hi] - cs[:, lo]).transpose(1, 2)  # [rows, M, N]: labels of depth m below n
+        else:
+            desc = _ancestor_matrix_torch(tax, dev).t()
+            q = torch.stack([torch.sparse.mm(desc, (pb * (size_of == m)).T).T for m in range(len(lv_np))], 1)
+        sets[s : s + step], values[s : s + step] = _hfbeta_block_torch(q, lv, first, b2, values[s : s + step])
+    from hiercls.decode.sets import ancestor_closure_torch
+
+    sets = ancestor_closure_torch(sets, tax)  # a no-op: ancestors never weigh less than their descendants
+    return (sets, values.to(value_dtype_torch(probs))) if return_value else sets
+
+
+def _hfbeta_block_torch(q: Any, lv: Any, first: int, b2: float, best: Any) -> tuple[Any, Any]:
+    """The optimal sets ``[rows, N]`` and values of one block of :func:`_optimal_hfbeta_torch` (``best``: the
+    empty set's value, replaced by the best found)."""
+    import torch
+
+    rows, _, n = q.shape
+    dev = q.device
+    mass = q[:, :, 0]  # [rows, M]: the label mass by size, in the root's column (every label is below it)
+    q = q[:, :, first:]  # counted nodes only
+    counted = n - first
+    p_sorted = torch.sort(q.sum(1), 1, descending=True).values  # P~ of the counted nodes, largest first
+    sp_k = torch.cumsum(p_sorted, 1)
+    p_next = torch.cat([p_sorted, torch.zeros(rows, 1, dtype=q.dtype, device=dev)], 1)  # P_(k+1) at column k
+    best = best.clone()
+    best_k = torch.zeros(rows, dtype=torch.int64, device=dev)
+
+    def coef(k: Any) -> Any:
+        out = (1.0 + b2) / (b2 * lv + k)
+        return torch.where(lv == 0, 0.0, out)
+
+    for k in range(1, counted + 1):
+        frac = torch.where(lv > 0, lv / (b2 * lv + torch.clamp(lv, min=k)), 0.0)
+        u = (1.0 + b2) * (mass * frac).sum(1)
+        box = (1.0 + b2) * torch.maximum(sp_k[:, k - 1] / (b2 + k), p_next[:, k])
+        live = torch.minimum(u, box) > best  # rows where some size >= k may still win
+        if not bool(live.any()):
+            break
+        w = torch.einsum("bmn,m->bn", q, coef(float(k)))
+        value = torch.cumsum(torch.sort(w, 1, descending=True).values, 1)[:, k - 1]
+        better = live & (value > best)  # strict: a tie keeps the smaller set
+        best = torch.where(better, value, best)
+        best_k = torch.where(better, k, best_k)
+    w = torch.einsum("bmn,bm->bn", q, coef(best_k.clamp(min=1).double()[:, None]))
+    order = torch.sort(w, dim=1, descending=True, stable=True).indices + first
+    sets = torch.zeros(rows, n, dtype=torch.bool, device=dev)
+    sets.scatter_(1, order, torch.arange(counted, device=dev)[None, :] < best_k[:, None])
+    sets[:, 0] = True
+    return sets, best
+
+
 @chunked(scale=8)
 def optimal_hfbeta(
     probs: Any,
@@ -1142,6 +1244,8 @@ def optimal_hfbeta(
     b2 = check_beta(beta) ** 2
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
+    if torch_kernels(probs):
+        return _optimal_hfbeta_torch(probs, taxonomy, b2, include_root, leaf_probs, return_value)
     # The block path converts each block to float64 in its own gather: float32 input is not copied up front.
     batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=leaf_probs or not _block_path(taxonomy))
     bsz, n = batch.node.shape
