@@ -492,7 +492,7 @@ def label_distribution_torch(x: Any, taxonomy: Taxonomy, *, leaf: Any = None) ->
 
     Trees: ``P(n)`` minus the sum of its children's ``P`` (one ``index_add_``). DAGs: ``P(n)`` minus the label mass
     of its strict descendants, one level of ``max_depth`` at a time from the deepest up (each reads only finished
-    levels), the triangular solve of the NumPy path as one sparse gather per level. Round-off negatives are
+    levels), the triangular solve of the NumPy path as one sparse product per level. Round-off negatives are
     clipped to 0; a
     negative beyond round-off is named by the NumPy check (the error path is the only host copy).
     """
