@@ -33,13 +33,17 @@ __all__ = ["Case", "calibrate", "compare", "compare_group", "sync", "time_calls"
 class Case:
     """One ratio to measure: ``candidate`` time / ``baseline`` time must stay at or below ``target``.
 
+    A case with ``target=None`` is a *reference*: a ratio measured in the same run to put the verdicts beside
+    it (e.g. the cheapest pass any decoder must make over its input, the floor under a target), reported with
+    ``"pass": null`` and left out of ``all_pass``.
+
     Either give ``candidate`` and ``baseline`` (callables without arguments, one unit of work each) or
     ``setup``, called right before the measurement and returning ``(candidate, baseline)``: the runner drops
     them afterwards, so large models or inputs live only while their case runs.
 
     Attributes:
         name: unique, ``area/what`` (e.g. ``"heads/node_probs_semantic_21k_b256"``).
-        target: the largest passing median ratio.
+        target: the largest passing median ratio; ``None`` for a reference measurement without a verdict.
         candidate, baseline: the two callables (or ``None`` with ``setup``).
         setup: builds ``(candidate, baseline)`` lazily.
         repeats: interleaved repeats (default: the runner's, 5 quick / 9 full).
@@ -60,7 +64,7 @@ class Case:
     """
 
     name: str
-    target: float
+    target: float | None
     candidate: Callable[[], Any] | None = None
     baseline: Callable[[], Any] | None = None
     setup: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]] | None = None

@@ -20,7 +20,8 @@ Usage::
 ``[B, N]`` array as ``probs.argmax(1)`` (B = 10,000, quick mode too, with fewer repeats), on ``imagenet1k_tree``
 and ``imagenet21k_winter21``, node-major (what ``Taxonomy.marginals`` returns) and row-major (what a head
 returns); targets 20x for ``optimal_hfbeta`` and ``crm``, 5x for the rest; and every decoder's peak extra memory
-over the input's size, target 4.
+over the input's size, target 4. Beside them, without targets, the :data:`FLOORS`: the input check alone and one
+gather of the parent column, the least any rule does.
 """
 
 from __future__ import annotations
@@ -279,6 +280,26 @@ MEMORY_TARGET = 4.0
 LAYOUTS = ("node_major", "row_major")
 
 
+def _parent_gather(node: np.ndarray, tax: Taxonomy) -> Any:
+    parent = np.maximum(np.asarray(tax.parent), 0)
+    return lambda: np.take(node, parent, axis=1)
+
+
+def _input_check(node: np.ndarray, tax: Taxonomy) -> Any:
+    from hiercls._checks import check_probabilities
+
+    return lambda: check_probabilities(node, tax)
+
+
+FLOORS = {
+    "floor_input_check": (_input_check, "the probability check alone, which every rule makes with checks on"),
+    "floor_parent_gather": (_parent_gather, "one gather of every node's parent, the cheapest pass reading the tree"),
+}
+"""Reference ratios measured beside the decoders, without a target: the floors under the decoders' ratios. On a
+row-major array the argmax is one streaming SIMD pass at memory speed, and either floor alone is already about
+10x it, above the 5x target."""
+
+
 @functools.cache
 def ratio_arrays(tree: str, layout: str = "node_major") -> tuple[Taxonomy, np.ndarray]:
     """The taxonomy and its float32 ``[B, N]`` node probabilities (``B = RATIO_BATCH``), built once per process.
@@ -342,6 +363,24 @@ def cases(quick: bool) -> list[Any]:
                 node = ratio_arrays(tree, layout)[1]
                 return lambda: node.argmax(1)
 
+            for floor, (make, what) in FLOORS.items():
+
+                def floor_setup(tree: str = tree, layout: str = layout, make: Any = make) -> tuple[Any, Any]:
+                    tax, node = ratio_arrays(tree, layout)
+                    return make(node, tax), base_of(tree, layout)
+
+                out.append(
+                    Case(
+                        name=f"decode/{tree}/{floor}/{layout}",
+                        target=None,
+                        setup=floor_setup,
+                        group=f"decode/{tree}/{layout}" if slow_base else None,
+                        repeats=(2 if quick else 5) if big else (5 if quick else 9),
+                        number=1 if big else None,
+                        warmup=0 if big else 1,
+                        note=f"reference, no target: {what} / probs.argmax(1), float32 [{RATIO_BATCH}, N] {layout}",
+                    )
+                )
             for rule in RULES:
 
                 def setup(tree: str = tree, layout: str = layout, rule: str = rule) -> tuple[Any, Any]:
@@ -386,7 +425,7 @@ def run_cases(case_list: list[Any], repeats: int) -> dict[str, Any]:
     i = 0
     while i < len(case_list):
         group = [case_list[i]]
-        while group[0].measure is None and i + len(group) < len(case_list):
+        while group[0].measure is None and group[0].group is not None and i + len(group) < len(case_list):
             nxt = case_list[i + len(group)]
             if nxt.group != group[0].group or nxt.measure is not None:
                 break

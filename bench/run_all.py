@@ -9,7 +9,8 @@ lazy ``setup() -> (candidate, baseline)``; or plain ``(name, target, candidate, 
 modules without ``cases`` are not imported. Names are
 ``area/what``; each case's ``ratio`` (by default the median of the per-repeat ratios ``candidate time /
 baseline time`` over interleaved repeats, same process, ABBA order; ``statistic="min"``: the fastest timings'
-ratio) must be ``<= target``; cases sharing a ``group`` share one
+ratio) must be ``<= target`` (a case with ``target=None`` is a reference, reported without a verdict and
+listed under ``references``); cases sharing a ``group`` share one
 baseline timing per repeat, and a case with ``measure`` reports a non-timing ratio (peak memory / input size).
 ``quick`` must measure the same configurations as the full run with fewer repeats (and may shrink only what does
 not change the ratio), so that both give the same verdict.
@@ -57,7 +58,7 @@ def discover(names: list[str] | None = None) -> list[str]:
 def _result(case: Case, res: dict[str, Any], seconds: float) -> dict[str, Any]:
     value = res["ratio_of_min"] if case.statistic == "min" else res["ratio_median"]
     out = {"name": case.name, "target": case.target, "statistic": case.statistic, "ratio": value}
-    out["pass"] = bool(value <= case.target)
+    out["pass"] = None if case.target is None else bool(value <= case.target)
     out.update({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "ratios"})
     if "ratios" in res:
         out["ratios"] = [round(r, 4) for r in res["ratios"]]
@@ -77,6 +78,16 @@ def _callables(case: Case) -> tuple[Any, Any]:
     if candidate is None or baseline is None:
         raise ValueError(f"case {case.name!r} has neither candidate/baseline callables nor a setup")
     return candidate, baseline
+
+
+def verdicts(results: list[dict[str, Any]], errors: list[dict[str, str]]) -> dict[str, Any]:
+    """``all_pass`` (every case with a target passes, nothing errored), the ``failed`` names and the
+    ``references`` (cases without a target, whose ``pass`` is ``None``)."""
+    return {
+        "all_pass": bool(results) and not errors and all(r["pass"] is not False for r in results),
+        "failed": [r["name"] for r in results if r["pass"] is False],
+        "references": [r["name"] for r in results if r["pass"] is None],
+    }
 
 
 def run_case(case: Case, quick: bool, repeats: int | None) -> dict[str, Any]:
@@ -185,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "elapsed_s": round(time.perf_counter() - started, 1),
-        "all_pass": bool(results) and not errors and all(r["pass"] for r in results),
-        "failed": [r["name"] for r in results if not r["pass"]],
+        **verdicts(results, errors),
         "errors": errors,
         "cases": results,
     }

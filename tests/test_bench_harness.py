@@ -92,3 +92,40 @@ def test_quick_and_full_register_the_same_cases(harness):
         assert [c.name for c in quick] == [c.name for c in full], path.name
         for q, f in zip(quick, full, strict=True):
             assert (q.target, q.statistic, q.group, q.note) == (f.target, f.statistic, f.group, f.note), q.name
+
+
+def test_a_reference_case_has_no_verdict(harness, monkeypatch):
+    """``target=None``: the ratio is reported with ``pass: None``, listed as a reference, never as a failure."""
+    timing, run_all = harness
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    ref = timing.Case(
+        name="t/floor",
+        target=None,
+        candidate=clock.work([3.0] * 6),
+        baseline=clock.work([1.0] * 6),
+        number=1,
+        repeats=5,
+    )
+    row = run_all.run_case(ref, quick=True, repeats=None)
+    assert row["ratio"] == pytest.approx(3.0) and row["pass"] is None
+    failing = {"name": "t/slow", "pass": False}
+    assert run_all.verdicts([row], []) == {"all_pass": True, "failed": [], "references": ["t/floor"]}
+    assert run_all.verdicts([row, failing], []) == {"all_pass": False, "failed": ["t/slow"], "references": ["t/floor"]}
+    assert run_all.verdicts([row], [{"case": "t/x", "error": "boom"}])["all_pass"] is False
+
+
+def test_decode_runner_times_ungrouped_cases_against_their_own_baseline(harness, monkeypatch):
+    """``bench_decode.py --ratios``: consecutive cases without a group each keep their own baseline (a filter
+    that drops the memory cases between layouts must not make the row-major cases share a node-major argmax)."""
+    timing, _ = harness
+    bench_decode = importlib.import_module("bench_decode")
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    cases = [
+        timing.Case(name=f"t/{k}", target=5.0, candidate=clock.work([c] * 6), baseline=clock.work([b] * 6), number=1)
+        for k, c, b in (("slow_base", 2.0, 1.0), ("fast_base", 2.0, 0.1))
+    ]
+    out = bench_decode.run_cases(cases, repeats=5)
+    assert out["t/slow_base"]["ratio"] == pytest.approx(2.0)
+    assert out["t/fast_base"]["ratio"] == pytest.approx(20.0) and out["t/fast_base"]["pass"] is False
