@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import operator
 import os
 import sys
 import time
@@ -366,8 +367,29 @@ def cases(quick: bool) -> list[Case]:
                         note=f"{b} node names ({kind}) vs the same {b} node ids",
                     )
                 )
+        out.append(_list_floor_case(tree, tax, names[yt].tolist(), names[yp].tolist(), yt, yp))
         out.append(_stateful_case(tree, b, 5, rng))
     return out
+
+
+def _list_floor_case(tree: str, tax: Taxonomy, t: list[str], p: list[str], yt: np.ndarray, yp: np.ndarray) -> Case:
+    """Reference, no target: the id metric plus one lookup per label in a plain ``{name: id}`` dict (one C-level
+    ``itemgetter`` call per list, nothing converted), the least any path from a list of names can cost."""
+    index = {name: i for i, name in enumerate(tax.names)}
+    fn = M.hierarchical_f1_score
+
+    def floor() -> Any:
+        operator.itemgetter(*t)(index), operator.itemgetter(*p)(index)
+        return fn(yt, yp, taxonomy=tax)
+
+    return Case(
+        name=f"metrics/{tree}/floor_dict_lookup_list_vs_ids",
+        target=None,
+        candidate=floor,
+        baseline=lambda: fn(yt, yp, taxonomy=tax),
+        note=f"reference, no target: {fn.__name__} on ids plus one dict lookup per name of two {len(t)}-name lists "
+        "/ the same on ids",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
