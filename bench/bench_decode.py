@@ -422,19 +422,8 @@ def run_cases(case_list: list[Any], repeats: int) -> dict[str, Any]:
     import run_all
 
     result = {}
-    i = 0
-    while i < len(case_list):
-        group = [case_list[i]]
-        while group[0].measure is None and group[0].group is not None and i + len(group) < len(case_list):
-            nxt = case_list[i + len(group)]
-            if nxt.group != group[0].group or nxt.measure is not None:
-                break
-            group.append(nxt)
-        i += len(group)
-        rows = (
-            run_all.run_group(group, True, repeats) if len(group) > 1 else [run_all.run_case(group[0], True, repeats)]
-        )
-        for r in rows:
+    for batch in run_all.batches(case_list):
+        for r in run_all.run_batch(batch, True, repeats):
             result[r["name"]] = {k: r[k] for k in ("ratio", "target", "pass") if k in r}
     return result
 

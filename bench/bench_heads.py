@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import Case, compare
+from _timing import Case
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,13 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    res = []
-    for case in cases(args.quick):
-        cand, base = case.setup()
-        r = compare(cand, base, repeats=5 if args.quick else 9, min_time=case.min_time)
-        verdict = None if case.target is None else r["ratio_median"] <= case.target
-        res.append({"name": case.name, "target": case.target, "pass": verdict, **r})
-    print(json.dumps(res, indent=2))
+    from run_all import run_case
+
+    print(json.dumps([run_case(case, args.quick, None) for case in cases(args.quick)], indent=2))
     return 0
 
 

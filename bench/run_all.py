@@ -34,6 +34,7 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,28 @@ def run_group(group: list[Case], quick: bool, repeats: int | None) -> list[dict[
     return [_result(c, dict(r, group=c.group), seconds) for c, r in zip(group, res, strict=True)]
 
 
+def batches(cases: list[Case]) -> Iterator[list[Case]]:
+    """``cases`` in their order, each consecutive run of timing cases of one ``group`` as one batch (they share a
+    baseline); every other case is a batch of its own."""
+    i = 0
+    while i < len(cases):
+        batch = [cases[i]]
+        if batch[0].group is not None and batch[0].measure is None:
+            while (
+                i + len(batch) < len(cases)
+                and cases[i + len(batch)].group == batch[0].group
+                and cases[i + len(batch)].measure is None
+            ):
+                batch.append(cases[i + len(batch)])
+        i += len(batch)
+        yield batch
+
+
+def run_batch(batch: list[Case], quick: bool, repeats: int | None) -> list[dict[str, Any]]:
+    """One batch of :func:`batches`: a group against its shared baseline, or a single case."""
+    return run_group(batch, quick, repeats) if len(batch) > 1 else [run_case(batch[0], quick, repeats)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats: under 5 minutes on 2 cores")
@@ -164,23 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.only and not any(s in case.name for s in args.only):
                 continue
             selected.append(case)
-        i = 0
-        while i < len(selected):
-            case = selected[i]
-            batch = [case]
-            if case.group is not None and case.measure is None:  # consecutive timing cases of one group
-                while (
-                    i + len(batch) < len(selected)
-                    and selected[i + len(batch)].group == case.group
-                    and selected[i + len(batch)].measure is None
-                ):
-                    batch.append(selected[i + len(batch)])
-            i += len(batch)
+        for batch in batches(selected):
+            case = batch[0]
             try:
-                if len(batch) > 1:
-                    results.extend({"module": mod_name, **r} for r in run_group(batch, args.quick, args.repeats))
-                else:
-                    results.append({"module": mod_name, **run_case(case, args.quick, args.repeats)})
+                results.extend({"module": mod_name, **r} for r in run_batch(batch, args.quick, args.repeats))
             except Exception as err:
                 errors.extend(
                     {"case": c.name, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()}
