@@ -1,16 +1,17 @@
 """Training-step time of every head against the flat softmax head on the same backbone, in one process.
 
 One measured step is exactly what the training loop does (forward, the head's loss, backward, gradient
-clipping, AdamW step), on fixed random inputs so that data loading is not measured. Every head is timed against
-the flat head with :func:`_timing.compare`: one step of each per repeat, in ABBA order. The verdict is on the ratio
-of the fastest steps (``ratio_of_min``: machine load only adds time, so each side's fastest step over the repeats
+clipping, AdamW step), on fixed random inputs so that data loading is not measured. All heads are timed as one
+group against one flat baseline (:func:`_timing.compare_group`): a repeat times one flat step and then one step
+of every head (forward order on even repeats, backward on odd ones), so that the baseline is paid once per repeat
+instead of once per head and the same minutes buy about twice the repeats. The verdict is on the ratio of the
+fastest steps (``ratio_of_min``: machine load only adds time, so each side's fastest step over the repeats
 estimates its unloaded time); the per-repeat ratios' median and spread (quartiles, min, max) are reported with it.
 
 The quick and full modes measure the same configuration (``STEP_BACKBONE``: ViT-Tiny, 12 blocks, width 192,
 at 64 px with 8 px patches, 65 tokens; batch ``STEP_BATCH`` = 16; the ``imagenet21k_winter21`` tree, 10,450
 nodes) and differ only in the number of repeats (``QUICK_REPEATS`` / ``FULL_REPEATS``), so that both give the
 same verdict; a smaller model or tree would change the share of the head in the step, i.e. the ratio itself.
-The flat model is built once per process and shared by every comparison.
 
 Usage::
 
@@ -32,16 +33,18 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import Case, compare
+from _timing import Case, steady_allocator
 
 #: The training-step configuration (quick and full alike): ViT-Tiny at 64 px with 8 px patches.
 STEP_BACKBONE = ("timm:vit_tiny_patch16_224", {"img_size": 64, "patch_size": 8})
 STEP_BATCH = 16
 STEP_TAXONOMY = "imagenet21k_winter21"
-#: Interleaved repeats (one step of the head and one of flat each). A step takes about 0.5 s on one thread;
-#: single-step ratios on a shared machine scatter by several percent, so the verdict needs the median of many.
-QUICK_REPEATS = 7
-FULL_REPEATS = 15
+#: Interleaved repeats (one step of flat and one of every head each). A step takes about 0.5 s on one thread;
+#: the fastest of 7 steps still moved a head's ratio between 0.99 and 1.07 across runs, that of 21 within 1%.
+QUICK_REPEATS = 12
+FULL_REPEATS = 25
+#: The ``group`` of the training-step cases: one flat baseline timing per repeat serves them all.
+GROUP = "train/vs_flat_21k"
 #: Heads whose step must stay within this factor of flat's; TransHP (extra tokens in one block) has its own.
 HEAD_TARGET = 1.05
 TRANSHP_TARGET = 1.5
@@ -93,9 +96,13 @@ def flat_step() -> Callable[[], None]:
     return _CACHE["flat"]  # type: ignore[return-value]
 
 
-def _train_setup(head: str, **head_options: object) -> Callable[[], tuple[Callable[[], None], Callable[[], None]]]:
+def _train_setup(
+    head: str, extra: dict[str, object], **head_options: object
+) -> Callable[[], tuple[Callable[[], None], Callable[[], None]]]:
     def setup() -> tuple[Callable[[], None], Callable[[], None]]:
-        return build_step(head, **head_options), flat_step()
+        step = build_step(head, **head_options)
+        extra["params"] = sum(p.numel() for p in step.model.parameters())  # type: ignore[attr-defined]
+        return step, flat_step()
 
     return setup
 
@@ -107,67 +114,54 @@ def compared_heads() -> list[str]:
     return [h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense]
 
 
-def cases(quick: bool) -> list[Case]:
+def cases(quick: bool, heads: list[str] | None = None) -> list[Case]:
+    """One case per head (default: :func:`compared_heads` and ``"transhp"``), all in :data:`GROUP`."""
     repeats = QUICK_REPEATS if quick else FULL_REPEATS
-    out = [
-        Case(
-            f"train/step_{h}_vs_flat_21k",
-            HEAD_TARGET,
-            setup=_train_setup(h),
-            number=1,
-            repeats=repeats,
-            statistic="min",
-            note=f"AdamW step of ViT-Tiny 64px/8 + {h} vs + flat, batch {STEP_BATCH}, {STEP_TAXONOMY}",
+    out = []
+    for head in heads or [*compared_heads(), "transhp"]:
+        extra: dict[str, object] = {}
+        transhp = head == "transhp"
+        out.append(
+            Case(
+                "train/step_transhp_default_vs_flat_21k" if transhp else f"train/step_{head}_vs_flat_21k",
+                TRANSHP_TARGET if transhp else HEAD_TARGET,
+                setup=_train_setup(head, extra),
+                number=1,
+                repeats=repeats,
+                statistic="min",
+                group=GROUP,
+                extra=extra,
+                note=(
+                    "TransHP with its default prompts vs the flat head on the same ViT-Tiny 64px/8"
+                    if transhp
+                    else f"AdamW step of ViT-Tiny 64px/8 + {head} vs + flat, batch {STEP_BATCH}, {STEP_TAXONOMY}"
+                ),
+            )
         )
-        for h in compared_heads()
-    ]
-    out.append(
-        Case(
-            "train/step_transhp_default_vs_flat_21k",
-            TRANSHP_TARGET,
-            setup=_train_setup("transhp"),
-            number=1,
-            repeats=repeats,
-            statistic="min",
-            note="TransHP with its default prompts vs the flat head on the same ViT-Tiny 64px/8",
-        )
-    )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} repeats instead of {FULL_REPEATS}")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per head (overrides)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (overrides)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable ratios)")
     parser.add_argument("--heads", nargs="*", default=None, help="heads to measure (default: all + transhp)")
     args = parser.parse_args(argv)
+    from run_all import run_group
+
     torch.set_num_threads(args.threads)
-    repeats = args.repeats or (QUICK_REPEATS if args.quick else FULL_REPEATS)
-    heads = args.heads or [*compared_heads(), "transhp"]
-    base = flat_step()
+    allocator = steady_allocator()
+    selected = cases(args.quick, [h for h in args.heads if h != "flat"] if args.heads else None)
     results = {}
-    for head in heads:
-        if head == "flat":
-            continue
-        step = build_step(head)
-        r = compare(step, base, repeats=repeats, number=1)
-        target = TRANSHP_TARGET if head == "transhp" else HEAD_TARGET
-        results[head] = {
-            "ratio_of_min": round(r["ratio_of_min"], 4),
-            "ratio_median": round(r["ratio_median"], 4),
-            "ratio_q1": round(r["ratio_q1"], 4),
-            "ratio_q3": round(r["ratio_q3"], 4),
-            "ratio_min": round(r["ratio_min"], 4),
-            "ratio_max": round(r["ratio_max"], 4),
-            "step_s": round(r["candidate_s"], 4),
-            "flat_step_s": round(r["baseline_s"], 4),
+    for case, r in zip(selected, run_group(selected, args.quick, args.repeats), strict=True):
+        keys = ("ratio", "ratio_median", "ratio_q1", "ratio_q3", "ratio_min", "ratio_max", "params", "target", "pass")
+        results[case.name.removeprefix("train/step_").removesuffix("_vs_flat_21k")] = {
+            **{k: r[k] for k in keys},
+            "step_s": r["candidate_s"],
+            "flat_step_s": r["baseline_s"],
             "samples_per_s": round(STEP_BATCH / r["candidate_s"], 2),
-            "params": sum(p.numel() for p in step.model.parameters()),  # type: ignore[attr-defined]
-            "target": target,
-            "pass": r["ratio_of_min"] <= target,
         }
-        del step
     tax, _, _ = _inputs()
     out = {
         "bench": "train_step_vs_flat",
@@ -175,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         "backbone": STEP_BACKBONE[0],
         "backbone_options": STEP_BACKBONE[1],
         "batch_size": STEP_BATCH,
-        "repeats": repeats,
+        "repeats": selected[0].repeats if args.repeats is None else args.repeats,
         "taxonomy": tax.name,  # type: ignore[attr-defined]
         "num_nodes": tax.num_nodes,  # type: ignore[attr-defined]
         "threads": torch.get_num_threads(),
+        "allocator": allocator,
         "torch": torch.__version__,
         "machine": platform.machine(),
         "heads": results,

@@ -22,7 +22,9 @@ Usage::
     python bench/run_all.py --only heads/ --json-out results.json
 
 Exits 0 when every case passes, 1 when one fails, 2 when a case errors. Timing runs on one thread by default
-(``--threads``): on a shared machine one thread gives the most stable ratios.
+(``--threads``): on a shared machine one thread gives the most stable ratios; and with the C allocator held in its
+warm steady state (``_timing.steady_allocator``, reported as ``allocator``), so that whether a large tensor is paid
+in fresh pages does not depend on what the process allocated before.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _timing import Case, compare, compare_group  # noqa: E402
+from _timing import Case, compare, compare_group, steady_allocator  # noqa: E402
 
 
 def discover(names: list[str] | None = None) -> list[str]:
@@ -162,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats per case (overrides)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable ratios)")
     ap.add_argument("--json-out", default=None, help="also write the JSON to this file")
+    ap.add_argument(
+        "--default-allocator", action="store_true", help="leave the C allocator as it is (see steady_allocator)"
+    )
     args = ap.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
+    allocator = "unchanged (--default-allocator)" if args.default_allocator else steady_allocator()
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
@@ -205,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "allocator": allocator,
         "elapsed_s": round(time.perf_counter() - started, 1),
         **verdicts(results, errors),
         "errors": errors,

@@ -129,3 +129,78 @@ def test_decode_runner_times_ungrouped_cases_against_their_own_baseline(harness,
     out = bench_decode.run_cases(cases, repeats=5)
     assert out["t/slow_base"]["ratio"] == pytest.approx(2.0)
     assert out["t/fast_base"]["ratio"] == pytest.approx(20.0) and out["t/fast_base"]["pass"] is False
+
+
+def test_calibration_is_not_fooled_by_one_slow_first_call(harness, monkeypatch):
+    """A first call ten times slower than the rest (a cold cache) must not cut the calls per timing tenfold."""
+    timing, _ = harness
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    fn = clock.work([0.01] + [0.001] * 1000)
+    assert 95 <= timing.calibrate(fn, min_time=0.1) <= 101
+    slow, start = clock.work([0.5] * 10), clock.now  # one call already lasts a whole timing: no second round
+    assert timing.calibrate(slow, min_time=0.1) == 1 and clock.now - start == pytest.approx(0.5)
+
+
+def test_steady_allocator_keeps_large_blocks_off_fresh_pages(tmp_path):
+    """After ``steady_allocator`` a freed 64 MiB block is reused warm: refilling it costs no page faults, where
+    glibc's default maps fresh pages for it every time (its dynamic mmap threshold stops at 32 MiB)."""
+    import subprocess
+
+    script = tmp_path / "faults.py"
+    script.write_text(
+        "import resource, sys\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "import numpy as np\n"
+        "from _timing import steady_allocator\n"
+        "state = steady_allocator() if sys.argv[1] == 'steady' else 'default'\n"
+        "np.ones(1 << 23)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for _ in range(5):\n"
+        "    np.ones(1 << 23)  # 64 MiB, written then freed\n"
+        "print(state, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 5)\n",
+        encoding="utf-8",
+    )
+    runs = {
+        mode: subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, check=True)
+        for mode in ("steady", "default")
+    }
+    state, steady_faults = runs["steady"].stdout.rsplit(" ", 1)
+    if not state.startswith("glibc"):
+        pytest.skip(f"no glibc mallopt here: {state}")
+    default_faults = int(runs["default"].stdout.rsplit(" ", 1)[1])
+    assert int(steady_faults) < 100 < default_faults  # 64 MiB is 16,384 pages of 4 KiB
+
+
+def test_train_bench_times_every_head_against_one_shared_flat_step(harness, monkeypatch, capsys):
+    """``bench_train.py``: one flat step per repeat serves all heads; each head's verdict is its fastest step over
+    flat's fastest, with its parameter count, and TransHP is held to its own target."""
+    import json
+
+    import torch
+
+    timing, _ = harness
+    bench_train = importlib.import_module("bench_train")
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    calls = {"flat": 0}
+    cost = {"flat": 1.0, "hxe": 1.02, "transhp": 1.4}
+
+    def fake_build_step(head, **_):
+        def step():
+            calls[head] = calls.get(head, 0) + 1
+            clock.now += cost[head]
+
+        step.model = torch.nn.Linear(2, 3 if head == "flat" else 4)
+        return step
+
+    monkeypatch.setattr(bench_train, "build_step", fake_build_step)
+    monkeypatch.setattr(bench_train, "_CACHE", {})
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    assert bench_train.main(["--heads", "hxe", "transhp", "--repeats", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["heads"]) == {"hxe", "transhp_default"}
+    hxe, transhp = out["heads"]["hxe"], out["heads"]["transhp_default"]
+    assert hxe["ratio"] == pytest.approx(1.02) and hxe["pass"] is True and hxe["params"] == 2 * 4 + 4
+    assert transhp["ratio"] == pytest.approx(1.4) and transhp["target"] == bench_train.TRANSHP_TARGET
+    assert calls == {"flat": 1 + 3 + 1, "hxe": 1 + 3, "transhp": 1 + 3}  # warm-up, then one flat per repeat + 1
