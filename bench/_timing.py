@@ -98,11 +98,12 @@ def steady_allocator() -> str:
     paid in page faults in one process or phase and served warm from the heap in the next, which moved a loss's
     ratio to ``F.cross_entropy`` between 1.1 and 1.6 across runs of the same code. With the threshold fixed high
     and trimming off, every timing sees the warm steady state of a long training or inference loop (what a caching
-    allocator such as jemalloc gives always). Peak-memory cases are unaffected: they count allocations with
-    ``tracemalloc``, not resident pages.
+    allocator such as jemalloc gives always). That removes the allocator's share of the swing, not the host's:
+    the same ratio still moves by about 10% between processes. Peak-memory cases are unaffected: they count
+    allocations with ``tracemalloc``, not resident pages.
 
     Returns:
-        What was set, for the report (``"glibc: no mmap, no trim"``, or why nothing was set).
+        What was set, for the report (``"glibc: mmap threshold 1 GiB, no trim"``, or why nothing was set).
     """
     name = ctypes.util.find_library("c")
     try:
