@@ -37,6 +37,7 @@ from hiercls.taxonomy import (
     write_taxonomy,
     write_tsv,
 )
+from hiercls.taxonomy.io import check_names
 
 
 def random_taxonomy(seed: int, *, dag: bool = False, virtual_root: bool = False) -> Taxonomy:
@@ -192,7 +193,13 @@ def test_lossless_formats_property(tmp_path: Path, tax: Taxonomy) -> None:
             with pytest.raises(TaxonomyError, match="cannot be written"):
                 write_taxonomy(tax, tmp_path / name, format=fmt)
             continue
-        write_taxonomy(tax, tmp_path / name, format=fmt)
+        try:
+            write_taxonomy(tax, tmp_path / name, format=fmt)
+        except TaxonomyError as err:  # names a reader refuses (invisible only, look-alike twins) are not written
+            assert "reading the file back would refuse it" in str(err), fmt
+            with pytest.raises(TaxonomyError):
+                check_names(tax.names, "names")
+            continue
         back = read_taxonomy(tmp_path / name, format=fmt)
         assert back.fingerprint == tax.fingerprint, fmt
         if fmt != "tsv":
@@ -336,6 +343,31 @@ def test_tsv_errors(tmp_path: Path, content: str, pattern: str, line: int | None
         assert err.value.line == line
     else:
         assert err.value.line is not None
+
+
+@pytest.mark.parametrize(
+    ("names", "culprit"),
+    [
+        (["r", "\u200b"], "\u200b"),
+        (["r", "\xad\u200d"], "\xad\u200d"),
+        (["r", "caf\u00e9", "cafe\u0301"], "cafe\u0301"),
+    ],
+)
+def test_writers_refuse_names_their_readers_refuse(tmp_path: Path, names: list[str], culprit: str) -> None:
+    # Taxonomy() takes any string; a file is only written when it reads back, else the label is named.
+    tax = Taxonomy([("r", n) for n in names[1:]], nodes=names)
+    for fmt, file in (
+        ("json", "t.json"),
+        ("nested", "t.nested.json"),
+        ("nodelink", "t.nl.json"),
+        ("edges", "t.edges"),
+        ("tsv", "t.tsv"),
+        ("children", "t.children.json"),
+    ):
+        with pytest.raises(TaxonomyError, match=r"cannot be written .*reading the file back would refuse it") as err:
+            write_taxonomy(tax, tmp_path / file, format=fmt)
+        assert err.value.label == culprit and err.value.source == str(tmp_path / file), fmt
+        assert not (tmp_path / file).exists(), fmt
 
 
 def test_tsv_rejects_unwritable_names(tmp_path: Path) -> None:

@@ -245,6 +245,19 @@ def check_names(names: Iterable[str], source: str, locations: Mapping[str, str |
             )
 
 
+def _check_names_read_back(names: Iterable[str], path: PathLike, fmt: str) -> None:
+    """Refuse to write names that :func:`check_names` refuses on reading (a name of only invisible characters,
+    two names that look the same), so that every file a writer produces reads back: the error names the label."""
+    try:
+        check_names(names, str(path))
+    except TaxonomyError as err:
+        raise TaxonomyError(
+            f"cannot be written as {fmt}: reading the file back would refuse it: {err.reason}",
+            source=str(path),
+            label=err.label,
+        ) from None
+
+
 def _build(source: str, edges: Sequence[tuple[str, str]], **kwargs: Any) -> Taxonomy:
     """``Taxonomy(edges, **kwargs)``, with the file named in errors that have no location of their own, after
     :func:`check_names` on every name."""
@@ -342,6 +355,7 @@ def write_json(tax: Taxonomy, path: PathLike) -> None:
         >>> back.fingerprint == tax.fingerprint, back.display_names, back.name
         (True, ('r', 'Alpha', 'b'), 'ab')
     """
+    _check_names_read_back(tax.names, path, "hiercls JSON")
     obj = taxonomy_to_dict(tax)
     edges = obj.pop("edges")
     try:
@@ -587,6 +601,7 @@ def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> 
     single-name lines instead of edges from the virtual root (read back with the same ``virtual_root=``).
     Display names and classes are not kept.
     """
+    _check_names_read_back(tax.names, path, "an edge list")
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
     # With spaces between fields a comma in a name would make the reader sniff commas as the delimiter.
@@ -670,6 +685,7 @@ def write_tsv(tax: Taxonomy, path: PathLike) -> None:
     child's parent order come back. A virtual root is written as a real root. Display names and classes are
     not kept.
     """
+    _check_names_read_back(tax.names, path, "TSV")
     _check_writable_names(tax, "\t\n\r", "TSV")
     if tax.num_nodes == 1:
         raise TaxonomyError(
@@ -857,6 +873,7 @@ def write_nested_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 2) 
     A DAG is written with each multi-parent subtree repeated under every parent (reading it back merges
     them again). Display names, classes and metadata are not kept (use :func:`write_json` for that).
     """
+    _check_names_read_back(tax.names, path, "nested JSON")
     if not tax.is_tree and tax.num_nodes > 5000:
         logger.warning("writing DAG %r as nested JSON repeats every multi-parent subtree", tax.name)
     if tax.height > _MAX_NESTING:
@@ -1011,6 +1028,7 @@ def write_node_link(
     tax: Taxonomy, path: PathLike, *, edges_key: Literal["edges", "links"] = "edges", indent: int | None = 1
 ) -> None:
     """Write networkx node-link JSON (lossless: display names, classes, virtual root, metadata are kept)."""
+    _check_names_read_back(tax.names, path, "node-link JSON")
     if edges_key not in ("edges", "links"):
         raise ValueError(f"edges_key must be 'edges' or 'links'; got {edges_key!r}")
     with _open_write(path) as f:
@@ -1054,6 +1072,7 @@ def read_children_json(
 
 def write_children_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 1) -> None:
     """Write the ``{parent: [children]}`` mapping of every node with children (names only)."""
+    _check_names_read_back(tax.names, path, "children JSON")
     obj = {tax.names[n]: [tax.names[c] for c in tax.children(n)] for n in range(tax.num_nodes) if tax.children(n)}
     if not obj:
         obj = {tax.names[0]: []}
