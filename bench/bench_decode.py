@@ -296,8 +296,9 @@ FLOORS = {
     "floor_parent_gather": (_parent_gather, "one gather of every node's parent, the cheapest pass reading the tree"),
 }
 """Reference ratios measured beside the decoders, without a target: the floors under the decoders' ratios. On a
-row-major array the argmax is one streaming SIMD pass at memory speed, and either floor alone is already 9x it
-or more (this 2-core VM), above the 5x target."""
+row-major array the argmax is one streaming SIMD pass at memory speed; the input check alone is 5-6x it and one
+parent gather about 3x (this 2-core VM, single thread), so with checks on no rule that reads the tree can reach the
+5x target there."""
 
 
 @functools.cache

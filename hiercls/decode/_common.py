@@ -150,6 +150,16 @@ class Batch:
         return self._node_t
 
     @property
+    def row_major(self) -> bool:
+        """Whether ``node`` has contiguous rows (a head's ``[B, N]`` output) and no node-major copy exists yet.
+
+        Rules that score every column on its own and take a row maximum then work along axis 1 (``np.take`` of
+        their columns, ``argmax(1)``), which skips the transpose :attr:`node_t` would make.
+        """
+        x = self.node
+        return self._node_t is None and x.shape[0] > 1 and x.shape[1] > 1 and x.strides[1] == x.itemsize
+
+    @property
     def label(self) -> np.ndarray:
         if self._label is None:
             self._label = label_distribution(self.node, self.taxonomy, leaf=self.leaf)

@@ -67,6 +67,8 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
     leaves = taxonomy.leaves
     if not batch.node.shape[0]:
         return restore_ids(leaves[:0], batch)
+    if batch.row_major:  # np.argmax returns the first maximum, as first_max_t
+        return restore_ids(leaves[np.take(batch.node, leaves, axis=1).argmax(1)], batch)
     return restore_ids(leaves[first_max_t(batch.node_t[leaves])], batch)
 
 
@@ -411,8 +413,10 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     if not batch.node.shape[0]:
         return restore_ids(np.zeros(0, dtype=np.int64), batch)
-    score = batch.node_t * (taxonomy.information_content + lam)[:, None]  # float64, as the torch path
-    return restore_ids(first_max_t(score), batch)
+    weight = taxonomy.information_content + lam  # float64 scores, as the torch path
+    if batch.row_major:
+        return restore_ids((batch.node * weight).argmax(1), batch)
+    return restore_ids(first_max_t(batch.node_t * weight[:, None]), batch)
 
 
 def calibrate_info_gain(
@@ -509,6 +513,10 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     if not batch.node.shape[0]:
         return restore_ids(leaves[:0], batch)
+    if batch.row_major:
+        score = np.take(batch.node, leaves, axis=1)
+        np.multiply(score, np.take(batch.node, coarse, axis=1), out=score)
+        return restore_ids(leaves[score.argmax(1)], batch)
     xt = batch.node_t
     return restore_ids(leaves[first_max_t(xt[leaves] * xt[coarse])], batch)
 
