@@ -41,6 +41,7 @@ from hiercls.decode._common import (
     torch_kernels,
     value_dtype_torch,
 )
+from hiercls.decode._rows import kernel_rows
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.core import DISTANCE_KINDS
@@ -210,6 +211,26 @@ def _fast_tree_ids(batch: Batch, kind: str, mask: np.ndarray) -> np.ndarray | No
         # Costs that differ by round-off only are ties, which the smallest id wins (the first within tol of the best).
         out[cols] = cand[first_true_t(sc >= sc.max(0) - tol)]
     return out
+
+
+def _fast_tree_rows(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.ndarray, leaf_probs: bool) -> Any:
+    """:func:`_fast_tree_ids` by the compiled kernel on row-major input, or ``None`` (see ``hiercls.decode._rows``)."""
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if rows is None:
+        return None
+    children = _child_csr(taxonomy)
+    return rows.ids(
+        "bayes_tree_rows",
+        children.indptr,
+        children.indices,
+        taxonomy.depth,
+        np.flatnonzero(mask),
+        kind == "lca_height",
+        bool(mask.all()),
+        float(taxonomy.height),
+        PROBABILITY_ATOL,
+        _TIE_TOL * max(1.0, float(taxonomy.height)),
+    )
 
 
 def _level_tables_torch(taxonomy: Taxonomy, device: Any) -> list[tuple[Any, Any, Any, int]]:
@@ -528,9 +549,11 @@ def bayes_node(
         if return_cost:
             return ids, exp.gather(1, ids[:, None])[:, 0].to(value_dtype_torch(probs))
         return ids
+    mask = _candidate_mask(taxonomy, candidates)
+    if fast and (ids := _fast_tree_rows(probs, taxonomy, cost, mask, leaf_probs)) is not None:
+        return ids
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
-    mask = _candidate_mask(taxonomy, candidates)
     if fast and batch.node.shape[0]:
         ids = _fast_tree_ids(batch, cost, mask)
         if ids is not None:

@@ -27,6 +27,7 @@ from hiercls.decode._common import (
     segment_reduce_t,
     torch_kernels,
 )
+from hiercls.decode._rows import indices, kernel_rows
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 __all__ = [
@@ -63,6 +64,9 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
         leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
         return leaves[x[:, leaves].argmax(1)] if x.shape[0] else leaves[:0]
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if rows and (ids := rows.ids("argmax_leaf_rows", indices(taxonomy, "leaves", taxonomy.leaves))) is not None:
+        return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     leaves = taxonomy.leaves
     if not batch.node.shape[0]:
@@ -217,6 +221,9 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
             return (cond >= t) & (top > 0)
 
         return _descend_torch(x, taxonomy, decide_t)
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if rows and (ids := rows.ids("descend_rows", *_sorted_children(taxonomy), rows.value(t), False, 0.0)) is not None:
+        return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     node = batch.node
 
@@ -270,6 +277,12 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
             return (single | (top >= m - _TIE_TOL)) & (top > 0)
 
         return _descend_torch(x, taxonomy, decide_t, second=True)
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if (
+        rows
+        and (ids := rows.ids("descend_rows", *_sorted_children(taxonomy), rows.value(0), True, _TIE_TOL)) is not None
+    ):
+        return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     runner_max = np.zeros(batch.node.shape[0])  # m, per row
 
@@ -321,6 +334,15 @@ def _deepest_above(batch: Batch, t: float, key: np.ndarray, name: str) -> np.nda
     return np.where(found, perm[np.minimum(pos, len(perm) - 1)], 0)
 
 
+def _deepest_above_np(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
+    """:func:`_deepest_above` of NumPy or CPU-tensor input (row-major trees: the compiled kernel)."""
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf)
+    if rows and (ids := rows.ids("deepest_above_rows", rows.value(t), key)) is not None:
+        return ids
+    batch = prepare(probs, taxonomy, leaf_probs=leaf, exact=False)
+    return restore_ids(_deepest_above(batch, t, key, name), batch)
+
+
 def _deepest_above_torch(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
     """:func:`_deepest_above` on the tensor's device, with the same tie rule."""
     x = prepare_torch(probs, taxonomy, leaf_probs=leaf)
@@ -354,8 +376,7 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
     t = _check_unit(threshold, "threshold")
     if torch_kernels(probs):
         return _deepest_above_torch(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    return restore_ids(_deepest_above(batch, t, taxonomy.depth.astype(np.float64), "depth"), batch)
+    return _deepest_above_np(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
 
 
 @chunked
@@ -381,8 +402,7 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
     ic = taxonomy.information_content.astype(np.float64)
     if torch_kernels(probs):
         return _deepest_above_torch(probs, taxonomy, t, "ic", ic, leaf_probs)
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    return restore_ids(_deepest_above(batch, t, ic, "ic"), batch)
+    return _deepest_above_np(probs, taxonomy, t, "ic", ic, leaf_probs)
 
 
 @chunked
@@ -410,10 +430,13 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
         x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
         w = index_tensor(taxonomy, "ic", taxonomy.information_content.astype(np.float64), x.device) + lam
         return (x.double() * w).argmax(1) if x.shape[0] else w[:0].long()
+    weight = taxonomy.information_content + lam  # float64 scores, as the torch path
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if rows and (ids := rows.ids("weighted_argmax_rows", weight)) is not None:
+        return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     if not batch.node.shape[0]:
         return restore_ids(np.zeros(0, dtype=np.int64), batch)
-    weight = taxonomy.information_content + lam  # float64 scores, as the torch path
     if batch.row_major:
         return restore_ids((batch.node * weight).argmax(1), batch)
     return restore_ids(first_max_t(batch.node_t * weight[:, None]), batch)
@@ -510,6 +533,11 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
         coarse = paths[np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
     if torch_kernels(probs):
         return _hie_torch(probs, taxonomy, coarse, leaf_probs)
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if rows:
+        ids = rows.ids("hie_rows", indices(taxonomy, "leaves", leaves), indices(taxonomy, ("hie", level), coarse))
+        if ids is not None:
+            return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     if not batch.node.shape[0]:
         return restore_ids(leaves[:0], batch)

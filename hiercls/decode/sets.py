@@ -31,6 +31,7 @@ from hiercls.decode._common import (
     subtree_ends_tensor,
     torch_kernels,
 )
+from hiercls.decode._rows import kernel_rows
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["chmcnn", "threshold_set"]
@@ -96,6 +97,12 @@ def ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
     return (torch.sparse.mm(at, sets.T.float()) > 0).T.contiguous()
 
 
+def _above_rows(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool, close: bool) -> Any:
+    """:func:`_above` (``close``: and its ancestor closure) by the compiled kernel, or ``None`` (see ``_rows``)."""
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs, scores=True)
+    return rows and rows.sets("above_rows", rows.value(_unit(threshold, "threshold")), close)
+
+
 def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> tuple[np.ndarray, Any]:
     t = _unit(threshold, "threshold")
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False, scores=True)
@@ -119,6 +126,8 @@ def threshold_set(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, lea
     """
     if torch_kernels(probs):
         return _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs)
+    if (sets := _above_rows(probs, taxonomy, threshold, leaf_probs, close=False)) is not None:
+        return sets
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
     return restore_sets(sets, batch)
 
@@ -141,5 +150,7 @@ def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs
         return ancestor_closure_torch(
             _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs), taxonomy
         )
+    if (sets := _above_rows(probs, taxonomy, threshold, leaf_probs, close=True)) is not None:
+        return sets
     sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
     return restore_sets(_ancestor_closure(sets, taxonomy), batch)

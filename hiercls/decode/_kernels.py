@@ -1,0 +1,268 @@
+"""Compiled per-row kernels (numba) for node probabilities in row-major memory on trees.
+
+A head returns ``[B, N]`` with contiguous rows. Each kernel reads a row once, checks it and applies its rule while
+the row is in the CPU cache, so a decoder costs a few passes of in-cache arithmetic over one read of the input,
+where the NumPy formulation pays a column gather (``np.take(x, idx, axis=1)``, one element at a time) per step.
+
+Every kernel has the signature ``kernel(x, parent, mode, lo, hi, edge_tol, root_tol, *tables, out) -> int``: it
+writes row ``b``'s answer to ``out[b]`` and returns ``-1``, or stops at the first row that fails its check and
+returns that row's index, so that the caller hands the input to the NumPy path, which names the culprit (or, where
+its float64 formulation accepts a borderline row, decodes it).
+
+The comparisons are those of the NumPy path in the same precision (``lo``, ``hi``, ``edge_tol`` and the rule's
+thresholds carry the input's dtype, as NumPy compares a float32 array with a Python float), and the sums are taken
+in the same order, so both paths give the same answers; the tests compare them on random and real inputs.
+
+Indices are unsigned (``np.uint32``/``np.uintp``): numba then skips the negative-index wrap-around, and LLVM turns
+the check's parent loop into vector gathers.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
+
+CHECK_OFF = 0
+"""Finite and ``>= lo`` only (what the decoders refuse with the checks off)."""
+CHECK_SCORES = 1
+"""Range ``[lo, hi]`` (independent per-node scores)."""
+CHECK_NODE = 2
+"""Range, ``|P(root) - 1| <= root_tol`` and no node above its parent by more than ``edge_tol``."""
+
+
+@numba.njit(**_JIT)
+def _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+    n = row.shape[0]
+    good = np.uint32(0)
+    if mode == CHECK_OFF:
+        for i in range(np.uint64(n)):
+            v = row[i]
+            good += np.uint32((v >= lo) & (v < np.inf))  # NaN fails both comparisons
+        return good == n
+    if mode == CHECK_SCORES:
+        for i in range(np.uint64(n)):
+            v = row[i]
+            good += np.uint32((v >= lo) & (v <= hi))
+        return good == n
+    if not abs(np.float64(row[0]) - 1.0) <= root_tol:
+        return False
+    for i in range(np.uint64(n)):  # parent[0] = 0: the root compares with itself
+        v = row[i]
+        good += np.uint32((v >= lo) & (v <= hi) & (v - row[parent[i]] <= edge_tol))
+    return good == n
+
+
+@numba.njit(**_JIT)
+def argmax_leaf_rows(x, parent, mode, lo, hi, edge_tol, root_tol, leaves, out):
+    """The most probable leaf, the first (smallest id) among equals."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        best = leaves[0]
+        top = row[best]
+        for i in range(1, leaves.shape[0]):
+            v = row[leaves[i]]
+            if v > top:
+                top = v
+                best = leaves[i]
+        out[b] = best
+    return -1
+
+
+@numba.njit(**_JIT)
+def hie_rows(x, parent, mode, lo, hi, edge_tol, root_tol, leaves, coarse, out):
+    """The leaf maximising ``P(leaf) * P(coarse[leaf])`` (product in the input's dtype), the first among equals."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        best = leaves[0]
+        top = row[leaves[0]] * row[coarse[0]]
+        for i in range(1, leaves.shape[0]):
+            v = row[leaves[i]] * row[coarse[i]]
+            if v > top:
+                top = v
+                best = leaves[i]
+        out[b] = best
+    return -1
+
+
+@numba.njit(**_JIT)
+def weighted_argmax_rows(x, parent, mode, lo, hi, edge_tol, root_tol, weight, out):
+    """``argmax_n float64(P(n)) * weight[n]``, the first among equals (information gain)."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        best = 0
+        top = np.float64(row[0]) * weight[0]
+        for n in range(1, row.shape[0]):
+            v = np.float64(row[n]) * weight[n]
+            if v > top:
+                top = v
+                best = n
+        out[b] = best
+    return -1
+
+
+@numba.njit(**_JIT)
+def deepest_above_rows(x, parent, mode, lo, hi, edge_tol, root_tol, t, key, out):
+    """Among the nodes with ``P > t``: the largest ``key``, then the largest ``P``, then the smallest id; else 0."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        best = -1
+        best_key = -np.inf
+        best_p = row[0]
+        for n in range(row.shape[0]):
+            v = row[n]
+            if v > t and (key[n] > best_key or (key[n] == best_key and v > best_p)):
+                best, best_key, best_p = n, key[n], v
+        out[b] = max(best, 0)
+    return -1
+
+
+@numba.njit(**_JIT)
+def descend_rows(x, parent, mode, lo, hi, edge_tol, root_tol, ptr, kids, t, plurality, tie_tol, out):
+    """Greedy descent from the root to the most probable child (the smaller id among equals), while it qualifies.
+
+    ``plurality=False`` (top-down): move while ``P(child) / P(node) >= t`` (``0`` where ``P(node) = 0``) and
+    ``P(child) > 0``. ``plurality=True``: keep ``m``, the largest runner-up probability of the families visited
+    (float64); move while the family has one child or ``P(child) >= m - tie_tol``, and ``P(child) > 0``.
+    """
+    zero = x.dtype.type(0)
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        cur = 0
+        m = 0.0
+        while ptr[cur + 1] > ptr[cur]:
+            first = ptr[cur]
+            kid = kids[first]
+            top = row[kid]
+            runner = -np.inf
+            for j in range(first + 1, ptr[cur + 1]):
+                v = row[kids[j]]
+                if v > top:
+                    runner = max(runner, np.float64(top))
+                    top = v
+                    kid = kids[j]
+                else:
+                    runner = max(runner, np.float64(v))
+            if plurality:
+                single = ptr[cur + 1] - first == 1
+                m = max(m, 0.0 if single else runner)
+                move = (single or np.float64(top) >= m - tie_tol) and top > zero
+            else:
+                pu = row[cur]
+                cond = top / pu if pu > zero else zero
+                move = cond >= t and top > zero
+            if not move:
+                break
+            cur = kid
+        out[b] = cur
+    return -1
+
+
+@numba.njit(**_JIT)
+def above_rows(x, parent, mode, lo, hi, edge_tol, root_tol, t, close, out):
+    """The nodes with ``P > t`` and the root, as a boolean row; with ``close``, every ancestor of a kept node too."""
+    n = x.shape[1]
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        keep = out[b]
+        for i in range(n):
+            keep[i] = row[i] > t
+        keep[0] = True
+        if close:
+            for i in range(n - 1, 0, -1):  # a parent has a smaller id: one pass upwards closes the set
+                if keep[i]:
+                    keep[parent[i]] = True
+    return -1
+
+
+@numba.njit(**_JIT)
+def bayes_tree_rows(
+    x,
+    parent,
+    mode,
+    lo,
+    hi,
+    edge_tol,
+    root_tol,
+    child_ptr,
+    child_idx,
+    depth,
+    cand,
+    lca_height,
+    every,
+    height,
+    mass_atol,
+    tol,
+    out,
+):
+    """The Bayes node of a closed-form cost on a tree (``bayes._fast_tree_ids``), in the same float64 sums.
+
+    Label probabilities ``p(n) = P(n) - sum of its children's P`` (children in ``child_idx`` order), refused below
+    ``-mass_atol`` and clipped at 0; subtree sums ``S(n) = p(n) + sum of its children's S``. Shortest path over every
+    node (``every``): the deepest node with ``S > S(root) / 2 + tol``. Otherwise, over the candidates ``cand``
+    (ascending ids), the first whose score is within ``tol`` of the best: shortest path ``2 A(n) - depth(n) S(root)``,
+    LCA height ``A(n) + p(n) (height - depth(n))``, with ``A(n)`` the sum of ``S`` over the non-root
+    ancestors-or-self of ``n``, root first.
+    """
+    n = x.shape[1]
+    p = np.empty(n)
+    s = np.empty(n)
+    a = np.empty(n)
+    for b in range(x.shape[0]):
+        row = x[b]
+        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+        for u in range(n):
+            kids = 0.0
+            for j in range(child_ptr[u], child_ptr[u + 1]):
+                kids += np.float64(row[child_idx[j]])
+            v = np.float64(row[u]) - kids
+            if mode != CHECK_OFF and v < -mass_atol:
+                return b
+            p[u] = max(v, 0.0)
+        for u in range(n - 1, -1, -1):  # children have larger ids: their sums are final
+            kids = 0.0
+            for j in range(child_ptr[u], child_ptr[u + 1]):
+                kids += s[child_idx[j]]
+            s[u] = p[u] + kids
+        mass = s[0]
+        if every and not lca_height:
+            half = 0.5 * mass + tol
+            best = 0
+            for u in range(
+                n - 1, 0, -1
+            ):  # {S > mass / 2} is a chain from the root: its deepest node has the largest id
+                if s[u] > half:
+                    best = u
+                    break
+            out[b] = best
+            continue
+        a[0] = 0.0  # the root is the LCA of every pair: it adds the same to every score
+        for u in range(1, n):
+            a[u] = a[parent[u]] + s[u]
+        top = -np.inf
+        for i in range(cand.shape[0]):
+            u = cand[i]
+            sc = a[u] + p[u] * (height - depth[u]) if lca_height else 2.0 * a[u] - depth[u] * mass
+            a[u] = sc  # every path sum is taken already: the candidate's slot keeps its score
+            top = max(top, sc)
+        best = cand[0]
+        for i in range(cand.shape[0]):
+            if a[cand[i]] >= top - tol:
+                best = cand[i]
+                break
+        out[b] = best
+    return -1
