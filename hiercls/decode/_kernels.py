@@ -189,6 +189,36 @@ def above_rows(x, parent, mode, lo, hi, edge_tol, root_tol, t, close, out):
 
 
 @numba.njit(**_JIT)
+def label_mass_row(row, parent, bottom_up, check_mass, mass_atol, p, s):
+    """Label probabilities and subtree masses of one row, in ``bayes._labels_and_subtree_t``'s float64 sums.
+
+    ``p(n) = P(n) - (P(c1) + P(c2) + ...)`` over the children in id order (ids ascending visit each family in that
+    order), clipped at 0; ``S(n) = p(n) + (S(c1) + S(c2) + ...)``, children again in id order: the non-root nodes
+    are visited deepest level first and by id within a level (``bottom_up``), so each child's sum is final when it
+    is added. Returns ``False`` when ``check_mass`` and some ``p(n) < -mass_atol`` (not single-label probabilities).
+    """
+    n = row.shape[0]
+    s[:] = 0.0  # first the children's P sums, then the children's S sums
+    for i in range(1, n):
+        s[parent[i]] += np.float64(row[i])
+    low = 0.0
+    for i in range(n):
+        v = np.float64(row[i]) - s[i]
+        low = min(low, v)
+        p[i] = max(v, 0.0)
+    if check_mass and low < -mass_atol:
+        return False
+    s[:] = 0.0
+    for j in range(bottom_up.shape[0]):
+        i = bottom_up[j]
+        total = p[i] + s[i]
+        s[i] = total
+        s[parent[i]] += total
+    s[0] = p[0] + s[0]
+    return True
+
+
+@numba.njit(**_JIT)
 def bayes_tree_rows(
     x,
     parent,
@@ -197,8 +227,7 @@ def bayes_tree_rows(
     hi,
     edge_tol,
     root_tol,
-    child_ptr,
-    child_idx,
+    bottom_up,
     depth,
     cand,
     lca_height,
@@ -210,9 +239,9 @@ def bayes_tree_rows(
 ):
     """The Bayes node of a closed-form cost on a tree (``bayes._fast_tree_ids``), in the same float64 sums.
 
-    Label probabilities ``p(n) = P(n) - sum of its children's P`` (children in ``child_idx`` order), refused below
-    ``-mass_atol`` and clipped at 0; subtree sums ``S(n) = p(n) + sum of its children's S``. Shortest path over every
-    node (``every``): the deepest node with ``S > S(root) / 2 + tol``. Otherwise, over the candidates ``cand``
+    Label probabilities ``p`` and subtree masses ``S`` as :func:`label_mass_row` (refused below ``-mass_atol`` with
+    the checks on). Shortest path over every node (``every``): the deepest node with ``S > S(root) / 2 + tol``
+    (these nodes form a chain from the root, so the largest such id). Otherwise, over the candidates ``cand``
     (ascending ids), the first whose score is within ``tol`` of the best: shortest path ``2 A(n) - depth(n) S(root)``,
     LCA height ``A(n) + p(n) (height - depth(n))``, with ``A(n)`` the sum of ``S`` over the non-root
     ancestors-or-self of ``n``, root first.
@@ -225,26 +254,13 @@ def bayes_tree_rows(
         row = x[b]
         if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
             return b
-        for u in range(n):
-            kids = 0.0
-            for j in range(child_ptr[u], child_ptr[u + 1]):
-                kids += np.float64(row[child_idx[j]])
-            v = np.float64(row[u]) - kids
-            if mode != CHECK_OFF and v < -mass_atol:
-                return b
-            p[u] = max(v, 0.0)
-        for u in range(n - 1, -1, -1):  # children have larger ids: their sums are final
-            kids = 0.0
-            for j in range(child_ptr[u], child_ptr[u + 1]):
-                kids += s[child_idx[j]]
-            s[u] = p[u] + kids
+        if not label_mass_row(row, parent, bottom_up, mode != CHECK_OFF, mass_atol, p, s):
+            return b
         mass = s[0]
         if every and not lca_height:
             half = 0.5 * mass + tol
             best = 0
-            for u in range(
-                n - 1, 0, -1
-            ):  # {S > mass / 2} is a chain from the root: its deepest node has the largest id
+            for u in range(n - 1, 0, -1):
                 if s[u] > half:
                     best = u
                     break

@@ -21,7 +21,7 @@ import numpy as np
 from hiercls._checks import _EPS32, PROBABILITY_ATOL, probability_checks_enabled
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["ROW_KERNELS", "Rows", "indices", "kernel_rows", "table"]
+__all__ = ["ROW_KERNELS", "Rows", "bottom_up_order", "indices", "kernel_rows", "table"]
 
 ROW_KERNELS = True
 """Decode row-major tree inputs with the compiled kernels. The tests switch it off to compare with the NumPy path."""
@@ -50,6 +50,11 @@ def table(taxonomy: Taxonomy, key: Any, make: Callable[[], np.ndarray]) -> np.nd
 def indices(taxonomy: Taxonomy, key: Any, values: Any) -> np.ndarray:
     """Node ids ``values`` as a cached ``np.uint32`` kernel table (unsigned: no wrap-around test per index)."""
     return table(taxonomy, key, lambda: np.asarray(values, dtype=np.uint32))
+
+
+def bottom_up_order(taxonomy: Taxonomy) -> np.ndarray:
+    """The non-root nodes of a tree, deepest level first and by id within a level (``_kernels.label_mass_row``)."""
+    return indices(taxonomy, "bottom_up", np.lexsort((np.arange(taxonomy.num_nodes), -taxonomy.depth))[:-1])
 
 
 def _parents(taxonomy: Taxonomy) -> np.ndarray:

@@ -41,7 +41,7 @@ from hiercls.decode._common import (
     torch_kernels,
     value_dtype_torch,
 )
-from hiercls.decode._rows import kernel_rows
+from hiercls.decode._rows import bottom_up_order, kernel_rows
 from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.core import DISTANCE_KINDS
@@ -218,11 +218,9 @@ def _fast_tree_rows(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.ndarray,
     rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
     if rows is None:
         return None
-    children = _child_csr(taxonomy)
     return rows.ids(
         "bayes_tree_rows",
-        children.indptr,
-        children.indices,
+        bottom_up_order(taxonomy),
         taxonomy.depth,
         np.flatnonzero(mask),
         kind == "lca_height",
