@@ -374,7 +374,9 @@ def cases(quick: bool) -> list[Case]:
 
 def _list_floor_case(tree: str, tax: Taxonomy, t: list[str], p: list[str], yt: np.ndarray, yp: np.ndarray) -> Case:
     """Reference, no target: the id metric plus one lookup per label in a plain ``{name: id}`` dict (one C-level
-    ``itemgetter`` call per list, nothing converted), the least any path from a list of names can cost."""
+    ``itemgetter`` call per list, nothing converted): about what a list of names of several lengths costs, which
+    takes such a lookup per label. Lists of names of one length (WordNet ids, as here) take the word-matrix path of
+    ``hiercls.metrics._validation._lookup_fixed_width`` instead, with no Python step per label, and cost less."""
     index = {name: i for i, name in enumerate(tax.names)}
     fn = M.hierarchical_f1_score
 

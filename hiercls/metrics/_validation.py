@@ -114,6 +114,9 @@ class _NameTable:
     the table was built so that no two names share a slot. A lookup is thus a few array operations and two
     small gathers, without a search; the words of the name found are then compared with the label's, so an
     unknown label is always detected.
+
+    :func:`_byte_table` holds the names' UTF-8 bytes in the same structure (``points`` are then bytes, eight to
+    a word, and ``point_coef`` is unused), for the lists of names of :func:`_lookup_fixed_width`.
     """
 
     points: np.ndarray  # [N, L] uint32 code points, zero padded; L = the longest name
@@ -126,9 +129,10 @@ class _NameTable:
     slots: np.ndarray  # [2**(bits+1)] int32 node id per slot (0 where empty: never a false match, see lookup)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
-        bucket = (keys >> np.uint64(64 - self.bits)).astype(np.intp)
-        slot = ((keys >> np.uint64(63 - 2 * self.bits)) & np.uint64((2 << self.bits) - 1)).astype(np.intp)
-        return self.slots[slot ^ self.disp[bucket]]
+        # One shift keeps the bucket bits and the slot bits below them (2 * bits + 1 bits: they fit an intp, so
+        # the rest is integer arithmetic); np.take is the cheaper gather for 1-D tables.
+        top = (keys >> np.uint64(63 - 2 * self.bits)).astype(np.intp)
+        return np.take(self.slots, (top & ((2 << self.bits) - 1)) ^ np.take(self.disp, top >> (self.bits + 1)))
 
 
 def _perfect_hash(
@@ -235,8 +239,114 @@ def _lookup_name_array(values: np.ndarray, taxonomy: Taxonomy) -> np.ndarray | N
     return ids.astype(np.int64)
 
 
+def _byte_table(taxonomy: Taxonomy) -> _NameTable | None:
+    """The cached :class:`_NameTable` of the names' UTF-8 bytes, zero padded to ``8 * (longest // 8 + 1)`` bytes
+    (room for a NUL after the longest name, as :func:`_lookup_fixed_width` lays labels out).
+
+    ``None`` where a name holds a NUL or a lone surrogate (the lookup's layout relies on names without NUL
+    bytes, and such a name has no UTF-8 bytes) or no hash separates the names: lists then take the dict.
+    """
+    cache = taxonomy.namespace_cache(__name__)
+    if "byte_table" not in cache:
+        table = None
+        try:
+            encoded = [name.encode() for name in taxonomy.names]
+        except UnicodeEncodeError:
+            encoded = []
+        if encoded and not any(b"\0" in e for e in encoded):
+            lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+            width = 8 * (int(lengths.max()) // 8 + 1)
+            points = np.frombuffer(b"".join(e.ljust(width, b"\0") for e in encoded), dtype=np.uint8)
+            points = points.reshape(len(encoded), width)
+            words = points.view(np.uint64)
+            rng = np.random.default_rng(0)
+            for _ in range(8):
+                table = _perfect_hash(points, words, lengths, rng)
+                if table is not None:
+                    break
+        cache["byte_table"] = table
+    return cache["byte_table"]
+
+
+#: Shortest list that :func:`_lookup_fixed_width` takes: below it the dict's per-label lookups cost less than the
+#: fixed cost of its dozen array operations (about 10 us; they break even near 700 labels of a 1K or 21K tree).
+_FIXED_WIDTH_MIN = 512
+
+
+def _lookup_fixed_width(values: list[Any] | tuple[Any, ...], taxonomy: Taxonomy) -> np.ndarray | None:
+    """Ids of a list of names that all have the UTF-8 length of the first one, without a Python step per label.
+
+    The labels are joined (one C-level pass) with as many NULs after each as round it up to whole uint64 words,
+    ``row = 8 * (w // 8 + 1)`` bytes, so the joined bytes read as a ``[B, row / 8]`` word matrix, one label per
+    row: hashed like :func:`_lookup_name_array` through :func:`_byte_table`, then compared word for word with the
+    name found. Only the rows' layout is assumed; the check proves it: a row that equals a name of ``w`` bytes
+    (names hold no NUL) has ``w`` non-NUL bytes followed by NULs, so the joined bytes hold exactly the
+    separators' NULs and every label is a run of ``w`` bytes between them, the row it was hashed from.
+
+    Returns:
+        The ids, or ``None`` when the labels are not all ``str`` of one length, or any is not a name (the caller
+        then takes the dict, which names the label).
+    """
+    table = _byte_table(taxonomy)
+    first, last = values[0], values[-1]
+    if table is None or not isinstance(first, str) or not isinstance(last, str):
+        return None
+    try:
+        w = len(first.encode())
+        if len(last.encode()) != w:
+            return None  # the last label's length tells most lists of several lengths before the join is paid
+    except UnicodeEncodeError:
+        return None
+    row = 8 * (w // 8 + 1)  # at least one NUL after each label, so that labels cannot run into one another
+    n_words = row // 8
+    if not w or n_words > table.words.shape[1]:
+        return None  # an empty label, or one longer than every name
+    try:
+        data = ("\0" * (row - w)).join(values).encode()
+    except (TypeError, UnicodeEncodeError):
+        return None  # a label that is no str, or has no UTF-8 bytes
+    n = len(values)
+    if len(data) != n * row - (row - w):
+        return None  # labels of several lengths
+    padded = data + bytes(row - w)
+    words = np.frombuffer(padded, dtype=np.uint64).reshape(n, n_words)
+    # The table's key (words @ coef, over its wider rows whose extra words are 0 here) as a few column products:
+    # uint64 matmul is a generic loop, slower than these for one or two words.
+    keys = words[:, 0] * table.coef[0]
+    for j in range(1, n_words):
+        keys += words[:, j] * table.coef[j]
+    ids = table.find(keys)
+    # The exact check, one memcmp: the rows of the names found (as laid out for w, see _byte_rows) are the labels.
+    if np.take(_byte_rows(taxonomy, table, w), ids, axis=0).tobytes() != padded:
+        return None
+    return ids.astype(np.int64)
+
+
+def _byte_rows(taxonomy: Taxonomy, table: _NameTable, w: int) -> np.ndarray:
+    """Every name of :func:`_byte_table` as the row a label of ``w`` bytes makes in :func:`_lookup_fixed_width`:
+    its bytes and NULs up to ``8 * (w // 8 + 1)`` bytes if it has ``w`` bytes, else bytes 0xFF (never in UTF-8,
+    so no label row equals them: the comparison with the labels also checks the names' lengths).
+
+    Cached per ``w``, for at most four widths at a time (the cache starts over past them), so that lists of many
+    lengths cannot grow it without bound.
+    """
+    cache = taxonomy.namespace_cache(__name__).setdefault("byte_rows", {})
+    rows = cache.get(w)  # one read: another thread may start the cache over between a test and a second read
+    if rows is None:
+        rows = np.array(table.words[:, : w // 8 + 1], order="C")  # a copy: the table itself stays as it is
+        rows[table.lengths != w] = np.uint64(2**64 - 1)
+        if len(cache) >= 4:
+            cache.clear()
+        cache[w] = rows
+    return rows
+
+
 def _lookup_names(values: list[Any] | tuple[Any, ...], taxonomy: Taxonomy) -> np.ndarray | None:
     """Ids of known names through the cached map; ``None`` when any value is not a known name."""
+    if len(values) >= _FIXED_WIDTH_MIN:
+        ids = _lookup_fixed_width(values, taxonomy)
+        if ids is not None:
+            return ids
     index = _name_index(taxonomy)
     try:
         # One C-level lookup per label; the values are the ids' bytes, joined into the int64 array.
