@@ -1,8 +1,9 @@
 """Input handling shared by every decoder: array conversion, validation and per-taxonomy caches.
 
-Every decoder computes in NumPy float64 on the CPU (the rules are cheap next to the model; float64 keeps the
-optimal decoders' comparisons exact enough to be deterministic) and hands its result back in the input's
-framework: NumPy in, NumPy out; torch in, torch out on the input's device.
+On the CPU the decoders compute in NumPy, with float64 wherever sums decide (float64 keeps the optimal decoders'
+comparisons exact enough to be deterministic); row-major tree inputs go to compiled per-row kernels that make the
+same comparisons and sums (:mod:`hiercls.decode._rows`); tensors on other devices stay there (the ``*_torch``
+paths). Results come back in the input's framework: NumPy in, NumPy out; torch in, torch out on the input's device.
 """
 
 from __future__ import annotations

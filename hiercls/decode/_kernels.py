@@ -55,6 +55,15 @@ def _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
 
 
 @numba.njit(**_JIT)
+def check_rows(x, parent, mode, lo, hi, edge_tol, root_tol, out):
+    """Only the check: the first failing row, or ``-1`` (``out`` is not written)."""
+    for b in range(x.shape[0]):
+        if not _row_ok(x[b], parent, mode, lo, hi, edge_tol, root_tol):
+            return b
+    return -1
+
+
+@numba.njit(**_JIT)
 def argmax_leaf_rows(x, parent, mode, lo, hi, edge_tol, root_tol, leaves, out):
     """The most probable leaf, the first (smallest id) among equals."""
     for b in range(x.shape[0]):

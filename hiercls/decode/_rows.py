@@ -79,6 +79,10 @@ class Rows:
         """Boolean node sets ``[B, N]`` from ``kernel``, or ``None`` as :meth:`ids`."""
         return self._run(kernel, tables, np.empty(self.x.shape, dtype=bool))
 
+    def passes(self) -> bool:
+        """Whether every row passes the kernels' check (what each kernel verifies before its rule)."""
+        return _kernels().check_rows(self.x, *self.check, self.x[:0, 0]) < 0
+
     def value(self, v: float) -> Any:
         """``v`` in the input's dtype: the kernels compare as NumPy compares an array with a Python float."""
         return self.x.dtype.type(v)
