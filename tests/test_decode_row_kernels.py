@@ -193,3 +193,20 @@ def test_descents_follow_their_definition() -> None:
     assert names == [["a2", "a1"], ["Y", "a1"]]
     # P(a2 | Y) = .29 / .52 and P(a1 | Y) = .25 / .50 are below .6, the steps above it are not: both stop at Y
     assert rules_mod.top_down(node, tax, threshold=0.6).tolist() == [2, 2]
+
+
+def test_read_only_and_foreign_byte_order_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only array (a memory-mapped file) takes the kernels; a big-endian one, which numba cannot read, the
+    NumPy path; both give the answers of a plain array."""
+    rng = np.random.default_rng(10)
+    tax = _shapes(rng)[1]
+    node = _posteriors(tax, rng, 30, quantised=False)
+    want = {rule: decode(node, tax, rule) for rule in KERNEL_RULES}
+    frozen = node.copy()
+    frozen.setflags(write=False)
+    swapped = node.astype(">f8")
+    for rule in KERNEL_RULES:
+        np.testing.assert_array_equal(decode(swapped, tax, rule), want[rule])
+    monkeypatch.setattr("hiercls.decode.rules.prepare", lambda *a, **k: pytest.fail("the NumPy path ran"))
+    for rule in ("argmax_leaf", "top_down", "threshold", "info_gain", "hie"):
+        np.testing.assert_array_equal(decode(frozen, tax, rule), want[rule])
