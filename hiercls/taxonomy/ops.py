@@ -363,6 +363,49 @@ def _times_sparse(x: torch.Tensor, m_t: torch.Tensor) -> torch.Tensor:
         return torch.sparse.mm(m_t.to(x.dtype), x.t()).t()
 
 
+class _KernelTables:
+    """The index tables of :func:`hiercls.taxonomy._ops_kernels.chained_probs_rows` for one ChainedSoftmax.
+
+    Built with the module (NumPy arrays, CPU only: the kernel runs for CPU logits). Groups are listed by size
+    class (all groups of one size together, each group's members in output order), so that the kernel's inner
+    loops have one trip count per class. Indices are ``uint16`` where every input and group index fits (half the
+    bytes of the index streams), else ``uint32``.
+
+    Args:
+        group: ``[M]`` group of each output; gparent: ``[G]`` parent group (``-1`` for a top group);
+        parent: ``[G]`` conditioning output (any where ``gparent`` is ``-1``); order: ``[M]`` logit read by each
+        output; num_inputs: the number of logits. Groups are numbered top-down (``gparent[g] < g``).
+    """
+
+    def __init__(
+        self, group: np.ndarray, gparent: np.ndarray, parent: np.ndarray, order: np.ndarray, num_inputs: int
+    ) -> None:
+        num_groups = len(gparent)
+        counts = np.bincount(group, minlength=num_groups)
+        by_group = np.argsort(group, kind="stable")
+        ptr = np.concatenate([[0], np.cumsum(counts)])
+        sizes, members, member_group, off, goff = [], [], [], 0, 0
+        for size in np.unique(counts):
+            groups = np.flatnonzero(counts == size)
+            outputs = by_group[(ptr[groups][:, None] + np.arange(size)).reshape(-1)]
+            members.append(order[outputs])
+            member_group.append(groups)
+            sizes.append((size, len(groups), off, goff))
+            off, goff = off + size * len(groups), goff + len(groups)
+        small = max(num_inputs, num_groups) <= np.iinfo(np.uint16).max + 1
+        index = np.uint16 if small else np.uint32
+
+        def idx(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a, dtype=index)
+
+        self.sizes = np.ascontiguousarray(np.array(sizes, dtype=np.int64).reshape(-1, 4))
+        self.members, self.member_group = idx(np.concatenate(members)), idx(np.concatenate(member_group))
+        # Top groups read nothing from these two (their index 0 is a placeholder).
+        top = gparent < 0
+        self.pin, self.gparent = idx(np.where(top, 0, order[np.maximum(parent, 0)])), idx(np.maximum(gparent, 0))
+        self.src, self.group = idx(order), idx(group)
+
+
 class ChainedSoftmax(nn.Module):
     """Probabilities of nested softmaxes: one softmax per sibling group, chained down a tree of groups.
 
@@ -379,20 +422,25 @@ class ChainedSoftmax(nn.Module):
     ``z[parent[a]] - logsumexp_a(z)`` over the ancestors-or-self ``a`` of group ``j``; it shifts each group by its
     own maximum (exact for any logits).
 
-    :meth:`probs` is the fast path. Without autograd it writes ``2^(z log2 e)`` into the output buffer (one
-    pass; exp2 is the faster kernel on CPU), takes the group sums (on CPU a dense-times-sparse product with the
-    0/1 group matrix, elsewhere ``index_add_``), runs the ancestor products on ``[B, num_groups]`` in probability
-    space (``c[j] = P(parent of j) / sum_j``, one small gather per depth of the tree of groups, the product before
-    the division so that no factor overflows), and multiplies the output buffer in place by one gather of ``c``.
-    So the passes over ``[B, M]`` are: the scaling (or the one reordering gather when ``input_order`` is given),
-    the exponential, the sums and the scale; no loop over nodes or levels touches ``[B, M]``. With autograd, or
-    when the tree of groups is deeper than ``_MAX_LEVELS``, the same formula runs out of place in log space (the
-    ancestor sums as one sparse product in the deep case). The logits are not shifted unless some group's sum
-    exceeds ``_HUGE`` (logits above about 60; then each row is shifted by its maximum and recomputed), so the
-    rounding error is a few ulps of the largest logit (``max|z| * 2^-23`` relative), the precision float32
-    logits carry anyway; a batch where some group's sum underflows (all of a group more than about 70 below the
-    shift) is recomputed through :meth:`log_probs`. The over/underflow check reads one pair of booleans back
-    from the device.
+    :meth:`probs` is the fast path. Without autograd on the CPU it runs a compiled kernel (numba, see
+    :meth:`_kernel_probs`): torch's ``exp`` of a block of 16 rows into a buffer that stays in the CPU cache, then
+    the group sums, the scales down the tree of groups and the output from it in one call, so that the logits are
+    read once and the output is written once (about 2.4x a flat ``torch.softmax`` on the 10,450 outputs of
+    ImageNet-21K at batch 256, single thread, where the torch formulation below took 6-7x); rows whose group sums
+    leave ``[_TINY, _HUGE]`` are recomputed by the torch formulation, row by row. That formulation (autograd, CUDA)
+    writes ``2^(z log2 e)`` into the output buffer without autograd (one pass; exp2 is the faster kernel on CPU),
+    takes the group sums (on CPU a dense-times-sparse product with the 0/1 group matrix, elsewhere
+    ``index_add_``), runs the ancestor products on ``[B, num_groups]`` in probability space (``c[j] = P(parent of
+    j) / sum_j``, one small gather per depth of the tree of groups, the product before the division so that no
+    factor overflows), and multiplies the output buffer in place by one gather of ``c``. So the passes over
+    ``[B, M]`` are: the scaling (or the one reordering gather when ``input_order`` is given), the exponential, the
+    sums and the scale; no loop over nodes or levels touches ``[B, M]``. With autograd, or when the tree of groups
+    is deeper than ``_MAX_LEVELS``, the same formula runs out of place in log space (the ancestor sums as one
+    sparse product in the deep case). The logits are not shifted unless some group's sum exceeds ``_HUGE``
+    (logits above about 60; then each row is shifted by its maximum and recomputed), so the rounding error is a
+    few ulps of the largest logit (``max|z| * 2^-23`` relative), the precision float32 logits carry anyway; a
+    batch where some group's sum underflows (all of a group more than about 70 below the shift) is recomputed
+    through :meth:`log_probs`. The over/underflow check reads one pair of booleans back from the device.
 
     Args:
         group: ``[M]`` group id (``0 .. G-1``) of each output.
@@ -418,6 +466,11 @@ class ChainedSoftmax(nn.Module):
     _MAX_LEVELS = 64
     #: Devices where :meth:`probs` takes the group sums as a sparse product (see :meth:`_group_sums`).
     _SPARSE_SUM_DEVICES: tuple[str, ...] = ("cpu",)
+    #: Devices where :meth:`probs` without autograd runs the compiled kernel (see :meth:`_kernel_probs`).
+    _KERNEL_DEVICES: tuple[str, ...] = ("cpu",)
+    #: Rows per block of :meth:`_kernel_probs`: their exponentials (``rows * num_inputs`` values) stay in the
+    #: CPU cache between torch's exp and the kernel.
+    _KERNEL_ROWS = 16
 
     def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
         super().__init__()
@@ -479,6 +532,8 @@ class ChainedSoftmax(nn.Module):
                 lo, hi = int(bounds[d]), int(bounds[d + 1])
                 self.register_buffer(f"level_parent_{d}", as_tensor(gparent[lo:hi]), persistent=False)
                 self._levels.append((lo, hi))
+        reads = np.arange(len(group)) if input_order is None else input_order
+        self._kernel_tables = _KernelTables(group, gparent, parent, reads, self.num_inputs)
 
     @property
     def ancestor_sum_t(self) -> torch.Tensor:
@@ -526,6 +581,12 @@ class ChainedSoftmax(nn.Module):
         if not 0 <= k <= self.num_outputs or lead < 0:
             raise ValueError(f"outputs must be in 0..{self.num_outputs} and lead >= 0; got {outputs}, {lead}")
         grad = torch.is_grad_enabled() and isinstance(logits, torch.Tensor) and logits.requires_grad
+        if not grad and isinstance(logits, torch.Tensor) and logits.device.type in self._KERNEL_DEVICES:
+            return self._kernel_probs(self._inputs_unordered(logits), k, lead)
+        return self._torch_probs(logits, k, lead, grad)
+
+    def _torch_probs(self, logits: torch.Tensor, k: int, lead: int, grad: bool) -> torch.Tensor:
+        """:meth:`probs` in torch ops (autograd, devices other than the CPU, rows the kernel flags)."""
         # Without autograd and on a shallow tree of groups, the in-place path; else the out-of-place one.
         fast = self._fast_probs_no_grad if self._levels and not grad else self._fast_probs
         p = fast(logits, k, lead, shift=False)
@@ -536,6 +597,47 @@ class ChainedSoftmax(nn.Module):
         # Some group's mass underflowed below the shared shift: the exact per-group path.
         p = self.log_probs(logits).exp()[:, :k]
         return torch.cat([p.new_ones(p.shape[0], lead), p], dim=1) if lead else p
+
+    def _kernel_probs(self, z: torch.Tensor, k: int, lead: int) -> torch.Tensor:
+        """:meth:`probs` without autograd on the CPU: torch's exp and the compiled kernel, a block of rows at a time.
+
+        For each block of :attr:`_KERNEL_ROWS` rows, ``exp(z)`` goes into a buffer that stays in the CPU cache and
+        :func:`~hiercls.taxonomy._ops_kernels.chained_probs_rows` takes the group sums, the scales down the tree of
+        groups and the output from it, so that the logits are read once and the output written once. The logits
+        are not shifted; rows where some group's sum leaves ``[_TINY, _HUGE]`` (the kernel flags them) are
+        recomputed by the torch path, which shifts them or takes the exact per-group path.
+        """
+        from hiercls.taxonomy._ops_kernels import chained_probs_rows
+
+        tables = self._kernel_tables
+        b = z.shape[0]
+        # The kernel's memory is NumPy's (tensors over it via from_numpy): no torch tensor is viewed as an array.
+        dtype = np.float64 if z.dtype == torch.float64 else np.float32
+        out_np = np.empty((b, lead + k), dtype=dtype)
+        out = torch.from_numpy(out_np)
+        if lead:
+            out_np[:, :lead] = 1.0
+        if b == 0 or k == 0:
+            return out
+        rows = min(self._KERNEL_ROWS, b)
+        buf_np = np.empty((rows, self.num_inputs), dtype=dtype)
+        buf = torch.from_numpy(buf_np)
+        scratch = np.empty((2, self.num_groups, 4), dtype=dtype)
+        status = np.zeros(b, dtype=np.int64)
+        limits = dtype(self._TINY), dtype(self._HUGE)
+        src, group = tables.src[:k], tables.group[:k]
+        flagged = 0
+        for r0 in range(0, b, rows):
+            n = min(rows, b - r0)
+            torch.exp(z[r0 : r0 + n], out=buf[:n])
+            flagged += chained_probs_rows(
+                buf_np[:n], out_np, r0, lead, *limits, tables.sizes, tables.members, tables.member_group,
+                tables.pin, tables.gparent, self.num_top_groups, src, group, scratch[0], scratch[1], status,
+            )  # fmt: skip
+        if flagged:
+            bad = torch.from_numpy(np.flatnonzero(status))
+            out[bad] = self._torch_probs(z[bad], k, lead, grad=False)
+        return out
 
     def _check_sums(self, sums: torch.Tensor, shift: bool) -> object:
         """``None`` when the group sums fit, else ``_OVERFLOW`` (retry shifted) or ``_UNDERFLOW`` (exact path)."""
