@@ -8,6 +8,7 @@ ancestor-or-self of ``y`` at that level, or none (``-1``) below ``y``'s own leve
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ from torch import nn
 
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import _LOG2E, ChainedSoftmax, as_tensor, require_tree
+from hiercls.taxonomy.ops import ChainedSoftmax, as_tensor, require_tree
 
 __all__ = ["SemanticKDLoss", "SemanticLayout", "SemanticSoftmaxLoss", "semantic_level_weights"]
 
@@ -125,23 +126,39 @@ class SemanticLayout(nn.Module):
         return self.chained.probs(upcast(logits))
 
 
+@functools.lru_cache(maxsize=64)
+def _level_starts(sizes: tuple[int, ...]) -> np.ndarray:
+    """``[K + 1]`` first column of each level and the end (the kernels' level table), built once per layout."""
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def _kernels_apply(z: torch.Tensor) -> bool:
+    """Whether the compiled CPU kernels take ``z`` (float32/float64 on the CPU; elsewhere the torch ops)."""
+    return z.device.type in _LevelSmoothedCE.KERNEL_DEVICES and z.dtype in (torch.float32, torch.float64)
+
+
 class _LevelSmoothedCE(torch.autograd.Function):
     """``sum_{b,l} coef[b,l] * CE_l(b)`` over contiguous level slices, with a hand-written backward.
 
     ``CE_l(b) = lse_l(b) - (1 - eps) z[b, t_l] - eps * mean_l(z[b])``, ``lse_l`` the log-sum-exp of level ``l``'s
-    slice. One exponential of the whole row shifted by its maximum, ``e = exp(z - max z)`` (computed as
-    ``2^((z - max z) log2 e)``: exp2 is the faster kernel on CPU; per-slice exponentials on strided views are
-    several times slower), serves every level: with ``E_l`` the sum of ``e`` over level ``l``'s slice,
-    ``lse_l - z_t = log E_l - log e_t`` and level ``l``'s softmax is ``e / E_l``, so ``e`` is never normalised (a
-    softmax would spend one more pass on it). Where a level's sum or a target's ``e`` falls below :attr:`TINY`
-    (logits far below the row's maximum, where the shared shift underflows), the batch takes per-level shifts
-    instead; both are exact. The only ``[B, C]`` tensor kept for the backward is ``e``, as ``F.cross_entropy``
-    keeps its log-softmax, and the gradient ``coef * (e / E_l - (1 - eps) onehot - eps / n_l)`` is one in-place
-    product per level.
+    slice. One exponential of the whole row shifted by its maximum, ``e = exp(z - max z)`` (per-slice
+    exponentials on strided views are several times slower), serves every level: with ``E_l`` the sum of ``e``
+    over level ``l``'s slice, ``lse_l - z_t = log E_l - log e_t`` and level ``l``'s softmax is ``e / E_l``, so
+    ``e`` is never normalised (a softmax would spend one more pass on it). Where a level's sum or a target's ``e``
+    falls below :attr:`TINY` (logits far below the row's maximum, where the shared shift underflows), the batch
+    takes per-level shifts instead; both are exact. The only ``[B, C]`` tensor kept for the backward is ``e``, as
+    ``F.cross_entropy`` keeps its log-softmax, and the gradient ``coef * (e / E_l - (1 - eps) onehot - eps / n_l)``
+    is written in one pass.
+
+    On the CPU the per-level work runs in compiled kernels (:mod:`hiercls.losses._semantic_kernels`): the level
+    sums and cross-entropies in one call, the gradient in one pass; as torch ops it is a few calls per level,
+    which at batch 64 on ImageNet-21K's dozen levels cost as much as the arithmetic. Elsewhere the torch ops.
     """
 
     #: Smallest level sum and target exponential of the shared-shift path (float32 stays normal far below it).
     TINY = 1e-30
+    #: Devices whose float32/float64 logits take the compiled kernels.
+    KERNEL_DEVICES: tuple[str, ...] = ("cpu",)
 
     @staticmethod
     def forward(
@@ -152,8 +169,36 @@ class _LevelSmoothedCE(torch.autograd.Function):
         sizes: tuple[int, ...],
         eps: float,
     ) -> torch.Tensor:
+        if _kernels_apply(z):
+            from hiercls.losses._semantic_kernels import level_cross_entropy
+
+            # The kernels' memory is NumPy's (tensors over it via from_numpy): no torch tensor is viewed as an
+            # array. t = z - max z and e = exp(t), both kept (the kernel reads the targets and level means of t).
+            b, k, dtype = z.shape[0], len(sizes), np.float64 if z.dtype == torch.float64 else np.float32
+            t_np, e_np = np.empty(z.shape, dtype=dtype), np.empty(z.shape, dtype=dtype)
+            sums_np, per_np, tpos_np = np.empty((b, k), dtype), np.empty((b, k), dtype), np.empty((b, k), np.int64)
+            t, e, sums, per = (torch.from_numpy(a) for a in (t_np, e_np, sums_np, per_np))
+            torch.exp(torch.sub(z, z.amax(1, keepdim=True), out=t), out=e)
+            torch.from_numpy(tpos_np).copy_(tpos)
+            starts = _level_starts(sizes)
+            if level_cross_entropy(t_np, e_np, starts, tpos_np, float(eps), _LevelSmoothedCE.TINY, sums_np, per_np):
+                ctx.save_for_backward(e, sums, coef, tpos)
+                ctx.sizes, ctx.eps, ctx.arrays = sizes, eps, (e_np, sums_np, tpos_np, starts)
+                return (coef * per).sum()
+            # Some level needs its own shift: the torch ops below.
+        # exp(z - max z) in two passes (exp and exp2 run at the same speed on CPU; 2^(... log2 e) took three).
+        e = torch.sub(z, z.amax(1, keepdim=True)).exp_()
+        e, sums, per = _LevelSmoothedCE._torch_forward(z, e, tpos, sizes, eps)
+        ctx.save_for_backward(e, sums, coef, tpos)
+        ctx.sizes, ctx.eps, ctx.arrays = sizes, eps, None
+        return (coef * per).sum()
+
+    @staticmethod
+    def _torch_forward(
+        z: torch.Tensor, e: torch.Tensor, tpos: torch.Tensor, sizes: tuple[int, ...], eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(e, sums, per)`` by torch ops; ``e`` is replaced by per-level shifted exponentials where needed."""
         # torch.split gives every level's view in one call; per-level ops on them beat out= writes into slices.
-        e = torch.sub(z, z.amax(1, keepdim=True)).mul_(_LOG2E).exp2_()
         sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
         e_t = e.gather(1, tpos)
         if bool((torch.minimum(sums, e_t) >= _LevelSmoothedCE.TINY).all()):
@@ -168,20 +213,26 @@ class _LevelSmoothedCE(torch.autograd.Function):
         if eps:  # the smoothing term -eps * mean_l(z)
             zsum = torch.stack([v.sum(1) for v in z.split(sizes, 1)], 1)
             per.sub_(zsum.div_(torch.tensor(sizes, dtype=z.dtype, device=z.device)), alpha=eps)
-        ctx.save_for_backward(e, sums, coef, tpos)
-        ctx.sizes, ctx.eps = sizes, eps
-        return (coef * per).sum()
+        return e, sums, per
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         e, sums, coef, tpos = ctx.saved_tensors
         sizes, eps = ctx.sizes, ctx.eps
+        # Written straight into a fresh buffer: one read of e and one write, where a clone of e scaled in place
+        # would make two of each (e itself may be needed again by a retained graph).
+        if ctx.arrays is not None:  # the forward's kernel: the gradient in one pass over e
+            from hiercls.losses._semantic_kernels import level_cross_entropy_grad
+
+            e_np, sums_np, tpos_np, starts = ctx.arrays
+            g_np, out_np = np.empty(sums_np.shape, e_np.dtype), np.empty(e_np.shape, e_np.dtype)
+            torch.mul(coef, grad, out=torch.from_numpy(g_np))
+            level_cross_entropy_grad(e_np, g_np, sums_np, starts, tpos_np, float(eps), out_np)
+            return torch.from_numpy(out_np), None, None, None, None
         g = grad * coef
-        scale = (g / sums).split(1, 1)  # coef * softmax_l = e * coef / S_l
-        # Written level by level straight into a fresh buffer: one read of e and one write, where a clone of e
-        # scaled in place would make two of each (e itself may be needed again by a retained graph).
         out = torch.empty_like(e)
+        scale = (g / sums).split(1, 1)  # coef * softmax_l = e * coef / S_l
         if eps:
             floor = (g * eps / torch.tensor(sizes, dtype=e.dtype, device=e.device)).split(1, 1)
             for o, v, s, f in zip(out.split(sizes, 1), e.split(sizes, 1), scale, floor, strict=True):
