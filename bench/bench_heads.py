@@ -3,8 +3,9 @@
 ``cases(quick)`` registers, for ``bench/run_all.py``: ``head.node_probs(logits)`` of the semantic softmax and the
 conditional softmax heads on ``imagenet21k_winter21`` (10,451 nodes) at batch 256 against
 ``torch.softmax(logits, 1)`` on the same logits, target <= 3x; and, without a target, a reference for the passes
-they are made of: the one column gather that puts the semantic head's logits in node order (node_probs makes
-this gather, a group sum and a second gather of the per-group scales, besides the exponential).
+they are made of: the one column gather that puts the semantic head's logits in node order (on the CPU without
+autograd node_probs takes torch's exponential and then one compiled kernel for the group sums, the scales and the
+output in node order, which reads each exponential through such a gather; see ``ChainedSoftmax.probs``).
 
 Usage: ``python bench/bench_heads.py [--quick]`` (prints the same JSON records as ``run_all``).
 """
