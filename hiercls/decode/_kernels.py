@@ -198,33 +198,47 @@ def above_rows(x, parent, mode, lo, hi, edge_tol, root_tol, t, close, out):
 
 
 @numba.njit(**_JIT)
-def label_mass_row(row, parent, bottom_up, check_mass, mass_atol, p, s):
-    """Label probabilities and subtree masses of one row, in ``bayes._labels_and_subtree_t``'s float64 sums.
+def label_mass_rows(e0, e1, e2, e3, parent, bottom_up, p, s):
+    """Label probabilities and subtree masses of four rows, in ``bayes._labels_and_subtree_t``'s float64 sums.
 
     ``p(n) = P(n) - (P(c1) + P(c2) + ...)`` over the children in id order (ids ascending visit each family in that
     order), clipped at 0; ``S(n) = p(n) + (S(c1) + S(c2) + ...)``, children again in id order: the non-root nodes
     are visited deepest level first and by id within a level (``bottom_up``), so each child's sum is final when it
-    is added. Returns ``False`` when ``check_mass`` and some ``p(n) < -mass_atol`` (not single-label probabilities).
+    is added. Column ``r`` of ``p [N, 4]`` and ``s [N, 4]`` belongs to row ``e<r>``: four rows go through each loop
+    together, so each index is loaded once for four rows and four sums are in flight at a time.
+
+    Returns:
+        Each row's smallest ``p(n)`` before clipping (below ``-atol``: not single-label probabilities).
     """
-    n = row.shape[0]
+    n = e0.shape[0]
     s[:] = 0.0  # first the children's P sums, then the children's S sums
     for i in range(1, n):
-        s[parent[i]] += np.float64(row[i])
-    low = 0.0
+        k = parent[i]
+        s[k, 0] += np.float64(e0[i])
+        s[k, 1] += np.float64(e1[i])
+        s[k, 2] += np.float64(e2[i])
+        s[k, 3] += np.float64(e3[i])
+    l0 = l1 = l2 = l3 = 0.0
     for i in range(n):
-        v = np.float64(row[i]) - s[i]
-        low = min(low, v)
-        p[i] = max(v, 0.0)
-    if check_mass and low < -mass_atol:
-        return False
+        d0 = np.float64(e0[i]) - s[i, 0]
+        d1 = np.float64(e1[i]) - s[i, 1]
+        d2 = np.float64(e2[i]) - s[i, 2]
+        d3 = np.float64(e3[i]) - s[i, 3]
+        l0, l1, l2, l3 = min(l0, d0), min(l1, d1), min(l2, d2), min(l3, d3)
+        p[i, 0], p[i, 1], p[i, 2], p[i, 3] = max(d0, 0.0), max(d1, 0.0), max(d2, 0.0), max(d3, 0.0)
     s[:] = 0.0
     for j in range(bottom_up.shape[0]):
         i = bottom_up[j]
-        total = p[i] + s[i]
-        s[i] = total
-        s[parent[i]] += total
-    s[0] = p[0] + s[0]
-    return True
+        k = parent[i]
+        t0, t1, t2, t3 = p[i, 0] + s[i, 0], p[i, 1] + s[i, 1], p[i, 2] + s[i, 2], p[i, 3] + s[i, 3]
+        s[i, 0], s[i, 1], s[i, 2], s[i, 3] = t0, t1, t2, t3
+        s[k, 0] += t0
+        s[k, 1] += t1
+        s[k, 2] += t2
+        s[k, 3] += t3
+    for r in range(4):
+        s[0, r] += p[0, r]
+    return l0, l1, l2, l3
 
 
 @numba.njit(**_JIT)
@@ -248,46 +262,59 @@ def bayes_tree_rows(
 ):
     """The Bayes node of a closed-form cost on a tree (``bayes._fast_tree_ids``), in the same float64 sums.
 
-    Label probabilities ``p`` and subtree masses ``S`` as :func:`label_mass_row` (refused below ``-mass_atol`` with
-    the checks on). Shortest path over every node (``every``): the deepest node with ``S > S(root) / 2 + tol``
-    (these nodes form a chain from the root, so the largest such id). Otherwise, over the candidates ``cand``
-    (ascending ids), the first whose score is within ``tol`` of the best: shortest path ``2 A(n) - depth(n) S(root)``,
-    LCA height ``A(n) + p(n) (height - depth(n))``, with ``A(n)`` the sum of ``S`` over the non-root
-    ancestors-or-self of ``n``, root first.
+    Label probabilities ``p`` and subtree masses ``S`` as :func:`label_mass_rows`, four rows at a time (refused
+    below ``-mass_atol`` with the checks on). Shortest path over every node (``every``): the deepest node with
+    ``S > S(root) / 2 + tol`` (these nodes form a chain from the root, so the largest such id). Otherwise, over the
+    candidates ``cand`` (ascending ids), the first whose score is within ``tol`` of the best: shortest path
+    ``2 A(n) - depth(n) S(root)``, LCA height ``A(n) + p(n) (height - depth(n))``, with ``A(n)`` the sum of ``S``
+    over the non-root ancestors-or-self of ``n``, root first.
     """
-    n = x.shape[1]
-    p = np.empty(n)
-    s = np.empty(n)
-    a = np.empty(n)
-    for b in range(x.shape[0]):
-        row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
-        if not label_mass_row(row, parent, bottom_up, mode != CHECK_OFF, mass_atol, p, s):
-            return b
-        mass = s[0]
+    bsz, n = x.shape
+    p = np.empty((n, 4))
+    s = np.empty((n, 4))
+    a = np.empty((n, 4))
+    last = bsz - 1
+    for b in range(0, bsz, 4):
+        rows = min(4, bsz - b)  # a last block of fewer rows repeats its last row, whose answer is not stored twice
+        for r in range(b, b + rows):
+            if not _row_ok(x[r], parent, mode, lo, hi, edge_tol, root_tol):
+                return r
+        low = label_mass_rows(
+            x[b], x[min(b + 1, last)], x[min(b + 2, last)], x[min(b + 3, last)], parent, bottom_up, p, s
+        )
+        if mode != CHECK_OFF:
+            for r in range(rows):
+                if low[r] < -mass_atol:
+                    return b + r
         if every and not lca_height:
-            half = 0.5 * mass + tol
-            best = 0
-            for u in range(n - 1, 0, -1):
-                if s[u] > half:
-                    best = u
-                    break
-            out[b] = best
+            for r in range(rows):
+                half = 0.5 * s[0, r] + tol
+                best = 0
+                for u in range(n - 1, 0, -1):
+                    if s[u, r] > half:
+                        best = u
+                        break
+                out[b + r] = best
             continue
-        a[0] = 0.0  # the root is the LCA of every pair: it adds the same to every score
+        a[0, :] = 0.0  # the root is the LCA of every pair: it adds the same to every score
         for u in range(1, n):
-            a[u] = a[parent[u]] + s[u]
-        top = -np.inf
-        for i in range(cand.shape[0]):
-            u = cand[i]
-            sc = a[u] + p[u] * (height - depth[u]) if lca_height else 2.0 * a[u] - depth[u] * mass
-            a[u] = sc  # every path sum is taken already: the candidate's slot keeps its score
-            top = max(top, sc)
-        best = cand[0]
-        for i in range(cand.shape[0]):
-            if a[cand[i]] >= top - tol:
-                best = cand[i]
-                break
-        out[b] = best
+            k = parent[u]
+            a[u, 0] = a[k, 0] + s[u, 0]
+            a[u, 1] = a[k, 1] + s[u, 1]
+            a[u, 2] = a[k, 2] + s[u, 2]
+            a[u, 3] = a[k, 3] + s[u, 3]
+        for r in range(rows):
+            mass = s[0, r]
+            top = -np.inf
+            for i in range(cand.shape[0]):
+                u = cand[i]
+                sc = a[u, r] + p[u, r] * (height - depth[u]) if lca_height else 2.0 * a[u, r] - depth[u] * mass
+                a[u, r] = sc  # every path sum is taken already: the candidate's slot keeps its score
+                top = max(top, sc)
+            best = cand[0]
+            for i in range(cand.shape[0]):
+                if a[cand[i], r] >= top - tol:
+                    best = cand[i]
+                    break
+            out[b + r] = best
     return -1

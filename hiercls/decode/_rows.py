@@ -53,7 +53,7 @@ def indices(taxonomy: Taxonomy, key: Any, values: Any) -> np.ndarray:
 
 
 def bottom_up_order(taxonomy: Taxonomy) -> np.ndarray:
-    """The non-root nodes of a tree, deepest level first and by id within a level (``_kernels.label_mass_row``)."""
+    """The non-root nodes of a tree, deepest level first and by id within a level (``_kernels.label_mass_rows``)."""
     return indices(taxonomy, "bottom_up", np.lexsort((np.arange(taxonomy.num_nodes), -taxonomy.depth))[:-1])
 
 
