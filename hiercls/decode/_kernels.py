@@ -64,74 +64,126 @@ def check_rows(x, parent, mode, lo, hi, edge_tol, root_tol, out):
 
 
 @numba.njit(**_JIT)
+def _four(x, b, parent, mode, lo, hi, edge_tol, root_tol):
+    """Rows ``b .. b + 3`` of ``x`` for the four-row kernels, the last row repeated past the end (its answer is
+    stored once), after the check of each real row: ``(first failing row or -1, number of real rows, r0 .. r3)``.
+
+    Four rows go through a rule's loop together: each index or weight is loaded once for four rows, and the four
+    comparisons are independent, so they overlap.
+    """
+    last = x.shape[0] - 1
+    rows = min(4, last + 1 - b)
+    bad = -1
+    for r in range(b, b + rows):
+        if not _row_ok(x[r], parent, mode, lo, hi, edge_tol, root_tol):
+            bad = r
+            break
+    return bad, rows, x[b], x[min(b + 1, last)], x[min(b + 2, last)], x[min(b + 3, last)]
+
+
+@numba.njit(**_JIT)
 def argmax_leaf_rows(x, parent, mode, lo, hi, edge_tol, root_tol, leaves, out):
     """The most probable leaf, the first (smallest id) among equals."""
-    for b in range(x.shape[0]):
-        row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
-        best = leaves[0]
-        top = row[best]
+    for b in range(0, x.shape[0], 4):
+        bad, rows, e0, e1, e2, e3 = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)
+        if bad >= 0:
+            return bad
+        j = leaves[0]
+        t0, t1, t2, t3 = e0[j], e1[j], e2[j], e3[j]
+        b0 = b1 = b2 = b3 = j
         for i in range(1, leaves.shape[0]):
-            v = row[leaves[i]]
-            if v > top:
-                top = v
-                best = leaves[i]
-        out[b] = best
+            j = leaves[i]
+            if e0[j] > t0:
+                t0, b0 = e0[j], j
+            if e1[j] > t1:
+                t1, b1 = e1[j], j
+            if e2[j] > t2:
+                t2, b2 = e2[j], j
+            if e3[j] > t3:
+                t3, b3 = e3[j], j
+        _store(out, b, rows, b0, b1, b2, b3)
     return -1
+
+
+@numba.njit(**_JIT)
+def _store(out, b, rows, b0, b1, b2, b3):
+    best = (b0, b1, b2, b3)
+    for r in range(rows):
+        out[b + r] = best[r]
 
 
 @numba.njit(**_JIT)
 def hie_rows(x, parent, mode, lo, hi, edge_tol, root_tol, leaves, coarse, out):
     """The leaf maximising ``P(leaf) * P(coarse[leaf])`` (product in the input's dtype), the first among equals."""
-    for b in range(x.shape[0]):
-        row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
-        best = leaves[0]
-        top = row[leaves[0]] * row[coarse[0]]
+    for b in range(0, x.shape[0], 4):
+        bad, rows, e0, e1, e2, e3 = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)
+        if bad >= 0:
+            return bad
+        j, c = leaves[0], coarse[0]
+        t0, t1, t2, t3 = e0[j] * e0[c], e1[j] * e1[c], e2[j] * e2[c], e3[j] * e3[c]
+        b0 = b1 = b2 = b3 = j
         for i in range(1, leaves.shape[0]):
-            v = row[leaves[i]] * row[coarse[i]]
-            if v > top:
-                top = v
-                best = leaves[i]
-        out[b] = best
+            j, c = leaves[i], coarse[i]
+            v0, v1, v2, v3 = e0[j] * e0[c], e1[j] * e1[c], e2[j] * e2[c], e3[j] * e3[c]
+            if v0 > t0:
+                t0, b0 = v0, j
+            if v1 > t1:
+                t1, b1 = v1, j
+            if v2 > t2:
+                t2, b2 = v2, j
+            if v3 > t3:
+                t3, b3 = v3, j
+        _store(out, b, rows, b0, b1, b2, b3)
     return -1
 
 
 @numba.njit(**_JIT)
 def weighted_argmax_rows(x, parent, mode, lo, hi, edge_tol, root_tol, weight, out):
     """``argmax_n float64(P(n)) * weight[n]``, the first among equals (information gain)."""
-    for b in range(x.shape[0]):
-        row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
-        best = 0
-        top = np.float64(row[0]) * weight[0]
-        for n in range(1, row.shape[0]):
-            v = np.float64(row[n]) * weight[n]
-            if v > top:
-                top = v
-                best = n
-        out[b] = best
+    for b in range(0, x.shape[0], 4):
+        bad, rows, e0, e1, e2, e3 = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)
+        if bad >= 0:
+            return bad
+        w = weight[0]
+        t0, t1, t2, t3 = np.float64(e0[0]) * w, np.float64(e1[0]) * w, np.float64(e2[0]) * w, np.float64(e3[0]) * w
+        b0 = b1 = b2 = b3 = 0
+        for n in range(1, e0.shape[0]):
+            w = weight[n]
+            v0, v1, v2, v3 = np.float64(e0[n]) * w, np.float64(e1[n]) * w, np.float64(e2[n]) * w, np.float64(e3[n]) * w
+            if v0 > t0:
+                t0, b0 = v0, n
+            if v1 > t1:
+                t1, b1 = v1, n
+            if v2 > t2:
+                t2, b2 = v2, n
+            if v3 > t3:
+                t3, b3 = v3, n
+        _store(out, b, rows, b0, b1, b2, b3)
     return -1
 
 
 @numba.njit(**_JIT)
 def deepest_above_rows(x, parent, mode, lo, hi, edge_tol, root_tol, t, key, out):
     """Among the nodes with ``P > t``: the largest ``key``, then the largest ``P``, then the smallest id; else 0."""
-    for b in range(x.shape[0]):
-        row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
-        best = -1
-        best_key = -np.inf
-        best_p = row[0]
-        for n in range(row.shape[0]):
-            v = row[n]
-            if v > t and (key[n] > best_key or (key[n] == best_key and v > best_p)):
-                best, best_key, best_p = n, key[n], v
-        out[b] = max(best, 0)
+    for b in range(0, x.shape[0], 4):
+        bad, rows, e0, e1, e2, e3 = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)
+        if bad >= 0:
+            return bad
+        b0 = b1 = b2 = b3 = 0
+        k0 = k1 = k2 = k3 = -np.inf
+        p0, p1, p2, p3 = e0[0], e1[0], e2[0], e3[0]
+        for n in range(e0.shape[0]):
+            k = key[n]
+            v0, v1, v2, v3 = e0[n], e1[n], e2[n], e3[n]
+            if v0 > t and (k > k0 or (k == k0 and v0 > p0)):
+                b0, k0, p0 = n, k, v0
+            if v1 > t and (k > k1 or (k == k1 and v1 > p1)):
+                b1, k1, p1 = n, k, v1
+            if v2 > t and (k > k2 or (k == k2 and v2 > p2)):
+                b2, k2, p2 = n, k, v2
+            if v3 > t and (k > k3 or (k == k3 and v3 > p3)):
+                b3, k3, p3 = n, k, v3
+        _store(out, b, rows, b0, b1, b2, b3)
     return -1
 
 
