@@ -25,7 +25,7 @@ import numpy as np
 _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
 
 CHECK_OFF = 0
-"""Finite and ``>= lo`` only (what the decoders refuse with the checks off)."""
+"""Finite and ``>= lo`` only (what the decoders refuse with the checks off): ``hi`` is the dtype's largest value."""
 CHECK_SCORES = 1
 """Range ``[lo, hi]`` (independent per-node scores)."""
 CHECK_NODE = 2
@@ -33,33 +33,51 @@ CHECK_NODE = 2
 
 
 @numba.njit(**_JIT)
+def _four_ok(e0, e1, e2, e3, parent, mode, lo, hi, edge_tol, root_tol):
+    """The first of four rows that fails the check, or ``-1``: every value in ``[lo, hi]`` (NaN fails both
+    comparisons) and, with ``CHECK_NODE``, ``|P(root) - 1| <= root_tol`` and ``P(n) - P(parent) <= edge_tol``.
+
+    The four rows share each parent index load; the counts are unsigned sums of comparisons, a loop that LLVM
+    vectorises (a branch per value would not be).
+    """
+    n = e0.shape[0]
+    g0 = g1 = g2 = g3 = np.uint32(0)
+    if mode == CHECK_NODE:
+        for i in range(np.uint64(n)):  # parent[0] = 0: the root compares with itself
+            k = parent[i]
+            v0, v1, v2, v3 = e0[i], e1[i], e2[i], e3[i]
+            g0 += np.uint32((v0 >= lo) & (v0 <= hi) & (v0 - e0[k] <= edge_tol))
+            g1 += np.uint32((v1 >= lo) & (v1 <= hi) & (v1 - e1[k] <= edge_tol))
+            g2 += np.uint32((v2 >= lo) & (v2 <= hi) & (v2 - e2[k] <= edge_tol))
+            g3 += np.uint32((v3 >= lo) & (v3 <= hi) & (v3 - e3[k] <= edge_tol))
+    else:
+        for i in range(np.uint64(n)):
+            v0, v1, v2, v3 = e0[i], e1[i], e2[i], e3[i]
+            g0 += np.uint32((v0 >= lo) & (v0 <= hi))
+            g1 += np.uint32((v1 >= lo) & (v1 <= hi))
+            g2 += np.uint32((v2 >= lo) & (v2 <= hi))
+            g3 += np.uint32((v3 >= lo) & (v3 <= hi))
+    full = (g0 == n, g1 == n, g2 == n, g3 == n)
+    rows = (e0, e1, e2, e3)
+    for r in range(4):
+        if not full[r] or (mode == CHECK_NODE and not abs(np.float64(rows[r][0]) - 1.0) <= root_tol):
+            return r
+    return -1
+
+
+@numba.njit(**_JIT)
 def _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-    n = row.shape[0]
-    good = np.uint32(0)
-    if mode == CHECK_OFF:
-        for i in range(np.uint64(n)):
-            v = row[i]
-            good += np.uint32((v >= lo) & (v < np.inf))  # NaN fails both comparisons
-        return good == n
-    if mode == CHECK_SCORES:
-        for i in range(np.uint64(n)):
-            v = row[i]
-            good += np.uint32((v >= lo) & (v <= hi))
-        return good == n
-    if not abs(np.float64(row[0]) - 1.0) <= root_tol:
-        return False
-    for i in range(np.uint64(n)):  # parent[0] = 0: the root compares with itself
-        v = row[i]
-        good += np.uint32((v >= lo) & (v <= hi) & (v - row[parent[i]] <= edge_tol))
-    return good == n
+    """Whether one row passes the check of :func:`_four_ok`."""
+    return _four_ok(row, row, row, row, parent, mode, lo, hi, edge_tol, root_tol) < 0
 
 
 @numba.njit(**_JIT)
 def check_rows(x, parent, mode, lo, hi, edge_tol, root_tol, out):
     """Only the check: the first failing row, or ``-1`` (``out`` is not written)."""
-    for b in range(x.shape[0]):
-        if not _row_ok(x[b], parent, mode, lo, hi, edge_tol, root_tol):
-            return b
+    for b in range(0, x.shape[0], 4):
+        bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
+        if bad >= 0:
+            return bad
     return -1
 
 
@@ -73,12 +91,9 @@ def _four(x, b, parent, mode, lo, hi, edge_tol, root_tol):
     """
     last = x.shape[0] - 1
     rows = min(4, last + 1 - b)
-    bad = -1
-    for r in range(b, b + rows):
-        if not _row_ok(x[r], parent, mode, lo, hi, edge_tol, root_tol):
-            bad = r
-            break
-    return bad, rows, x[b], x[min(b + 1, last)], x[min(b + 2, last)], x[min(b + 3, last)]
+    e0, e1, e2, e3 = x[b], x[min(b + 1, last)], x[min(b + 2, last)], x[min(b + 3, last)]
+    lane = _four_ok(e0, e1, e2, e3, parent, mode, lo, hi, edge_tol, root_tol)
+    return (-1 if lane < 0 else b + min(lane, rows - 1)), rows, e0, e1, e2, e3
 
 
 @numba.njit(**_JIT)
@@ -197,9 +212,11 @@ def descend_rows(x, parent, mode, lo, hi, edge_tol, root_tol, ptr, kids, t, plur
     """
     zero = x.dtype.type(0)
     for b in range(x.shape[0]):
+        if b % 4 == 0:
+            bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
+            if bad >= 0:
+                return bad
         row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
         cur = 0
         m = 0.0
         while ptr[cur + 1] > ptr[cur]:
@@ -235,9 +252,11 @@ def above_rows(x, parent, mode, lo, hi, edge_tol, root_tol, t, close, out):
     """The nodes with ``P > t`` and the root, as a boolean row; with ``close``, every ancestor of a kept node too."""
     n = x.shape[1]
     for b in range(x.shape[0]):
+        if b % 4 == 0:
+            bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
+            if bad >= 0:
+                return bad
         row = x[b]
-        if not _row_ok(row, parent, mode, lo, hi, edge_tol, root_tol):
-            return b
         keep = out[b]
         for i in range(n):
             keep[i] = row[i] > t
@@ -325,15 +344,11 @@ def bayes_tree_rows(
     p = np.empty((n, 4))
     s = np.empty((n, 4))
     a = np.empty((n, 4))
-    last = bsz - 1
     for b in range(0, bsz, 4):
-        rows = min(4, bsz - b)  # a last block of fewer rows repeats its last row, whose answer is not stored twice
-        for r in range(b, b + rows):
-            if not _row_ok(x[r], parent, mode, lo, hi, edge_tol, root_tol):
-                return r
-        low = label_mass_rows(
-            x[b], x[min(b + 1, last)], x[min(b + 2, last)], x[min(b + 3, last)], parent, bottom_up, p, s
-        )
+        bad, rows, e0, e1, e2, e3 = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)
+        if bad >= 0:
+            return bad
+        low = label_mass_rows(e0, e1, e2, e3, parent, bottom_up, p, s)
         if mode != CHECK_OFF:
             for r in range(rows):
                 if low[r] < -mass_atol:

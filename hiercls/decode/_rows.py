@@ -128,6 +128,7 @@ def kernel_rows(probs: Any, taxonomy: Any, *, leaf_probs: bool = False, scores: 
         lo = max(dt(-PROBABILITY_ATOL), dt(_NEGATIVE))
     else:
         mode, lo = kernels.CHECK_OFF, dt(_NEGATIVE)
+    hi = dt(1.0 + PROBABILITY_ATOL) if mode != kernels.CHECK_OFF else np.finfo(dt).max  # max: refuses inf, NaN
     root_tol = PROBABILITY_ATOL + _EPS32 * taxonomy.num_leaves
-    check = (_parents(taxonomy), mode, lo, dt(1.0 + PROBABILITY_ATOL), dt(PROBABILITY_ATOL), root_tol)
+    check = (_parents(taxonomy), mode, lo, hi, dt(PROBABILITY_ATOL), root_tol)
     return Rows(x=x, taxonomy=taxonomy, tensor=tensor, check=check)
