@@ -45,6 +45,7 @@ __all__ = [
     "restore_sets",
     "restore_values",
     "segment_reduce_t",
+    "sorted_children",
     "subtree_ends",
     "subtree_ends_tensor",
     "torch_kernels",
@@ -428,6 +429,17 @@ def prefix_sums_t(a: np.ndarray, *, block: int | None = None, dtype: Any = None)
     c3 += off[:nb, None, :]
     cs[nb * bs] = off[nb]
     return cs[: r + 1]
+
+
+def sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
+    """CSR children ``(ptr, idx)`` with each node's children sorted by id (the first maximum is the smallest id)."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "sorted_children" not in cache:
+        ptr = np.asarray(taxonomy.child_ptr, dtype=np.int64)
+        idx = np.asarray(taxonomy.child_idx, dtype=np.int64)
+        owner = np.repeat(np.arange(taxonomy.num_nodes), np.diff(ptr))
+        cache["sorted_children"] = (ptr, idx[np.lexsort((idx, owner))])
+    return cache["sorted_children"]
 
 
 def _child_csr(taxonomy: Taxonomy) -> sp.csr_matrix:

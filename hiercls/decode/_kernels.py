@@ -322,6 +322,8 @@ def bayes_tree_rows(
     edge_tol,
     root_tol,
     bottom_up,
+    ptr,
+    kids,
     depth,
     cand,
     lca_height,
@@ -335,7 +337,8 @@ def bayes_tree_rows(
 
     Label probabilities ``p`` and subtree masses ``S`` as :func:`label_mass_rows`, four rows at a time (refused
     below ``-mass_atol`` with the checks on). Shortest path over every node (``every``): the deepest node with
-    ``S > S(root) / 2 + tol`` (these nodes form a chain from the root, so the largest such id). Otherwise, over the
+    ``S > S(root) / 2 + tol`` (the largest such id; these nodes form a chain from the root, descended through the
+    children ``kids[ptr[n]:ptr[n + 1]]``). Otherwise, over the
     candidates ``cand`` (ascending ids), the first whose score is within ``tol`` of the best: shortest path
     ``2 A(n) - depth(n) S(root)``, LCA height ``A(n) + p(n) (height - depth(n))``, with ``A(n)`` the sum of ``S``
     over the non-root ancestors-or-self of ``n``, root first.
@@ -354,14 +357,21 @@ def bayes_tree_rows(
                 if low[r] < -mass_atol:
                     return b + r
         if every and not lca_height:
+            # {S > mass / 2 + tol} is a chain from the root (S only shrinks down the tree, and two children of one
+            # node cannot both hold more than half), so its deepest node, the largest id, is found by descending.
             for r in range(rows):
                 half = 0.5 * s[0, r] + tol
-                best = 0
-                for u in range(n - 1, 0, -1):
-                    if s[u, r] > half:
-                        best = u
+                cur = 0
+                while True:
+                    nxt = -1
+                    for j in range(ptr[cur], ptr[cur + 1]):
+                        if s[kids[j], r] > half:
+                            nxt = kids[j]
+                            break
+                    if nxt < 0:
                         break
-                out[b + r] = best
+                    cur = nxt
+                out[b + r] = cur
             continue
         a[0, :] = 0.0  # the root is the LCA of every pair: it adds the same to every score
         for u in range(1, n):

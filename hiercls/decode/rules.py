@@ -25,6 +25,7 @@ from hiercls.decode._common import (
     prepare_torch,
     restore_ids,
     segment_reduce_t,
+    sorted_children,
     torch_kernels,
 )
 from hiercls.decode._rows import indices, kernel_rows
@@ -76,17 +77,6 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
     return restore_ids(leaves[first_max_t(batch.node_t[leaves])], batch)
 
 
-def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
-    """CSR children ``(ptr, idx)`` with each node's children sorted by id (the first maximum is the smallest id)."""
-    cache = taxonomy.namespace_cache(__name__)
-    if "child_csr" not in cache:
-        ptr = np.asarray(taxonomy.child_ptr, dtype=np.int64)
-        idx = np.asarray(taxonomy.child_idx, dtype=np.int64)
-        owner = np.repeat(np.arange(taxonomy.num_nodes), np.diff(ptr))
-        cache["child_csr"] = (ptr, idx[np.lexsort((idx, owner))])
-    return cache["child_csr"]
-
-
 # Children gathered per descent step and block of rows: bounds the flat work arrays (a 100k-wide node is
 # ~40 rows a block) so the memory stays O(rows + nodes), never [rows, widest family].
 _STEP_ELEMENTS = 1 << 20
@@ -101,7 +91,7 @@ def _descend(batch: Batch, decide: Any, second: bool = False) -> np.ndarray:
     tighten), and so does a row at a leaf.
     """
     tax = batch.taxonomy
-    ptr, idx = _sorted_children(tax)
+    ptr, idx = sorted_children(tax)
     nc = np.diff(ptr)
     node = batch.node
     cur = np.zeros(node.shape[0], dtype=np.int64)
@@ -152,7 +142,7 @@ def _families_torch(x: Any, taxonomy: Taxonomy, second: bool) -> tuple[Any, Any,
     import torch
 
     tax = taxonomy
-    ptr, idx = _sorted_children(tax)
+    ptr, idx = sorted_children(tax)
     owner = np.repeat(np.arange(tax.num_nodes), np.diff(ptr))
     dev, (b, n) = x.device, x.shape
     kids = index_tensor(tax, "csr_kids", idx, dev)
@@ -222,7 +212,7 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
 
         return _descend_torch(x, taxonomy, decide_t)
     rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if rows and (ids := rows.ids("descend_rows", *_sorted_children(taxonomy), rows.value(t), False, 0.0)) is not None:
+    if rows and (ids := rows.ids("descend_rows", *sorted_children(taxonomy), rows.value(t), False, 0.0)) is not None:
         return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     node = batch.node
@@ -280,7 +270,7 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
     rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
     if (
         rows
-        and (ids := rows.ids("descend_rows", *_sorted_children(taxonomy), rows.value(0), True, _TIE_TOL)) is not None
+        and (ids := rows.ids("descend_rows", *sorted_children(taxonomy), rows.value(0), True, _TIE_TOL)) is not None
     ):
         return ids
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
