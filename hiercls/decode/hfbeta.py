@@ -75,6 +75,12 @@ node at depth ``d`` have ``|Y| >= d`` (``d + 1`` with the root), so ``w_k(n) <= 
 + k)`` for its first outside ancestor-or-self ``f`` (see :func:`_solve`). Rows not certified go to the row path
 above, so the result is the same exact optimum.
 
+*Trees, row-major rows.* Row-major float32/float64 node probabilities (a model head's output) of the trees that
+:func:`_tree_block` decodes go through a compiled kernel (:mod:`hiercls.decode._kernels_hfbeta`) that repeats
+:func:`_tree_block`'s rounds row by row in the same floating-point operations, hence the same sets and values, in
+one read of each row and without the block's gathers; the rows its rounds do not certify are finished by
+:func:`_tree_block`. It is used where it rounds NumPy's and the BLAS's sums as they do (checked once per process).
+
 *On the device.* Tensors that the torch kernels take (CUDA, or CPU tensors with ``TORCH_KERNELS_ON_CPU``) are
 decoded by :func:`_optimal_hfbeta_torch`: the same table ``q`` and weights, every counted node a candidate, the
 sizes evaluated in turn until the two bounds above certify every row of a block; the sets equal the NumPy
@@ -89,6 +95,7 @@ posteriors. DAGs use dense per-depth sums over all nodes (fine for DAGs of a few
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import Any
@@ -96,7 +103,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_beta, check_label_mass
+from hiercls._checks import _EPS32, PROBABILITY_ATOL, check_beta, check_label_mass
 from hiercls.decode._common import (
     _ROW_OFFSET,
     Batch,
@@ -114,6 +121,7 @@ from hiercls.decode._common import (
     torch_kernels,
     value_dtype_torch,
 )
+from hiercls.decode._rows import kernel_rows
 from hiercls.taxonomy import Taxonomy
 
 logger = logging.getLogger(__name__)
@@ -1200,7 +1208,145 @@ def _hfbeta_block_torch(q: Any, lv: Any, first: int, b2: float, best: Any) -> tu
     return sets, best
 
 
-@chunked(scale=8)
+# ---------------------------------------------------------------------------------------------- row-major, compiled
+def _row_kernel_tables(taxonomy: Taxonomy) -> dict[str, Any] | None:
+    """The tables of :func:`hiercls.decode._kernels_hfbeta.hfbeta_tree_rows` (cached), or ``None`` when the tree
+    is not decoded by :func:`_tree_block` (deep trees, very wide nodes), whose arithmetic the kernel mirrors."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "hf_rows" not in cache:
+        tables = None
+        if _block_path(taxonomy) and taxonomy.num_nodes > 1:
+            tab = _block_tables(taxonomy)
+            order = tab["order"]
+            kids = tab["cend"] - tab["cstart"]
+            internal = np.flatnonzero(kids > 0)
+            depth = np.asarray(taxonomy.depth, dtype=np.int64)[order]
+            fam = internal[np.lexsort((internal, kids[internal], -depth[internal]))]
+            nc = np.asarray(taxonomy.num_children, dtype=np.float64)
+            # The kernel's table arguments, in its order (see hfbeta_tree_rows).
+            tables = {
+                "args": (
+                    order.astype(np.uint32),
+                    # internal nodes (families), deepest first, then by number of children (see the kernel)
+                    fam.astype(np.int64),
+                    tab["cstart"][fam].astype(np.int64),
+                    kids[fam].astype(np.int64),
+                    tab["cstart"].astype(np.int64),
+                    tab["cend"].astype(np.int64),
+                    # check_label_mass's tolerance, per depth-major position
+                    np.ascontiguousarray((PROBABILITY_ATOL + _EPS32 * (nc + 1.0))[order]),
+                    np.ascontiguousarray(tab["lo"], dtype=np.int64),
+                    np.ascontiguousarray(tab["hi"], dtype=np.int64),
+                    _depth_spans(taxonomy),
+                    np.asarray(tab["seg_lo"], dtype=np.int64),
+                    np.asarray(tab["seg_hi"], dtype=np.int64),
+                    int(tab["bs"]),
+                    np.asarray(_BLOCK_FRACTIONS, dtype=np.float64),
+                )
+            }
+        cache["hf_rows"] = tables
+    return cache["hf_rows"]
+
+
+def _depth_spans(taxonomy: Taxonomy) -> np.ndarray:
+    """``[N, 2]``: each node's depth and one past the deepest depth of its subtree (pre-order ids)."""
+    depth = np.asarray(taxonomy.depth, dtype=np.int64)
+    deepest = depth.copy()
+    parent = np.asarray(taxonomy.parent, dtype=np.int64)
+    for u in range(taxonomy.num_nodes - 1, 0, -1):  # children have larger ids: their values are final
+        deepest[parent[u]] = max(deepest[parent[u]], deepest[u])
+    return np.ascontiguousarray(np.stack([depth, deepest + 1], axis=1))
+
+
+def _optimal_hfbeta_rows(
+    probs: Any, taxonomy: Taxonomy, b2: float, include_root: bool, leaf_probs: bool, return_value: bool, c0: int
+) -> Any:
+    """:func:`optimal_hfbeta` by the compiled per-row kernel, or ``None`` when the NumPy path must decode.
+
+    Row-major float32/float64 node probabilities of a tree that :func:`_tree_block` decodes (see
+    ``hiercls.decode._rows``). The kernel repeats :func:`_tree_block`'s rounds on each row in the same arithmetic,
+    so the sets and values are the block path's; the rows it cannot certify (more than ``c0`` candidates, or no
+    round certified) are finished by :func:`_tree_block` itself, which takes them to its later levels. ``None``
+    when a row fails the input check or the label-mass check: the NumPy path then raises the error naming it.
+    """
+    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
+    if rows is None or (tables := _row_kernel_tables(taxonomy)) is None:
+        return None
+    kernels = _hfbeta_kernels()
+    if kernels is None:
+        return None
+    x = rows.x
+    bsz, n = x.shape
+    sets = np.empty((bsz, n), dtype=bool)
+    values = np.empty(bsz)
+    flags = np.zeros(bsz, dtype=bool)
+    failed = kernels.hfbeta_tree_rows(
+        x,
+        *rows.check,
+        *tables["args"],
+        min(c0, n),  # a row has fewer than n candidates: the same rounds, without work arrays sized for c0
+        _BLOCK_WIDTH,
+        float(b2),
+        bool(include_root),
+        sets,
+        values,
+        flags,
+    )
+    if failed >= 0:
+        return None
+    rest = np.flatnonzero(flags)
+    step = max(_CHUNK, min(4 * _CHUNK, _BLOCK_ELEMENTS // n))
+    for s in range(0, rest.size, step):
+        part = rest[s : s + step]
+        sets[part], values[part] = _tree_block(x[part], taxonomy, b2, include_root, c0)
+    if rows.tensor:
+        import torch
+
+        out_sets: Any = torch.from_numpy(sets)
+        out_values: Any = torch.from_numpy(values).to(probs.dtype)
+    else:
+        out_sets, out_values = sets, values
+    return (out_sets, out_values) if return_value else out_sets
+
+
+@functools.cache
+def _hfbeta_kernels() -> Any:
+    """The kernel module (numba compiled on first use), or ``None`` when numba is missing or when the kernel's
+    roundings of NumPy's sums differ from NumPy's here (see :func:`_kernel_rounds_as_numpy`)."""
+    try:
+        from hiercls.decode import _kernels_hfbeta
+    except ImportError:  # numba missing: the NumPy path decodes
+        return None
+    if not _kernel_rounds_as_numpy(_kernels_hfbeta):
+        logger.info("optimal_hfbeta: the row kernel rounds differently from NumPy/BLAS here; not used")
+        return None
+    return _kernels_hfbeta
+
+
+def _kernel_rounds_as_numpy(kernels: Any) -> bool:
+    """Whether the kernel reproduces, to the bit, the three NumPy sums whose order it mirrors: the BLAS ``matmul``
+    of :func:`_search_weights` (fused multiply-adds, in an order that depends on the BLAS and the CPU), the
+    ``einsum`` of :func:`_upper_bound` and the pairwise ``q.sum(2)`` of :func:`_solve`, on random tables of every
+    shape :func:`_solve` meets (sizes in blocks of 16 and 8, up to 48 depths). Everything else the kernel computes
+    is elementwise or sequential, rounded alike everywhere. Exact ties between set sizes are decided by these
+    last bits, so a platform that rounds them otherwise keeps the NumPy path."""
+    rng = np.random.default_rng(0)
+    for depths in (2, 7, 19, 31, 32, 40, 48):
+        for width in (8, 24, 72):
+            q = rng.random((width, depths)) ** 3
+            for b2, include_root in ((1.0, False), (4.0, True), (0.0, False)):
+                lv = np.arange(depths) + (1 if include_root else 0)
+                for ks in (np.arange(1, 17), np.arange(65, 73), np.arange(1, width + 2), np.array([17])):
+                    w, u, sums = kernels.mirror_sums(q, ks, b2, include_root)
+                    if len(ks) in (8, 16) and not np.array_equal(w, _search_weights(q[None], lv, ks, b2)[0]):
+                        return False
+                    if not np.array_equal(u, _upper_bound(q[:1], lv, ks, b2)[0]):
+                        return False
+                    if not np.array_equal(sums, q[None].sum(2)[0]):
+                        return False
+    return True
+
+
 def optimal_hfbeta(
     probs: Any,
     taxonomy: Taxonomy,
@@ -1244,6 +1390,35 @@ def optimal_hfbeta(
     b2 = check_beta(beta) ** 2
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
+    if not torch_kernels(probs):
+        # Row-major node probabilities of a tree: the compiled kernel, over every row at once (it needs O(N) work
+        # memory, so the row blocks of @chunked would only add the joining of their sets).
+        out = _optimal_hfbeta_rows(probs, taxonomy, b2, include_root, leaf_probs, return_value, int(initial_candidates))
+        if out is not None:
+            return out
+    return _optimal_hfbeta_blocks(
+        probs,
+        taxonomy,
+        b2,
+        include_root=include_root,
+        leaf_probs=leaf_probs,
+        return_value=return_value,
+        initial_candidates=int(initial_candidates),
+    )
+
+
+@chunked(scale=8)
+def _optimal_hfbeta_blocks(
+    probs: Any,
+    taxonomy: Taxonomy,
+    b2: float,
+    *,
+    include_root: bool,
+    leaf_probs: bool,
+    return_value: bool,
+    initial_candidates: int,
+) -> Any:
+    """:func:`optimal_hfbeta` on the device (torch kernels) or by the NumPy path, in row blocks."""
     if torch_kernels(probs):
         return _optimal_hfbeta_torch(probs, taxonomy, b2, include_root, leaf_probs, return_value)
     # The block path converts each block to float64 in its own gather: float32 input is not copied up front.
