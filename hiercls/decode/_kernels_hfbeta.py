@@ -571,7 +571,7 @@ def mirror_sums(q, ks, b2, include_root):
 
 
 @numba.njit(**_JIT)
-def _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_mass, w):
+def _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_mass, w, prefix=True):
     """The label probabilities, ``P~`` and the blocked prefix sums of the label probabilities of the rows ``b0 ..
     b0 + 7`` (rows past the end repeat the last one), in one work array ``w [positions, 24]``: columns 0-7 the
     node probabilities, then the prefix sums; 8-15 the label probabilities; 16-23 ``P~``, one column per row.
@@ -579,7 +579,7 @@ def _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_
     Every step is the same for the eight rows, so each loop runs once for all of them on two four-lane vectors
     (``_v4_*``; numba leaves straight-line code unvectorised), which also amortises the branches of the loops
     over children eight times. Returns the first row whose label mass is refused (``mtol``, with the checks on),
-    or ``-1``.
+    or ``-1``. ``prefix=False`` skips the prefix sums (columns 0-7 then keep the node probabilities).
     """
     n = x.shape[1]
     last = x.shape[0] - 1
@@ -636,6 +636,8 @@ def _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_
                     kx += w[i, lane]
                 if w[u, lane] - kx < -mtol[u]:
                     return min(b0 + lane, last)
+    if not prefix:  # the Bayes kernel needs the label probabilities and P~ only
+        return -1
     # Blocked prefix sums (prefix_sums_t): the sum within the block of bs plus the sum of the earlier blocks.
     # They replace the node probabilities, not needed any more.
     nb = (n + bs - 1) // bs
@@ -821,4 +823,92 @@ def hfbeta_tree_rows(
                 certified = True
                 break
             flags[b] = not certified
+    return -1
+
+
+@numba.njit(**_JIT)
+def bayes_lane_rows(
+    x,
+    parent,
+    mode,
+    lo,
+    hi,
+    edge_tol,
+    root_tol,
+    order,
+    fam_parent,
+    fam_first,
+    fam_size,
+    cstart,
+    cend,
+    mtol,
+    bs,
+    parent_pos,
+    depth_pos,
+    cand_pos,
+    lca_height,
+    every,
+    height,
+    tol,
+    out,
+):
+    """``_kernels.bayes_tree_rows`` on eight rows at a time, from the label probabilities and ``P~`` of
+    :func:`_lane_passes` (the same sums: children in ascending id order, added from 0), in depth-major positions.
+
+    Shortest path over every node (``every``): descend from the root to the child with ``P~ > P~(root) / 2 + tol``
+    while there is one (``cstart``/``cend``: each position's children). Otherwise the path sums ``A`` (root first,
+    ``parent_pos``) and the first candidate (``cand_pos``: the candidates' positions in ascending id order) whose
+    score is within ``tol`` of the best, as ``bayes_tree_rows``. ``out`` gets node ids (``order`` of positions).
+    """
+    n = x.shape[1]
+    nb = (n + bs - 1) // bs
+    work = np.zeros((nb * bs + 1, 3 * LANES))  # see _lane_passes; the padding past n stays 0
+    a = np.empty((n, LANES))
+    check_mass = mode != CHECK_OFF
+    zero = _v4_zero()
+    for b0 in range(0, x.shape[0], LANES):
+        rows = min(LANES, x.shape[0] - b0)
+        for b in range(b0, b0 + rows, 4):  # the input check, four rows at a time
+            bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
+            if bad >= 0:
+                return bad
+        failed = _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_mass, work, False)
+        if failed >= 0:
+            return failed
+        if every and not lca_height:
+            for lane in range(rows):
+                half = 0.5 * work[0, 2 * LANES + lane] + tol
+                cur = 0
+                while True:
+                    nxt = -1
+                    for c in range(cstart[cur], cend[cur]):
+                        if work[c, 2 * LANES + lane] > half:
+                            nxt = c
+                            break
+                    if nxt < 0:
+                        break
+                    cur = nxt
+                out[b0 + lane] = order[cur]
+            continue
+        _v4_store(a, 0, 0, zero)  # the root is the LCA of every pair: it adds the same to every score
+        _v4_store(a, 0, 4, zero)
+        for j in range(1, n):  # positions are depth-major: a parent's path sum is final before its children's
+            k = parent_pos[j]
+            _v4_store(a, j, 0, _v4_add(_v4_load(a, k, 0), _v4_load(work, j, 2 * LANES)))
+            _v4_store(a, j, 4, _v4_add(_v4_load(a, k, 4), _v4_load(work, j, 2 * LANES + 4)))
+        for lane in range(rows):
+            mass = work[0, 2 * LANES + lane]
+            top = -np.inf
+            for i in range(cand_pos.shape[0]):
+                u = cand_pos[i]
+                d = depth_pos[u]
+                sc = a[u, lane] + work[u, LANES + lane] * (height - d) if lca_height else 2.0 * a[u, lane] - d * mass
+                a[u, lane] = sc  # every path sum is taken already: the candidate's slot keeps its score
+                top = max(top, sc)
+            best = cand_pos[0]
+            for i in range(cand_pos.shape[0]):
+                if a[cand_pos[i], lane] >= top - tol:
+                    best = cand_pos[i]
+                    break
+            out[b0 + lane] = order[best]
     return -1

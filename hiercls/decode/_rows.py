@@ -87,14 +87,18 @@ class Rows:
         """``v`` in the input's dtype: the kernels compare as NumPy compares an array with a Python float."""
         return self.x.dtype.type(v)
 
-    def _run(self, kernel: str, tables: tuple[Any, ...], out: np.ndarray) -> Any:
-        if getattr(_kernels(), kernel)(self.x, *self.check, *tables, out) >= 0:
-            return None
+    def restore(self, out: np.ndarray) -> Any:
+        """A kernel's output in the input's framework (a CPU tensor for a tensor input)."""
         if self.tensor:
             import torch
 
             return torch.from_numpy(out)
         return out
+
+    def _run(self, kernel: str, tables: tuple[Any, ...], out: np.ndarray) -> Any:
+        if getattr(_kernels(), kernel)(self.x, *self.check, *tables, out) >= 0:
+            return None
+        return self.restore(out)
 
 
 def kernel_rows(probs: Any, taxonomy: Any, *, leaf_probs: bool = False, scores: bool = False) -> Rows | None:

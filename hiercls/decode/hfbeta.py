@@ -1309,6 +1309,38 @@ def _optimal_hfbeta_rows(
     return (out_sets, out_values) if return_value else out_sets
 
 
+def lane_tables(taxonomy: Taxonomy) -> tuple[Any, ...] | None:
+    """The tables of ``_kernels_hfbeta._lane_passes`` and of the eight-row Bayes kernel built on it (cached):
+    ``(order, fam_parent, fam_first, fam_size, cstart, cend, mtol, bs, parent_pos, depth_pos, pos)`` with ``pos``
+    the position of each node id; ``None`` where :func:`_row_kernel_tables` is (deep trees, very wide nodes)."""
+    cache = taxonomy.namespace_cache(__name__)
+    if "lane_tables" not in cache:
+        tables = _row_kernel_tables(taxonomy)
+        lanes = None
+        if tables is not None:
+            args = tables["args"]
+            order = np.asarray(args[0], dtype=np.int64)
+            pos = np.empty(taxonomy.num_nodes, dtype=np.int64)
+            pos[order] = np.arange(taxonomy.num_nodes)
+            parent_pos = pos[np.maximum(np.asarray(taxonomy.parent, dtype=np.int64), 0)[order]]
+            depth_pos = np.asarray(taxonomy.depth, dtype=np.int64)[order]
+            lanes = (*args[:7], int(_block_tables(taxonomy)["bs"]), parent_pos, depth_pos, pos)
+        cache["lane_tables"] = lanes
+    return cache["lane_tables"]
+
+
+def lane_kernels() -> Any:
+    """``_kernels_hfbeta`` for its eight-row passes (numba compiled on first use), or ``None`` without numba.
+
+    Unlike :func:`_hfbeta_kernels` this needs no agreement with NumPy's BLAS: the label probabilities and ``P~`` are
+    sequential sums in a fixed order, the same numbers on every CPU."""
+    try:
+        from hiercls.decode import _kernels_hfbeta
+    except ImportError:  # numba missing: the NumPy path decodes
+        return None
+    return _kernels_hfbeta
+
+
 @functools.cache
 def _hfbeta_kernels() -> Any:
     """The kernel module (numba compiled on first use), or ``None`` when numba is missing or when the kernel's
