@@ -210,3 +210,21 @@ def test_read_only_and_foreign_byte_order_inputs(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("hiercls.decode.rules.prepare", lambda *a, **k: pytest.fail("the NumPy path ran"))
     for rule in ("argmax_leaf", "top_down", "threshold", "info_gain", "hie"):
         np.testing.assert_array_equal(decode(frozen, tax, rule), want[rule])
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"cost": "lca_height"}, {"candidates": "leaves"}, {"cost": "lca_height", "candidates": "classes"}]
+)
+def test_both_bayes_kernels_equal_the_numpy_path(options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eight-row Bayes kernel (trees that ``_tree_block`` decodes) and the four-row one (the others, forced
+    here) give the NumPy path's answers, ties included."""
+    rng = np.random.default_rng(11)
+    for tax in _shapes(rng):
+        node = _posteriors(tax, rng, 45, quantised=bool(rng.integers(2)))
+        for arr in (node, node.astype(np.float32)):
+            got, want = _both(monkeypatch, lambda a=arr, t=tax: decode(a, t, "bayes_node", **options))
+            np.testing.assert_array_equal(got, want)
+            monkeypatch.setattr("hiercls.decode.bayes.lane_tables", lambda taxonomy: None)
+            got, want = _both(monkeypatch, lambda a=arr, t=tax: decode(a, t, "bayes_node", **options))
+            monkeypatch.undo()
+            np.testing.assert_array_equal(got, want)
