@@ -524,7 +524,6 @@ def _structured_cost_torch(pt: Any, tax: Taxonomy, kind: str) -> Any:
     return out
 
 
-@chunked
 def bayes_node(
     probs: Any,
     taxonomy: Taxonomy,
@@ -551,6 +550,22 @@ def bayes_node(
         ([1], [2])
     """
     fast = not return_cost and isinstance(cost, str) and cost in _CLOSED_FORMS and taxonomy.is_tree
+    if fast and not torch_kernels(probs):
+        # Row-major trees: the compiled kernel on every row at once (its work memory is per row; the row blocks of
+        # @chunked would only repeat its set-up). Any other input, or a row it refuses: the blocks below.
+        ids = _fast_tree_rows(probs, taxonomy, cost, _candidate_mask(taxonomy, candidates), leaf_probs)
+        if ids is not None:
+            return ids
+    return _bayes_node_blocks(
+        probs, taxonomy, cost, candidates=candidates, leaf_probs=leaf_probs, return_cost=return_cost, fast=fast
+    )
+
+
+@chunked
+def _bayes_node_blocks(
+    probs: Any, taxonomy: Taxonomy, cost: Any, *, candidates: Any, leaf_probs: bool, return_cost: bool, fast: bool
+) -> Any:
+    """:func:`bayes_node` on the tensor's device or, on the CPU, by the NumPy formulation, in blocks of rows."""
     if torch_kernels(probs):  # on the tensor's device
         mask = _candidate_mask(taxonomy, candidates)
         if fast:
@@ -563,8 +578,6 @@ def bayes_node(
             return ids, exp.gather(1, ids[:, None])[:, 0].to(value_dtype_torch(probs))
         return ids
     mask = _candidate_mask(taxonomy, candidates)
-    if fast and (ids := _fast_tree_rows(probs, taxonomy, cost, mask, leaf_probs)) is not None:
-        return ids
     # The closed forms convert to float64 while transposing; the general path needs float64 up front.
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=not fast)
     if fast and batch.node.shape[0]:
@@ -637,7 +650,6 @@ def _check_prediction_ids(taxonomy: Taxonomy, count: int, rows: int, low: int = 
         raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got {low}..{high}")
 
 
-@chunked
 def crm(
     probs: Any, taxonomy: Taxonomy, cost: Any = "lca_height", *, leaf_probs: bool = False, return_cost: bool = False
 ) -> Any:
