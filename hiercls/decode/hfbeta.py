@@ -1345,14 +1345,13 @@ def lane_kernels() -> Any:
 def _hfbeta_kernels() -> Any:
     """The kernel module (numba compiled on first use), or ``None`` when numba is missing or when the kernel's
     roundings of NumPy's sums differ from NumPy's here (see :func:`_kernel_rounds_as_numpy`)."""
-    try:
-        from hiercls.decode import _kernels_hfbeta
-    except ImportError:  # numba missing: the NumPy path decodes
+    kernels = lane_kernels()
+    if kernels is None:  # numba missing: the NumPy path decodes
         return None
-    if not _kernel_rounds_as_numpy(_kernels_hfbeta):
+    if not _kernel_rounds_as_numpy(kernels):
         logger.info("optimal_hfbeta: the row kernel rounds differently from NumPy/BLAS here; not used")
         return None
-    return _kernels_hfbeta
+    return kernels
 
 
 def _kernel_rounds_as_numpy(kernels: Any) -> bool:
