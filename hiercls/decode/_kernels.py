@@ -381,17 +381,22 @@ def bayes_tree_rows(
             a[u, 2] = a[k, 2] + s[u, 2]
             a[u, 3] = a[k, 3] + s[u, 3]
         for r in range(rows):
-            mass = s[0, r]
-            top = -np.inf
-            for i in range(cand.shape[0]):
-                u = cand[i]
-                sc = a[u, r] + p[u, r] * (height - depth[u]) if lca_height else 2.0 * a[u, r] - depth[u] * mass
-                a[u, r] = sc  # every path sum is taken already: the candidate's slot keeps its score
-                top = max(top, sc)
-            best = cand[0]
-            for i in range(cand.shape[0]):
-                if a[cand[i], r] >= top - tol:
-                    best = cand[i]
-                    break
-            out[b + r] = best
+            out[b + r] = closed_form_pick(a, r, p, r, s[0, r], cand, depth, lca_height, height, tol)
     return -1
+
+
+@numba.njit(**_JIT)
+def closed_form_pick(a, lane, p, p_col, mass, cand, depth, lca_height, height, tol):
+    """The first of the candidates ``cand`` (ascending ids) whose closed-form score is within ``tol`` of the best:
+    LCA height ``A + p (height - depth)``, shortest path ``2 A - depth mass``, from the path sums ``a[:, lane]``
+    (overwritten by the scores) and the label probabilities ``p[:, p_col]``, indexed as ``cand`` and ``depth``."""
+    top = -np.inf
+    for i in range(cand.shape[0]):
+        u = cand[i]
+        sc = a[u, lane] + p[u, p_col] * (height - depth[u]) if lca_height else 2.0 * a[u, lane] - depth[u] * mass
+        a[u, lane] = sc  # every path sum is taken already: the candidate's slot keeps its score
+        top = max(top, sc)
+    for i in range(cand.shape[0]):
+        if a[cand[i], lane] >= top - tol:
+            return cand[i]
+    return cand[0]

@@ -36,7 +36,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from hiercls.decode._kernels import CHECK_OFF, _four
+from hiercls.decode._kernels import CHECK_OFF, _four, closed_form_pick
 
 __all__ = ["hfbeta_tree_rows", "mirror_sums"]
 
@@ -898,17 +898,6 @@ def bayes_lane_rows(
             _v4_store(a, j, 4, _v4_add(_v4_load(a, k, 4), _v4_load(work, j, 2 * LANES + 4)))
         for lane in range(rows):
             mass = work[0, 2 * LANES + lane]
-            top = -np.inf
-            for i in range(cand_pos.shape[0]):
-                u = cand_pos[i]
-                d = depth_pos[u]
-                sc = a[u, lane] + work[u, LANES + lane] * (height - d) if lca_height else 2.0 * a[u, lane] - d * mass
-                a[u, lane] = sc  # every path sum is taken already: the candidate's slot keeps its score
-                top = max(top, sc)
-            best = cand_pos[0]
-            for i in range(cand_pos.shape[0]):
-                if a[cand_pos[i], lane] >= top - tol:
-                    best = cand_pos[i]
-                    break
+            best = closed_form_pick(a, lane, work, LANES + lane, mass, cand_pos, depth_pos, lca_height, height, tol)
             out[b0 + lane] = order[best]
     return -1

@@ -135,6 +135,17 @@ class _NameTable:
         return np.take(self.slots, (top & ((2 << self.bits) - 1)) ^ np.take(self.disp, top >> (self.bits + 1)))
 
 
+def _seeded_perfect_hash(points: np.ndarray, words: np.ndarray, lengths: np.ndarray) -> _NameTable | None:
+    """:func:`_perfect_hash` with up to eight draws of its random coefficients (seeded: the same table every run),
+    or ``None`` when none separates the names."""
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        table = _perfect_hash(points, words, lengths, rng)
+        if table is not None:
+            return table
+    return None
+
+
 def _perfect_hash(
     points: np.ndarray, words: np.ndarray, lengths: np.ndarray, rng: np.random.Generator
 ) -> _NameTable | None:
@@ -202,13 +213,7 @@ def _name_table(taxonomy: Taxonomy) -> _NameTable | None:
         padded = np.zeros((len(arr), width + width % 2), dtype=np.uint32)
         padded[:, :width] = points
         words = padded.view(np.uint64)
-        rng = np.random.default_rng(0)
-        table = None
-        for _ in range(8):
-            table = _perfect_hash(points, words, lengths, rng)
-            if table is not None:
-                break
-        cache["name_table"] = table
+        cache["name_table"] = _seeded_perfect_hash(points, words, lengths)
     return cache["name_table"]
 
 
@@ -258,12 +263,7 @@ def _byte_table(taxonomy: Taxonomy) -> _NameTable | None:
             width = 8 * (int(lengths.max()) // 8 + 1)
             points = np.frombuffer(b"".join(e.ljust(width, b"\0") for e in encoded), dtype=np.uint8)
             points = points.reshape(len(encoded), width)
-            words = points.view(np.uint64)
-            rng = np.random.default_rng(0)
-            for _ in range(8):
-                table = _perfect_hash(points, words, lengths, rng)
-                if table is not None:
-                    break
+            table = _seeded_perfect_hash(points, points.view(np.uint64), lengths)
         cache["byte_table"] = table
     return cache["byte_table"]
 
