@@ -1406,7 +1406,9 @@ def optimal_hfbeta(
 
     Returns:
         Boolean node sets ``[B, N]`` (root included), and the expected values with ``return_value=True``.
-        Ties between sets of equal value go to the smallest set, then to the nodes with smaller ids.
+        Ties between sets of equal computed value go to the smallest set, then to the nodes with smaller ids.
+        Sets of different sizes whose exact values are equal (e.g. a star of three equally likely leaves) are
+        computed in different float64 sums, so their last bits decide between them.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
