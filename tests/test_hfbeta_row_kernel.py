@@ -20,6 +20,7 @@ import hiercls.decode._rows as rows_mod
 from hiercls.decode import ProbabilityError, decode, optimal_hfbeta
 from hiercls.decode import hfbeta as hfbeta_mod
 from hiercls.taxonomy import Taxonomy, load_taxonomy
+from tests.test_decode_row_kernels import _both
 
 BETAS = (0.5, 1.0, 2.0, 4.0)
 TIE_BETAS = (0.0, *BETAS)  # beta 0 (precision): sizes tie often, decided by the last bits of the values
@@ -85,14 +86,6 @@ def _node_rows(tax: Taxonomy, labels: np.ndarray) -> np.ndarray:
 
 KERNEL = hfbeta_mod._hfbeta_kernels() is not None
 """Whether the kernel runs here (numba installed, and it rounds NumPy's sums as NumPy does on this machine)."""
-
-
-def _both(monkeypatch: pytest.MonkeyPatch, fn: object) -> tuple[object, object]:
-    got = fn()
-    monkeypatch.setattr(rows_mod, "ROW_KERNELS", False)
-    want = fn()
-    monkeypatch.setattr(rows_mod, "ROW_KERNELS", True)
-    return got, want
 
 
 def _assert_same(got: tuple, want: tuple, what: str) -> None:

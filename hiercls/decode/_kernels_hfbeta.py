@@ -571,16 +571,23 @@ def mirror_sums(q, ks, b2, include_root):
 
 
 @numba.njit(**_JIT)
-def _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_mass, w, prefix=True):
+def _lane_passes(x, b0, check, order, fam_parent, fam_first, fam_size, mtol, bs, w, prefix=True):
     """The label probabilities, ``P~`` and the blocked prefix sums of the label probabilities of the rows ``b0 ..
     b0 + 7`` (rows past the end repeat the last one), in one work array ``w [positions, 24]``: columns 0-7 the
     node probabilities, then the prefix sums; 8-15 the label probabilities; 16-23 ``P~``, one column per row.
 
     Every step is the same for the eight rows, so each loop runs once for all of them on two four-lane vectors
     (``_v4_*``; numba leaves straight-line code unvectorised), which also amortises the branches of the loops
-    over children eight times. Returns the first row whose label mass is refused (``mtol``, with the checks on),
-    or ``-1``. ``prefix=False`` skips the prefix sums (columns 0-7 then keep the node probabilities).
+    over children eight times. The rows are first checked (``check``: the kernels' check arguments, see
+    ``_kernels._four``). Returns the first row that fails the check or whose label mass is refused (``mtol``, with
+    the checks on), or ``-1``. ``prefix=False`` skips the prefix sums (columns 0-7 then keep the node probabilities).
     """
+    parent, mode, lo, hi, edge_tol, root_tol = check
+    for b in range(b0, min(b0 + LANES, x.shape[0]), 4):  # the input check, four rows at a time
+        bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
+        if bad >= 0:
+            return bad
+    check_mass = mode != CHECK_OFF
     n = x.shape[1]
     last = x.shape[0] - 1
     r0 = x[b0]
@@ -717,13 +724,9 @@ def hfbeta_tree_rows(
     scratch = np.empty((8, max(kt, width_max) + 1))
     iscratch = np.empty((1, width_max), dtype=np.intp)
     lv, coef, frac, den, rden = _size_tables(m_count, kt, b2, include_root)
-    check_mass = mode != CHECK_OFF
+    check = (parent, mode, lo, hi, edge_tol, root_tol)
     for b0 in range(0, x.shape[0], LANES):
-        for b in range(b0, min(b0 + LANES, x.shape[0]), 4):  # the input check, four rows at a time
-            bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
-            if bad >= 0:
-                return bad
-        failed = _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_mass, work)
+        failed = _lane_passes(x, b0, check, order, fam_parent, fam_first, fam_size, mtol, bs, work)
         if failed >= 0:
             return failed
         for b in range(b0, min(b0 + LANES, x.shape[0])):
@@ -864,15 +867,11 @@ def bayes_lane_rows(
     nb = (n + bs - 1) // bs
     work = np.zeros((nb * bs + 1, 3 * LANES))  # see _lane_passes; the padding past n stays 0
     a = np.empty((n, LANES))
-    check_mass = mode != CHECK_OFF
+    check = (parent, mode, lo, hi, edge_tol, root_tol)
     zero = _v4_zero()
     for b0 in range(0, x.shape[0], LANES):
         rows = min(LANES, x.shape[0] - b0)
-        for b in range(b0, b0 + rows, 4):  # the input check, four rows at a time
-            bad = _four(x, b, parent, mode, lo, hi, edge_tol, root_tol)[0]
-            if bad >= 0:
-                return bad
-        failed = _lane_passes(x, b0, order, fam_parent, fam_first, fam_size, mtol, bs, check_mass, work, False)
+        failed = _lane_passes(x, b0, check, order, fam_parent, fam_first, fam_size, mtol, bs, work, False)
         if failed >= 0:
             return failed
         if every and not lca_height:
