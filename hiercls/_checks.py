@@ -34,7 +34,6 @@ __all__ = [
     "check_finite_number",
     "check_label_mass",
     "check_probabilities",
-    "check_taxonomy",
     "did_you_mean",
     "probabilities_named",
     "probability_checks",
@@ -80,19 +79,6 @@ def check_finite_number(value: Any, name: str, *, minimum: float | None = None, 
 def check_beta(beta: Any, name: str = "beta") -> float:
     """The β of an F-β score or decoder: a finite number ``>= 0`` (β = 0 is precision, as in scikit-learn)."""
     return check_finite_number(beta, name, minimum=0.0)
-
-
-def check_taxonomy(taxonomy: Any, name: str = "taxonomy") -> Any:
-    """``taxonomy`` if it is a :class:`hiercls.taxonomy.Taxonomy`.
-
-    Raises:
-        TypeError: naming the type received.
-    """
-    from hiercls.taxonomy.core import Taxonomy  # the taxonomy package imports this module
-
-    if not isinstance(taxonomy, Taxonomy):
-        raise TypeError(f"{name} must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
-    return taxonomy
 
 
 def to_numpy(x: Any, *, passthrough: bool = False) -> Any:

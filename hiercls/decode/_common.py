@@ -24,10 +24,9 @@ from hiercls._checks import (
     _scan_probabilities,
     check_label_mass,
     check_probabilities,
-    check_taxonomy,
     probability_checks_enabled,
 )
-from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy import Taxonomy, check_taxonomy
 
 __all__ = [
     "Batch",

@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls._checks import check_taxonomy, to_numpy
+from hiercls._checks import to_numpy
 from hiercls.decode import DecoderSpec
 from hiercls.evaluation.evaluator import Evaluator
 from hiercls.evaluation.report import format_table
 from hiercls.metrics import Metric, all_reduce_states
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.core import check_taxonomy
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls._checks import check_beta, check_probabilities, check_taxonomy, probabilities_named, to_numpy
+from hiercls._checks import check_beta, check_probabilities, probabilities_named, to_numpy
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.metrics import ConstrainedF1, HierarchicalFBeta, HierarchicalMetrics, Metric, NestedDice
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.core import check_taxonomy
 
 __all__ = ["DEFAULT_DECODERS", "Evaluator", "evaluate_probabilities", "to_plain"]
 

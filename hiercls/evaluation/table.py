@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_beta, check_taxonomy, did_you_mean, to_numpy
+from hiercls._checks import check_beta, did_you_mean, to_numpy
 from hiercls.decode import COST_KINDS, DecoderSpec, expected_cost, expected_hfbeta, parse_decoder
 from hiercls.decode._common import CHUNK_ELEMENTS, prepare
 from hiercls.decode.spec import format_number
@@ -68,6 +68,7 @@ from hiercls.metrics import (
 )
 from hiercls.metrics._validation import to_labels
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.core import check_taxonomy
 
 __all__ = ["TABLE_DECODERS", "TABLE_METRICS", "DecoderMetricTable", "decoder_metric_table"]
 

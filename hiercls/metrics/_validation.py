@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_choice, check_taxonomy, to_numpy
+from hiercls._checks import check_choice, to_numpy
 from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy.core import check_taxonomy
 
 __all__ = ["Labels", "UndefinedMetricWarning", "to_labels"]
 

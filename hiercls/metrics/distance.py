@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from hiercls._checks import check_choice, check_taxonomy, to_numpy
+from hiercls._checks import check_choice, to_numpy
 from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
@@ -37,6 +37,7 @@ from hiercls.metrics._validation import (
     weight_total,
 )
 from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
+from hiercls.taxonomy.core import check_taxonomy
 
 __all__ = [
     "DISTANCES",

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_taxonomy, to_numpy
+from hiercls._checks import to_numpy
 from hiercls.metrics._validation import check_weights
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.core import check_taxonomy
 
 __all__ = ["dice_counts", "nested_dice_score", "region_masks"]
 

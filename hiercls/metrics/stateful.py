@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torchmetrics
 
-from hiercls._checks import check_beta, check_choice, check_taxonomy, to_numpy
+from hiercls._checks import check_beta, check_choice, to_numpy
 from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
@@ -59,6 +59,7 @@ from hiercls.metrics.hierarchical import (
 from hiercls.metrics.nodes import constrained_counts
 from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.core import check_taxonomy
 
 __all__ = [
     "ConstrainedF1",

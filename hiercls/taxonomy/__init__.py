@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hiercls.taxonomy.core import DISTANCE_KINDS, DistanceKind, Taxonomy, TaxonomyError, TreeStrategy
+from hiercls.taxonomy.core import DISTANCE_KINDS, DistanceKind, Taxonomy, TaxonomyError, TreeStrategy, check_taxonomy
 from hiercls.taxonomy.io import (
     FORMATS,
     TAXONOMY_FORMATS,
@@ -83,6 +83,7 @@ __all__ = [
     "Taxonomy",
     "TaxonomyError",
     "TreeStrategy",
+    "check_taxonomy",
     "brats_regions",
     "detect_format",
     "label_paths",

@@ -37,7 +37,7 @@ DISTANCE_KINDS: tuple[str, ...] = (
 """Every ``kind`` of :meth:`Taxonomy.distance` (``jiang_conrath`` is another name for ``ic_distance``)."""
 TreeStrategy = Literal["first", "shortest", "longest"]
 
-__all__ = ["DISTANCE_KINDS", "DistanceKind", "Taxonomy", "TaxonomyError", "TreeStrategy"]
+__all__ = ["DISTANCE_KINDS", "DistanceKind", "Taxonomy", "TaxonomyError", "TreeStrategy", "check_taxonomy"]
 
 
 class TaxonomyError(ValueError):
@@ -977,3 +977,14 @@ class Taxonomy:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+def check_taxonomy(taxonomy: Any, name: str = "taxonomy") -> Taxonomy:
+    """``taxonomy`` if it is a :class:`Taxonomy`.
+
+    Raises:
+        TypeError: naming the type received.
+    """
+    if not isinstance(taxonomy, Taxonomy):
+        raise TypeError(f"{name} must be a hiercls.taxonomy.Taxonomy; got {type(taxonomy).__name__}")
+    return taxonomy
