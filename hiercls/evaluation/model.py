@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
 from hiercls.data import build_dataset, image_transform, subsample
 from hiercls.decode import DecoderSpec
 from hiercls.evaluation.evaluator import Evaluator
+from hiercls.metrics import all_reduce_states
 from hiercls.models import move_to_device
 from hiercls.taxonomy import Taxonomy
 
@@ -92,8 +92,7 @@ def evaluate_model(
             kept_p.append(probs.cpu().numpy())
             kept_y.append(targets.cpu().numpy())
     results = evaluator.compute()
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+    loss_sum = all_reduce_states([{"loss": loss_sum}])[0]["loss"]
     results["eval_loss"] = float(loss_sum[0] / loss_sum[1]) if loss_sum[1] > 0 else float("nan")
     model.train()
     if keep_probs:

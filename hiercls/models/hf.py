@@ -349,13 +349,8 @@ class HierarchicalClassificationPipeline(Pipeline):
         return {}, forward, {}
 
     def preprocess(self, inputs: Any) -> dict[str, Any]:
-        modality = self.model.hiercls_model.modality
-        if modality == "image" and isinstance(inputs, (str, os.PathLike)):
-            from PIL import Image
-
-            with Image.open(inputs) as im:
-                inputs = im.convert("RGB")
-        elif modality == "text" and not isinstance(inputs, str):
+        # Image files are opened by predict, as for ``hiercls predict``.
+        if self.model.hiercls_model.modality == "text" and not isinstance(inputs, str):
             raise TypeError(f"this is a text model: give strings, not {type(inputs).__name__}")
         return {"inputs": inputs}
 
