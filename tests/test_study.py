@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hiercls.cli import main
+from hiercls.evaluation import evaluate_run
 from hiercls.taxonomy import Taxonomy
 from hiercls.train import config_from_dict
-from hiercls.evaluation import evaluate_run
 from hiercls.train.inference import load_trained_model
 from hiercls.train.study import format_study, label_prior, paired_bootstrap, run_study
 
