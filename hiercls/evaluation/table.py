@@ -381,10 +381,7 @@ def _scored_rows(probs: Any, labels: Any, tax: Taxonomy, leaf_probs: bool) -> tu
         probs = load_probabilities(probs)
     if isinstance(labels, (str, os.PathLike)):
         labels = load_labels(labels, tax)
-    arr = np.asarray(to_numpy(probs))
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise TypeError(f"probs must be a numeric array or tensor; got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
+    arr = np.asarray(to_numpy(probs), dtype=np.float64)
     if arr.ndim == 1:
         arr = arr[None, :]
     y = None

@@ -277,14 +277,6 @@ class TransHPViT(PromptedModel):
         x = self.vit.norm(x[:, :n_base])
         return {"features": self.vit.forward_head(x, pre_logits=True), "coarse_logits": coarse}
 
-    def forward_head(self, feats: Mapping[str, Any]) -> dict[str, Any]:
-        """Fine logits over the leaves from :meth:`forward_features`' output."""
-        return {
-            "fine_logits": self.pool.fine_head(feats["features"]),
-            "coarse_logits": feats["coarse_logits"],
-            "features": feats["features"],
-        }
-
     def forward(self, images: torch.Tensor) -> dict[str, Any]:
         """``{"fine_logits": [B, num_leaves], "coarse_logits": {level: [B, M_l]}, "features": [B, D]}``."""
         return self.forward_head(self.forward_features(images))
@@ -449,14 +441,6 @@ class PromptedTextEncoder(PromptedModel):
         else:
             pooled = masked_mean(hidden, mask2d)
         return {"features": pooled, "coarse_logits": coarse, "hidden_states": hidden}
-
-    def forward_head(self, feats: Mapping[str, Any]) -> dict[str, Any]:
-        """Fine logits over the leaves from :meth:`forward_features`' output."""
-        return {
-            "fine_logits": self.pool.fine_head(feats["features"]),
-            "coarse_logits": feats["coarse_logits"],
-            "features": feats["features"],
-        }
 
     def forward(
         self,

@@ -399,6 +399,14 @@ class PromptedModel(nn.Module):
         """Prompted hierarchy levels in block order."""
         return self.pool.levels
 
+    def forward_head(self, feats: Mapping[str, Any]) -> dict[str, Any]:
+        """Fine logits over the leaves from :meth:`forward_features`' output."""
+        return {
+            "fine_logits": self.pool.fine_head(feats["features"]),
+            "coarse_logits": feats["coarse_logits"],
+            "features": feats["features"],
+        }
+
     def loss(self, output: Mapping[str, Any], targets: torch.Tensor) -> torch.Tensor:
         """TransHP loss ``CE(fine) + sum_l lambda_l CE(coarse_l)`` (float32 scalar); see the module docstring.
 
