@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -137,20 +138,6 @@ def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[lis
 
 def _open_image(x: Any) -> Any:
     if isinstance(x, (str, os.PathLike)):
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(x) as im:
-                return im.convert("RGB")
-        except (OSError, UnidentifiedImageError) as err:
-            raise ValueError(f"{x}: not a readable image ({err})") from None
-    return x
-
-
-def _open_image(x: Any) -> Any:
-    if isinstance(x, (str, os.PathLike)):
-        from PIL import Image, UnidentifiedImageError
-
         try:
             with Image.open(x) as im:
                 return im.convert("RGB")
