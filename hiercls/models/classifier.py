@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from hiercls import __version__
 from hiercls._registry import Registry
 from hiercls.heads import create_head
 from hiercls.models.backbones import (
@@ -58,6 +58,11 @@ __all__ = [
     "move_to_device",
     "verify_model_files",
 ]
+
+try:  # the installed distribution's version (hiercls.__version__ sits above the models, in the package root)
+    HIERCLS_VERSION: str | None = version("hiercls")
+except PackageNotFoundError:  # a source tree used without installing it
+    HIERCLS_VERSION = None
 
 CONFIG_FORMAT = "hiercls.model"
 CONFIG_VERSION = 1
@@ -491,7 +496,7 @@ class HierarchicalClassifier(nn.Module):
             "version": CONFIG_VERSION,
             # transformers' AutoConfig/AutoModel key (hiercls.models.hf registers it); no remote code involved
             "model_type": MODEL_TYPE,
-            "hiercls_version": __version__,
+            "hiercls_version": HIERCLS_VERSION,
             **self.backbone.spec(),
             "modality": self.modality,
             "head": self.head_name,
