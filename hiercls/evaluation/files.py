@@ -129,35 +129,46 @@ def load_labels(
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such file")
-    encoder = LabelEncoder(taxonomy)
     if p.suffix.lower() in (".npy", ".npz", ".pt", ".pth"):
-        return _array_labels(p, key, taxonomy, encoder)
+        arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()
+        if arr.size == 0:
+            raise ValueError(f"{p}: holds no labels (an empty array)")
+        return label_ids(arr, taxonomy, source=str(p))
     text = read_text(p, "label file")
     rows = _csv_rows(p, text, column) if p.suffix.lower() in (".csv", ".tsv") else _line_rows(text)
     if not rows:
         raise ValueError(f"{p}: no labels (the file is empty or holds only blank and '#' comment lines)")
-    out = np.empty(len(rows), dtype=np.int64)
-    for j, (line_no, label) in enumerate(rows):
-        out[j] = _encode(encoder, label, str(p), line_no)
-    return out
+    encoder = LabelEncoder(taxonomy)
+    return np.array([_encode(encoder, label, str(p), line) for line, label in rows], dtype=np.int64)
 
 
-def _array_labels(p: Path, key: str | None, taxonomy: Taxonomy, encoder: LabelEncoder) -> np.ndarray:
-    """Node ids from a saved array of ids or of node-name strings."""
-    arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()
-    if arr.size == 0:
-        raise ValueError(f"{p}: holds no labels (an empty array)")
+def label_ids(labels: Any, taxonomy: Taxonomy, *, source: str = "labels") -> np.ndarray:
+    """Node ids ``[B]`` (``-1`` = ignore) from an array or list of node ids, or of node names / label paths.
+
+    Raises:
+        TaxonomyError: an unknown label name (``source`` named).
+        ValueError: node sets or another shape than ``[B]``, non-integer ids, or an id outside the taxonomy.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> label_ids(["x", "a/y", "b"], tax).tolist(), label_ids(np.array([2, -1]), tax).tolist()
+        ([2, 3, 4], [2, -1])
+    """
+    arr = np.asarray(to_numpy(labels))
+    if arr.ndim != 1:
+        raise ValueError(f"{source} must be one node id or name per sample [B]; got shape {list(arr.shape)}")
     if arr.dtype.kind in "US":
-        return np.array([_encode(encoder, str(name), str(p), None) for name in arr.tolist()], dtype=np.int64)
+        encoder = LabelEncoder(taxonomy)
+        return np.array([_encode(encoder, str(name), source, None) for name in arr.tolist()], dtype=np.int64)
     if not (
         np.issubdtype(arr.dtype, np.integer) or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))
     ):
-        raise ValueError(f"{p}: labels must be integer node ids; got dtype {arr.dtype}")
+        raise ValueError(f"{source}: labels must be integer node ids; got dtype {arr.dtype}")
     ids = arr.astype(np.int64)
     bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
     if bad.size:
         raise ValueError(
-            f"{p}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
+            f"{source}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
             f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
         )
     return ids

@@ -63,7 +63,7 @@ from hiercls.decode import (
     parse_decoder,
 )
 from hiercls.decode.spec import format_number
-from hiercls.evaluation.files import load_labels, load_probabilities
+from hiercls.evaluation.files import label_ids, load_labels, load_probabilities
 from hiercls.evaluation.report import format_table
 from hiercls.metrics import (
     exact_match_score,
@@ -72,7 +72,6 @@ from hiercls.metrics import (
     mistake_severity,
     realized_cost,
 )
-from hiercls.metrics._validation import to_labels
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.core import check_taxonomy
 
@@ -386,10 +385,7 @@ def _scored_rows(probs: Any, labels: Any, tax: Taxonomy, leaf_probs: bool) -> tu
         arr = arr[None, :]
     y = None
     if labels is not None:
-        lab = to_labels(labels, tax, name="labels", allow_ignore=True)
-        if not lab.is_ids:
-            raise ValueError("labels must be one node id or name per sample [B]; got node sets")
-        y = lab.ids
+        y = label_ids(labels, tax)
         if len(y) != arr.shape[0]:
             raise ValueError(f"labels has {len(y)} entries but probs has {arr.shape[0]} rows")
         arr, y = arr[y >= 0], y[y >= 0]
