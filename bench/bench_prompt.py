@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
 
-from hiercls.heads.prompt import PromptedTextEncoder, TransHPViT
+from hiercls.models.prompt import PromptedTextEncoder, TransHPViT
 from hiercls.taxonomy import Taxonomy
 
 

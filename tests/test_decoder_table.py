@@ -277,7 +277,7 @@ def test_row_blocks_do_not_change_the_values(monkeypatch) -> None:
     leaf = _posteriors(rng, tax.num_leaves, 9)
     labels = np.asarray(tax.leaves)[rng.integers(0, tax.num_leaves, 9)]
     whole = decoder_metric_table(leaf, labels, tax, leaf_probs=True).to_dict()
-    monkeypatch.setattr(table_module, "CHUNK_ELEMENTS", 1)  # one row per block
+    monkeypatch.setattr(table_module, "_BLOCK_ELEMENTS", 1)  # one row per block
     blocks = decoder_metric_table(leaf, labels, tax, leaf_probs=True).to_dict()
     for d in whole["decoders"]:
         for m in whole["metrics"]:

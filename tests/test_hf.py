@@ -15,8 +15,8 @@ from transformers import pipeline as hf_pipeline
 
 from hiercls.models import HierarchicalClassifier, create_model
 from hiercls.models.hf import HierclsConfig, HierclsModel, pipeline
+from hiercls.models.inference import predict
 from hiercls.taxonomy import Taxonomy
-from hiercls.train.inference import predict
 
 TEXTS = ["the cat purrs", "a dog barks", "the car drives fast", "a boat sails on the sea"]
 

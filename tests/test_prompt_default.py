@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hiercls.heads.prompt import DEFAULT_MAX_PROMPT_TOKENS, default_prompt_positions
+from hiercls.models.prompt_pool import DEFAULT_MAX_PROMPT_TOKENS, default_prompt_positions
 from hiercls.taxonomy import Taxonomy
 
 

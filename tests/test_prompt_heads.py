@@ -17,7 +17,7 @@ import torch
 from _tiny import build_tiny_bert
 from _trees import random_tree
 
-from hiercls.heads.prompt import (
+from hiercls.models import (
     HierarchicalPromptPool,
     PromptedTextEncoder,
     TransHPViT,
@@ -709,7 +709,7 @@ def test_real_minilm_offline(tax, monkeypatch):
 )
 def test_prompt_projections_once_per_batch_match_the_block(tax, vit_options, model_options, monkeypatch):
     """The prompting block with the prompts' norm/qkv computed once equals the block run on the concatenation."""
-    import hiercls.heads.prompt as prompt_module
+    import hiercls.models.prompt as prompt_module
 
     x, t = images(3), ids(tax, "a1x", "B", "c")
     results = []
@@ -740,7 +740,7 @@ def test_prompt_projections_once_per_batch_match_the_block(tax, vit_options, mod
 def _require_shared_projections(block: torch.nn.Module) -> None:
     """Skip where this timm's ``Attention`` lacks what the shared projections reproduce (the block then runs its
     own forward, which is checked here too); else the block must take the shared path."""
-    import hiercls.heads.prompt as prompt_module
+    import hiercls.models.prompt as prompt_module
 
     missing = [a for a in prompt_module._ATTENTION_PARTS if not hasattr(block.attn, a)]
     if missing:
@@ -750,7 +750,7 @@ def _require_shared_projections(block: torch.nn.Module) -> None:
 
 
 def test_blocks_with_hooks_run_their_own_forward(tax):
-    from hiercls.heads.prompt import _shares_prompt_projections
+    from hiercls.models.prompt import _shares_prompt_projections
 
     model = make_transhp(tax, {1: 1})
     blk = model.vit.blocks[1]
@@ -765,7 +765,7 @@ def test_blocks_with_hooks_run_their_own_forward(tax):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_prompt_queries_attention_is_the_softmax_over_the_whole_sequence(dtype):
     """Prompt queries over [image keys ; prompt keys], the prompt part shared by the batch: the plain softmax."""
-    from hiercls.heads.prompt import _prompt_queries_attention
+    from hiercls.models.prompt import _prompt_queries_attention
 
     gen = torch.Generator().manual_seed(3)
     b, h, n, m, d = 4, 2, 5, 7, 3

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from hiercls.cli import main
+from hiercls.evaluation import evaluate_run
 from hiercls.taxonomy import Taxonomy
 from hiercls.train import config_from_dict
-from hiercls.train.inference import evaluate_run, load_trained_model
+from hiercls.train.inference import load_trained_model
 from hiercls.train.study import format_study, label_prior, paired_bootstrap, run_study
 
 EDGES = [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2"), ("a1", "a1x"), ("a1", "a1y")]

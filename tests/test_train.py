@@ -417,7 +417,8 @@ def test_decoder_specs_are_checked_when_the_config_loads() -> None:
 
 def test_results_report_the_best_checkpoint_that_evaluate_loads(taxonomy_file: Path, tmp_path: Path) -> None:
     """``results.json`` holds the metrics of ``checkpoints/best``, also when an earlier epoch was the best."""
-    from hiercls.train.inference import evaluate_run, load_trained_model
+    from hiercls.evaluation import evaluate_run
+    from hiercls.train.inference import load_trained_model
     from hiercls.train.plots import read_log
 
     # eval loss falls as training goes on: "max" makes the first evaluation the best, not the last

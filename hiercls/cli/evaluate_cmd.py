@@ -26,6 +26,7 @@ from hiercls.evaluation import (
     DEFAULT_DECODERS,
     decoder_metric_table,
     evaluate_probabilities,
+    evaluate_run,
     format_results,
     load_labels,
     load_probabilities,
@@ -33,7 +34,7 @@ from hiercls.evaluation import (
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train.config import apply_overrides, load_config
 from hiercls.train.distributed import resolve_device
-from hiercls.train.inference import evaluate_run, load_trained_model
+from hiercls.train.inference import load_trained_model
 
 HELP = "hierarchical metrics for a saved model or saved probabilities"
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 from hiercls._textio import check_writable
 from hiercls.evaluation import format_table
-from hiercls.train.distributed import resolve_device
-from hiercls.train.inference import (
+from hiercls.models.inference import (
     PREDICTION_FORMATS,
     check_prediction_path,
-    load_trained_model,
     predict,
     read_inputs,
     write_predictions,
 )
+from hiercls.train.distributed import resolve_device
+from hiercls.train.inference import load_trained_model
 
 HELP = "predictions of a saved model on new inputs"
 #: Rows printed to the terminal when the predictions also go to a file.

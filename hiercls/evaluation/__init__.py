@@ -1,11 +1,13 @@
 """Evaluation: decode node probabilities with decoder specs and score them with one vocabulary of metric names.
 
-It sits above :mod:`hiercls.decode` and :mod:`hiercls.metrics` and below :mod:`hiercls.train` and the CLI.
+It sits above :mod:`hiercls.decode`, :mod:`hiercls.metrics` and :mod:`hiercls.models` and below :mod:`hiercls.train`
+and the CLI.
 
 * :class:`Evaluator` (``update`` / ``compute`` / ``reset``, exact under DDP) and :func:`evaluate_probabilities`;
 * :func:`format_results`, the one result table;
 * :func:`decoder_metric_table`, the decoder x metric table of Plaud et al. (ICML 2025);
 * :func:`load_probabilities` / :func:`load_labels`, saved probabilities and labels from files;
+* :func:`evaluate_model` (a model on a data loader) and :func:`evaluate_run` (a trained run on its recipe's data);
 * :mod:`hiercls.evaluation.calibration`: temperature scaling and the ECE per level (:func:`format_calibration`).
 """
 
@@ -18,6 +20,7 @@ from hiercls.evaluation.calibration import (
 )
 from hiercls.evaluation.evaluator import DEFAULT_DECODERS, Evaluator, evaluate_probabilities, to_plain
 from hiercls.evaluation.files import load_labels, load_probabilities
+from hiercls.evaluation.model import evaluate_model, evaluate_run
 from hiercls.evaluation.report import decoders_in, format_results, format_table
 from hiercls.evaluation.table import TABLE_DECODERS, TABLE_METRICS, DecoderMetricTable, decoder_metric_table
 
@@ -31,7 +34,9 @@ __all__ = [
     "calibrate_outputs",
     "decoder_metric_table",
     "decoders_in",
+    "evaluate_model",
     "evaluate_probabilities",
+    "evaluate_run",
     "expected_calibration_error",
     "fit_temperature",
     "format_calibration",

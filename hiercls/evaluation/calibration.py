@@ -46,6 +46,7 @@ import torch
 from hiercls._checks import to_numpy
 from hiercls.decode import DecoderSpec
 from hiercls.evaluation.evaluator import Evaluator
+from hiercls.evaluation.model import num_samples
 from hiercls.evaluation.report import format_table
 from hiercls.metrics import Metric, all_reduce_states
 from hiercls.taxonomy import Taxonomy
@@ -231,12 +232,6 @@ def _without_label_smoothing(model: Any) -> Iterator[None]:
             crit.label_smoothing = old
 
 
-def _num_samples(targets: torch.Tensor) -> int:
-    if targets.dim() == 1 and not targets.dtype.is_floating_point:
-        return int((targets >= 0).sum())
-    return int(targets.shape[0])
-
-
 def _chunks(n: int, size: int = 1024) -> Iterator[slice]:
     for s in range(0, n, size):
         yield slice(s, min(n, s + size))
@@ -283,7 +278,7 @@ def calibrate_outputs(
         total = torch.zeros(2, dtype=torch.float64)
         with _without_label_smoothing(model):
             for s in _chunks(len(out)):
-                n = _num_samples(tgt[s])
+                n = num_samples(tgt[s])
                 if n:
                     loss = model.loss(out[s].to(device) / temperature, tgt[s].to(device))
                     total += torch.tensor([float(loss) * n, n], dtype=torch.float64)
@@ -299,8 +294,8 @@ def calibrate_outputs(
     before, after = LevelCalibration(taxonomy, n_bins=n_bins), LevelCalibration(taxonomy, n_bins=n_bins)
     for s in _chunks(len(out)):
         y = tgt[s]
-        before.update(model.node_probs(out[s].to(device)).float().cpu(), y)
-        scaled = model.node_probs(out[s].to(device) / temperature).float().cpu()
+        before.update(model.node_probs(out[s].to(device)).float(), y)
+        scaled = model.node_probs(out[s].to(device) / temperature).float()
         after.update(scaled, y)
         evaluator.update(scaled, y)
     results = {

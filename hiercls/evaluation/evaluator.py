@@ -144,27 +144,27 @@ class Evaluator:
         Returns:
             ``{decoder label: predictions}`` (node ids ``[B]`` or boolean node sets ``[B, N]``, as NumPy).
         """
-        if isinstance(probs, torch.Tensor):
-            probs = probs.detach().float().cpu()
         y = to_numpy(labels)
+        if isinstance(probs, torch.Tensor):
+            probs = probs.detach().float()
         if np.ndim(probs) > 2:
             return self._update_dense(probs, y)
         n = int(np.shape(probs)[0]) if np.ndim(probs) == 2 else 1
         if len(y) != n:
             raise ValueError(f"labels has {len(y)} entries but probs has {n} rows")
         self._set_label_kind(np.ndim(y) == 2)
+        # Tensor probabilities stay on their device: the decoders and the metrics take them there.
+        truth = torch.as_tensor(y, device=probs.device) if isinstance(probs, torch.Tensor) else y
         preds: dict[str, Any] = {}
         for label, spec in self.decoders.items():
-            pred = to_numpy(spec(probs, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check))
+            pred = spec(probs, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check)
             scores = None if spec.is_set or not self.k else probs
             for name, metric in self.metrics[label].items():
-                if name == "constrained":
-                    metric.update(y, pred)  # the decoder's raw sets: C-F1 and P-F1 judge their consistency
-                elif name:
-                    metric.update(y, pred)
+                if name:  # hF-beta, and C-F1 / P-F1 of the decoder's raw sets (their consistency)
+                    metric.update(truth, pred)
                 else:
-                    metric.update(y, pred, y_score=scores)
-            preds[label] = pred
+                    metric.update(truth, pred, y_score=scores)
+            preds[label] = to_numpy(pred)
         return preds
 
     def _set_label_kind(self, sets: bool) -> None:

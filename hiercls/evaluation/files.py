@@ -129,63 +129,77 @@ def load_labels(
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such file")
-    encoder = LabelEncoder(taxonomy)
     if p.suffix.lower() in (".npy", ".npz", ".pt", ".pth"):
         arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()
         if arr.size == 0:
             raise ValueError(f"{p}: holds no labels (an empty array)")
-        if arr.dtype.kind in "US":
-            out = np.empty(len(arr), dtype=np.int64)
-            for i, name in enumerate(arr.tolist()):
-                out[i] = _encode(encoder, str(name), str(p), None)
-            return out
-        if not (
-            np.issubdtype(arr.dtype, np.integer)
-            or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))
-        ):
-            raise ValueError(f"{p}: labels must be integer node ids; got dtype {arr.dtype}")
-        ids = arr.astype(np.int64)
-        bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
-        if bad.size:
-            raise ValueError(
-                f"{p}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
-                f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
-            )
-        return ids
+        return label_ids(arr, taxonomy, source=str(p))
     text = read_text(p, "label file")
-    rows: list[tuple[int, str]] = []
-    if p.suffix.lower() in (".csv", ".tsv"):
-        delim = "\t" if p.suffix.lower() == ".tsv" else ","
-        reader = list(csv.reader(io.StringIO(text), delimiter=delim))
-        col = -1
-        start = 0
-        if reader:
-            header = [h.strip() for h in reader[0]]
-            wanted = column if isinstance(column, str) else "label"
-            if isinstance(column, int):
-                col = column
-            if wanted in header:
-                col, start = header.index(wanted), 1
-            elif isinstance(column, str):
-                raise ValueError(f"{p}: no column {column!r} in header {header}")
-        for i, fields in enumerate(reader[start:], start=start + 1):
-            if not fields or not "".join(fields).strip() or fields[0].startswith("#"):
-                continue
-            try:
-                rows.append((i, fields[col].strip()))
-            except IndexError:
-                raise TaxonomyError(f"row has {len(fields)} fields, no column {col}", source=str(p), line=i) from None
-    else:
-        for i, line in enumerate(text.splitlines(), start=1):
-            s = line.strip()
-            if s and not s.startswith("#"):
-                rows.append((i, s))
+    rows = _csv_rows(p, text, column) if p.suffix.lower() in (".csv", ".tsv") else _line_rows(text)
     if not rows:
         raise ValueError(f"{p}: no labels (the file is empty or holds only blank and '#' comment lines)")
-    out = np.empty(len(rows), dtype=np.int64)
-    for j, (line_no, label) in enumerate(rows):
-        out[j] = _encode(encoder, label, str(p), line_no)
-    return out
+    encoder = LabelEncoder(taxonomy)
+    return np.array([_encode(encoder, label, str(p), line) for line, label in rows], dtype=np.int64)
+
+
+def label_ids(labels: Any, taxonomy: Taxonomy, *, source: str = "labels") -> np.ndarray:
+    """Node ids ``[B]`` (``-1`` = ignore) from an array or list of node ids, or of node names / label paths.
+
+    Raises:
+        TaxonomyError: an unknown label name (``source`` named).
+        ValueError: node sets or another shape than ``[B]``, non-integer ids, or an id outside the taxonomy.
+
+    Example:
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> label_ids(["x", "a/y", "b"], tax).tolist(), label_ids(np.array([2, -1]), tax).tolist()
+        ([2, 3, 4], [2, -1])
+    """
+    arr = np.asarray(to_numpy(labels))
+    if arr.ndim != 1:
+        raise ValueError(f"{source} must be one node id or name per sample [B]; got shape {list(arr.shape)}")
+    if arr.dtype.kind in "US":
+        encoder = LabelEncoder(taxonomy)
+        return np.array([_encode(encoder, str(name), source, None) for name in arr.tolist()], dtype=np.int64)
+    if not (
+        np.issubdtype(arr.dtype, np.integer) or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))
+    ):
+        raise ValueError(f"{source}: labels must be integer node ids; got dtype {arr.dtype}")
+    ids = arr.astype(np.int64)
+    bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
+    if bad.size:
+        raise ValueError(
+            f"{source}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
+            f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
+        )
+    return ids
+
+
+def _line_rows(text: str) -> list[tuple[int, str]]:
+    """``(line number, label)`` of the lines that are neither blank nor ``#`` comments."""
+    rows = [(i, line.strip()) for i, line in enumerate(text.splitlines(), start=1)]
+    return [(i, s) for i, s in rows if s and not s.startswith("#")]
+
+
+def _csv_rows(p: Path, text: str, column: str | int | None) -> list[tuple[int, str]]:
+    """``(line number, label)`` of a CSV/TSV file's label column (``column``, else ``label``, else the last)."""
+    reader = list(csv.reader(io.StringIO(text), delimiter="\t" if p.suffix.lower() == ".tsv" else ","))
+    col = column if isinstance(column, int) else -1
+    start = 0
+    if reader:
+        header = [h.strip() for h in reader[0]]
+        wanted = column if isinstance(column, str) else "label"
+        if wanted in header:
+            col, start = header.index(wanted), 1
+        elif isinstance(column, str):
+            raise ValueError(f"{p}: no column {column!r} in header {header}")
+    rows: list[tuple[int, str]] = []
+    for i, fields in enumerate(reader[start:], start=start + 1):
+        if not fields or not "".join(fields).strip() or fields[0].startswith("#"):
+            continue
+        if not -len(fields) <= col < len(fields):
+            raise TaxonomyError(f"row has {len(fields)} fields, no column {col}", source=str(p), line=i)
+        rows.append((i, fields[col].strip()))
+    return rows
 
 
 def _encode(encoder: LabelEncoder, label: str, source: str, line: int | None) -> int:

@@ -53,11 +53,17 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_beta, did_you_mean, to_numpy
-from hiercls.decode import COST_KINDS, DecoderSpec, expected_cost, expected_hfbeta, parse_decoder
-from hiercls.decode._common import CHUNK_ELEMENTS, prepare
+from hiercls._checks import check_beta, did_you_mean, probability_checks_enabled, to_numpy
+from hiercls.decode import (
+    COST_KINDS,
+    DecoderSpec,
+    check_probabilities,
+    expected_cost,
+    expected_hfbeta,
+    parse_decoder,
+)
 from hiercls.decode.spec import format_number
-from hiercls.evaluation.files import load_labels, load_probabilities
+from hiercls.evaluation.files import label_ids, load_labels, load_probabilities
 from hiercls.evaluation.report import format_table
 from hiercls.metrics import (
     exact_match_score,
@@ -66,7 +72,6 @@ from hiercls.metrics import (
     mistake_severity,
     realized_cost,
 )
-from hiercls.metrics._validation import to_labels
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.core import check_taxonomy
 
@@ -108,6 +113,8 @@ options (``threshold`` at its default 0.5 is ``majority`` and is left out), ``ba
 the columns, and the hF-β decoders of the columns. Each column's optimal decoder is added when missing."""
 
 _INTERNAL_TOL = 1e-6
+#: Entries of one block of stacked closed sets in the expected values (bounds their memory).
+_BLOCK_ELEMENTS = 1 << 19
 _HEADERS = {"mistake_severity_lca": "MS(lca)", "mistake_severity_path": "MS(path)"}
 
 
@@ -326,28 +333,7 @@ def decoder_metric_table(
         raise TaxonomyError(f"decoder_metric_table needs a tree; taxonomy {tax.name!r} is a DAG (use to_tree())")
     if tax.num_nodes < 2:
         raise ValueError(f"taxonomy {tax.name!r} has a single node: there is nothing to decode")
-    if isinstance(probs, (str, os.PathLike)):
-        probs = load_probabilities(probs)
-    if isinstance(labels, (str, os.PathLike)):
-        labels = load_labels(labels, tax)
-    arr = np.asarray(to_numpy(probs), dtype=np.float64)
-    if arr.ndim == 1:
-        arr = arr[None, :]
-    y = None
-    if labels is not None:
-        lab = to_labels(labels, tax, name="labels", allow_ignore=True)
-        if not lab.is_ids:
-            raise ValueError("labels must be one node id or name per sample [B]; got node sets")
-        y = lab.ids
-        if len(y) != arr.shape[0]:
-            raise ValueError(f"labels has {len(y)} entries but probs has {arr.shape[0]} rows")
-        keep = y >= 0
-        arr, y = arr[keep], y[keep]
-    if arr.shape[0] == 0:
-        raise ValueError("no samples to score (empty probs, or every label is -1)")
-    batch = prepare(arr, tax, leaf_probs=leaf_probs)
-    p_label = batch.label  # [B, N]: probability that the label is exactly each node
-
+    node, y = _scored_rows(probs, labels, tax, leaf_probs)
     cost, cost_spec, cost_name = _cost_spec(cost)
     columns = [_column(str(m), cost, cost_spec) for m in (TABLE_METRICS if metrics is None else metrics)]
     if not columns:
@@ -355,7 +341,7 @@ def decoder_metric_table(
     if len({c.key for c in columns}) != len(columns):
         raise ValueError(f"metrics: a column is given twice ({[c.key for c in columns]})")
     notes: list[str] = []
-    internal = float(p_label[:, ~tax.is_leaf].sum(1).max())
+    internal = 0.0 if leaf_probs else float(_label_mass(node, tax)[:, ~tax.is_leaf].sum(1).max())
     if internal > _INTERNAL_TOL:
         columns = [dataclasses.replace(c, optimal=None) if c.key == "accuracy" else c for c in columns]
         notes.append(
@@ -367,9 +353,66 @@ def decoder_metric_table(
             "mistake_severity_lca (Bertinetto et al. 2020) averages over the mistakes only: no decoder is "
             "Bayes-optimal for such a ratio, so none is marked"
         )
+    specs, optimal = _table_decoders(TABLE_DECODERS if decoders is None else decoders, columns)
 
+    # Decode once from node probabilities, so no rule or expectation marginalises the leaves again.
+    predictions = {s.label: np.asarray(to_numpy(s(node, tax))) for s in specs}
+    expected = _expected_values(columns, specs, predictions, node, tax)
+    realised = {s.label: {c.key: _realised(c, s, predictions[s.label], y, tax) for c in columns} for s in specs}
+    return DecoderMetricTable(
+        decoders=[s.label for s in specs],
+        metrics=[c.key for c in columns],
+        realised=realised,
+        expected=expected,
+        optimal=optimal,
+        higher_is_better={c.key: c.higher_is_better for c in columns},
+        samples=int(node.shape[0]),
+        cost=cost_name,
+        taxonomy=tax.name,
+        notes=notes,
+        predictions=predictions,
+    )
+
+
+def _scored_rows(probs: Any, labels: Any, tax: Taxonomy, leaf_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Float64 node probabilities ``[B, N]`` and node-id labels of the rows to score (labelled ``-1`` left out)."""
+    if isinstance(probs, (str, os.PathLike)):
+        probs = load_probabilities(probs)
+    if isinstance(labels, (str, os.PathLike)):
+        labels = load_labels(labels, tax)
+    arr = np.asarray(to_numpy(probs), dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    y = None
+    if labels is not None:
+        y = label_ids(labels, tax)
+        if len(y) != arr.shape[0]:
+            raise ValueError(f"labels has {len(y)} entries but probs has {arr.shape[0]} rows")
+        arr, y = arr[y >= 0], y[y >= 0]
+    if arr.shape[0] == 0:
+        raise ValueError("no samples to score (empty probs, or every label is -1)")
+    if probability_checks_enabled():
+        check_probabilities(arr, tax, kind="leaf" if leaf_probs else "node", name="probs")
+    elif not (np.isfinite(arr).all() and arr.min() >= 0):
+        raise ValueError("probs holds NaN, infinite or negative values")
+    return (np.asarray(tax.marginals(np.clip(arr, 0.0, None)), dtype=np.float64) if leaf_probs else arr), y
+
+
+def _label_mass(node: np.ndarray, tax: Taxonomy) -> np.ndarray:
+    """Probability that the label is exactly each node, ``[B, N]``: on a tree ``P(n)`` minus its children's ``P``.
+
+    Round-off negatives are clipped to 0.
+    """
+    child = np.flatnonzero(tax.parent >= 0)
+    to_parent = sp.csr_matrix((np.ones(len(child)), (child, tax.parent[child])), shape=(tax.num_nodes,) * 2)
+    return np.maximum(node - np.asarray((to_parent.T @ node.T).T), 0.0)
+
+
+def _table_decoders(
+    names: Sequence[str | DecoderSpec], columns: list[_Column]
+) -> tuple[list[DecoderSpec], dict[str, str | None]]:
+    """The rows' decoder specs (each column's optimal decoder added when absent) and the optimal row of each column."""
     specs: list[DecoderSpec] = []
-    names = TABLE_DECODERS if decoders is None else decoders
     for d in names:
         spec = parse_decoder(d)
         if any(s.label == spec.label for s in specs):
@@ -387,25 +430,7 @@ def decoder_metric_table(
             specs.append(col.optimal)
             match = col.optimal
         optimal[col.key] = match.label
-
-    # Decode once from node probabilities, so no rule or expectation marginalises the leaves again.
-    node = batch.node
-    predictions = {s.label: np.asarray(to_numpy(s(node, tax))) for s in specs}
-    expected = _expected_values(columns, specs, predictions, node, tax)
-    realised = {s.label: {c.key: _realised(c, s, predictions[s.label], y, tax) for c in columns} for s in specs}
-    return DecoderMetricTable(
-        decoders=[s.label for s in specs],
-        metrics=[c.key for c in columns],
-        realised=realised,
-        expected=expected,
-        optimal=optimal,
-        higher_is_better={c.key: c.higher_is_better for c in columns},
-        samples=int(arr.shape[0]),
-        cost=cost_name,
-        taxonomy=tax.name,
-        notes=notes,
-        predictions=predictions,
-    )
+    return specs, optimal
 
 
 def _realised(col: _Column, spec: DecoderSpec, pred: np.ndarray, y: np.ndarray | None, tax: Taxonomy) -> Any:
@@ -435,20 +460,19 @@ def _expected_values(
 
     Rows go in blocks. Within a block the closed sets to score are stacked ``[M, N]`` so that each set column
     is one vectorised call: one row per *distinct* (sample, node) among the single-node decoders (they agree
-    often) and one per sample and set decoder; the block size keeps the stack near ``CHUNK_ELEMENTS`` entries.
+    often) and one per sample and set decoder; the block size keeps the stack near ``_BLOCK_ELEMENTS`` entries.
     """
     n, rows_total, d = tax.num_nodes, node.shape[0], len(specs)
     anc = tax.ancestors_sparse.astype(np.float64).tocsr()  # anc[m, a] = 1: a is an ancestor-or-self of m
-    depth = tax.depth
     sums = np.zeros((d, len(columns)))
     wrong = np.zeros(d)  # summed mistake probability, the denominator of Bertinetto's ratio
     singles = [i for i, s in enumerate(specs) if not s.is_set]
     sets = [i for i, s in enumerate(specs) if s.is_set]
-    step = max(1, CHUNK_ELEMENTS // (n * d))
+    step = max(1, _BLOCK_ELEMENTS // (n * d))
     for lo in range(0, rows_total, step):
         nb = node[lo : lo + step]
         b = np.arange(nb.shape[0])
-        pl = prepare(nb, tax).label  # [b, N]: probability that the label is exactly each node
+        pl = _label_mass(nb, tax)  # [b, N]: probability that the label is exactly each node
         ids = np.stack([predictions[specs[i].label][lo : lo + step] for i in singles]) if singles else None
         parts, row_of = [], []
         if ids is not None:
@@ -464,22 +488,12 @@ def _expected_values(
         n_pairs = len(stack) - len(sets) * len(b)
 
         for j, col in enumerate(columns):
-            if col.kind == "accuracy":
-                # A closed set equals anc(m) iff it is the chain down to its deepest node m.
-                deepest = np.where(stack, depth[None, :], -1).argmax(1)
-                chain = stack[:, 1:].sum(1) == depth[deepest]
-                per = np.where(chain, pl[row_of, deepest], 0.0)
-            elif col.kind == "hf":
-                per = np.asarray(expected_hfbeta(stack, nb[row_of], tax, col.beta))
-            elif col.kind == "hamming":
-                # E|S Δ Y| = sum of P(n) over the nodes, plus 1 - 2 P(n) over the nodes of S (root aside).
-                marg = np.asarray(anc.T @ pl.T).T[:, 1:][row_of]  # P(n in the closed label set)
-                per = (marg.sum(1) + (stack[:, 1:] * (1.0 - 2.0 * marg)).sum(1)) / (n - 1)
-            else:  # a node-to-label cost: single-node decoders only
+            if col.kind in ("severity", "cost"):  # a node-to-label cost: single-node decoders only
                 if ids is not None:
                     costs = np.asarray(expected_cost(nb, tax, col.cost))  # [b, N]: E[cost(n, y)] for every node
                     sums[singles, j] += costs[b[None, :], ids].sum(1)
                 continue
+            per = _expected_per_set(col, stack, row_of, nb, pl, anc, tax)
             if ids is not None:
                 sums[singles, j] += per[:n_pairs][inverse.reshape(ids.shape)].sum(1)
             if sets:
@@ -498,3 +512,26 @@ def _expected_values(
                 row[col.key] = float(sums[i, j] / rows_total)
         out[spec.label] = row
     return out
+
+
+def _expected_per_set(
+    col: _Column,
+    stack: np.ndarray,
+    row_of: np.ndarray,
+    nb: np.ndarray,
+    pl: np.ndarray,
+    anc: sp.csr_matrix,
+    tax: Taxonomy,
+) -> np.ndarray:
+    """The expected value of a set column for each closed set of ``stack`` ``[M, N]`` (of sample ``row_of``)."""
+    if col.kind == "accuracy":
+        # A closed set equals anc(m) iff it is the chain down to its deepest node m.
+        depth = tax.depth
+        deepest = np.where(stack, depth[None, :], -1).argmax(1)
+        chain = stack[:, 1:].sum(1) == depth[deepest]
+        return np.where(chain, pl[row_of, deepest], 0.0)
+    if col.kind == "hf":
+        return np.asarray(expected_hfbeta(stack, nb[row_of], tax, col.beta))
+    # hamming: E|S Δ Y| = sum of P(n) over the nodes, plus 1 - 2 P(n) over the nodes of S (root aside).
+    marg = np.asarray(anc.T @ pl.T).T[:, 1:][row_of]  # P(n in the closed label set)
+    return (marg.sum(1) + (stack[:, 1:] * (1.0 - 2.0 * marg)).sum(1)) / (tax.num_nodes - 1)

@@ -11,13 +11,6 @@ from hiercls.heads.conditional import ConditionalSoftmaxHead
 from hiercls.heads.flat import FlatSoftmaxHead, HXEHead, SoftLabelHead, leaf_probs_to_node_probs
 from hiercls.heads.multilabel import MultiLabelHead
 from hiercls.heads.nested import NestedSigmoidHead, node_ids_to_regions
-from hiercls.heads.prompt import (
-    HierarchicalPromptPool,
-    PromptedTextEncoder,
-    TransHPViT,
-    create_prompt_model,
-    default_prompt_positions,
-)
 from hiercls.heads.registry import create_head, get_head_class, list_heads, register_head, unregister_head
 from hiercls.heads.semantic import SemanticSoftmaxHead
 
@@ -27,18 +20,13 @@ __all__ = [
     "HXEHead",
     "HeadOutput",
     "HierarchicalHead",
-    "HierarchicalPromptPool",
     "MultiLabelHead",
     "NestedSigmoidHead",
-    "PromptedTextEncoder",
     "SemanticSoftmaxHead",
     "SoftLabelHead",
-    "TransHPViT",
     "check_features",
     "check_node_targets",
     "create_head",
-    "create_prompt_model",
-    "default_prompt_positions",
     "get_head_class",
     "leaf_probs_to_node_probs",
     "list_heads",

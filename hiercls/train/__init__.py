@@ -5,6 +5,8 @@ Example:
     >>> results = train(load_config("recipes/quickstart.yaml", ["schedule.epochs=2"]))  # doctest: +SKIP
 """
 
+from hiercls.evaluation.model import evaluate_model
+from hiercls.models.inference import predict, write_predictions
 from hiercls.train.config import (
     ConfigError,
     DataConfig,
@@ -21,8 +23,8 @@ from hiercls.train.config import (
     save_config,
 )
 from hiercls.train.distributed import DistInfo, cleanup_distributed, init_distributed, is_main_process
-from hiercls.train.inference import load_trained_model, predict, write_predictions
-from hiercls.train.loop import StopTraining, build_model, build_optimizer, cosine_schedule, evaluate_model, train
+from hiercls.train.inference import load_trained_model
+from hiercls.train.loop import StopTraining, build_model, build_optimizer, cosine_schedule, train
 from hiercls.train.report import format_results, run_recipe
 from hiercls.train.study import format_study, run_study
 

@@ -42,7 +42,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from hiercls.data import build_dataset, dataset_taxonomy, image_transform, make_loader, subsample
-from hiercls.decode import DecoderSpec, parse_decoder
-from hiercls.evaluation import Evaluator
+from hiercls.decode import parse_decoder
 from hiercls.evaluation.calibration import calibrate_outputs
+from hiercls.evaluation.model import evaluate_model
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
 from hiercls.models.classifier import verify_model_files
 from hiercls.models.files import CheckpointError, folder_size, read_json_file, writing
@@ -334,59 +334,6 @@ def _config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: 
         elif a != b and dotted not in RESUME_FREE_KEYS:
             diffs.append(f"{dotted}: {a!r} (saved) vs {b!r} (now)")
     return diffs
-
-
-# ------------------------------------------------------------------------------------------------ evaluation
-@torch.no_grad()
-def evaluate_model(
-    model: nn.Module,
-    loader: Iterable[Any],
-    taxonomy: Taxonomy,
-    decoders: Sequence[str | DecoderSpec],
-    *,
-    device: torch.device,
-    amp_dtype: torch.dtype | None = None,
-    progress: bool = False,
-    keep_probs: bool = False,
-    collect: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray | None]:
-    """Hierarchical metrics of ``model`` on ``loader`` under each decoder (exact over DDP ranks).
-
-    The node probabilities go through one :class:`hiercls.evaluation.Evaluator`, the same code as
-    ``hiercls evaluate --probs`` and ``hiercls decode --labels``.
-
-    ``collect``, when given, receives this rank's ``(output, targets)`` batches on the CPU (for calibration).
-
-    Returns:
-        ``({"<decoder label>/<metric>": value, ..., "eval_loss": mean loss}, probs, labels)``; ``probs``/``labels``
-        (this rank's, numpy) only with ``keep_probs``.
-    """
-    model.eval()
-    evaluator = Evaluator(taxonomy, decoders)
-    loss_sum = torch.zeros(2, dtype=torch.float64)
-    kept_p, kept_y = [], []
-    for inputs, targets in tqdm(loader, desc="eval", disable=not progress, leave=False):
-        inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-            output = model(inputs)
-            loss = model.loss(output, targets)
-        n = _num_samples(targets)
-        loss_sum += torch.tensor([float(loss) * n, n], dtype=torch.float64)
-        probs = model.node_probs(output).float().cpu()
-        y = targets.cpu()
-        if collect is not None:
-            collect.append((output.detach().float().cpu() if isinstance(output, torch.Tensor) else output, y))
-        evaluator.update(probs, y)
-        if keep_probs:
-            kept_p.append(probs.numpy())
-            kept_y.append(y.numpy())
-    results = evaluator.compute()
-    all_reduce_sum(loss_sum)
-    results["eval_loss"] = float(loss_sum[0] / loss_sum[1]) if loss_sum[1] > 0 else float("nan")
-    model.train()
-    if keep_probs:
-        return results, np.concatenate(kept_p) if kept_p else None, np.concatenate(kept_y) if kept_y else None
-    return results, None, None
 
 
 def _best_metric_key(cfg: TrainConfig, results: dict[str, Any]) -> str:

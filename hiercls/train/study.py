@@ -28,16 +28,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiercls.data import build_dataset, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator, format_table
+from hiercls.evaluation.model import evaluate_model, split_loader
 from hiercls.metrics import hierarchical_counts
 from hiercls.metrics._validation import prepare_pair
 from hiercls.metrics.distance import per_level_counts
 from hiercls.taxonomy import Taxonomy
 from hiercls.train.config import StudyConfig, TrainConfig, apply_overrides
 from hiercls.train.distributed import cleanup_distributed, init_distributed
-from hiercls.train.inference import load_trained_model, split_loader
-from hiercls.train.loop import evaluate_model, train
+from hiercls.train.inference import load_trained_model
+from hiercls.train.loop import train
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +207,7 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
                 logger.info("study: head %s, seed %d -> %s", head, seed, run_cfg.run.out_dir)
                 train(run_cfg)
                 model, taxonomy, _ = load_trained_model(run_cfg.out_dir, which="best", device=device)
-                _, loader = split_loader(model, taxonomy, run_cfg, study.split, study.max_samples, None, device)
+                _, loader = split_loader(model, taxonomy, run_cfg, study.split, study.max_samples, None)
                 res, probs, y = evaluate_model(model, loader, taxonomy, specs, device=device, keep_probs=True)
                 if probs is None or y is None or not (y >= 0).any():
                     raise ValueError(f"study.split {study.split!r}: no labelled sample to score")
@@ -237,8 +239,6 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
 def _prior_scores(
     cfg: TrainConfig, taxonomy: Taxonomy, labels: np.ndarray, specs: Sequence[DecoderSpec]
 ) -> dict[str, Any]:
-    from hiercls.data import build_dataset, subsample
-
     train_set = subsample(
         build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options), cfg.data.max_train_samples
     )

@@ -1,0 +1,329 @@
+"""Running a saved model on raw inputs: what ``hiercls predict`` and the ``transformers`` pipeline stand on.
+
+A *model folder* (``config.json`` + ``model.safetensors``, from ``save_pretrained``) or a training *run folder*
+(``config.yaml`` + ``checkpoints/{best,last}``) can be given wherever a saved model is expected
+(:func:`resolve_model_dir`). :func:`predict` decodes on the model's device; :func:`write_predictions` writes its
+results.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import nn
+from tqdm.auto import tqdm
+
+from hiercls._textio import atomic_write, read_text
+from hiercls.data.images import IMAGE_EXTENSIONS, image_transform
+from hiercls.data.text import read_text_rows
+from hiercls.decode import DecoderSpec, parse_decoder
+from hiercls.models.card import DEFAULT_DECODER
+from hiercls.models.classifier import move_to_device
+from hiercls.taxonomy import Taxonomy
+
+__all__ = [
+    "PREDICTION_FORMATS",
+    "check_prediction_path",
+    "predict",
+    "read_inputs",
+    "resolve_model_dir",
+    "write_predictions",
+]
+
+
+def resolve_model_dir(path: str | os.PathLike[str], which: str = "best") -> tuple[Path, Path | None]:
+    """The model folder for ``path`` and the recipe (``config.yaml``) of its training run when there is one.
+
+    ``path`` may be a run folder (its ``checkpoints/<which>``, falling back to ``last``), a checkpoint folder
+    inside a run, or any ``save_pretrained`` folder.
+
+    Raises:
+        FileNotFoundError: nothing loadable at ``path`` (the message says what was looked for).
+
+    Example:
+        >>> import tempfile
+        >>> from hiercls.models import create_model
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> folder = create_model("timm:resnet10t", tax, head="flat").save_pretrained(tempfile.mkdtemp())
+        >>> resolve_model_dir(folder) == (Path(folder), None)
+        True
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"model {str(p)!r} does not exist")
+    if (p / "config.json").is_file():
+        run = p.parent.parent if p.parent.name == "checkpoints" else None
+        return p, _recipe(run)
+    for name in (which, "last", "best"):
+        d = p / "checkpoints" / name
+        if (d / "config.json").is_file():
+            return d, _recipe(p)
+    raise FileNotFoundError(
+        f"{str(p)!r} is neither a saved model (config.json + model.safetensors) nor a run folder "
+        "with checkpoints/best or checkpoints/last"
+    )
+
+
+def _recipe(run: Path | None) -> Path | None:
+    return run / "config.yaml" if run is not None and (run / "config.yaml").is_file() else None
+
+
+def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[list[Any], list[str], str]:
+    """Turn command-line inputs into model inputs: ``(inputs, labels for display, kind)``.
+
+    * an image file (by extension) -> its path (opened batch by batch in :func:`predict`);
+    * a folder -> every image file under it, in sorted order;
+    * a ``.txt`` file -> one text per non-empty line;
+    * a ``.csv`` / ``.jsonl`` file -> the ``text_column`` of each row;
+    * anything else -> a text string.
+
+    Mixing images and texts is an error.
+
+    Raises:
+        FileNotFoundError: a missing image file; ValueError: no inputs, mixed kinds, or a file row without
+            ``text_column`` (the file and line are named).
+
+    Example:
+        >>> read_inputs(["a cat", "a dog"])
+        (['a cat', 'a dog'], ['a cat', 'a dog'], 'text')
+    """
+    inputs: list[Any] = []
+    shown: list[str] = []
+    kinds = set()
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            images = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
+            if not images:
+                raise ValueError(f"folder {item!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+            inputs.extend(images)
+            shown.extend(str(f) for f in images)
+            kinds.add("image")
+        elif p.suffix.lower() in IMAGE_EXTENSIONS:
+            if not p.is_file():
+                raise FileNotFoundError(f"image {item!r} does not exist")
+            inputs.append(p)
+            shown.append(str(p))
+            kinds.add("image")
+        elif p.suffix.lower() == ".txt" and p.is_file():
+            for line in read_text(p, "input list").splitlines():
+                if line.strip():
+                    inputs.append(line.strip())
+                    shown.append(line.strip())
+            kinds.add("text")
+        elif p.suffix.lower() in (".csv", ".jsonl") and p.is_file():
+            texts = read_text_rows(p, text_column)
+            inputs.extend(texts)
+            shown.extend(texts)
+            kinds.add("text")
+        else:
+            inputs.append(item)
+            shown.append(item)
+            kinds.add("text")
+    if len(kinds) > 1:
+        raise ValueError("inputs mix image files and texts; give one kind per call")
+    if not inputs:
+        raise ValueError("no inputs (give texts, a .txt/.csv/.jsonl file of texts, image files or a folder of images)")
+    return inputs, shown, kinds.pop()
+
+
+def _open_image(x: Any) -> Any:
+    if isinstance(x, (str, os.PathLike)):
+        try:
+            with Image.open(x) as im:
+                return im.convert("RGB")
+        except (OSError, UnidentifiedImageError) as err:
+            raise ValueError(f"{x}: not a readable image ({err})") from None
+    return x
+
+
+def _node(taxonomy: Taxonomy, j: int, prob: float) -> dict[str, Any]:
+    return {"id": j, "name": taxonomy.names[j], "display_name": taxonomy.display_names[j], "prob": prob}
+
+
+def _set_prediction(taxonomy: Taxonomy, in_set: torch.Tensor, probs: torch.Tensor) -> tuple[dict[str, Any], int]:
+    """A node set's prediction dict (host tensors ``[N]``) and the node its path leads to."""
+    depth = taxonomy.depth
+    ids = [j for j in in_set.nonzero().flatten().tolist() if j != taxonomy.root]
+    ids.sort(key=lambda j: (int(depth[j]), j))  # root -> deepest, as the path reads
+    members = set(ids)
+    tips = [j for j in ids if not members.intersection(taxonomy.children(j))]
+    # the node the set is sure of: the lowest common ancestor of its tips (the root for an empty set)
+    sure = functools.reduce(lambda a, b: int(taxonomy.lca(a, b)), tips) if tips else taxonomy.root
+    prediction = {
+        "ids": ids,
+        "names": [taxonomy.names[j] for j in ids],
+        "display_names": [taxonomy.display_names[j] for j in ids],
+        "size": len(ids),
+        "depth": int(max((depth[j] for j in ids), default=0)),
+        "tips": [_node(taxonomy, j, float(probs[j])) for j in tips],
+        "common": _node(taxonomy, sure, float(probs[sure])),
+    }
+    return prediction, sure
+
+
+def _check_inputs(model: nn.Module, inputs: Sequence[Any]) -> str:
+    """The model's modality, after checking that the inputs are of that kind."""
+    if not inputs:
+        raise ValueError("predict: no inputs")
+    modality = getattr(model, "modality", "text" if isinstance(inputs[0], str) else "image")
+    if modality == "text" and not all(isinstance(x, str) for x in inputs):
+        raise ValueError("this is a text model: give text inputs")
+    if modality == "image" and any(isinstance(x, str) and not Path(x).is_file() for x in inputs):
+        raise ValueError("this is an image model: give images or image files")
+    return modality
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    taxonomy: Taxonomy,
+    inputs: Sequence[Any],
+    *,
+    decoder: str | DecoderSpec = DEFAULT_DECODER,
+    top_k: int = 5,
+    batch_size: int = 32,
+    device: str | torch.device = "cpu",
+    image_size: int | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Predictions for raw inputs: texts, PIL images or image file paths.
+
+    The node probabilities stay on ``device``: the decoder and the top-k run there, and only the decisions and
+    the probabilities shown come to the host.
+
+    Args:
+        model: a trained model (:func:`hiercls.train.load_trained_model`).
+        taxonomy: its taxonomy.
+        inputs: texts for a text model; PIL images or image paths for an image model.
+        decoder: a decoder spec (:func:`hiercls.decode.parse_decoder`); set-valued decoders (``optimal_hf1``)
+            give node sets.
+        top_k: how many of the most probable leaves to list.
+        batch_size: inputs per forward pass.
+        device: where the model runs.
+        image_size: resize images to this side (default: the model's data config).
+        progress: show a progress bar (stderr).
+
+    Returns:
+        Per input ``{"prediction": ..., "path": [display names root -> node], "top_k": [{"name",
+        "display_name", "prob"}] (leaves)}``. A single-node prediction is ``{"id", "name", "display_name",
+        "prob"}``; a node set is ``{"ids", "names", "display_names", "size", "depth", "tips", "common"}``: its
+        nodes root-first, ``depth`` its deepest node's, ``tips`` its nodes without a child in the set and ``common``
+        the lowest common ancestor of the tips, the node the set is sure of (each ``{"id", "name",
+        "display_name", "prob"}``); ``path`` leads to ``common``.
+
+    Example:
+        >>> from hiercls.models import create_model
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> model = create_model("timm:resnet10t", tax, head="flat")
+        >>> from PIL import Image
+        >>> [p] = predict(model, tax, [Image.new("RGB", (32, 32))], top_k=2)
+        >>> sorted(p), p["path"][0], len(p["top_k"])
+        (['path', 'prediction', 'top_k'], 'r', 2)
+    """
+    spec = parse_decoder(decoder)
+    modality = _check_inputs(model, inputs)
+    transform = image_transform(model, train=False, image_size=image_size) if modality == "image" else None
+    dev = torch.device(device)
+    leaf_ids = taxonomy.leaves.tolist()
+    leaves = torch.tensor(leaf_ids, dtype=torch.long, device=dev)
+    k = max(1, min(top_k, len(leaf_ids)))
+    names, disp = taxonomy.names, taxonomy.display_names
+    out: list[dict[str, Any]] = []
+    model.eval()
+    bar = tqdm(total=len(inputs), desc="predict", unit="input", disable=not progress, leave=False)
+    for start in range(0, len(inputs), batch_size):
+        chunk = list(inputs[start : start + batch_size])
+        x, _ = model.collate([(transform(_open_image(v)) if transform is not None else v, 0) for v in chunk])
+        probs = model.node_probs(model(move_to_device(x, dev))).float()
+        pred = torch.as_tensor(spec(probs, taxonomy), device=probs.device)
+        top_p, top_i = (t.cpu() for t in probs.index_select(1, leaves).topk(k, dim=1))
+        if pred.dim() == 2:  # node sets: their tips' and common nodes' probabilities are shown
+            pred, shown = pred.cpu(), probs.cpu()
+        else:
+            pred, shown = pred.cpu(), probs.gather(1, pred.long()[:, None]).squeeze(1).cpu()
+        for i in range(len(chunk)):
+            if pred.dim() == 2:
+                prediction, deepest = _set_prediction(taxonomy, pred[i], shown[i])
+            else:
+                deepest = int(pred[i])
+                prediction = _node(taxonomy, deepest, float(shown[i]))
+            path = [disp[j] for j in taxonomy.path(deepest)] if taxonomy.is_tree else [disp[deepest]]
+            ranked = [
+                {"name": names[leaf_ids[j]], "display_name": disp[leaf_ids[j]], "prob": float(p)}
+                for p, j in zip(top_p[i].tolist(), top_i[i].tolist(), strict=True)
+            ]
+            out.append({"prediction": prediction, "path": path, "top_k": ranked})
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+PREDICTION_FORMATS = (".json", ".jsonl", ".csv")
+
+
+def check_prediction_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path if its suffix names a prediction format (:data:`PREDICTION_FORMATS`).
+
+    Raises:
+        ValueError: another suffix.
+    """
+    out = Path(path)
+    if out.suffix.lower() not in PREDICTION_FORMATS:
+        raise ValueError(f"--out {str(out)!r}: the suffix must be one of {', '.join(PREDICTION_FORMATS)}")
+    return out
+
+
+def write_predictions(
+    path: str | os.PathLike[str], shown: Sequence[str], predictions: Sequence[dict[str, Any]], **meta: Any
+) -> Path:
+    """Write :func:`predict`'s results, in the format of ``path``'s suffix, atomically (no half-written file).
+
+    * ``.json``: ``{**meta, "predictions": [{"input", **prediction}]}``;
+    * ``.jsonl``: one ``{"input", **prediction}`` object per line;
+    * ``.csv``: columns ``input, name, display_name, prob, set_size, path, top_k`` (``name`` is the
+      predicted node, or a set's nodes joined by ``|``; ``prob`` that node's probability, or a set's common
+      node's; ``path`` the display names joined by `` > ``; ``top_k`` ``name:prob`` pairs joined by ``|``).
+
+    Raises:
+        ValueError: an unknown suffix; OSError: ``path`` cannot be written (see
+            :func:`hiercls._textio.atomic_write`).
+    """
+    out = check_prediction_path(path)
+    suffix = out.suffix.lower()
+    rows = [{"input": s, **p} for s, p in zip(shown, predictions, strict=True)]
+    if suffix == ".json":
+        text = json.dumps({**meta, "predictions": rows}, indent=2, ensure_ascii=False) + "\n"
+    elif suffix == ".jsonl":
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    else:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(["input", "name", "display_name", "prob", "set_size", "path", "top_k"])
+        for r in rows:
+            pr = r["prediction"]
+            one = pr.get("common", pr)
+            writer.writerow(
+                [
+                    r["input"],
+                    "|".join(pr["names"]) if "names" in pr else pr["name"],
+                    "|".join(pr["display_names"]) if "names" in pr else pr["display_name"],
+                    f"{one['prob']:.6g}",
+                    pr.get("size", 1),
+                    " > ".join(r["path"]),
+                    "|".join(f"{t['name']}:{t['prob']:.6g}" for t in r["top_k"]),
+                ]
+            )
+        text = buf.getvalue()
+    with atomic_write(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out
