@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiercls.data import build_dataset, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator, format_table
 from hiercls.metrics import hierarchical_counts
@@ -237,8 +238,6 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
 def _prior_scores(
     cfg: TrainConfig, taxonomy: Taxonomy, labels: np.ndarray, specs: Sequence[DecoderSpec]
 ) -> dict[str, Any]:
-    from hiercls.data import build_dataset, subsample
-
     train_set = subsample(
         build_dataset(cfg.data.dataset, cfg.data.train_split, taxonomy, cfg.data.options), cfg.data.max_train_samples
     )
