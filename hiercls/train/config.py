@@ -304,10 +304,6 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------- coercion
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -384,13 +380,9 @@ def _coerce_literal(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected one of {', '.join(repr(a) for a in args)}, got {value!r}")
 
 
-def _to_none(value: Any, tp: Any, where: str) -> None:
-    if value is not None:
-        raise _expected(value, tp, where)
-
-
-def _to_bool(value: Any, tp: Any, where: str) -> bool:
-    if not isinstance(value, bool):
+def _instance(value: Any, tp: Any, where: str) -> Any:
+    """A value that is already of the field's type (``None``, ``bool``, ``str``: no conversion is guessed)."""
+    if not isinstance(value, tp):
         raise _expected(value, tp, where)
     return value
 
@@ -416,12 +408,6 @@ def _to_float(value: Any, tp: Any, where: str) -> float:
     return number
 
 
-def _to_str(value: Any, tp: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise _expected(value, tp, where)
-    return value
-
-
 def _to_sequence(value: Any, tp: Any, where: str) -> list[Any] | tuple[Any, ...]:
     if not isinstance(value, (list, tuple)):
         raise _expected(value, tp, where)
@@ -443,11 +429,11 @@ def _to_dict(value: Any, tp: Any, where: str) -> dict[Any, Any]:
 
 #: Field type (or generic origin) -> converter of a parsed value; each raises a ConfigError naming the key.
 _CONVERTERS: dict[Any, typing.Callable[[Any, Any, str], Any]] = {
-    type(None): _to_none,
-    bool: _to_bool,
+    type(None): _instance,
+    bool: _instance,
     int: _to_int,
     float: _to_float,
-    str: _to_str,
+    str: _instance,
     list: _to_sequence,
     tuple: _to_sequence,
     dict: _to_dict,
@@ -478,7 +464,7 @@ def _unknown_key(key: str, section: str, valid: list[str], where: str) -> Config
 
 def _fill(obj: Any, data: dict[str, Any], prefix: str, locate: typing.Callable[[str], str]) -> None:
     """Set the fields of dataclass instance ``obj`` from the nested dict ``data`` (validated)."""
-    hints = _hints(type(obj))
+    hints = typing.get_type_hints(type(obj))
     valid = [f.name for f in dataclasses.fields(obj)]
     for key, value in data.items():
         dotted = f"{prefix}{key}"
@@ -607,7 +593,7 @@ def _set_dotted(cfg: TrainConfig, dotted: str, raw: str) -> None:
     obj: Any = cfg
     section = ""
     for i, part in enumerate(parts):
-        hints = _hints(type(obj))
+        hints = typing.get_type_hints(type(obj))
         if part not in hints:
             raise _unknown_key(part, section, [f.name for f in dataclasses.fields(obj)], where)
         current = getattr(obj, part)

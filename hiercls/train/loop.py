@@ -493,8 +493,9 @@ class _Run:
             value = "not finite on another rank" if loss is None else f"{loss}"
             what = f"step {step + 1}: the training loss is {value} at lr {lr:.3g}"
         last = self.folder.path / "checkpoints" / "last"
-        kept = f"the last good checkpoint {last} (step {saved}) is kept" if saved is not None else "no checkpoint had"
-        kept += "" if saved is not None else " been written yet"
+        kept = "no checkpoint had been written yet"
+        if saved is not None:
+            kept = f"the last good checkpoint {last} (step {saved}) is kept"
         raise TrainingDiverged(
             f"{what}: training diverged; {kept}. Lower optim.lr (or set optim.clip_grad_norm / "
             "optim.warmup_steps) and start over with --set run.resume=false"
