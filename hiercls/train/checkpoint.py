@@ -184,7 +184,7 @@ class RunFolder:
                 self.lock = RunLock.acquire(self.path)
                 for folder in (self.path, self.path / "checkpoints"):
                     if folder.is_dir():
-                        recover_atomic(folder, others_are_gone=self.lock.fd is not None)
+                        recover_atomic(folder, others_are_gone=fcntl is not None)  # the lock proves it
             except (ConfigError, CheckpointError) as err:
                 problem = err
         verdicts = all_gather_object(None if problem is None else str(problem))
@@ -194,25 +194,25 @@ class RunFolder:
             raise ConfigError(verdicts[0])
 
     def _decide(self) -> None:
-        cfg, last = self.cfg, self.path / "checkpoints" / "last"
+        """Finished, resume or fresh (see the module docstring)."""
+        last = self.path / "checkpoints" / "last"
         state_file, done = last / "resume.pt", self.path / "results.json"
-        has_state = state_file.is_file()
-        # A finished run drops its resume state (run.keep_resume_state); its results.json marks it finished.
-        finished_without_state = last.is_dir() and not has_state and done.is_file()
-        if cfg.run.resume is True and not (has_state or finished_without_state):
+        # A finished run drops its resume state (unless run.keep_resume_state); its results.json marks it finished.
+        resumable = state_file.is_file() or (last.is_dir() and done.is_file())
+        if self.cfg.run.resume is True and not resumable:
             raise ConfigError(
                 f"run.resume: true but {str(state_file)!r} does not exist (use run.resume=auto to start fresh "
                 "when there is nothing to resume)"
             )
-        if cfg.run.resume is False or not (has_state or finished_without_state):
-            self.fresh_reason = "run.resume=false" if has_state or finished_without_state else "starting a new run"
+        if self.cfg.run.resume is False or not resumable:
+            self.fresh_reason = "run.resume=false" if resumable else "starting a new run"
             return
         self._check_config()
         saved = self._saved_results()
-        if has_state:
-            self.resume_state = read_resume_state(state_file)
-            if saved is not None and saved.get("step") == int(self.resume_state["step"]):
-                self.results, self.resume_state = saved, None
+        if state_file.is_file():
+            state = read_resume_state(state_file)
+            finished = saved is not None and saved.get("step") == int(state["step"])
+            self.results, self.resume_state = (saved, None) if finished else (None, state)
         elif saved is None:
             raise CheckpointError(
                 f"{done}: unreadable, and the finished run's resume state was removed; its final model is {last}. "
@@ -221,7 +221,9 @@ class RunFolder:
         else:
             self.results = saved
         if self.results is not None and self.info.is_main:
-            logger.info("%s: the run finished at step %s; its saved results are reported", self.path, saved["step"])
+            logger.info(
+                "%s: the run finished at step %s; its saved results are reported", self.path, self.results.get("step")
+            )
 
     def _check_config(self) -> None:
         saved_file = self.path / "config.yaml"
