@@ -383,7 +383,7 @@ def test_a_second_training_into_a_locked_folder_names_the_holder(base: dict[str,
         "import fcntl, json, os, socket, sys, time\n"
         f"fd = os.open({str(run / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        # Truncated as RunLock does: the copied run folder holds the previous holder's (maybe longer) facts.
+        # Truncated as lock_folder does: the copied run folder holds the previous holder's (maybe longer) facts.
         "os.ftruncate(fd, 0)\n"
         "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), "
         "'started': '2026-01-01T00:00:00+00:00'}).encode())\n"

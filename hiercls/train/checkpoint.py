@@ -65,8 +65,8 @@ __all__ = [
     "PREVIOUS_RUN_OUTPUTS",
     "RESUME_FREE_KEYS",
     "RunFolder",
-    "RunLock",
     "TrainState",
+    "lock_folder",
     "seed_everything",
 ]
 
@@ -136,7 +136,7 @@ class RunFolder:
 
     def __init__(self, cfg: TrainConfig, info: DistInfo) -> None:
         self.cfg, self.info, self.path = cfg, info, cfg.out_dir
-        self.lock: RunLock | None = None
+        self.lock: int | None = None  # the descriptor holding the flock (rank 0)
         self.results: dict[str, Any] | None = None
         self.fresh_reason: str | None = None  # why the run starts fresh (None: it resumes or has finished)
         self.resume_state: dict[str, Any] | None = None
@@ -168,7 +168,7 @@ class RunFolder:
     def close(self) -> None:
         """Release the lock."""
         if self.lock is not None:
-            self.lock.release()
+            os.close(self.lock)  # closing the descriptor releases the flock; the file keeps the holder's facts
             self.lock = None
 
     @property
@@ -181,7 +181,7 @@ class RunFolder:
         if self.info.is_main:
             try:
                 check_out_dir(self.path)
-                self.lock = RunLock.acquire(self.path)
+                self.lock = lock_folder(self.path)
                 for folder in (self.path, self.path / "checkpoints"):
                     if folder.is_dir():
                         recover_atomic(folder, others_are_gone=fcntl is not None)  # the lock proves it
@@ -409,68 +409,52 @@ def check_out_dir(out_dir: Path) -> None:
         raise ConfigError(f"run.out_dir: {str(out_dir)!r} is not writable (permission denied); choose another one")
 
 
-class RunLock:
-    """An exclusive ``flock`` on ``<out_dir>/.lock`` for the life of a run; the file names the holder.
+def lock_folder(out_dir: Path) -> int:
+    """Take the exclusive ``flock`` of ``<out_dir>/.lock`` without waiting and write the holder's facts into it.
+
+    Returns the descriptor: closing it releases the lock (the file stays: removing it would let two processes
+    lock two different files). The kernel drops the lock when the holder dies.
+
+    Raises:
+        ConfigError: another process holds it (its pid, host and start time are named), or the folder is read-only.
 
     Example:
         >>> import tempfile
         >>> d = Path(tempfile.mkdtemp())
-        >>> lock = RunLock.acquire(d)
-        >>> RunLock.acquire(d)  # doctest: +ELLIPSIS
+        >>> fd = lock_folder(d)
+        >>> lock_folder(d)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         hiercls.train.config.ConfigError: run.out_dir: ... is in use by another training (pid ...
-        >>> lock.release()
-        >>> RunLock.acquire(d).release()
+        >>> os.close(fd)
+        >>> os.close(lock_folder(d))
     """
-
-    def __init__(self, path: Path, fd: int | None) -> None:
-        self.path, self.fd = path, fd
-
-    @classmethod
-    def acquire(cls, out_dir: Path) -> RunLock:
-        """Take the lock of ``out_dir`` (which exists) without waiting.
-
-        Raises:
-            ConfigError: another process holds it (its pid, host and start time are named), or the folder is
-                read-only.
-        """
-        path = out_dir / ".lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise ConfigError(
-                f"run.out_dir: cannot write {str(path)!r} ({err.strerror or err}); the folder is read-only or "
-                "not yours: choose another run.out_dir"
-            ) from None
-        if fcntl is None:  # pragma: no cover
-            return cls(path, fd)
-        try:
+    path = out_dir / ".lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ConfigError(
+            f"run.out_dir: cannot write {str(path)!r} ({err.strerror or err}); the folder is read-only or "
+            "not yours: choose another run.out_dir"
+        ) from None
+    try:
+        if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"run.out_dir: cannot lock {str(path)!r} ({err.strerror or err})") from None
-            raise ConfigError(
-                f"run.out_dir: {str(out_dir)!r} is in use by another training ({read_holder(path)}); wait for it "
-                "to finish or stop it, or choose another run.out_dir"
-            ) from None
-        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.write(
-            fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n").encode()
-        )
-        return cls(path, fd)
-
-    def release(self) -> None:
-        """Drop the lock (the file stays: removing it would let two processes lock two different files)."""
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor releases the flock; the file keeps the last holder's facts
-            self.fd = None
+    except OSError as err:
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ConfigError(f"run.out_dir: cannot lock {str(path)!r} ({err.strerror or err})") from None
+        raise ConfigError(
+            f"run.out_dir: {str(out_dir)!r} is in use by another training ({_holder(path)}); wait for it "
+            "to finish or stop it, or choose another run.out_dir"
+        ) from None
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    os.ftruncate(fd, 0)
+    os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n").encode())
+    return fd
 
 
-def read_holder(path: Path) -> str:
-    """Who holds the lock file ``path``, as its holder wrote it."""
+def _holder(path: Path) -> str:
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
         return f"pid {info['pid']} on host {info['host']}, started {info['started']}"

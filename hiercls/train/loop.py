@@ -63,7 +63,6 @@ __all__ = [
     "build_optimizer",
     "cosine_schedule",
     "evaluate_model",
-    "load_taxonomy_for",
     "train",
 ]
 
@@ -81,17 +80,6 @@ class TrainingDiverged(ConfigError):
 
 
 # ------------------------------------------------------------------------------------------- building blocks
-def load_taxonomy_for(cfg: TrainConfig) -> Taxonomy | None:
-    """The taxonomy named by ``cfg.taxonomy`` (a shipped name or a file), or ``None`` when unset.
-
-    Raises:
-        TaxonomyError / FileNotFoundError: unknown name or unreadable file (with the list of shipped names).
-    """
-    if cfg.taxonomy is None:
-        return None
-    return load_taxonomy(cfg.taxonomy, **cfg.taxonomy_options)
-
-
 def build_model(cfg: TrainConfig, taxonomy: Taxonomy) -> HierarchicalClassifier:
     """The model of ``cfg.model`` for ``taxonomy``: :func:`hiercls.models.create_model` of its fields."""
     if not cfg.model.backbone:
@@ -320,7 +308,9 @@ class _Run:
     def build_taxonomy(self) -> Taxonomy:
         """The recipe's taxonomy, else the data set's (a shipped one, or one it brings, e.g. nested folders)."""
         cfg = self.cfg
-        taxonomy = load_taxonomy_for(cfg) or dataset_taxonomy(cfg.data.dataset)
+        if cfg.taxonomy is not None:
+            return load_taxonomy(cfg.taxonomy, **cfg.taxonomy_options)
+        taxonomy = dataset_taxonomy(cfg.data.dataset)
         if taxonomy is None:
             probe = build_dataset(cfg.data.dataset, cfg.data.train_split, None, cfg.data.options)
             taxonomy = getattr(probe, "taxonomy", None)
