@@ -28,7 +28,9 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from json.decoder import scanstring
 from pathlib import Path
@@ -38,6 +40,7 @@ __all__ = [
     "LinedDict",
     "LinedList",
     "TextFileError",
+    "atomic_dir",
     "atomic_write",
     "check_writable",
     "decode_text",
@@ -45,6 +48,7 @@ __all__ = [
     "load_yaml",
     "parse_json",
     "read_text",
+    "recover_atomic",
     "umask",
 ]
 
@@ -339,6 +343,11 @@ def load_yaml(text: str, source: str = "<yaml>") -> Any:
 _UMASK = os.umask(0o022)  # read once at import (reading it means setting it), then restored at once
 os.umask(_UMASK)
 
+# Temporaries are ``.<name>.tmp-<pid>-<random>`` next to their target, a replaced folder ``.<name>.old``: one
+# naming rule, so that :func:`recover_atomic` knows what a killed writer left behind and whose it was.
+_TEMP = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[^.]+")
+_FAULT_SEEN: dict[str, int] = {}
+
 
 def umask() -> int:
     """The process umask at import: the permissions a plain ``open()`` would leave off new files."""
@@ -390,7 +399,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: A
     p = check_writable(path, "file")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.tmp-{os.getpid()}-")
     except OSError as err:
         raise type(err)(err.errno, f"cannot write {p}: {err.strerror}") from None
     try:
@@ -404,3 +413,104 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: A
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a new empty folder next to ``path``; when the block ends without error it replaces ``path``.
+
+    A folder cannot be renamed onto a folder, so an existing ``path`` first moves to ``.<name>.old``, the new one
+    moves in, and only then is the old one removed: a kill at any moment leaves the old folder or the new one
+    whole (between the two renames under the ``.old`` name, which :func:`recover_atomic` puts back). On an error
+    the temporary folder is removed and ``path`` is left as it was. Writers of one ``path`` must not overlap
+    (hold a lock).
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "ckpt"
+        >>> for text in ("v1", "v2"):
+        ...     with atomic_dir(p) as tmp:
+        ...         _ = (tmp / "w.txt").write_text(text)
+        >>> (p / "w.txt").read_text(), sorted(x.name for x in p.parent.iterdir())
+        ('v2', ['ckpt'])
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".{p.name}.tmp-{os.getpid()}-"))
+    try:
+        os.chmod(tmp, 0o777 & ~umask())
+        _fault_point("write", tmp)
+        yield tmp
+        _fault_point("renames", tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = p.with_name(f".{p.name}.old")
+    if p.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        p.rename(old)
+        _fault_point("between-renames", tmp)
+    tmp.rename(p)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_atomic(folder: str | os.PathLike[str], *, others_are_gone: bool) -> None:
+    """Settle what killed :func:`atomic_write` / :func:`atomic_dir` calls left in ``folder``.
+
+    Temporaries of other processes are removed (all of them when ``others_are_gone``, e.g. under a lock that
+    proves no other writer; else only those whose process has ended); a ``.<name>.old`` folder whose ``<name>``
+    is missing (a kill between the two renames) is put back, one next to its ``<name>`` is removed.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> (d / ".ckpt.old").mkdir(); (d / ".out.json.tmp-999999999-x1").mkdir()
+        >>> recover_atomic(d, others_are_gone=True)
+        >>> sorted(x.name for x in d.iterdir())
+        ['ckpt']
+    """
+    for entry in sorted(Path(folder).iterdir()):
+        temp = _TEMP.fullmatch(entry.name)
+        if temp is not None:
+            pid = int(temp["pid"])
+            if pid != os.getpid() and (others_are_gone or not _pid_alive(pid)):
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        elif entry.name.startswith(".") and entry.name.endswith(".old") and entry.is_dir():
+            final = entry.with_name(entry.name[1 : -len(".old")])
+            if final.exists():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.rename(final)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fault_point(where: str, folder: Path) -> None:
+    """Test hook: ``HIERCLS_FAULT_SLEEP=<where>:<seconds>[:<skip>]`` pauses :func:`atomic_dir` so a test can kill it.
+
+    ``where`` is ``write`` (in the new folder, before its files), ``renames`` (files written, before the
+    renames), ``between-renames`` (the previous folder moved aside, the new one not yet in place) or ``all``; the
+    first ``skip`` passes are not paused. ``HIERCLS_FAULT_MARKER`` names a file written on each pause.
+    """
+    spec = os.environ.get("HIERCLS_FAULT_SLEEP")
+    if not spec:
+        return
+    point, _, rest = spec.partition(":")
+    seconds, _, skip = rest.partition(":")
+    if point not in (where, "all"):
+        return
+    _FAULT_SEEN[point] = seen = _FAULT_SEEN.get(point, 0) + 1
+    if seen <= int(skip or 0):
+        return
+    marker = os.environ.get("HIERCLS_FAULT_MARKER")
+    if marker:
+        Path(marker).write_text(f"{where} {folder}\n", encoding="utf-8")
+    time.sleep(float(seconds or 1))

@@ -306,8 +306,8 @@ def test_damaged_checkpoint_is_refused_on_resume(
 
 def _stale_tmp(pid: int, which: str = "last") -> Callable[[Path], None]:
     def make(run: Path) -> None:
-        shutil.copytree(run / "checkpoints" / "last", run / "checkpoints" / f"{which}.tmp-{pid}")
-        (run / "checkpoints" / f"{which}.tmp-{pid}" / "model.safetensors").write_bytes(b"half")
+        shutil.copytree(run / "checkpoints" / "last", run / "checkpoints" / f".{which}.tmp-{pid}-x1")
+        (run / "checkpoints" / f".{which}.tmp-{pid}-x1" / "model.safetensors").write_bytes(b"half")
 
     return make
 
@@ -321,13 +321,13 @@ def _dead_pid() -> int:
 RESUME_OK: list[tuple[str, Callable[[Path], None]]] = [
     ("stale-tmp-dead-pid", lambda run: _stale_tmp(_dead_pid())(run)),
     ("stale-tmp-alive-other-pid", _stale_tmp(1, "best")),  # pid 1 is alive, but the lock proves it is not a writer
-    ("killed-between-renames", lambda run: (run / "checkpoints" / "last").rename(run / "checkpoints" / "last.old")),
+    ("killed-between-renames", lambda run: (run / "checkpoints" / "last").rename(run / "checkpoints" / ".last.old")),
     (
         "old-next-to-new",
-        lambda run: shutil.copytree(run / "checkpoints" / "last", run / "checkpoints" / "last.old"),
+        lambda run: shutil.copytree(run / "checkpoints" / "last", run / "checkpoints" / ".last.old"),
     ),
     ("no-metrics-log", lambda run: (run / "metrics.jsonl").unlink()),
-    ("half-written-results", lambda run: (run / f".results.json.tmp-{_dead_pid()}.json").write_text('{"st')),
+    ("half-written-results", lambda run: (run / f".results.json.tmp-{_dead_pid()}-x1").write_text('{"st')),
     ("stale-results", lambda run: (run / "results.json").write_text('{"argmax_leaf/accuracy": 0.99}')),
 ]
 
@@ -366,12 +366,12 @@ def test_out_dir_below_a_file_is_refused(base: dict[str, Path], tmp_path: Path) 
 
 def test_read_only_out_dir_is_refused(base: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests may run as root (chmod would not stop root), so the file system's refusal is simulated.
-    import hiercls.train.runfolder as rf
+    import hiercls.train.checkpoint as checkpoint
 
     def refuse(path: Any, flags: int, mode: int = 0o777) -> int:
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(rf.os, "open", refuse)
+    monkeypatch.setattr(checkpoint.os, "open", refuse)
     with pytest.raises(ConfigError, match=r"run\.out_dir: cannot write .*\.lock' \(Read-only file system\)"):
         train(recipe(base["tax"], tmp_path / "ro"))
 
@@ -383,7 +383,7 @@ def test_a_second_training_into_a_locked_folder_names_the_holder(base: dict[str,
         "import fcntl, json, os, socket, sys, time\n"
         f"fd = os.open({str(run / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        # Truncated as RunLock does: the copied run folder holds the previous holder's (maybe longer) facts.
+        # Truncated as lock_folder does: the copied run folder holds the previous holder's (maybe longer) facts.
         "os.ftruncate(fd, 0)\n"
         "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), "
         "'started': '2026-01-01T00:00:00+00:00'}).encode())\n"
@@ -465,20 +465,19 @@ def test_a_finished_run_started_again_keeps_its_results(base: dict[str, Path], t
     assert again["train_loss"] is not None and again["train_loss"] == json.loads(before)["train_loss"]
 
 
-def test_a_run_finished_by_an_older_hiercls_still_reports(
-    base: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_resume_state_of_an_older_hiercls_is_refused_naming_it(base: dict[str, Path], tmp_path: Path) -> None:
     import numpy as np
 
     run = tmp_path / "run"
     shutil.copytree(base["ref"], run)
     # Older versions pickled NumPy's RNG state into resume.pt, which weights_only=True refuses.
-    torch.save({"step": 2, "rng": [{"numpy": np.random.get_state()}]}, run / "checkpoints" / "last" / "resume.pt")
-    before = (run / "results.json").read_bytes()
-    with caplog.at_level(logging.WARNING):
-        again = train(recipe(base["tax"], run))
-    assert "resume.pt: not a resume state hiercls can read safely" in caplog.text and "had finished" in caplog.text
-    assert again == json.loads(before) and (run / "results.json").read_bytes() == before
+    state = run / "checkpoints" / "last" / "resume.pt"
+    torch.save({"step": 2, "rng": [{"numpy": np.random.get_state()}]}, state)
+    before = snapshot(run)
+    with pytest.raises(CheckpointError, match="written by an older hiercls") as info:
+        train(recipe(base["tax"], run))
+    assert str(state) in str(info.value) and "run.resume=false" in str(info.value)
+    assert snapshot(run) == before
 
 
 def test_a_changed_config_is_refused_and_nothing_is_removed(base: dict[str, Path], tmp_path: Path) -> None:
@@ -511,9 +510,10 @@ def test_diverging_run_stops_at_the_first_non_finite_loss(base: dict[str, Path],
 def test_full_disk_names_the_file_and_keeps_the_previous_checkpoint(
     base: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
+    import hiercls._textio as textio
     import hiercls.models.classifier as classifier
     import hiercls.models.files as files
-    import hiercls.train.loop as loop
+    import hiercls.train.checkpoint as checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(base["cut"], run)
@@ -531,17 +531,17 @@ def test_full_disk_names_the_file_and_keeps_the_previous_checkpoint(
         def enforce_fail(*a: Any, **k: Any) -> None:
             raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
 
-        monkeypatch.setattr(loop.torch, "save", enforce_fail)
+        monkeypatch.setattr(checkpoint.torch, "save", enforce_fail)
         monkeypatch.setattr(files.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
     else:
-        real_write = Path.write_text
+        real_fsync = textio.os.fsync
 
-        def write_text(self: Path, *a: Any, **k: Any) -> int:
-            if "results.json" in self.name:
+        def fsync(fd: int) -> None:  # a full disk surfaces when the written blocks are flushed
+            if ".results.json.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
                 raise OSError(errno.ENOSPC, "No space left on device")
-            return real_write(self, *a, **k)
+            real_fsync(fd)
 
-        monkeypatch.setattr(Path, "write_text", write_text)
+        monkeypatch.setattr(textio.os, "fsync", fsync)
     with pytest.raises(CheckpointError) as info:
         train(recipe(base["tax"], run))
     msg = str(info.value)

@@ -325,6 +325,10 @@ def test_resume_after_interruption_equals_uninterrupted(taxonomy_file: Path, tmp
     assert part2["interrupted"] and part2["step"] == 4
     final = train(image_recipe(taxonomy_file, tmp_path / "cut", **common))
     assert final["step"] == 6 and not final["interrupted"]
+    # Finished with its resume state kept: started again, it reports results.json (the same step) untouched.
+    saved = (tmp_path / "cut" / "results.json").read_bytes()
+    assert train(image_recipe(taxonomy_file, tmp_path / "cut", **common)) == json.loads(saved)
+    assert (tmp_path / "cut" / "results.json").read_bytes() == saved
 
     a, b = read_weights(tmp_path / "ref"), read_weights(tmp_path / "cut")
     assert a.keys() == b.keys()

@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import difflib
 import math
@@ -30,7 +32,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from hiercls._textio import TextFileError, load_yaml, read_text
+from hiercls._textio import TextFileError, atomic_write, load_yaml, read_text
 from hiercls.decode import parse_decoder
 
 __all__ = [
@@ -302,10 +304,6 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------- coercion
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -320,116 +318,126 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-_NULL = {"null", "none", "~", ""}
+def _expected(value: Any, tp: Any, where: str) -> ConfigError:
+    return ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
-def _coerce(value: Any, tp: Any, where: str, from_string: bool) -> Any:
+def _coerce(value: Any, tp: Any, where: str, from_string: bool = False) -> Any:
     """Convert ``value`` to the annotated type ``tp`` or raise :class:`ConfigError` naming ``where``.
 
     ``from_string`` marks a ``--set`` value: it is first parsed as YAML (so ``[1, 2]`` and ``1e-4`` work),
     falling back to the raw string for ``str`` fields.
     """
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-
-    def fail() -> ConfigError:
-        return ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-
     if from_string and isinstance(value, str):
-        try:
-            parsed = yaml.safe_load(value) if value.strip() else None
-        except yaml.YAMLError:
-            parsed = value
-        # Strings stay strings for str fields (so "--set name=007" is not an int) unless the YAML value
-        # is needed to satisfy the type.
-        try:
-            return _coerce(parsed, tp, where, False)
-        except ConfigError as first:
-            if value != parsed:
-                try:
-                    return _coerce(value, tp, where, False)
-                except ConfigError:
-                    pass
-            raise first from None
+        return _coerce_text(value, tp, where)
     if tp is Any:
         return value
+    origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        # Exact type matches first, so that ``bool | Literal["auto"]`` keeps True as a bool.
-        for a in args:
-            if a is not type(None) and _matches_exactly(value, a):
-                return _coerce(value, a, where, False)
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, where, False)
-            except ConfigError:
-                continue
-        raise fail()
+        return _coerce_union(value, tp, where)
     if origin is Literal:
-        if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
-            return value
-        raise ConfigError(f"{where}: expected one of {', '.join(repr(a) for a in args)}, got {value!r}")
-    if tp is type(None):
-        if value is None:
-            return None
-        raise fail()
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise fail()
-    if tp is int:
-        if isinstance(value, bool):
-            raise fail()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise fail()
-    if tp is float:
-        if isinstance(value, bool):
-            raise fail()
-        number: float | None = None
-        if isinstance(value, (int, float)):
-            number = float(value)
-        elif isinstance(value, str):
-            # PyYAML reads "1e-4" (no dot) as a string; accept it.
-            try:
-                number = float(value)
-            except ValueError:
-                raise fail() from None
-        if number is None:
-            raise fail()
-        if not math.isfinite(number):  # nan passes every "< 0" check; inf makes a run diverge on its first step
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-        return number
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise fail()
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise fail()
-        if origin is list:
-            (item,) = args or (Any,)
-            return [_coerce(v, item, f"{where}[{i}]", False) for i, v in enumerate(value)]
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{where}[{i}]", False) for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ConfigError(f"{where}: expected {len(args)} values ({_type_name(tp)}), got {list(value)!r}")
-        return tuple(_coerce(v, a, f"{where}[{i}]", False) for i, (v, a) in enumerate(zip(value, args, strict=True)))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise fail()
-        key_t, val_t = args or (Any, Any)
-        return {
-            _coerce(k, key_t, f"{where} key", False): _coerce(v, val_t, f"{where}.{k}", False) for k, v in value.items()
-        }
-    raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")  # pragma: no cover
+        return _coerce_literal(value, tp, where)
+    convert = _CONVERTERS.get(origin or tp)
+    if convert is None:  # pragma: no cover - every field type of the config has a converter
+        raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")
+    return convert(value, tp, where)
+
+
+def _coerce_text(value: str, tp: Any, where: str) -> Any:
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    # Strings stay strings for str fields (so "--set name=007" is not an int) unless the YAML value is needed
+    # to satisfy the type.
+    try:
+        return _coerce(parsed, tp, where)
+    except ConfigError as first:
+        if value != parsed:
+            with contextlib.suppress(ConfigError):
+                return _coerce(value, tp, where)
+        raise first from None
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if value is None and len(args) < len(typing.get_args(tp)):
+        return None
+    # Exact type matches first, so that ``bool | Literal["auto"]`` keeps True as a bool.
+    for a in args:
+        if _matches_exactly(value, a):
+            return _coerce(value, a, where)
+    for a in args:
+        with contextlib.suppress(ConfigError):
+            return _coerce(value, a, where)
+    raise _expected(value, tp, where)
+
+
+def _coerce_literal(value: Any, tp: Any, where: str) -> Any:
+    args = typing.get_args(tp)
+    if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
+        return value
+    raise ConfigError(f"{where}: expected one of {', '.join(repr(a) for a in args)}, got {value!r}")
+
+
+def _instance(value: Any, tp: Any, where: str) -> Any:
+    """A value that is already of the field's type (``None``, ``bool``, ``str``: no conversion is guessed)."""
+    if not isinstance(value, tp):
+        raise _expected(value, tp, where)
+    return value
+
+
+def _to_int(value: Any, tp: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise _expected(value, tp, where)
+
+
+def _to_float(value: Any, tp: Any, where: str) -> float:
+    # PyYAML reads "1e-4" (no dot) as a string; accept it.
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _expected(value, tp, where)
+    try:
+        number = float(value)
+    except ValueError:
+        raise _expected(value, tp, where) from None
+    if not math.isfinite(number):  # nan passes every "< 0" check; inf makes a run diverge on its first step
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    return number
+
+
+def _to_sequence(value: Any, tp: Any, where: str) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise _expected(value, tp, where)
+    args, is_list = typing.get_args(tp), typing.get_origin(tp) is list
+    if is_list or (len(args) == 2 and args[1] is Ellipsis):
+        items = [_coerce(v, args[0] if args else Any, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if is_list else tuple(items)
+    if len(value) != len(args):
+        raise ConfigError(f"{where}: expected {len(args)} values ({_type_name(tp)}), got {list(value)!r}")
+    return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+
+
+def _to_dict(value: Any, tp: Any, where: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise _expected(value, tp, where)
+    key_t, val_t = typing.get_args(tp) or (Any, Any)
+    return {_coerce(k, key_t, f"{where} key"): _coerce(v, val_t, f"{where}.{k}") for k, v in value.items()}
+
+
+#: Field type (or generic origin) -> converter of a parsed value; each raises a ConfigError naming the key.
+_CONVERTERS: dict[Any, typing.Callable[[Any, Any, str], Any]] = {
+    type(None): _instance,
+    bool: _instance,
+    int: _to_int,
+    float: _to_float,
+    str: _instance,
+    list: _to_sequence,
+    tuple: _to_sequence,
+    dict: _to_dict,
+}
 
 
 def _matches_exactly(value: Any, tp: Any) -> bool:
@@ -456,7 +464,7 @@ def _unknown_key(key: str, section: str, valid: list[str], where: str) -> Config
 
 def _fill(obj: Any, data: dict[str, Any], prefix: str, locate: typing.Callable[[str], str]) -> None:
     """Set the fields of dataclass instance ``obj`` from the nested dict ``data`` (validated)."""
-    hints = _hints(type(obj))
+    hints = typing.get_type_hints(type(obj))
     valid = [f.name for f in dataclasses.fields(obj)]
     for key, value in data.items():
         dotted = f"{prefix}{key}"
@@ -471,7 +479,7 @@ def _fill(obj: Any, data: dict[str, Any], prefix: str, locate: typing.Callable[[
                 )
             _fill(current, value, f"{dotted}.", locate)
         else:
-            setattr(obj, key, _coerce(value, hints[key], locate(dotted), False))
+            setattr(obj, key, _coerce(value, hints[key], locate(dotted)))
 
 
 def _yaml_lines(text: str) -> dict[str, int]:
@@ -519,8 +527,6 @@ def config_from_dict(
         ...
         hiercls.train.config.ConfigError: x.yaml: optim.lr: expected float, got 'fast' (str)
     """
-    import copy
-
     cfg = copy.deepcopy(base) if base is not None else TrainConfig()
     if data is None:
         data = {}
@@ -571,51 +577,50 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
     Raises:
         ConfigError: malformed override, unknown key, or a value of the wrong type.
     """
-    import copy
-
     cfg = copy.deepcopy(cfg)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=1e-4")
         dotted, raw = item.split("=", 1)
-        dotted = dotted.strip()
-        parts = dotted.split(".")
-        where = f"--set {dotted}"
-        obj: Any = cfg
-        section = ""
-        for i, part in enumerate(parts):
-            if dataclasses.is_dataclass(obj):
-                hints = _hints(type(obj))
-                valid = [f.name for f in dataclasses.fields(obj)]
-                if part not in hints:
-                    raise _unknown_key(part, section, valid, where)
-                current = getattr(obj, part)
-                last = i == len(parts) - 1
-                if last:
-                    if dataclasses.is_dataclass(current):
-                        raise ConfigError(
-                            f"{where}: {dotted!r} is a section; set one of its keys "
-                            f"({', '.join(f.name for f in dataclasses.fields(current))})"
-                        )
-                    setattr(obj, part, _coerce(raw, hints[part], where, True))
-                elif dataclasses.is_dataclass(current):
-                    obj, section = current, ".".join(parts[: i + 1])
-                elif isinstance(current, dict):
-                    # Keys inside a free-form dict: the rest of the path, value parsed as YAML.
-                    target = current
-                    for sub in parts[i + 1 : -1]:
-                        target = target.setdefault(sub, {})
-                        if not isinstance(target, dict):
-                            raise ConfigError(f"{where}: {sub!r} is not a mapping")
-                    try:
-                        target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
-                    except yaml.YAMLError:
-                        target[parts[-1]] = raw
-                    break
-                else:
-                    raise ConfigError(f"{where}: {'.'.join(parts[: i + 1])!r} is a value, not a section")
+        _set_dotted(cfg, dotted.strip(), raw)
     validate_config(cfg, source="--set")
     return cfg
+
+
+def _set_dotted(cfg: TrainConfig, dotted: str, raw: str) -> None:
+    """Set ``section.key`` (or ``section.key.sub...`` inside a free-form dict field) to the ``--set`` value ``raw``."""
+    parts, where = dotted.split("."), f"--set {dotted}"
+    obj: Any = cfg
+    section = ""
+    for i, part in enumerate(parts):
+        hints = typing.get_type_hints(type(obj))
+        if part not in hints:
+            raise _unknown_key(part, section, [f.name for f in dataclasses.fields(obj)], where)
+        current = getattr(obj, part)
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(current):
+                keys = ", ".join(f.name for f in dataclasses.fields(current))
+                raise ConfigError(f"{where}: {dotted!r} is a section; set one of its keys ({keys})")
+            setattr(obj, part, _coerce(raw, hints[part], where, True))
+        elif dataclasses.is_dataclass(current):
+            obj, section = current, ".".join(parts[: i + 1])
+        elif isinstance(current, dict):
+            _set_free_form(current, parts[i + 1 :], raw, where)
+            return
+        else:
+            raise ConfigError(f"{where}: {'.'.join(parts[: i + 1])!r} is a value, not a section")
+
+
+def _set_free_form(target: dict[str, Any], keys: list[str], raw: str, where: str) -> None:
+    """Keys inside a free-form dict field: the rest of the dotted path; the value parsed as YAML."""
+    for sub in keys[:-1]:
+        target = target.setdefault(sub, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{where}: {sub!r} is not a mapping")
+    try:
+        target[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        target[keys[-1]] = raw
 
 
 def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
@@ -708,5 +713,6 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def save_config(cfg: TrainConfig, path: str | os.PathLike[str]) -> None:
-    """Write the resolved config as YAML (re-loadable with :func:`load_config`)."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+    """Write the resolved config as YAML (re-loadable with :func:`load_config`), atomically."""
+    with atomic_write(path, encoding="utf-8") as f:
+        f.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

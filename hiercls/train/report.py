@@ -10,6 +10,7 @@ import json
 import logging
 from typing import Any
 
+from hiercls._textio import atomic_write
 from hiercls.evaluation import format_results
 from hiercls.train.config import TrainConfig
 from hiercls.train.distributed import cleanup_distributed, init_distributed
@@ -41,7 +42,8 @@ def run_recipe(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
             logger.info("comparison run: head %s -> %s", head, other.run.out_dir)
             runs[head] = train(other)
         if info.is_main and len(runs) > 1:
-            (cfg.out_dir / "comparison.json").write_text(json.dumps(runs, indent=2), encoding="utf-8")
+            with atomic_write(cfg.out_dir / "comparison.json", encoding="utf-8") as f:
+                json.dump(runs, f, indent=2)
         return runs
     finally:
         cleanup_distributed(info)

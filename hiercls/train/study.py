@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hiercls._textio import atomic_write
 from hiercls.data import build_dataset, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator, format_table
@@ -226,9 +227,9 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
     finally:
         cleanup_distributed(info)
     report = _report(cfg, heads, specs, seeds, labels, taxonomy, results, scores, prior_row)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "study.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "study.txt").write_text(format_study(report) + "\n", encoding="utf-8")
+    for name, text in (("study.json", json.dumps(report, indent=2)), ("study.txt", format_study(report))):
+        with atomic_write(out_dir / name, encoding="utf-8") as f:
+            f.write(text + "\n")
     try:
         plot_study(report, out_dir / "study.png")
     except ImportError:  # pragma: no cover - matplotlib is a dependency
