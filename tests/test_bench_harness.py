@@ -204,3 +204,44 @@ def test_train_bench_times_every_head_against_one_shared_flat_step(harness, monk
     assert hxe["ratio"] == pytest.approx(1.02) and hxe["pass"] is True and hxe["params"] == 2 * 4 + 4
     assert transhp["ratio"] == pytest.approx(1.4) and transhp["target"] == bench_train.TRANSHP_TARGET
     assert calls == {"flat": 1 + 3 + 1, "hxe": 1 + 3, "transhp": 1 + 3}  # warm-up, then one flat per repeat + 1
+
+
+def test_first_use_bench_registers_every_decoder_loss_and_command(harness):
+    """``bench_firstuse``: one seconds-over-1-s ``measure`` case per rule, per non-flat head's loss and per CLI call."""
+    from hiercls.cli import ARGUMENTS
+    from hiercls.decode import RULES
+    from hiercls.heads import list_heads
+
+    bench = importlib.import_module("bench_firstuse")
+    by_name = {c.name: c for c in bench.cases(quick=True)}
+    expected = {f"firstuse/decode_{r}": 3.0 for r in RULES}
+    expected |= {f"firstuse/loss_{h}": 3.0 for h in list_heads() if h != "flat"}
+    expected |= {f"firstuse/cli_{c}_help": 1.0 for c in ARGUMENTS}
+    expected |= {"firstuse/cli_help": 1.0, "firstuse/cli_argument_error": 1.0}
+    assert {n: c.target for n, c in by_name.items()} == expected
+    assert all(callable(c.measure) and c.setup is None for c in by_name.values())
+
+
+def test_first_use_children_report_their_first_call(harness, tmp_path):
+    """The fresh processes run and report ``import_s``, ``first_s`` and ``second_s``; a wrong exit status raises."""
+    bench = importlib.import_module("bench_firstuse")
+    for script, args in ((bench._DECODE, ("argmax_leaf", "{}")), (bench._LOSS, ("hxe",))):
+        res = bench.first_use(script, *args)
+        assert sorted(res) == ["first_s", "import_s", "second_s"] and all(v >= 0 for v in res.values())
+    with pytest.raises(RuntimeError, match="first-use child"):
+        bench.first_use(bench._DECODE, "no_such_rule", "{}")
+    assert bench.cli_seconds(["--help"], 0) > 0
+    with pytest.raises(RuntimeError, match="exited 2, not 0"):
+        bench.cli_seconds(["decode", "--cost", "nope"], 0)
+
+
+def test_predict_bench_registers_nine_candidates_per_modality(harness):
+    """``bench_predict``: every head x decoder per backbone, in one group per backbone against its flat baseline,
+    built lazily (the 21K models only exist while their group runs)."""
+    bench = importlib.import_module("bench_predict")
+    quick = bench.cases(quick=True)
+    assert len(quick) == 2 * len(bench.HEADS) * len(bench.DECODERS) == 18
+    assert {c.group for c in quick} == {"predict/image_vs_flat", "predict/text_vs_flat"}
+    assert all(c.setup is not None and c.number == 1 and c.warmup == 0 for c in quick)
+    assert all(c.target == pytest.approx(1 / 0.9) and c.statistic == "min" for c in quick)
+    assert bench._CACHE == {}

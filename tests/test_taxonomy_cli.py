@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from hiercls.cli import main
+from hiercls.cli import ARGUMENTS, main, names
 from hiercls.taxonomy import (
     Taxonomy,
     TaxonomyError,
@@ -185,3 +187,55 @@ def test_list_and_errors(shipped: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert rc == 2 and "unknown taxonomy 'nope'" in err and "animals" in err
     with pytest.raises(SystemExit):
         main(["taxonomy", "frobnicate"])
+
+
+# The packages that take seconds to import; parsing must not need them.
+HEAVY = ("torch", "timm", "transformers", "numba", "scipy")
+PROBE = f"""
+import sys
+from hiercls.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(*[m for m in {HEAVY!r} if m in sys.modules])
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        [],
+        *([cmd, "--help"] for cmd in ARGUMENTS),
+        ["taxonomy", "show", "--help"],
+        ["decode", "--cost", "x"],
+    ],
+    ids=lambda argv: " ".join(argv) or "(none)",
+)
+def test_help_and_argument_errors_import_nothing_heavy(argv: list[str]) -> None:
+    """``--help`` and an argument error answer from the argument modules alone (a fresh interpreter each)."""
+    done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and lines[-1] == "", f"hiercls {' '.join(argv)} imported {lines[-1] if lines else '?'}"
+    if argv[-1:] == ["--help"]:
+        assert "usage: hiercls" in done.stdout
+    elif argv:
+        assert "invalid choice: 'x'" in done.stderr
+
+
+def test_parser_names_match_their_owners() -> None:
+    """The parsers' copies of the decoder, cost and format names (``hiercls.cli.names``) equal their registries."""
+    from hiercls.decode import COST_KINDS, RULES
+    from hiercls.models.inference import PREDICTION_FORMATS
+    from hiercls.taxonomy import FORMATS
+
+    owners = {
+        "RULES": RULES,
+        "COST_KINDS": COST_KINDS,
+        "TAXONOMY_FORMATS": FORMATS,
+        "PREDICTION_FORMATS": PREDICTION_FORMATS,
+    }
+    for name, owned in owners.items():
+        assert getattr(names, name) == tuple(owned), f"hiercls/cli/names.py: {name} must be {tuple(owned)}"

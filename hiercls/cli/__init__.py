@@ -1,7 +1,9 @@
 """The ``hiercls`` command line: ``hiercls <command> ...``.
 
-Each command lives in its own module exposing ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``; only the chosen command's module is imported, so ``hiercls --help`` stays fast.
+Each command has two modules. ``<command>_args`` holds its ``HELP`` line and ``add_arguments(parser)`` and imports
+only the standard library and :mod:`hiercls.cli.names`, so that ``--help`` and an argument error answer at once;
+``<command>_cmd`` holds ``run(args) -> int`` and the heavy imports (torch, timm, transformers), and is imported by
+name (:data:`COMMANDS`) only once the arguments have parsed.
 """
 
 from __future__ import annotations
@@ -11,45 +13,43 @@ import importlib
 import logging
 import os
 import sys
+from types import ModuleType
 
 from hiercls import __version__
+from hiercls.cli import decode_args, evaluate_args, predict_args, taxonomy_args, train_args
 
-COMMANDS: dict[str, str] = {
-    "taxonomy": "hiercls.cli.taxonomy_cmd",
-    "train": "hiercls.cli.train_cmd",
-    "evaluate": "hiercls.cli.evaluate_cmd",
-    "predict": "hiercls.cli.predict_cmd",
-    "decode": "hiercls.cli.decode_cmd",
+#: The argument modules of the commands, in the order ``hiercls --help`` lists them.
+ARGUMENTS: dict[str, ModuleType] = {
+    "taxonomy": taxonomy_args,
+    "train": train_args,
+    "evaluate": evaluate_args,
+    "predict": predict_args,
+    "decode": decode_args,
 }
-
-SUMMARIES: dict[str, str] = {
-    "taxonomy": "show, inspect, validate and convert taxonomies",
-    "train": "train a hierarchical classifier from a YAML recipe",
-    "evaluate": "hierarchical metrics for a saved model or saved probabilities",
-    "predict": "predictions of a saved model on new inputs",
-    "decode": "decode saved node probabilities with a metric-optimal rule",
-}
+#: The module that runs each command, imported after parsing.
+COMMANDS: dict[str, str] = {name: f"hiercls.cli.{name}_cmd" for name in ARGUMENTS}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``command`` the sub-parser of that command is filled in (importing its module)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command (imports nothing heavy).
+
+    Example:
+        >>> build_parser().parse_args(["taxonomy", "show", "cifar100", "--depth", "2"]).depth
+        2
+    """
     parser = argparse.ArgumentParser(prog="hiercls", description="Hierarchical classification toolkit.")
     parser.add_argument("--version", action="version", version=f"hiercls {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, summary in SUMMARIES.items():
-        p = sub.add_parser(name, help=summary, description=summary)
-        if name == command:
-            importlib.import_module(COMMANDS[name]).add_arguments(p)
+    for name, module in ARGUMENTS.items():
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hiercls`` console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), format="%(levelname)s %(name)s: %(message)s")
     if args.command is None:
         parser.print_help()

@@ -1,0 +1,44 @@
+"""``hiercls predict``: predictions of a saved model on new inputs (texts, files of texts, images, folders).
+
+Examples::
+
+    hiercls predict --model runs/quickstart "a small domesticated feline" "a vehicle with two wheels"
+    hiercls predict --model runs/quickstart sentences.txt --decoder optimal_hf1 --out preds.jsonl
+    hiercls predict --model runs/quickstart reviews.csv --text-column body --out preds.csv
+    hiercls predict --model runs/fashion_mnist_efficientnet photos/ --out preds.csv
+    hiercls predict --model runs/fashion_mnist_efficientnet shoe.png shirt.jpg --top-k 3
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hiercls.cli.names import PREDICTION_FORMATS
+
+HELP = "predictions of a saved model on new inputs"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("Examples::", 1)[1]
+    parser.add_argument("--model", required=True, metavar="DIR", help="a run folder or a saved model folder")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        help="texts, .txt files (one text per line), .csv/.jsonl files (see --text-column), image files or folders",
+    )
+    parser.add_argument("--text-column", default="text", help="column/key of the texts in .csv/.jsonl inputs")
+    parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
+    parser.add_argument(
+        "--decoder",
+        default="argmax_leaf",
+        metavar="SPEC",
+        help="decoder spec (default argmax_leaf; optimal_hf1 or optimal_hfbeta:beta=2 give node sets)",
+    )
+    parser.add_argument("--top-k", type=int, default=5, help="also list the k most probable leaves (default 5)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
+    parser.add_argument(
+        "--out", metavar="FILE", help=f"write the predictions to a file ({', '.join(PREDICTION_FORMATS)}, by suffix)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
