@@ -17,24 +17,24 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from hiercls._checks import check_choice, to_numpy
-from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
-    batch_sum,
     check_weights,
     check_zero_division,
     prepare_pair,
     renamed_keyword,
     safe_divide,
+    tensor_device,
+    to_device,
     to_labels,
     weight_total,
+    weighted_sum,
 )
 from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
@@ -81,8 +81,6 @@ def node_heights(taxonomy: Taxonomy) -> np.ndarray:
 def pairwise_distance(a: np.ndarray, b: np.ndarray, taxonomy: Taxonomy, distance: str) -> np.ndarray:
     """``Taxonomy.distance`` plus ``"lca_node_height"`` (the LCA's own height, for unbalanced trees)."""
     check_choice(distance, DISTANCES, "distance")
-    if _device.is_tensor(a):
-        return _device.distance(a, b, taxonomy, distance)
     if distance == "lca_node_height":
         lca = np.asarray(taxonomy.lca(a, b))
         return np.where(a == b, 0.0, node_heights(taxonomy)[lca].astype(np.float64))
@@ -106,22 +104,11 @@ def _nonempty(t: Labels) -> None:
 def mistake_stats(
     t: np.ndarray, p: np.ndarray, w: np.ndarray | None, taxonomy: Taxonomy, distance: str
 ) -> tuple[float, float, float]:
-    """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps.
-
-    Floats for NumPy labels; 0-d tensors on the labels' device for torch labels (every distance is 0 between
-    equal nodes, so the sum runs over all samples without selecting the mistakes).
-    """
-    if _device.is_tensor(t):
-        wrong = (t != p).to(torch.float64)
-        return batch_sum(pairwise_distance(t, p, taxonomy, distance), w), batch_sum(wrong, w), weight_total(len(t), w)
+    """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps."""
     wrong = t != p
-    dist = pairwise_distance(t[wrong], p[wrong], taxonomy, distance)
     ww = None if w is None else w[wrong]
-    return (
-        float(dist.sum() if ww is None else dist @ ww),
-        float(wrong.sum() if w is None else w[wrong].sum()),
-        float(len(t) if w is None else w.sum()),
-    )
+    dist = pairwise_distance(t[wrong], p[wrong], taxonomy, distance)
+    return weighted_sum(dist, ww), weight_total(int(wrong.sum()), ww), weight_total(len(t), w)
 
 
 def mistake_severity(
@@ -156,7 +143,7 @@ def mistake_severity(
         1.5
     """
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
     _nonempty(t)
     num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
     return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
@@ -173,16 +160,14 @@ def hierarchical_distance_loss(
         >>> hierarchical_distance_loss(["x", "x"], ["y", "x"], taxonomy=tax)  # x - a - y: 2 edges, then 0
         1.0
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
     _nonempty(t)
     d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
     return _mean(d, w)
 
 
-def _mean(values: Any, w: Any) -> float:
-    """The (weighted) mean of per-sample values, NumPy or torch (summed on their device)."""
-    if _device.is_tensor(values):
-        return float(batch_sum(values, w) / weight_total(len(values), w))
+def _mean(values: np.ndarray, w: np.ndarray | None) -> float:
+    """The (weighted) mean of per-sample values."""
     return float(np.average(values, weights=w)) if w is not None else float(values.mean())
 
 
@@ -222,20 +207,6 @@ def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> 
     """``cost(p[i], t[i])`` per sample, for a distance name or a cost matrix ``[N, L]`` / ``[N, N]``."""
     if isinstance(cost, str):
         return pairwise_distance(t, p, taxonomy, cost)
-    if _device.is_tensor(t):  # the matrix goes to the labels' device; the check below names any bad label
-        if _device.is_tensor(cost):
-            cost = cost.to(device=t.device, dtype=torch.float64)
-        else:
-            cost = torch.as_tensor(np.asarray(cost, dtype=np.float64), device=t.device)
-        n, nl = taxonomy.num_nodes, taxonomy.num_leaves
-        if cost.ndim != 2 or cost.shape[0] != n or cost.shape[1] not in (nl, n) or not bool(cost.isfinite().all()):
-            return torch.as_tensor(cost_values(t.cpu().numpy(), p.cpu().numpy(), taxonomy, cost.cpu().numpy()))
-        if cost.shape[1] == n:
-            return cost[p, t]
-        col = _device.table(taxonomy, "leaf_index", t.device)[t]
-        if bool((col < 0).any()):  # the host path raises, naming the label
-            cost_values(t.cpu().numpy(), p.cpu().numpy(), taxonomy, cost.cpu().numpy())
-        return cost[p, col]
     mat = np.asarray(to_numpy(cost), dtype=np.float64)
     n, nl = taxonomy.num_nodes, taxonomy.num_leaves
     if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
@@ -284,7 +255,7 @@ def realized_cost(
         >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
         8.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
     _nonempty(t)
     d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
     return _mean(d, w)
@@ -337,12 +308,7 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
         >>> top_k_predictions(np.array([[0.2, 0.5, 0.3]]), 2, taxonomy=tax).tolist()  # leaves x, y, b
         [[3, 4]]
     """
-    on_device = _device.wanted(y_score)
-    s = y_score.detach() if on_device else np.asarray(to_numpy(y_score))
-    if s.ndim != 2:
-        raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
-    if (s.dtype.is_complex or s.dtype == torch.bool) if on_device else s.dtype.kind not in "biuf":
-        raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
+    s = _score_tensor(y_score)
     ids, cols = _candidates(taxonomy, s.shape[1], candidates)
     if not isinstance(k, int | np.integer) or not 1 <= k <= len(ids):
         raise ValueError(f"k must be an integer in [1, {len(ids)}] (the number of candidates); got {k!r}")
@@ -350,14 +316,25 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
     # order gives exactly that (torch.topk's order among equal scores is unspecified).
     order = np.argsort(ids, kind="stable")
     ids, cols = ids[order], order if cols is None else cols[order]
-    if on_device:  # sorted on the scores' device; node ids [B, k] there too
-        s = s.float() if not s.dtype.is_floating_point or s.element_size() < 4 else s
-        top = torch.sort(s[:, torch.as_tensor(cols, device=s.device)], dim=1, descending=True, stable=True).indices
-        return torch.as_tensor(ids, device=s.device)[top[:, :k]]
-    s = s[:, cols]
-    scores_t = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64 if s.dtype == np.float64 else np.float32))
-    top = torch.sort(scores_t, dim=1, descending=True, stable=True).indices[:, :k].numpy()
-    return torch.from_numpy(ids[top]) if _device.is_tensor(y_score) else ids[top]  # torch in, torch out
+    top = torch.sort(s[:, torch.as_tensor(cols, device=s.device)], dim=1, descending=True, stable=True).indices
+    top = torch.as_tensor(ids, device=s.device)[top[:, :k]]
+    return top if isinstance(y_score, torch.Tensor) else top.numpy()
+
+
+def _score_tensor(y_score: Any) -> torch.Tensor:
+    """``y_score`` as a float32/float64 tensor ``[B, C]`` where it is (NumPy: a CPU tensor sharing its memory)."""
+    if isinstance(y_score, torch.Tensor):
+        s = y_score.detach()
+    else:
+        a = np.asarray(to_numpy(y_score))
+        if a.dtype.kind not in "biuf":
+            raise TypeError(f"y_score must be numeric; got dtype {a.dtype}")
+        s = torch.from_numpy(np.ascontiguousarray(a))
+    if s.ndim != 2:
+        raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
+    if s.dtype.is_complex:
+        raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
+    return s if s.dtype in (torch.float32, torch.float64) else s.float()
 
 
 def _scores_pair(
@@ -369,42 +346,29 @@ def _scores_pair(
 
 
 def top_k_labels(y_true: Any, top: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[Any, Any, Any]:
-    """``(true ids, top-k ids, weights)`` of the samples whose ``y_true`` is not ``-1``, all where ``top`` is (the
-    scores' device for torch scores)."""
-    on_device = _device.is_tensor(top)
-    t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True, device=on_device)
-    ids = _ids(t, "y_true")
+    """``(true ids, top-k ids, weights)`` on the host, of the samples whose ``y_true`` is not ``-1``."""
+    ids = _ids(to_labels(y_true, taxonomy, name="y_true", allow_ignore=True), "y_true")
+    top = np.asarray(to_numpy(top))  # [B, k] ids: small next to the scores they were ranked from
     if len(ids) != len(top):
         raise ValueError(f"y_true has {len(ids)} samples but y_score has {len(top)} rows")
-    if on_device:
-        ids = torch.as_tensor(ids, dtype=torch.int64, device=top.device)
-        w = check_weights(sample_weight, len(ids), device=top.device)
-    else:
-        ids = _device.host(ids)
-        w = check_weights(sample_weight, len(ids))
+    w = check_weights(sample_weight, len(ids))
     keep = ids >= 0
-    if not bool(keep.all()):
+    if not keep.all():
         ids, top, w = ids[keep], top[keep], None if w is None else w[keep]
     return ids, top, w
 
 
-def top_k_sums(t: Any, top: Any, w: Any, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str) -> tuple[Any, Any]:
-    """Weighted sums over the samples of the top-``k`` hit and of the mean distance of the top ``k``, per ``k``.
-
-    ``top`` holds the ``max(ks)`` best candidates; NumPy arrays or tensors on ``top``'s device.
-    """
-    big = top.shape[1]
-    if _device.is_tensor(top):
-        dist = pairwise_distance(t.repeat_interleave(big), top.reshape(-1), taxonomy, distance).view(-1, big)
-        hit = (top == t[:, None]).cumsum(1) > 0  # hit within the first j + 1
-        hits = torch.stack([batch_sum(hit[:, k - 1], w) for k in ks])
-        mean = dist.cumsum(1) / torch.arange(1, big + 1, device=top.device, dtype=torch.float64)
-        return hits, torch.stack([batch_sum(mean[:, k - 1], w) for k in ks])
+def top_k_sums(
+    t: np.ndarray, top: np.ndarray, w: np.ndarray | None, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted sums over the samples of the top-``k`` hit and of the mean distance of the top ``k``, per ``k``
+    (``top`` holds the ``max(ks)`` best candidates)."""
     dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance)
-    hit = top == t[:, None]
+    hit = np.cumsum(top == t[:, None], axis=1) > 0  # a hit within the first j + 1
+    mean = np.cumsum(dist, axis=1) / np.arange(1, top.shape[1] + 1)
     return (
-        np.array([batch_sum(hit[:, :k].any(axis=1), w) for k in ks]),
-        np.array([batch_sum(dist[:, :k].mean(axis=1), w) for k in ks]),
+        np.array([weighted_sum(hit[:, k - 1], w) for k in ks]),
+        np.array([weighted_sum(mean[:, k - 1], w) for k in ks]),
     )
 
 
@@ -479,12 +443,6 @@ def per_level_counts(
     At level ``l`` a sample is *true-valid* if its true set has a node at ``l``, *both-valid* if its predicted
     set has one too, and *correct* if both sets agree on level ``l`` (the same nodes there).
     """
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            if taxonomy.is_tree:
-                return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
-            return _device.set_level_counts(t.ids, p.ids, taxonomy, w, levels)  # ancestor sets block by block
-        return _device.set_level_counts(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy), taxonomy, w, levels)
     n_lv = num_levels(taxonomy, levels)
     ww = np.ones(len(t)) if w is None else w
     if levels == "semantic" and taxonomy.is_tree and t.is_ids and p.is_ids:
@@ -544,15 +502,12 @@ def per_level_accuracy_score(
         >>> per_level_accuracy_score(["x", "x"], ["y", "b"], taxonomy=tax).tolist()  # b has no depth-2 node
         [0.5, 0.0]
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
     _nonempty(t)
     correct, both, _ = per_level_counts(t, p, taxonomy, w, levels)
-    if _device.is_tensor(correct):
-        ok = both > 0
-        return torch.where(ok, correct / torch.where(ok, both, torch.ones_like(both)), torch.full_like(both, math.nan))
     with np.errstate(invalid="ignore", divide="ignore"):
         acc = np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
-    return torch.from_numpy(acc) if _device.is_tensor(y_true) or _device.is_tensor(y_pred) else acc
+    return to_device(acc, tensor_device(y_true, y_pred))  # tensors in: a float64 tensor on their device
 
 
 def semantic_accuracy_score(
@@ -569,7 +524,7 @@ def semantic_accuracy_score(
         >>> semantic_accuracy_score(["x", "x"], ["y", "a"], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
     _nonempty(t)
     correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
     if float(valid.sum()) == 0:

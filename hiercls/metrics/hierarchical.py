@@ -26,11 +26,9 @@ from typing import Any, Literal
 import numpy as np
 
 from hiercls._checks import check_beta, check_choice, to_numpy
-from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
     ancestors_int32,
-    atleast_1d,
     check_zero_division,
     divide,
     prepare_pair,
@@ -56,10 +54,6 @@ Average = Literal["micro", "macro", "weighted", "samples"]
 
 def root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sample ``(|T ∩ P|, |P|, |T|)`` of the ancestor-closed label sets, root left out, as float64."""
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            return _device.root_free_counts(t.ids, p.ids, taxonomy)
-        return _device.set_counts(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy))
     if t.is_ids and p.is_ids:
         if taxonomy.is_tree:
             # On a tree anc(a) ∩ anc(b) = anc(lca(a, b)), and |anc(n)| without the root is depth(n).
@@ -103,10 +97,6 @@ def hierarchical_counts(
 def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | None) -> tuple[np.ndarray, ...]:
     """Weighted per-node ``(tp, fp, fn)`` float64 vectors ``[N]`` of closed sets (internal helper, public for reuse)."""
     n = taxonomy.num_nodes
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            return _device.node_confusion(t.ids, p.ids, taxonomy, w)
-        return _device.set_confusion(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy), w)
     if t.is_ids and p.is_ids and taxonomy.is_tree:
         # Node j is a true positive of sample b iff j is an ancestor of lca(t_b, p_b): count samples per
         # lca / target / prediction once, then push the counts up to every ancestor with one product.
@@ -134,8 +124,7 @@ def fbeta_from_counts(
     inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str, *, warn: bool = True
 ) -> Any:
     """``(1 + β²) |T ∩ P| / (β² |T| + |P|)`` elementwise, ``zero_division`` where the denominator is 0."""
-    if not any(_device.is_tensor(x) for x in (inter, ntrue, npred)):
-        inter, ntrue, npred = (np.asarray(x, dtype=np.float64) for x in (inter, ntrue, npred))
+    inter, ntrue, npred = (np.asarray(x, dtype=np.float64) for x in (inter, ntrue, npred))
     return safe_divide((1.0 + beta2) * inter, beta2 * ntrue + npred, zero_division, what, warn=warn)
 
 
@@ -272,12 +261,11 @@ def hierarchical_precision_recall_fscore(
     check_choice(average, ("micro", "macro", "weighted", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
     if average in ("macro", "weighted"):
-        # The [N] node counts (sums over the batch, on the labels' device) are averaged on the host.
-        tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))
+        tp, fp, fn = node_confusion(t, p, taxonomy, w)
         mask = labels_mask(labels, taxonomy, include_root)
         if include_root:
             # The root belongs to every set, true and predicted.
@@ -308,11 +296,7 @@ def hierarchical_precision_recall_fscore(
     total = float(len(t) if w is None else w.sum())
     if total == 0:
         raise ValueError("sample_weight sums to 0")
-    return (
-        weighted_sum(atleast_1d(prec), w) / total,
-        weighted_sum(atleast_1d(rec), w) / total,
-        weighted_sum(atleast_1d(f), w) / total,
-    )
+    return weighted_sum(prec, w) / total, weighted_sum(rec, w) / total, weighted_sum(f, w) / total
 
 
 def hierarchical_fbeta_score(

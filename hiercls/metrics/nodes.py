@@ -21,14 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import check_beta, check_choice
-from hiercls.metrics import _device
-from hiercls.metrics._validation import (
-    Labels,
-    batch_sum,
-    check_zero_division,
-    prepare_pair,
-    weight_total,
-)
+from hiercls.metrics._validation import Labels, check_zero_division, prepare_pair, weight_total
 from hiercls.metrics.hierarchical import (
     WARN_FOR,
     labels_mask,
@@ -114,8 +107,8 @@ def node_precision_recall_fscore_support(
     check_choice(average, (None, "micro", "macro", "weighted"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
-    tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))  # [N] sums; averaged on the host
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    tp, fp, fn = node_confusion(t, p, taxonomy, w)
     mask = present_mask(labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
     return _reduce(tp, fp, fn, mask, beta2, average, zero_division, warn_for)
 
@@ -174,10 +167,10 @@ def hamming_loss(
         >>> hamming_loss(["x"], ["y"], taxonomy=tax)  # x and y differ, of 4 non-root nodes
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
-    tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))
+    tp, fp, fn = node_confusion(t, p, taxonomy, w)
     mask = labels_mask(labels, taxonomy, include_root)
     total = float(len(t) if w is None else w.sum())
     if include_root:
@@ -200,22 +193,19 @@ def exact_match_score(
         >>> exact_match_score([["x", "b"], ["y"]], [["b", "x"], ["a"]], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
     if len(t) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            equal = t.ids == p.ids
-        else:
-            equal = (_device.sets_of(t, taxonomy)[:, 1:] == _device.sets_of(p, taxonomy)[:, 1:]).all(1)
-        return float(batch_sum(equal, w) / weight_total(len(t), w))
+    equal = exact_matches(t, p, taxonomy)
+    return float((equal.sum() if w is None else equal @ w) / weight_total(len(t), w))
+
+
+def exact_matches(t: Labels, p: Labels, taxonomy: Taxonomy) -> np.ndarray:
+    """Per sample: whether the two node sets (root aside) are equal."""
     if t.is_ids and p.is_ids:
-        equal = t.ids == p.ids
-    else:
-        ts, ps = t.as_sets(taxonomy)[:, 1:], p.as_sets(taxonomy)[:, 1:]
-        equal = (ts != ps).getnnz(axis=1) == 0
-    total = float(len(t) if w is None else w.sum())
-    return float((equal.sum() if w is None else equal @ w) / total)
+        return t.ids == p.ids
+    ts, ps = t.as_sets(taxonomy)[:, 1:], p.as_sets(taxonomy)[:, 1:]
+    return (ts != ps).getnnz(axis=1) == 0
 
 
 def consistent_subsets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:

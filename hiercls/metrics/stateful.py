@@ -1,6 +1,6 @@
 """Stateful metrics (``update`` / ``compute`` / ``reset``) whose states are sums, so DDP results are exact.
 
-Every state is a float64 (or int64) torch tensor of sums: counts, weighted numerators and denominators,
+Every state is a float64 torch tensor of sums on the metric's device: counts, weighted numerators and denominators,
 per-node ``tp/fp/fn`` vectors. Sums commute, so adding the states of all ranks (one ``all_reduce(SUM)``)
 gives the state a single process would have reached on the whole data, whatever the shard sizes; the final
 ratios are computed only after the reduction. Integer-valued sums (unweighted counts) are exact in float64
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,11 +24,8 @@ import torch
 import torchmetrics
 
 from hiercls._checks import check_beta, check_choice, to_numpy
-from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
-    atleast_1d,
-    batch_sum,
     check_weights,
     check_zero_division,
     divide,
@@ -37,6 +34,7 @@ from hiercls.metrics._validation import (
     safe_divide,
     warn_undefined,
     weight_total,
+    weighted_sum,
 )
 from hiercls.metrics.distance import (
     DISTANCES,
@@ -56,7 +54,7 @@ from hiercls.metrics.hierarchical import (
     reduce_node_counts,
     root_free_counts,
 )
-from hiercls.metrics.nodes import constrained_counts
+from hiercls.metrics.nodes import constrained_counts, exact_matches
 from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
@@ -132,32 +130,49 @@ class Metric(torchmetrics.Metric):
     """Base class: a :class:`torchmetrics.Metric` whose every state is a float64 sum (``dist_reduce_fx="sum"``).
 
     It is an ``nn.Module``: ``.to(device)`` moves it with the module that holds it, ``MetricCollection`` takes
-    it, and ``state_dict``/``load_state_dict``/``merge_state``/``sync``/``unsync`` are torchmetrics's. Under
-    ``torch.distributed`` the states are summed with one ``all_reduce`` per dtype (:func:`all_reduce_states`;
-    a custom ``dist_sync_fn`` takes torchmetrics's gather path instead), so every rank gets the single-process
-    result. ``compute()`` returns plain Python numbers and lists and raises (on every rank) when no rank has
-    called ``update`` since the last reset.
+    it, and ``state_dict``/``load_state_dict``/``merge_state``/``sync``/``unsync`` are torchmetrics's (only its
+    public API is used). The states live on the metric's device; the counts of a batch are computed on the host
+    (from the host copy of the labels, see :func:`~hiercls.metrics._validation.to_labels`) and added with one
+    host-to-device copy per update. Under ``torch.distributed`` torchmetrics sums the states over the ranks, so
+    every rank gets the single-process result. ``compute()`` returns plain Python numbers and lists and raises (on
+    every rank) when no rank has called ``update`` since the last reset.
 
     Subclasses declare states with :meth:`add_sum_state` in ``__init__``, end it with :meth:`set_config`,
     add to the states in ``update`` with :meth:`accumulate`, and turn a state dict into results in ``_compute``.
+    Each call of a subclass's ``update`` adds one to the ``updates`` state.
     """
 
     is_differentiable = False
     full_state_update = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        update = cls.__dict__.get("update")
+        if update is not None:
+
+            @functools.wraps(update)
+            def counted(self: Metric, *args: Any, **kw: Any) -> None:
+                update(self, *args, **kw)
+                self.updates.add_(1.0)  # summed over ranks: "never updated" is told apart from "updated with empty"
+
+            cls.update = counted  # type: ignore[method-assign]
+
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("compute_with_cache", False)  # a cached result would outlive load_state_dict
         super().__init__(**kwargs)
-        # Counted so that "never updated" is told apart from "updated with empty batches", on every rank alike.
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
         self.add_sum_state("updates")
-        self._config_state: str | None = None
-        self._owner: tuple[Metric, str] | None = None
+        self.config_state: str | None = None
+        self.sink: tuple[Metric, str] = (self, "")  # where accumulate adds (HierarchicalMetrics holds its parts')
+        self.register_load_state_dict_post_hook(_check_loaded_states)
 
     def add_sum_state(self, name: str, shape: int | tuple[int, ...] = ()) -> None:
         """Declare a float64 sum state (zeros of ``shape``), saved in ``state_dict``."""
+        self.state_shapes[name] = (shape,) if isinstance(shape, int) else tuple(shape)
         self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum", persistent=True)
 
     def set_config(self, **config: Any) -> None:
-        """Record the settings that change what ``update`` adds or what ``compute`` returns.
+        """Record the settings that change what ``update`` adds or what ``compute`` returns (once, in ``__init__``).
 
         ``MetricCollection`` shares one state among metrics whose states are equal after the first batch;
         two metrics of the same class but another configuration (say, two distances of
@@ -167,45 +182,31 @@ class Metric(torchmetrics.Metric):
         """
         tax = getattr(self, "taxonomy", None)
         text = repr((type(self).__name__, None if tax is None else tax.fingerprint, sorted(config.items())))
-        name = "config_" + hashlib.sha1(text.encode()).hexdigest()[:12]
-        if self._config_state is not None:
-            del self._defaults[self._config_state], self._persistent[self._config_state]
-            del self._reductions[self._config_state]
-            delattr(self, self._config_state)
-        self.add_state(name, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
-        self._config_state = name
+        self.config_state = "config_" + hashlib.sha1(text.encode()).hexdigest()[:12]
+        self.add_state(self.config_state, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
 
     def state_names(self) -> list[str]:
         """The names of the sum states (``updates`` included, the configuration marker left out)."""
-        return [k for k in self._defaults if k != self._config_state]
+        return [k for k in self.metric_state if k != self.config_state]
 
     def accumulate(self, **values: Any) -> None:
-        """Add ``values`` (NumPy, Python numbers or torch, the state's shape) to the states of the same names.
+        """Add ``values`` (NumPy arrays or Python numbers of the states' shapes) to the states of the same names.
 
-        Torch values are added on the state's device; host values travel as one float64 vector (one copy,
-        whatever the number of states). The states are added to in place: torchmetrics copies them wherever it
-        keeps a snapshot (``state_dict``, ``forward``, ``sync``), and ``reset`` gives fresh tensors.
+        The host values travel to the states' device as one float64 vector (one copy, whatever the number of
+        states). The states are added to in place: torchmetrics copies them wherever it keeps a snapshot
+        (``state_dict``, ``forward``, ``sync``), and ``reset`` gives fresh tensors.
         """
-        owner, prefix = self._owner or (self, "")
-        host: list[tuple[torch.Tensor, np.ndarray, str]] = []
-        for name, v in values.items():
-            cur = getattr(owner, prefix + name)
-            if isinstance(v, torch.Tensor):
-                if v.numel() != cur.numel():
-                    raise ValueError(f"state {name!r} has {cur.numel()} entries; got {v.numel()} to add")
-                cur.add_(v.detach().to(device=cur.device, dtype=cur.dtype).reshape(cur.shape))
-            else:
-                a = np.asarray(v, dtype=np.float64).ravel()
-                if a.size != cur.numel():
-                    raise ValueError(f"state {name!r} has {cur.numel()} entries; got {a.size} to add")
-                host.append((cur, a, name))
-        if host:
-            flat = torch.from_numpy(np.concatenate([a for _, a, _ in host]) if len(host) > 1 else host[0][1])
-            flat = flat.to(host[0][0].device)
-            pos = 0
-            for cur, a, _ in host:
-                cur.add_(flat[pos : pos + a.size].view(cur.shape).to(cur.dtype))
-                pos += a.size
+        owner, prefix = self.sink
+        states = [getattr(owner, prefix + name) for name in values]
+        flat = [np.asarray(to_numpy(v), dtype=np.float64).ravel() for v in values.values()]
+        for name, cur, a in zip(values, states, flat, strict=True):
+            if a.size != cur.numel():
+                raise ValueError(f"state {name!r} has {cur.numel()} entries; got {a.size} to add")
+        if not states:
+            return
+        moved = torch.from_numpy(np.concatenate(flat)).to(states[0].device)
+        for cur, part in zip(states, torch.split(moved, [a.size for a in flat]), strict=True):
+            cur.add_(part.view(cur.shape))
 
     def states(self) -> dict[str, torch.Tensor]:
         """The sum states by name (live tensors; :meth:`state_dict` gives copies)."""
@@ -214,96 +215,29 @@ class Metric(torchmetrics.Metric):
     def update(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def _wrap_update(self, update: Callable) -> Callable:
-        inner = super()._wrap_update(update)
-
-        @functools.wraps(update)
-        def wrapped(*args: Any, **kwargs: Any) -> None:
-            inner(*args, **kwargs)
-            self.updates.add_(1.0)  # in place, as accumulate (a fresh tensor after reset)
-
-        return wrapped
-
-    def _wrap_compute(self, compute: Callable) -> Callable:
-        inner = super()._wrap_compute(compute)
-
-        @functools.wraps(compute)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if float(self.updates) == 0 and _dist_world(self.process_group) == 1:
-                self._raise_not_updated()
-            try:
-                return inner(*args, **kwargs)
-            except BaseException:
-                # torchmetrics's sync context does not restore the local state when compute raises
-                if self._is_synced:
-                    self.unsync()
-                raise
-
-        return wrapped
-
-    def _raise_not_updated(self) -> None:
-        raise RuntimeError(
-            f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
-            "there is nothing to score; call update() with a batch first"
-        )
-
     def compute(self) -> Any:
         """Results from the states (summed over all ranks with ``sync_on_compute``, the default)."""
         if float(self.updates) == 0:  # after the reduction: the same answer on every rank
-            self._raise_not_updated()
+            if self.sync_on_compute and _dist_world(self.process_group) > 1:
+                self.unsync()  # torchmetrics restores the local states only when compute returns
+            raise RuntimeError(
+                f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
+                "there is nothing to score; call update() with a batch first"
+            )
         return self._compute({k: v.detach().cpu().numpy() for k, v in self.states().items()})
 
     def _compute(self, state: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
-    def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
-        if self.dist_sync_fn is not None:
-            super()._sync_dist(self.dist_sync_fn, process_group)
-            return
-        reduced = all_reduce_states([self.metric_state], process_group or self.process_group)[0]
-        for k, v in reduced.items():
-            setattr(self, k, v)
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict,
-        prefix: str,
-        local_metadata: dict,
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        for k in self.state_names():
-            key = prefix + k
-            if key not in state_dict:
-                if strict and self._persistent[k]:
-                    raise ValueError(
-                        f"state_dict does not match {type(self).__name__}: missing {key!r} "
-                        f"(expected the states {self.state_names()})"
-                    )
-                continue
-            v = torch.as_tensor(state_dict.pop(key))
-            want = self._defaults[k]
-            if tuple(v.shape) != tuple(want.shape):
-                raise ValueError(
-                    f"state_dict[{key!r}] has shape {tuple(v.shape)}; {type(self).__name__} expects "
-                    f"{tuple(want.shape)} (another taxonomy or configuration?)"
-                )
-            setattr(self, k, v.detach().to(dtype=want.dtype, device=self.device).clone())
-        self._computed = None
-        self._update_count = int(float(self.updates))
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
-
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """torchmetrics's, plus: with ``strict``, a key that is not a state raises ``ValueError`` naming it."""
+        """torchmetrics's, plus: with ``strict``, a missing state or a key that is no state raises ``ValueError``
+        naming it (inside a module's ``load_state_dict`` torchmetrics skips missing states; shapes are checked)."""
         if strict:
             extra = sorted(set(state_dict) - set(self.state_names()))
-            if extra:
+            missing = [k for k in self.state_dict() if k not in state_dict]
+            if extra or missing:
                 raise ValueError(
-                    f"state_dict does not match {type(self).__name__}: unexpected {extra} "
+                    f"state_dict does not match {type(self).__name__}: missing {missing}, unexpected {extra} "
                     f"(expected the states {self.state_names()})"
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -317,29 +251,37 @@ class Metric(torchmetrics.Metric):
             mine, theirs = getattr(self, "taxonomy", None), getattr(other, "taxonomy", None)
             if mine is not None and theirs is not None and mine != theirs:
                 raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
-            if other._config_state != self._config_state:
+            if other.config_state != self.config_state:
                 raise ValueError(f"cannot merge {type(self).__name__} metrics of different configurations")
-            incoming = other.metric_state
-            count = other._update_count
-        else:
-            incoming = {self._config_state: torch.zeros((), dtype=torch.float64), **incoming_state}
-            count = int(float(incoming.get("updates", 0)))
-        for k in self.state_names():
-            if k not in incoming:
+            incoming_state = other.states()
+        incoming = {}
+        for k, want in self.states().items():
+            if k not in incoming_state:
                 raise ValueError(f"cannot merge: state {k!r} is missing")
-            v = torch.as_tensor(incoming[k])
-            if tuple(v.shape) != tuple(self._defaults[k].shape):
-                raise ValueError(
-                    f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(self._defaults[k].shape)}"
-                )
-        self._reduce_states({k: torch.as_tensor(v).to(self.device, torch.float64) for k, v in incoming.items()})
-        self._update_count += count
-        self._computed = None
+            v = torch.as_tensor(incoming_state[k])
+            if tuple(v.shape) != tuple(want.shape):
+                raise ValueError(f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(want.shape)}")
+            incoming[k] = v.to(want.device, torch.float64)
+        if self.config_state is not None:
+            incoming[self.config_state] = torch.zeros((), dtype=torch.float64, device=self.updates.device)
+        super().merge_state(incoming)
 
     def merge(self, other: Metric) -> Metric:
         """:meth:`merge_state` with another metric (e.g. from another worker); returns ``self``."""
         self.merge_state(other)
         return self
+
+
+def _check_loaded_states(module: Metric, incompatible_keys: Any) -> None:
+    """``load_state_dict`` post-hook (nested loads too): every state of its shape, on the metric's device, float64."""
+    for k, shape in module.state_shapes.items():
+        v = getattr(module, k)
+        if tuple(v.shape) != shape:
+            raise ValueError(
+                f"state_dict[{k!r}] has shape {tuple(v.shape)}; {type(module).__name__} expects {shape} "
+                "(another taxonomy or configuration?)"
+            )
+        setattr(module, k, v.detach().to(dtype=torch.float64, device=module.device).clone())
 
 
 def _digest(x: Any) -> str | None:
@@ -410,7 +352,7 @@ class HierarchicalFBeta(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -422,22 +364,22 @@ class HierarchicalFBeta(Metric):
         prec, zp = divide(inter, npred, zd)
         rec, zr = divide(inter, ntrue, zd)
         f, zf = divide((1.0 + self.beta2) * inter, self.beta2 * ntrue + npred, zd)
-        # sums on the labels' device (0-d tensors for torch labels): no host round trip per batch
+        nodes = {}
+        if self.average in ("macro", "weighted"):
+            nodes = dict(zip(("tp", "fp", "fn"), node_confusion(t, p, self.taxonomy, w), strict=True))
         self.accumulate(
-            inter=batch_sum(inter, w),
-            npred=batch_sum(npred, w),
-            ntrue=batch_sum(ntrue, w),
-            sum_p=batch_sum(atleast_1d(prec), w),
-            sum_r=batch_sum(atleast_1d(rec), w),
-            sum_f=batch_sum(atleast_1d(f), w),
+            inter=weighted_sum(inter, w),
+            npred=weighted_sum(npred, w),
+            ntrue=weighted_sum(ntrue, w),
+            sum_p=weighted_sum(prec, w),
+            sum_r=weighted_sum(rec, w),
+            sum_f=weighted_sum(f, w),
             total=weight_total(len(t), w),
             undefined_p=zp.sum(),
             undefined_r=zr.sum(),
             undefined_f=zf.sum(),
+            **nodes,
         )
-        if self.average in ("macro", "weighted"):
-            tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
-            self.accumulate(tp=tp, fp=fp, fn=fn)
 
     def _compute(self, s: dict[str, np.ndarray], average: str | None = None) -> dict[str, float]:
         zd = self.zero_division
@@ -514,7 +456,7 @@ class NodeF1(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -615,7 +557,7 @@ class MistakeSeverity(Metric):
         self.set_config(distance=self.distance)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -670,16 +612,17 @@ class TopKMetrics(Metric):
 
     @renamed_keyword("scores", "y_score")
     def update(self, y_true: Any, y_score: Any, sample_weight: Any = None) -> None:
-        """Add a batch; torch scores are ranked on their device, and the labels join them there."""
+        """Add a batch; torch scores are ranked on their device, and only the top ids ``[B, max(k)]`` come to the
+        host."""
         t, top, w = top_k_labels(y_true, self.top(y_score), self.taxonomy, sample_weight)
         self.update_top(t, top, w)
 
     def top(self, y_score: Any) -> Any:
-        """The ``max(k)`` best candidates per row of ``y_score`` (on the scores' device for tensors)."""
+        """The ``max(k)`` best candidates per row of ``y_score`` (ranked on the scores' device for tensors)."""
         return top_k_predictions(y_score, max(self.k), taxonomy=self.taxonomy, candidates=self.candidates)
 
-    def update_top(self, t: Any, top: Any, w: Any) -> None:
-        """Add validated true ids and their top candidates (NumPy, or tensors on one device)."""
+    def update_top(self, t: np.ndarray, top: np.ndarray, w: np.ndarray | None) -> None:
+        """Add validated true ids and their top candidates (host arrays)."""
         hits, dists = top_k_sums(t, top, w, self.k, self.taxonomy, self.distance)
         self.accumulate(hits=hits, dist=dists, total=weight_total(len(t), w))
 
@@ -718,7 +661,7 @@ class LevelAccuracy(Metric):
         self.set_config(levels=self.levels)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -865,11 +808,11 @@ class HierarchicalMetrics(Metric):
         self.add_sum_state("exact")
         self.add_sum_state("total")
         for name, part in parts.items():
-            part._owner = (self, f"{name}.")
-            for key in part.state_names():
+            part.sink = (self, f"{name}.")
+            for key, value in part.states().items():
                 if key != "updates":
-                    self.add_sum_state(f"{name}.{key}", tuple(part._defaults[key].shape))
-        self.set_config(multilabel=multilabel, **{name: part._config_state for name, part in parts.items()})
+                    self.add_sum_state(f"{name}.{key}", tuple(value.shape))
+        self.set_config(multilabel=multilabel, **{name: part.config_state for name, part in parts.items()})
 
     @property
     def parts(self) -> dict[str, Metric]:
@@ -880,33 +823,23 @@ class HierarchicalMetrics(Metric):
     def update(self, y_true: Any, y_pred: Any, y_score: Any = None, sample_weight: Any = None) -> None:
         """Add a batch: labels as the functions take them, optional scores ``y_score`` ``[B, C]`` for the top-k
         metrics (``scores=`` is the deprecated name)."""
-        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True, device=True)
+        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
         if not self.multilabel and not (t.is_ids and p.is_ids):
             raise ValueError(
                 "HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
                 "multilabel=True for node sets"
             )
-        if t.is_ids and p.is_ids:
-            equal = t.ids == p.ids
-        elif t.is_torch:
-            equal = (_device.sets_of(t, self.taxonomy)[:, 1:] == _device.sets_of(p, self.taxonomy)[:, 1:]).all(1)
-        else:
-            ts, ps = t.as_sets(self.taxonomy)[:, 1:], p.as_sets(self.taxonomy)[:, 1:]
-            equal = (ts != ps).getnnz(axis=1) == 0
-        self.accumulate(exact=batch_sum(equal, w), total=weight_total(len(t), w))
+        equal = exact_matches(t, p, self.taxonomy)
+        self.accumulate(exact=weighted_sum(equal, w), total=weight_total(len(t), w))
         for name, part in self._parts.items():
             if name != "topk":
                 part.update_labels(t, p, w)
         if y_score is not None and "topk" in self._parts:
             topk = self._parts["topk"]
-            top = topk.top(y_score)  # ranked where the scores are; the labels join them there
+            top = topk.top(y_score)  # ranked where the scores are; the top ids come to the host
             if len(top) != len(keep):
                 raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(top)} rows")
-            if _device.is_tensor(top):
-                ids, keep, w = (None if x is None else torch.as_tensor(x, device=top.device) for x in (t.ids, keep, w))
-            else:
-                ids, keep, w = (None if x is None else _device.host(x) for x in (t.ids, keep, w))
-            topk.update_top(ids, top[keep], w)
+            topk.update_top(t.ids, to_numpy(top)[keep], w)
 
     def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
         def part(name: str) -> dict[str, np.ndarray]:
