@@ -445,23 +445,15 @@ def per_level_counts(
     """
     n_lv = num_levels(taxonomy, levels)
     ww = np.ones(len(t)) if w is None else w
-    if levels == "semantic" and taxonomy.is_tree and t.is_ids and p.is_ids:
-        # On a tree a root path meets each semantic level at most once: the class ancestor at that level.
-        table = semantic_level_table(taxonomy)
+    if taxonomy.is_tree and t.is_ids and p.is_ids:
+        # A root path meets each level at most once: the ancestor at that depth, or the class ancestor at that
+        # semantic level. Chunks keep the [B, levels] temporaries small for a million samples.
+        table = taxonomy.paths[:, 1:] if levels == "depth" else semantic_level_table(taxonomy)
         out = np.zeros((3, n_lv))
         for s in range(0, len(t), chunk):
             at, ap = table[t.ids[s : s + chunk]], table[p.ids[s : s + chunk]]
             vt, both, wc = at >= 0, (at >= 0) & (ap >= 0), ww[s : s + chunk]
             out += (wc @ (both & (at == ap)), wc @ both, wc @ vt)
-        return out[0], out[1], out[2]
-    if levels == "depth" and taxonomy.is_tree and t.is_ids and p.is_ids:
-        paths = taxonomy.paths
-        out = np.zeros((3, n_lv))
-        for s in range(0, len(t), chunk):  # chunks keep the [B, height] temporaries small for 1M samples
-            pt, pp = paths[t.ids[s : s + chunk], 1:], paths[p.ids[s : s + chunk], 1:]
-            vt, vp, wc = pt >= 0, pp >= 0, ww[s : s + chunk]
-            both = vt & vp
-            out += (wc @ (both & (pt == pp)), wc @ both, wc @ vt)
         return out[0], out[1], out[2]
     node_level = _node_levels(taxonomy, levels)
     ts, ps = t.as_sets(taxonomy), p.as_sets(taxonomy)

@@ -28,11 +28,8 @@ from hiercls.metrics._validation import (
     Labels,
     check_weights,
     check_zero_division,
-    divide,
     prepare_pair,
     renamed_keyword,
-    safe_divide,
-    warn_undefined,
     weight_total,
     weighted_sum,
 )
@@ -47,12 +44,13 @@ from hiercls.metrics.distance import (
 )
 from hiercls.metrics.hierarchical import (
     fbeta_from_counts,
+    hierarchical_scores,
+    hierarchical_sums,
     labels_mask,
     macro_mean,
     node_confusion,
     present_mask,
     reduce_node_counts,
-    root_free_counts,
 )
 from hiercls.metrics.nodes import constrained_counts, exact_matches
 from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
@@ -81,24 +79,15 @@ def _dist_world(group: Any = None) -> int:
 
 
 def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = None) -> list[dict[str, torch.Tensor]]:
-    """Sum state dicts over all ranks with one ``all_reduce`` per dtype; returns reduced copies.
+    """Sum state dicts over all ranks (``all_reduce(SUM)``); returns reduced copies.
 
     Without an initialised process group (or with one process) the copies are the local values.
     """
     out = [{k: v.clone() for k, v in s.items()} for s in states]
-    if _dist_world(group) == 1:
-        return out
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for s in out:
-        for v in s.values():
-            by_dtype.setdefault(v.dtype, []).append(v)
-    for tensors in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=group)
-        pos = 0
-        for t in tensors:
-            t.copy_(flat[pos : pos + t.numel()].view_as(t))
-            pos += t.numel()
+    if _dist_world(group) > 1:
+        for s in out:
+            for v in s.values():
+                torch.distributed.all_reduce(v, op=torch.distributed.ReduceOp.SUM, group=group)
     return out
 
 
@@ -357,59 +346,15 @@ class HierarchicalFBeta(Metric):
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
         """Update from already validated labels (used by :class:`HierarchicalMetrics`)."""
-        inter, npred, ntrue = root_free_counts(t, p, self.taxonomy)
-        if self.include_root:
-            inter, npred, ntrue = inter + 1, npred + 1, ntrue + 1
-        zd = self.zero_division
-        prec, zp = divide(inter, npred, zd)
-        rec, zr = divide(inter, ntrue, zd)
-        f, zf = divide((1.0 + self.beta2) * inter, self.beta2 * ntrue + npred, zd)
-        nodes = {}
-        if self.average in ("macro", "weighted"):
-            nodes = dict(zip(("tp", "fp", "fn"), node_confusion(t, p, self.taxonomy, w), strict=True))
-        self.accumulate(
-            inter=weighted_sum(inter, w),
-            npred=weighted_sum(npred, w),
-            ntrue=weighted_sum(ntrue, w),
-            sum_p=weighted_sum(prec, w),
-            sum_r=weighted_sum(rec, w),
-            sum_f=weighted_sum(f, w),
-            total=weight_total(len(t), w),
-            undefined_p=zp.sum(),
-            undefined_r=zr.sum(),
-            undefined_f=zf.sum(),
-            **nodes,
-        )
+        nodes = self.average in ("macro", "weighted")
+        sums = hierarchical_sums(t, p, self.taxonomy, w, self.beta2, self.include_root, self.zero_division, True, nodes)
+        self.accumulate(**sums)
 
     def _compute(self, s: dict[str, np.ndarray], average: str | None = None) -> dict[str, float]:
-        zd = self.zero_division
-        average = average or self.average
-        if average == "micro":
-            return {
-                "precision": safe_divide(s["inter"], s["npred"], zd, "hierarchical precision"),
-                "recall": safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall"),
-                "fbeta": fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F"),
-            }
-        if average == "samples":
-            tot = float(s["total"])
-            if tot == 0:
-                return {"precision": math.nan, "recall": math.nan, "fbeta": math.nan}
-            for key, what in (("undefined_p", "precision"), ("undefined_r", "recall"), ("undefined_f", "F")):
-                if float(s.get(key, 0.0)) > 0:
-                    warn_undefined(f"per-sample hierarchical {what}", zd)
-            return {
-                "precision": float(s["sum_p"]) / tot,
-                "recall": float(s["sum_r"]) / tot,
-                "fbeta": float(s["sum_f"]) / tot,
-            }
-        tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
-        if self.include_root:
-            tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
-        mask = present_mask(self.mask, self.labels, tp, fp, fn)
-        prec, rec, f, _ = reduce_node_counts(
-            tp[mask], fp[mask], fn[mask], self.beta2, average, zd, what="hierarchical node"
+        scores = hierarchical_scores(
+            s, average or self.average, self.beta2, self.zero_division, self.mask, self.labels, self.include_root
         )
-        return {"precision": prec, "recall": rec, "fbeta": f}
+        return dict(zip(("precision", "recall", "fbeta"), scores, strict=True))
 
 
 class NodeF1(Metric):
@@ -842,49 +787,40 @@ class HierarchicalMetrics(Metric):
             topk.update_top(t.ids, to_numpy(top)[keep], w)
 
     def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
-        def part(name: str) -> dict[str, np.ndarray]:
+        def states(name: str) -> dict[str, np.ndarray]:
             return {k.split(".", 1)[1]: v for k, v in arr.items() if k.startswith(f"{name}.")}
 
-        parts = self._parts
+        results = {name: part._compute(states(name)) for name, part in self._parts.items()}
+        results["micro"] = self._parts["hier"]._compute(states("hier"), average="micro")
         n = float(arr["total"])
         out: dict[str, Any] = {"accuracy": float(arr["exact"]) / n if n else math.nan}
-        hier = parts["hier"]
-        hs = part("hier")
-        micro = hier._compute(hs, average="micro")
-        samples = hier._compute(hs)
-        node = parts["node"]._compute(part("node"))
-        out.update(
-            {
-                "hP_micro": micro["precision"],
-                "hR_micro": micro["recall"],
-                "hF1_micro": micro["fbeta"],
-                "hP_samples": samples["precision"],
-                "hR_samples": samples["recall"],
-                "hF1_samples": samples["fbeta"],
-                "hF1_macro": node["macro_f1"],
-                "hF1_weighted": node["weighted_f1"],
-                "node_micro_f1": node["micro_f1"],
-                "node_macro_f1": node["macro_f1"],
-                "node_weighted_f1": node["weighted_f1"],
-                "hamming_loss": node["hamming_loss"],
-            }
-        )
-        depth = parts["depth"]._compute(part("depth"))
-        sem = parts["semantic"]._compute(part("semantic"))
-        out.update(
-            {
-                "per_level_accuracy": depth["per_level_accuracy"],
-                "per_level_support": depth["per_level_support"],
-                "per_semantic_level_accuracy": sem["per_level_accuracy"],
-                "semantic_accuracy": sem["semantic_accuracy"],
-            }
-        )
+        for key, (name, inner) in _RESULTS.items():
+            if name in results:
+                out[key] = results[name][inner]
         if not self.multilabel:
-            sev = parts["severity"]._compute(part("severity"))
-            out.update(sev)
-            out["mistake_severity_distance"] = parts["severity"].distance
-            out["wu_palmer_loss"] = parts["wu_palmer"]._compute(part("wu_palmer"))["mean_distance"]
-            out["zhao_loss"] = parts["zhao"]._compute(part("zhao"))["mean_distance"]
-            if "topk" in parts:
-                out.update(parts["topk"]._compute(part("topk")))
+            out.update(results["severity"], mistake_severity_distance=self._parts["severity"].distance)
+            out.update(results.get("topk", {}))
         return out
+
+
+# The keys of HierarchicalMetrics.compute(): (part, key of the part's result), in the order of the result.
+_RESULTS = {
+    "hP_micro": ("micro", "precision"),
+    "hR_micro": ("micro", "recall"),
+    "hF1_micro": ("micro", "fbeta"),
+    "hP_samples": ("hier", "precision"),
+    "hR_samples": ("hier", "recall"),
+    "hF1_samples": ("hier", "fbeta"),
+    "hF1_macro": ("node", "macro_f1"),
+    "hF1_weighted": ("node", "weighted_f1"),
+    "node_micro_f1": ("node", "micro_f1"),
+    "node_macro_f1": ("node", "macro_f1"),
+    "node_weighted_f1": ("node", "weighted_f1"),
+    "hamming_loss": ("node", "hamming_loss"),
+    "per_level_accuracy": ("depth", "per_level_accuracy"),
+    "per_level_support": ("depth", "per_level_support"),
+    "per_semantic_level_accuracy": ("semantic", "per_level_accuracy"),
+    "semantic_accuracy": ("semantic", "semantic_accuracy"),
+    "wu_palmer_loss": ("wu_palmer", "mean_distance"),
+    "zhao_loss": ("zhao", "mean_distance"),
+}
