@@ -113,6 +113,23 @@ def unknown_label(value: Any, taxonomy: Taxonomy, where: str) -> TaxonomyError:
     return TaxonomyError(f"{where}: unknown label {text!r} for taxonomy {taxonomy.name!r}{hint}", label=text)
 
 
+def node_ids(values: Any, taxonomy: Taxonomy, name: str) -> np.ndarray:
+    """Node ids of a list of nodes given as ids or names (``name``: the parameter, for errors)."""
+    ids = np.asarray(to_numpy(values)).ravel()
+    if ids.dtype.kind in "USO":
+        return names_to_ids(ids, taxonomy, name)
+    ids = ids.astype(np.int64)
+    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
+        raise ValueError(f"{name} must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
+    return ids
+
+
+def nonempty(labels: Labels | np.ndarray) -> None:
+    """Refuse a batch without samples (an empty input, or every ``y_true`` ignored)."""
+    if len(labels) == 0:
+        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+
+
 def _check_ids(ids: np.ndarray, taxonomy: Taxonomy, name: str, low: int) -> np.ndarray:
     n = taxonomy.num_nodes
     bad = (ids < low) | (ids >= n)

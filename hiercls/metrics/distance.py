@@ -27,6 +27,8 @@ from hiercls.metrics._validation import (
     Labels,
     check_weights,
     check_zero_division,
+    node_ids,
+    nonempty,
     prepare_pair,
     renamed_keyword,
     safe_divide,
@@ -96,11 +98,6 @@ def _ids(labels: Labels, name: str) -> np.ndarray:
     return labels.ids
 
 
-def _nonempty(t: Labels) -> None:
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
-
-
 def mistake_stats(
     t: np.ndarray, p: np.ndarray, w: np.ndarray | None, taxonomy: Taxonomy, distance: str
 ) -> tuple[float, float, float]:
@@ -144,7 +141,7 @@ def mistake_severity(
     """
     zero_division = check_zero_division(zero_division)
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    _nonempty(t)
+    nonempty(t)
     num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
     return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
 
@@ -161,7 +158,7 @@ def hierarchical_distance_loss(
         1.0
     """
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    _nonempty(t)
+    nonempty(t)
     d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
     return _mean(d, w)
 
@@ -256,7 +253,7 @@ def realized_cost(
         8.5
     """
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    _nonempty(t)
+    nonempty(t)
     d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
     return _mean(d, w)
 
@@ -275,12 +272,7 @@ def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.nda
         check_choice(candidates, ("leaves", "classes", "nodes"), "candidates")
         ids = {"leaves": taxonomy.leaves, "classes": taxonomy.classes, "nodes": np.arange(n)}[candidates]
     else:
-        ids = np.asarray(to_numpy(candidates))
-        if ids.dtype.kind in "USO":
-            ids = taxonomy.ids([str(x) for x in ids])
-        ids = ids.astype(np.int64).ravel()
-        if ((ids < 0) | (ids >= n)).any():
-            raise ValueError(f"candidates must be node ids in [0, {n}); got {ids.tolist()[:10]}")
+        ids = node_ids(candidates, taxonomy, "candidates")
     if width == len(ids):
         return ids, None
     if width == n:
@@ -389,7 +381,7 @@ def top_k_accuracy_score(
         0.5
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
-    _nonempty(Labels(t, None, taxonomy.num_nodes))
+    nonempty(t)
     return _mean((top == t[:, None]).any(1) * 1.0, w)
 
 
@@ -416,7 +408,7 @@ def average_hierarchical_distance_at_k(
         1.5
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
-    _nonempty(Labels(t, None, taxonomy.num_nodes))
+    nonempty(t)
     _, dist = top_k_sums(t, top, w, (k,), taxonomy, check_choice(distance, DISTANCES, "distance"))
     return float(dist[0] / weight_total(len(t), w))
 
@@ -495,7 +487,7 @@ def per_level_accuracy_score(
         [0.5, 0.0]
     """
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    _nonempty(t)
+    nonempty(t)
     correct, both, _ = per_level_counts(t, p, taxonomy, w, levels)
     with np.errstate(invalid="ignore", divide="ignore"):
         acc = np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
@@ -517,7 +509,7 @@ def semantic_accuracy_score(
         0.5
     """
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    _nonempty(t)
+    nonempty(t)
     correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
     if float(valid.sum()) == 0:
         raise ValueError("no (sample, level) pair is valid: no true label lies on a level")
@@ -586,8 +578,7 @@ def level_argmax_accuracy_score(
     keep = ids >= 0
     ids, lp = ids[keep], lp[keep]
     ww = np.ones(len(ids)) if w is None else w[keep]
-    if len(ids) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    nonempty(ids)
     truth = table[ids]
     valid = truth >= 0
     if not valid.any():

@@ -33,6 +33,8 @@ from hiercls.metrics._validation import (
     ancestors_int32,
     check_zero_division,
     divide,
+    node_ids,
+    nonempty,
     prepare_pair,
     safe_divide,
     warn_undefined,
@@ -200,14 +202,8 @@ def labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarr
         mask = np.ones(taxonomy.num_nodes, dtype=bool)
         mask[0] = include_root
         return mask
-    ids = np.asarray(to_numpy(labels))
-    if ids.dtype.kind in "USO":
-        ids = taxonomy.ids([str(x) for x in ids])
-    ids = ids.astype(np.int64).ravel()
-    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
-        raise ValueError(f"labels must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
     mask = np.zeros(taxonomy.num_nodes, dtype=bool)
-    mask[ids] = True
+    mask[node_ids(labels, taxonomy, "labels")] = True
     return mask
 
 
@@ -262,8 +258,7 @@ def hierarchical_precision_recall_fscore(
     if labels is not None and average not in ("macro", "weighted"):
         raise ValueError("labels is only used with average='macro' or 'weighted'")
     t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    nonempty(t)
     nodes = average in ("macro", "weighted")
     sums = hierarchical_sums(t, p, taxonomy, w, beta2, include_root, zero_division, average == "samples", nodes)
     if average == "samples" and sums["total"] == 0:
@@ -366,7 +361,7 @@ def hierarchical_fbeta_score(
         >>> hierarchical_fbeta_score(["x"], ["y"], taxonomy=tax, include_root=True)  # {r, a} of 3 each
         0.6666666666666666
     """
-    return _one_score(locals(), 2, "f-score")
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("f-score",))[2]  # its own arguments
 
 
 def hierarchical_f1_score(
@@ -389,7 +384,7 @@ def hierarchical_f1_score(
         >>> hierarchical_f1_score(["x", "b"], ["x", "b"], taxonomy=tax)
         1.0
     """
-    return _one_score(locals(), 2, "f-score")
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("f-score",))[2]  # its own arguments
 
 
 def hierarchical_precision_score(
@@ -412,7 +407,7 @@ def hierarchical_precision_score(
         >>> hierarchical_precision_score(["x"], ["a"], taxonomy=tax)  # predicting the parent is never wrong
         1.0
     """
-    return _one_score(locals(), 0, "precision")
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("precision",))[0]  # its own arguments
 
 
 def hierarchical_recall_score(
@@ -435,13 +430,7 @@ def hierarchical_recall_score(
         >>> hierarchical_recall_score(["x"], ["a"], taxonomy=tax)
         0.5
     """
-    return _one_score(locals(), 1, "recall")
-
-
-def _one_score(arguments: dict[str, Any], index: int, warn_for: str) -> float:
-    """Entry ``index`` of :func:`hierarchical_precision_recall_fscore` on a score function's own arguments
-    (its ``locals()``), warning only for that score."""
-    return hierarchical_precision_recall_fscore(**arguments, warn_for=(warn_for,))[index]
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("recall",))[1]  # its own arguments
 
 
 def _path_name_sets(y: Any, name: str) -> list[set[str]]:

@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import to_numpy
-from hiercls.metrics._validation import check_weights
+from hiercls.metrics._validation import check_weights, node_ids
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
 
@@ -30,13 +30,7 @@ def region_ids(taxonomy: Taxonomy, regions: Any) -> np.ndarray:
     """The region node ids ``regions`` names (ids or names; default: every node but the root), validated."""
     if regions is None:
         return np.arange(1, taxonomy.num_nodes, dtype=np.int64)
-    ids = np.asarray(to_numpy(regions))
-    if ids.dtype.kind in "USO":
-        return taxonomy.ids([str(r) for r in ids.ravel()])
-    ids = ids.astype(np.int64).ravel()
-    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
-        raise ValueError(f"regions must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
-    return ids
+    return node_ids(regions, taxonomy, "regions")
 
 
 def region_masks(label_map: Any, *, taxonomy: Taxonomy, regions: Any = None) -> np.ndarray:

@@ -43,7 +43,6 @@ from hiercls.metrics.distance import (
     top_k_sums,
 )
 from hiercls.metrics.hierarchical import (
-    fbeta_from_counts,
     hierarchical_scores,
     hierarchical_sums,
     labels_mask,
@@ -452,6 +451,7 @@ class ConstrainedF1(Metric):
         for kind in ("C", "P"):
             for name in ("tp", "fp", "fn"):
                 self.add_sum_state(f"{kind}_{name}", taxonomy.num_nodes)
+        self.set_config(zero_division=self.zero_division)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=True, close_pred=False)
@@ -465,16 +465,15 @@ class ConstrainedF1(Metric):
         )
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
-        zd, out = self.zero_division, {}
+        out = {}
         for kind in ("C", "P"):
             tp, fp, fn = s[f"{kind}_tp"], s[f"{kind}_fp"], s[f"{kind}_fn"]
             mask = present_mask(self.mask, "present", tp, fp, fn)
-            tp, fp, fn = tp[mask], fp[mask], fn[mask]
-            stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
-            out[f"{kind}_micro_f1"] = float(fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, f"{kind}-micro F1"))
-            out[f"{kind}_macro_f1"] = macro_mean(
-                np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, f"{kind}-node F1"))
-            )
+            for average in ("micro", "macro"):
+                scores = reduce_node_counts(
+                    tp[mask], fp[mask], fn[mask], 1.0, average, self.zero_division, ("f-score",)
+                )
+                out[f"{kind}_{average}_f1"] = scores[2]
         return out
 
 
