@@ -13,6 +13,7 @@ usual "nothing to find, nothing found" rule), 0.0, or ``nan`` to leave it out of
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -180,17 +181,30 @@ def nested_dice_score(
     """
     smooth, empty_score = check_dice_params(smooth, empty_score)
     inter, ts, ps = dice_counts(y_true, y_pred, taxonomy=taxonomy, regions=regions)
-    w = check_weights(sample_weight, inter.shape[0])
-    if not per_sample:
-        if w is not None:
-            inter, ts, ps = w @ inter, w @ ts, w @ ps
-        else:
-            inter, ts, ps = inter.sum(0), ts.sum(0), ps.sum(0)
-        return dice_from_counts(inter, ts, ps, smooth, empty_score)
+    sums = dice_sums(inter, ts, ps, check_weights(sample_weight, inter.shape[0]), smooth, empty_score)
+    return dice_scores(sums, smooth, empty_score)[1 if per_sample else 0]
+
+
+def dice_sums(
+    inter: np.ndarray, ts: np.ndarray, ps: np.ndarray, w: np.ndarray | None, smooth: float, empty_score: float
+) -> dict[str, np.ndarray]:
+    """Weighted sums over the samples ``[R]`` of the :func:`dice_counts` (pooled Dice) and of the per-sample Dice
+    (``sample_count``: the weight of the samples where it is defined, not ``nan``): the states of ``NestedDice``."""
+    ww = np.ones(inter.shape[0]) if w is None else w
     d = dice_from_counts(inter, ts, ps, smooth, empty_score)
     ok = ~np.isnan(d)
-    ww = np.ones(d.shape[0]) if w is None else w
-    num = (np.where(ok, d, 0.0) * ww[:, None]).sum(0)
-    den = (ok * ww[:, None]).sum(0)
+    return {
+        "inter": ww @ inter,
+        "true": ww @ ts,
+        "pred": ww @ ps,
+        "sample_dice": ww @ np.where(ok, d, 0.0),
+        "sample_count": ww @ ok,
+    }
+
+
+def dice_scores(s: Mapping[str, np.ndarray], smooth: float, empty_score: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(pooled Dice [R], mean per-sample Dice [R])`` of :func:`dice_sums` (``nan`` where no sample counts)."""
+    pooled = dice_from_counts(s["inter"], s["true"], s["pred"], smooth, empty_score)
+    count = s["sample_count"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        return pooled, np.where(count > 0, s["sample_dice"] / np.where(count > 0, count, 1.0), np.nan)

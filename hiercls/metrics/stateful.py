@@ -52,7 +52,7 @@ from hiercls.metrics.hierarchical import (
     reduce_node_counts,
 )
 from hiercls.metrics.nodes import constrained_counts, exact_matches
-from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
+from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_scores, dice_sums, region_ids
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
 
@@ -667,19 +667,11 @@ class NestedDice(Metric):
         if inter.shape[1] != self.inter.shape[0]:
             raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self.inter.shape[0]}")
         w = check_weights(sample_weight, inter.shape[0])
-        ww = np.ones(inter.shape[0]) if w is None else w
-        d = dice_from_counts(inter, ts, ps, self.smooth, self.empty_score)
-        ok = ~np.isnan(d)
-        self.accumulate(
-            inter=ww @ inter, true=ww @ ts, pred=ww @ ps, sample_dice=ww @ np.where(ok, d, 0.0), sample_count=ww @ ok
-        )
+        self.accumulate(**dice_sums(inter, ts, ps, w, self.smooth, self.empty_score))
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, Any]:
-        dice = dice_from_counts(s["inter"], s["true"], s["pred"], self.smooth, self.empty_score)
-        cnt = s["sample_count"]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per = np.where(cnt > 0, s["sample_dice"] / np.where(cnt > 0, cnt, 1.0), np.nan)
-        return {"dice": dice.tolist(), "dice_per_sample": per.tolist(), "mean_dice": macro_mean(dice)}
+        dice, per_sample = dice_scores(s, self.smooth, self.empty_score)
+        return {"dice": dice.tolist(), "dice_per_sample": per_sample.tolist(), "mean_dice": macro_mean(dice)}
 
 
 class HierarchicalMetrics(Metric):
