@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import sklearn.metrics as skm
-from _trees import random_tree
+from _generators import random_tree
 
 from hiercls import metrics as M
 from hiercls.taxonomy import Taxonomy
