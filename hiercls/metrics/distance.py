@@ -89,6 +89,13 @@ def pairwise_distance(a: np.ndarray, b: np.ndarray, taxonomy: Taxonomy, distance
     return np.asarray(taxonomy.distance(a, b, kind=distance), dtype=np.float64)
 
 
+def _id_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[np.ndarray, ...]:
+    """``(true ids, predicted ids, weights)`` of a non-empty batch of single-node labels."""
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    nonempty(t)
+    return _ids(t, "y_true"), _ids(p, "y_pred"), w
+
+
 def _ids(labels: Labels, name: str) -> np.ndarray:
     if not labels.is_ids:
         raise ValueError(
@@ -140,9 +147,7 @@ def mistake_severity(
         1.5
     """
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    nonempty(t)
-    num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
+    num, den, _ = mistake_stats(*_id_pair(y_true, y_pred, taxonomy, sample_weight), taxonomy, distance)
     return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
 
 
@@ -157,10 +162,8 @@ def hierarchical_distance_loss(
         >>> hierarchical_distance_loss(["x", "x"], ["y", "x"], taxonomy=tax)  # x - a - y: 2 edges, then 0
         1.0
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    nonempty(t)
-    d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
-    return _mean(d, w)
+    t, p, w = _id_pair(y_true, y_pred, taxonomy, sample_weight)
+    return _mean(pairwise_distance(t, p, taxonomy, distance), w)
 
 
 def _mean(values: np.ndarray, w: np.ndarray | None) -> float:
@@ -252,10 +255,8 @@ def realized_cost(
         >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
         8.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
-    nonempty(t)
-    d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
-    return _mean(d, w)
+    t, p, w = _id_pair(y_true, y_pred, taxonomy, sample_weight)
+    return _mean(cost_values(t, p, taxonomy, cost), w)
 
 
 def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.ndarray, np.ndarray | None]:
@@ -416,10 +417,7 @@ def average_hierarchical_distance_at_k(
 def _node_levels(taxonomy: Taxonomy, levels: str) -> np.ndarray:
     """Level of every node (``-1``: not on any level): depth (root excluded) or semantic level."""
     check_choice(levels, ("depth", "semantic"), "levels")
-    if levels == "depth":
-        lv = taxonomy.depth.astype(np.int64) - 1
-        return lv
-    return taxonomy.semantic_level.astype(np.int64)
+    return (taxonomy.depth - 1 if levels == "depth" else taxonomy.semantic_level).astype(np.int64)
 
 
 def num_levels(taxonomy: Taxonomy, levels: str) -> int:
