@@ -285,7 +285,9 @@ def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.nda
 def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: Any = None) -> np.ndarray:
     """Node ids of the ``k`` highest-scoring candidates per sample, best first, ``[B, k]``.
 
-    Ties: among equal scores the smaller node id comes first (the decoders' rule).
+    Ties: among equal scores the smaller node id comes first (the decoders' rule). The scores are ranked where
+    they are (one stable ``torch.sort``; NumPy scores as a CPU tensor): a tensor in gives the ids as a tensor on
+    its device, NumPy in gives NumPy.
 
     Args:
         y_score: ``[B, num_leaves]`` leaf scores, ``[B, N]`` node scores (then ``candidates`` selects the
@@ -351,18 +353,21 @@ def top_k_labels(y_true: Any, top: Any, taxonomy: Taxonomy, sample_weight: Any) 
     return ids, top, w
 
 
-def top_k_sums(
-    t: np.ndarray, top: np.ndarray, w: np.ndarray | None, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted sums over the samples of the top-``k`` hit and of the mean distance of the top ``k``, per ``k``
-    (``top`` holds the ``max(ks)`` best candidates)."""
-    dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance)
+def top_k_hits(t: np.ndarray, top: np.ndarray, w: np.ndarray | None, ks: tuple[int, ...]) -> np.ndarray:
+    """Per ``k``: the weighted number of samples whose true node is among their ``k`` best candidates (``top``:
+    the ``max(ks)`` best, best first)."""
     hit = np.cumsum(top == t[:, None], axis=1) > 0  # a hit within the first j + 1
+    return np.array([weighted_sum(hit[:, k - 1], w) for k in ks])
+
+
+def top_k_distances(
+    t: np.ndarray, top: np.ndarray, w: np.ndarray | None, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str
+) -> np.ndarray:
+    """Per ``k``: the weighted sum over the samples of the mean distance between the truth and its ``k`` best
+    candidates."""
+    dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance)
     mean = np.cumsum(dist, axis=1) / np.arange(1, top.shape[1] + 1)
-    return (
-        np.array([weighted_sum(hit[:, k - 1], w) for k in ks]),
-        np.array([weighted_sum(mean[:, k - 1], w) for k in ks]),
-    )
+    return np.array([weighted_sum(mean[:, k - 1], w) for k in ks])
 
 
 @renamed_keyword("scores", "y_score")
@@ -383,7 +388,7 @@ def top_k_accuracy_score(
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
     nonempty(t)
-    return _mean((top == t[:, None]).any(1) * 1.0, w)
+    return float(top_k_hits(t, top, w, (k,))[0] / weight_total(len(t), w))
 
 
 @renamed_keyword("scores", "y_score")
@@ -410,7 +415,7 @@ def average_hierarchical_distance_at_k(
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
     nonempty(t)
-    _, dist = top_k_sums(t, top, w, (k,), taxonomy, check_choice(distance, DISTANCES, "distance"))
+    dist = top_k_distances(t, top, w, (k,), taxonomy, check_choice(distance, DISTANCES, "distance"))
     return float(dist[0] / weight_total(len(t), w))
 
 
@@ -476,7 +481,8 @@ def per_level_accuracy_score(
         sample_weight: optional weight per sample.
 
     Returns:
-        float64 array, ``nan`` at levels without any valid sample.
+        float64 array, ``nan`` at levels without any valid sample; a float64 tensor on the labels' device when
+        they are tensors (the counts are computed on the host copy of the labels).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy

@@ -38,9 +38,10 @@ from hiercls.metrics.distance import (
     mistake_stats,
     num_levels,
     per_level_counts,
+    top_k_distances,
+    top_k_hits,
     top_k_labels,
     top_k_predictions,
-    top_k_sums,
 )
 from hiercls.metrics.hierarchical import (
     hierarchical_scores,
@@ -567,8 +568,8 @@ class TopKMetrics(Metric):
 
     def update_top(self, t: np.ndarray, top: np.ndarray, w: np.ndarray | None) -> None:
         """Add validated true ids and their top candidates (host arrays)."""
-        hits, dists = top_k_sums(t, top, w, self.k, self.taxonomy, self.distance)
-        self.accumulate(hits=hits, dist=dists, total=weight_total(len(t), w))
+        dists = top_k_distances(t, top, w, self.k, self.taxonomy, self.distance)
+        self.accumulate(hits=top_k_hits(t, top, w, self.k), dist=dists, total=weight_total(len(t), w))
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
         n = float(s["total"])
