@@ -4,10 +4,11 @@ decoders on the device, printed as ONE JSON of timings and ratios.
 With CUDA: ViT-Tiny (64 px, 8 px patches) on ``imagenet21k_winter21``, batch 64, a few fp16 (with a gradient
 scaler) and bf16 autocast steps per head, each head's step time as a ratio to the flat head's; the DDP step
 runs under ``torchrun --nproc_per_node 1`` with the NCCL backend; every decoder decodes ``[1000, N]`` node
-probabilities on the device, and so do the expected-cost functions, and a few metrics score device labels: each
-must return tensors on the device without a host copy (``Tensor.cpu`` / ``Tensor.numpy`` raise while it runs).
+probabilities on the device, and so do the expected-cost functions: each must return tensors on the device without
+a host copy (``Tensor.cpu`` / ``Tensor.numpy`` raise while it runs); a few metrics score device labels (copied to
+the host, their array results back on the device).
 Without CUDA, or with ``--dry``, the CPU-feasible parts run tiny (float32 steps of
-every head on a 2-block ViT and a small tree, the decoders' and metrics' torch kernels on CPU tensors) and the
+every head on a 2-block ViT and a small tree, the decoders' torch kernels and the metrics on CPU tensors) and the
 CUDA parts are skipped with a message; the exit status is then 0 when the tiny parts pass.
 
 Usage: ``python scripts/gpu_check.py [--dry] [--steps 3]`` (``--ddp-worker`` is the torchrun child).
@@ -124,18 +125,17 @@ class _HostCopy(RuntimeError):
 def _device_kernels_only():
     """Run the torch kernels for CPU tensors too (what CUDA tensors always run) and make host copies raise."""
     from hiercls.decode import _common
-    from hiercls.metrics import _device
 
     def refuse(*_args: Any, **_kwargs: Any) -> None:
         raise _HostCopy("host round trip (.cpu() / .numpy())")
 
-    saved = (_common.TORCH_KERNELS_ON_CPU, _device.ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy)
-    _common.TORCH_KERNELS_ON_CPU = _device.ON_CPU = True
+    saved = (_common.TORCH_KERNELS_ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy)
+    _common.TORCH_KERNELS_ON_CPU = True
     torch.Tensor.cpu, torch.Tensor.numpy = refuse, refuse
     try:
         yield
     finally:
-        _common.TORCH_KERNELS_ON_CPU, _device.ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy = saved
+        _common.TORCH_KERNELS_ON_CPU, torch.Tensor.cpu, torch.Tensor.numpy = saved
 
 
 def _timed(device: torch.device, base: float, call: Any, host_ok: bool) -> dict[str, Any]:
@@ -192,7 +192,8 @@ def decoders(device: torch.device) -> dict[str, Any]:
 
 
 def metrics(device: torch.device) -> dict[str, Any]:
-    """Metrics of labels that live on ``device`` (ids and node sets): ms per call, host copies raising."""
+    """Metrics of labels that live on ``device`` (ids and node sets): ms per call (the labels are copied to the
+    host, by design: the metrics have one NumPy implementation), array results back on the device."""
     import hiercls.metrics as M
 
     tax = _tree(device.type == "cuda")
@@ -211,10 +212,9 @@ def metrics(device: torch.device) -> dict[str, Any]:
         "per_level_accuracy_score": lambda: M.per_level_accuracy_score(y_true, y_pred, taxonomy=tax),
         "hierarchical_f1_score:node_sets": lambda: M.hierarchical_f1_score(y_true, pred_sets, taxonomy=tax),
     }
-    host_reduction = {"hierarchical_f1_score:macro"}  # averages its [N] node counts on the host
     res: dict[str, Any] = {"batch": batch, "taxonomy": tax.name}
     for name, call in calls.items():
-        r = _timed(device, 1.0, call, name in host_reduction)
+        r = _timed(device, 1.0, call, True)
         r.pop("ratio_vs_argmax", None)
         res[name] = r
     return res

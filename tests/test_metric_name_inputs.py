@@ -1,9 +1,5 @@
-"""Metrics given node names (lists, tuples, NumPy arrays) score exactly as given node ids, and name unknown labels.
-
-Lists of at least ``_FIXED_WIDTH_MIN`` names of one UTF-8 length take the vectorised ``_lookup_fixed_width``;
-shorter lists, lists of several lengths and every failure take the dict, which names the unknown label. Both
-paths are pinned here, and the vectorised one against the dict on labels built to break its row layout.
-"""
+"""Metrics given node names (lists, tuples, NumPy arrays of any width) score exactly as given node ids, and an
+unknown label is named with its position and close matches."""
 
 from __future__ import annotations
 
@@ -13,10 +9,9 @@ import numpy as np
 import pytest
 
 import hiercls.metrics as M
-from hiercls.metrics import _validation as V
 from hiercls.taxonomy import Taxonomy, TaxonomyError, load_taxonomy
 
-BIG = max(2000, 2 * V._FIXED_WIDTH_MIN)  # a batch the vectorised list lookup takes
+BIG = 2000
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +57,7 @@ def test_names_score_as_ids_in_every_container(tax: Taxonomy, n: int) -> None:
 
 
 def _mixed_taxonomy() -> Taxonomy:
-    """Names of 1-24 UTF-8 bytes (multiples of 8 among them), non-ASCII ones, prefixes of one another."""
+    """Names of 1-24 code points, non-ASCII ones, prefixes of one another."""
     rng = np.random.default_rng(3)
     alphabet = np.array(list("ab/_ éß猫\U0001f431"))
     names = {"".join(rng.choice(alphabet, int(rng.integers(1, 13)))) for _ in range(3000)}
@@ -71,65 +66,23 @@ def _mixed_taxonomy() -> Taxonomy:
     return Taxonomy([(names[0], x) for x in names[1:]])
 
 
-@pytest.mark.parametrize("which", ["imagenet1k_tree", "mixed"])
-def test_fixed_width_lookup_finds_every_length(which: str) -> None:
-    tax = load_taxonomy(which) if which != "mixed" else _mixed_taxonomy()
+def test_names_of_every_length_and_script_score_as_ids() -> None:
+    tax = _mixed_taxonomy()
     rng = np.random.default_rng(4)
-    lengths = np.array([len(x.encode()) for x in tax.names])
-    for w in np.unique(lengths):
-        pool = np.flatnonzero(lengths == w)
-        ids = rng.choice(pool, BIG)
-        values = [tax.names[i] for i in ids]
-        np.testing.assert_array_equal(V._lookup_fixed_width(values, tax), ids)
-        np.testing.assert_array_equal(V._lookup_names(values, tax), ids)
-        np.testing.assert_array_equal(V._lookup_names(tuple(values), tax), ids)
-    # several lengths: the dict gives the same ids
-    ids = rng.integers(0, tax.num_nodes, BIG)
-    np.testing.assert_array_equal(V._lookup_names([tax.names[i] for i in ids], tax), ids)
-
-
-def _broken(values: list[str], w: int, shorter: list[str], rng: np.random.Generator) -> list[list[Any]]:
-    """Lists that keep the first and last label (one of ``w`` bytes) but are no list of names of ``w`` bytes.
-
-    ``shorter``: names of fewer bytes; each padded with NULs to ``w`` bytes makes a label whose row is that name's.
-    """
-    s = 8 * (w // 8 + 1) - w  # the NULs the lookup puts after each label
-    out: list[list[Any]] = []
-    k = int(rng.integers(1, len(values) - 2))
-    padded = [x + "\0" * (w - len(x.encode())) for x in shorter[:3]]
-    for bad in (values[k][:-1] + "#", "", values[k] * 3, 7, None, b"n0", "\ud800", values[k] + "\0", *padded):
-        v = list(values)
-        v[k] = bad
-        out.append(v)
-    # two labels joined (directly, or by the lookup's own separator), then an empty label: the joined bytes have
-    # the layout's length
-    v = list(values)
-    v[k : k + 2] = [values[k] + values[k + 1], ""]
-    out.append(v)
-    v = list(values)
-    v[k : k + 2] = [values[k] + "\0" * s + values[k + 1], ""]
-    out.append(v)
-    # a label with the separator inside, its tail moved to the next label: every row's bytes still line up
-    v = list(values)
-    v[k : k + 2] = [values[k][:2] + "\0" * s, values[k][2 : w - s] + values[k + 1]]
-    out.append(v)
-    return out
-
-
-@pytest.mark.parametrize("which", ["imagenet1k_tree", "mixed"])
-def test_fixed_width_lookup_refuses_what_is_not_a_list_of_names(which: str) -> None:
-    tax = load_taxonomy(which) if which != "mixed" else _mixed_taxonomy()
-    rng = np.random.default_rng(5)
-    lengths = np.array([len(x.encode()) for x in tax.names])
-    known = set(tax.names)
-    for w in (int(lengths[1]), int(lengths.max())):
-        pool = np.flatnonzero(lengths == w)
-        values = [tax.names[i] for i in rng.choice(pool, BIG)]
-        shorter = [tax.names[i] for i in np.flatnonzero(lengths < w)]
-        for v in _broken(values, w, shorter, rng):
-            assert V._lookup_fixed_width(v, tax) is None
-            if not all(isinstance(x, str) and x in known for x in v):
-                assert V._lookup_names(v, tax) is None
+    names = np.array(tax.names)
+    yt, yp = rng.integers(0, tax.num_nodes, BIG), rng.integers(0, tax.num_nodes, BIG)
+    want = _metrics(yt, yp, tax)
+    _assert_same(_metrics(names[yt].tolist(), names[yp], tax), want)
+    # arrays wider than every name, and as narrow as the labels they hold, are read exactly
+    _assert_same(_metrics(names[yt].astype("U40"), names[yp].astype(f"U{max(map(len, names[yp]))}"), tax), want)
+    short = np.flatnonzero([len(x) <= 2 for x in tax.names])
+    np.testing.assert_array_equal(M.exact_match_score(names[short].astype("U2"), short, taxonomy=tax), 1.0)
+    for label in ("x" * 25, names[yt[0]] + "a", names[yt[0]][:-1] + "#"):  # longer, suffixed, changed
+        bad = names[yt].astype("U40")
+        bad[11] = label
+        if label not in set(tax.names):
+            with pytest.raises(TaxonomyError, match=r"y_true\[11\]: unknown label"):
+                M.hierarchical_f1_score(bad, names[yp], taxonomy=tax)
 
 
 @pytest.mark.parametrize("n", [7, BIG])

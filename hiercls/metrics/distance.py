@@ -17,24 +17,26 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from hiercls._checks import check_choice, to_numpy
-from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
-    batch_sum,
     check_weights,
     check_zero_division,
+    node_ids,
+    nonempty,
     prepare_pair,
     renamed_keyword,
     safe_divide,
+    tensor_device,
+    to_device,
     to_labels,
     weight_total,
+    weighted_sum,
 )
 from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
@@ -81,12 +83,17 @@ def node_heights(taxonomy: Taxonomy) -> np.ndarray:
 def pairwise_distance(a: np.ndarray, b: np.ndarray, taxonomy: Taxonomy, distance: str) -> np.ndarray:
     """``Taxonomy.distance`` plus ``"lca_node_height"`` (the LCA's own height, for unbalanced trees)."""
     check_choice(distance, DISTANCES, "distance")
-    if _device.is_tensor(a):
-        return _device.distance(a, b, taxonomy, distance)
     if distance == "lca_node_height":
         lca = np.asarray(taxonomy.lca(a, b))
         return np.where(a == b, 0.0, node_heights(taxonomy)[lca].astype(np.float64))
     return np.asarray(taxonomy.distance(a, b, kind=distance), dtype=np.float64)
+
+
+def _id_pair(y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[np.ndarray, ...]:
+    """``(true ids, predicted ids, weights)`` of a non-empty batch of single-node labels."""
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    nonempty(t)
+    return _ids(t, "y_true"), _ids(p, "y_pred"), w
 
 
 def _ids(labels: Labels, name: str) -> np.ndarray:
@@ -98,30 +105,14 @@ def _ids(labels: Labels, name: str) -> np.ndarray:
     return labels.ids
 
 
-def _nonempty(t: Labels) -> None:
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
-
-
 def mistake_stats(
     t: np.ndarray, p: np.ndarray, w: np.ndarray | None, taxonomy: Taxonomy, distance: str
 ) -> tuple[float, float, float]:
-    """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps.
-
-    Floats for NumPy labels; 0-d tensors on the labels' device for torch labels (every distance is 0 between
-    equal nodes, so the sum runs over all samples without selecting the mistakes).
-    """
-    if _device.is_tensor(t):
-        wrong = (t != p).to(torch.float64)
-        return batch_sum(pairwise_distance(t, p, taxonomy, distance), w), batch_sum(wrong, w), weight_total(len(t), w)
+    """``(Σ w·dist over mistakes, Σ w over mistakes, Σ w)``: the sums the stateful metric keeps."""
     wrong = t != p
-    dist = pairwise_distance(t[wrong], p[wrong], taxonomy, distance)
     ww = None if w is None else w[wrong]
-    return (
-        float(dist.sum() if ww is None else dist @ ww),
-        float(wrong.sum() if w is None else w[wrong].sum()),
-        float(len(t) if w is None else w.sum()),
-    )
+    dist = pairwise_distance(t[wrong], p[wrong], taxonomy, distance)
+    return weighted_sum(dist, ww), weight_total(int(wrong.sum()), ww), weight_total(len(t), w)
 
 
 def mistake_severity(
@@ -156,9 +147,7 @@ def mistake_severity(
         1.5
     """
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
-    _nonempty(t)
-    num, den, _ = mistake_stats(_ids(t, "y_true"), _ids(p, "y_pred"), w, taxonomy, distance)
+    num, den, _ = mistake_stats(*_id_pair(y_true, y_pred, taxonomy, sample_weight), taxonomy, distance)
     return safe_divide(float(num), float(den), zero_division, "mistake severity without mistakes")
 
 
@@ -173,16 +162,12 @@ def hierarchical_distance_loss(
         >>> hierarchical_distance_loss(["x", "x"], ["y", "x"], taxonomy=tax)  # x - a - y: 2 edges, then 0
         1.0
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
-    _nonempty(t)
-    d = pairwise_distance(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, distance)
-    return _mean(d, w)
+    t, p, w = _id_pair(y_true, y_pred, taxonomy, sample_weight)
+    return _mean(pairwise_distance(t, p, taxonomy, distance), w)
 
 
-def _mean(values: Any, w: Any) -> float:
-    """The (weighted) mean of per-sample values, NumPy or torch (summed on their device)."""
-    if _device.is_tensor(values):
-        return float(batch_sum(values, w) / weight_total(len(values), w))
+def _mean(values: np.ndarray, w: np.ndarray | None) -> float:
+    """The (weighted) mean of per-sample values."""
     return float(np.average(values, weights=w)) if w is not None else float(values.mean())
 
 
@@ -222,20 +207,6 @@ def cost_values(t: np.ndarray, p: np.ndarray, taxonomy: Taxonomy, cost: Any) -> 
     """``cost(p[i], t[i])`` per sample, for a distance name or a cost matrix ``[N, L]`` / ``[N, N]``."""
     if isinstance(cost, str):
         return pairwise_distance(t, p, taxonomy, cost)
-    if _device.is_tensor(t):  # the matrix goes to the labels' device; the check below names any bad label
-        if _device.is_tensor(cost):
-            cost = cost.to(device=t.device, dtype=torch.float64)
-        else:
-            cost = torch.as_tensor(np.asarray(cost, dtype=np.float64), device=t.device)
-        n, nl = taxonomy.num_nodes, taxonomy.num_leaves
-        if cost.ndim != 2 or cost.shape[0] != n or cost.shape[1] not in (nl, n) or not bool(cost.isfinite().all()):
-            return torch.as_tensor(cost_values(t.cpu().numpy(), p.cpu().numpy(), taxonomy, cost.cpu().numpy()))
-        if cost.shape[1] == n:
-            return cost[p, t]
-        col = _device.table(taxonomy, "leaf_index", t.device)[t]
-        if bool((col < 0).any()):  # the host path raises, naming the label
-            cost_values(t.cpu().numpy(), p.cpu().numpy(), taxonomy, cost.cpu().numpy())
-        return cost[p, col]
     mat = np.asarray(to_numpy(cost), dtype=np.float64)
     n, nl = taxonomy.num_nodes, taxonomy.num_leaves
     if mat.ndim != 2 or mat.shape[0] != n or mat.shape[1] not in (nl, n):
@@ -284,10 +255,8 @@ def realized_cost(
         >>> realized_cost(["x", "b"], ["a", "b"], taxonomy=tax, cost=c)  # (c[a, x] + c[b, b]) / 2 = (3 + 14) / 2
         8.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
-    _nonempty(t)
-    d = cost_values(_ids(t, "y_true"), _ids(p, "y_pred"), taxonomy, cost)
-    return _mean(d, w)
+    t, p, w = _id_pair(y_true, y_pred, taxonomy, sample_weight)
+    return _mean(cost_values(t, p, taxonomy, cost), w)
 
 
 def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.ndarray, np.ndarray | None]:
@@ -304,12 +273,7 @@ def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.nda
         check_choice(candidates, ("leaves", "classes", "nodes"), "candidates")
         ids = {"leaves": taxonomy.leaves, "classes": taxonomy.classes, "nodes": np.arange(n)}[candidates]
     else:
-        ids = np.asarray(to_numpy(candidates))
-        if ids.dtype.kind in "USO":
-            ids = taxonomy.ids([str(x) for x in ids])
-        ids = ids.astype(np.int64).ravel()
-        if ((ids < 0) | (ids >= n)).any():
-            raise ValueError(f"candidates must be node ids in [0, {n}); got {ids.tolist()[:10]}")
+        ids = node_ids(candidates, taxonomy, "candidates")
     if width == len(ids):
         return ids, None
     if width == n:
@@ -321,7 +285,9 @@ def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.nda
 def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: Any = None) -> np.ndarray:
     """Node ids of the ``k`` highest-scoring candidates per sample, best first, ``[B, k]``.
 
-    Ties: among equal scores the smaller node id comes first (the decoders' rule).
+    Ties: among equal scores the smaller node id comes first (the decoders' rule). The scores are ranked where
+    they are (one stable ``torch.sort``; NumPy scores as a CPU tensor): a tensor in gives the ids as a tensor on
+    its device, NumPy in gives NumPy.
 
     Args:
         y_score: ``[B, num_leaves]`` leaf scores, ``[B, N]`` node scores (then ``candidates`` selects the
@@ -337,12 +303,7 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
         >>> top_k_predictions(np.array([[0.2, 0.5, 0.3]]), 2, taxonomy=tax).tolist()  # leaves x, y, b
         [[3, 4]]
     """
-    on_device = _device.wanted(y_score)
-    s = y_score.detach() if on_device else np.asarray(to_numpy(y_score))
-    if s.ndim != 2:
-        raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
-    if (s.dtype.is_complex or s.dtype == torch.bool) if on_device else s.dtype.kind not in "biuf":
-        raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
+    s = _score_tensor(y_score)
     ids, cols = _candidates(taxonomy, s.shape[1], candidates)
     if not isinstance(k, int | np.integer) or not 1 <= k <= len(ids):
         raise ValueError(f"k must be an integer in [1, {len(ids)}] (the number of candidates); got {k!r}")
@@ -350,14 +311,25 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
     # order gives exactly that (torch.topk's order among equal scores is unspecified).
     order = np.argsort(ids, kind="stable")
     ids, cols = ids[order], order if cols is None else cols[order]
-    if on_device:  # sorted on the scores' device; node ids [B, k] there too
-        s = s.float() if not s.dtype.is_floating_point or s.element_size() < 4 else s
-        top = torch.sort(s[:, torch.as_tensor(cols, device=s.device)], dim=1, descending=True, stable=True).indices
-        return torch.as_tensor(ids, device=s.device)[top[:, :k]]
-    s = s[:, cols]
-    scores_t = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64 if s.dtype == np.float64 else np.float32))
-    top = torch.sort(scores_t, dim=1, descending=True, stable=True).indices[:, :k].numpy()
-    return torch.from_numpy(ids[top]) if _device.is_tensor(y_score) else ids[top]  # torch in, torch out
+    top = torch.sort(s[:, torch.as_tensor(cols, device=s.device)], dim=1, descending=True, stable=True).indices
+    top = torch.as_tensor(ids, device=s.device)[top[:, :k]]
+    return top if isinstance(y_score, torch.Tensor) else top.numpy()
+
+
+def _score_tensor(y_score: Any) -> torch.Tensor:
+    """``y_score`` as a float32/float64 tensor ``[B, C]`` where it is (NumPy: a CPU tensor sharing its memory)."""
+    if isinstance(y_score, torch.Tensor):
+        s = y_score.detach()
+    else:
+        a = np.asarray(to_numpy(y_score))
+        if a.dtype.kind not in "biuf":
+            raise TypeError(f"y_score must be numeric; got dtype {a.dtype}")
+        s = torch.from_numpy(np.ascontiguousarray(a))
+    if s.ndim != 2:
+        raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
+    if s.dtype.is_complex:
+        raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
+    return s if s.dtype in (torch.float32, torch.float64) else s.float()
 
 
 def _scores_pair(
@@ -369,43 +341,33 @@ def _scores_pair(
 
 
 def top_k_labels(y_true: Any, top: Any, taxonomy: Taxonomy, sample_weight: Any) -> tuple[Any, Any, Any]:
-    """``(true ids, top-k ids, weights)`` of the samples whose ``y_true`` is not ``-1``, all where ``top`` is (the
-    scores' device for torch scores)."""
-    on_device = _device.is_tensor(top)
-    t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True, device=on_device)
-    ids = _ids(t, "y_true")
+    """``(true ids, top-k ids, weights)`` on the host, of the samples whose ``y_true`` is not ``-1``."""
+    ids = _ids(to_labels(y_true, taxonomy, name="y_true", allow_ignore=True), "y_true")
+    top = np.asarray(to_numpy(top))  # [B, k] ids: small next to the scores they were ranked from
     if len(ids) != len(top):
         raise ValueError(f"y_true has {len(ids)} samples but y_score has {len(top)} rows")
-    if on_device:
-        ids = torch.as_tensor(ids, dtype=torch.int64, device=top.device)
-        w = check_weights(sample_weight, len(ids), device=top.device)
-    else:
-        ids = _device.host(ids)
-        w = check_weights(sample_weight, len(ids))
+    w = check_weights(sample_weight, len(ids))
     keep = ids >= 0
-    if not bool(keep.all()):
+    if not keep.all():
         ids, top, w = ids[keep], top[keep], None if w is None else w[keep]
     return ids, top, w
 
 
-def top_k_sums(t: Any, top: Any, w: Any, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str) -> tuple[Any, Any]:
-    """Weighted sums over the samples of the top-``k`` hit and of the mean distance of the top ``k``, per ``k``.
+def top_k_hits(t: np.ndarray, top: np.ndarray, w: np.ndarray | None, ks: tuple[int, ...]) -> np.ndarray:
+    """Per ``k``: the weighted number of samples whose true node is among their ``k`` best candidates (``top``:
+    the ``max(ks)`` best, best first)."""
+    hit = np.cumsum(top == t[:, None], axis=1) > 0  # a hit within the first j + 1
+    return np.array([weighted_sum(hit[:, k - 1], w) for k in ks])
 
-    ``top`` holds the ``max(ks)`` best candidates; NumPy arrays or tensors on ``top``'s device.
-    """
-    big = top.shape[1]
-    if _device.is_tensor(top):
-        dist = pairwise_distance(t.repeat_interleave(big), top.reshape(-1), taxonomy, distance).view(-1, big)
-        hit = (top == t[:, None]).cumsum(1) > 0  # hit within the first j + 1
-        hits = torch.stack([batch_sum(hit[:, k - 1], w) for k in ks])
-        mean = dist.cumsum(1) / torch.arange(1, big + 1, device=top.device, dtype=torch.float64)
-        return hits, torch.stack([batch_sum(mean[:, k - 1], w) for k in ks])
+
+def top_k_distances(
+    t: np.ndarray, top: np.ndarray, w: np.ndarray | None, ks: tuple[int, ...], taxonomy: Taxonomy, distance: str
+) -> np.ndarray:
+    """Per ``k``: the weighted sum over the samples of the mean distance between the truth and its ``k`` best
+    candidates."""
     dist = pairwise_distance(np.broadcast_to(t[:, None], top.shape), top, taxonomy, distance)
-    hit = top == t[:, None]
-    return (
-        np.array([batch_sum(hit[:, :k].any(axis=1), w) for k in ks]),
-        np.array([batch_sum(dist[:, :k].mean(axis=1), w) for k in ks]),
-    )
+    mean = np.cumsum(dist, axis=1) / np.arange(1, top.shape[1] + 1)
+    return np.array([weighted_sum(mean[:, k - 1], w) for k in ks])
 
 
 @renamed_keyword("scores", "y_score")
@@ -425,8 +387,8 @@ def top_k_accuracy_score(
         0.5
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
-    _nonempty(Labels(t, None, taxonomy.num_nodes))
-    return _mean((top == t[:, None]).any(1) * 1.0, w)
+    nonempty(t)
+    return float(top_k_hits(t, top, w, (k,))[0] / weight_total(len(t), w))
 
 
 @renamed_keyword("scores", "y_score")
@@ -452,18 +414,15 @@ def average_hierarchical_distance_at_k(
         1.5
     """
     t, top, w = _scores_pair(y_true, y_score, taxonomy, sample_weight, k, candidates)
-    _nonempty(Labels(t, None, taxonomy.num_nodes))
-    _, dist = top_k_sums(t, top, w, (k,), taxonomy, check_choice(distance, DISTANCES, "distance"))
+    nonempty(t)
+    dist = top_k_distances(t, top, w, (k,), taxonomy, check_choice(distance, DISTANCES, "distance"))
     return float(dist[0] / weight_total(len(t), w))
 
 
 def _node_levels(taxonomy: Taxonomy, levels: str) -> np.ndarray:
     """Level of every node (``-1``: not on any level): depth (root excluded) or semantic level."""
     check_choice(levels, ("depth", "semantic"), "levels")
-    if levels == "depth":
-        lv = taxonomy.depth.astype(np.int64) - 1
-        return lv
-    return taxonomy.semantic_level.astype(np.int64)
+    return (taxonomy.depth - 1 if levels == "depth" else taxonomy.semantic_level).astype(np.int64)
 
 
 def num_levels(taxonomy: Taxonomy, levels: str) -> int:
@@ -479,31 +438,17 @@ def per_level_counts(
     At level ``l`` a sample is *true-valid* if its true set has a node at ``l``, *both-valid* if its predicted
     set has one too, and *correct* if both sets agree on level ``l`` (the same nodes there).
     """
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            if taxonomy.is_tree:
-                return _device.per_level_counts(t.ids, p.ids, taxonomy, w, levels)
-            return _device.set_level_counts(t.ids, p.ids, taxonomy, w, levels)  # ancestor sets block by block
-        return _device.set_level_counts(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy), taxonomy, w, levels)
     n_lv = num_levels(taxonomy, levels)
     ww = np.ones(len(t)) if w is None else w
-    if levels == "semantic" and taxonomy.is_tree and t.is_ids and p.is_ids:
-        # On a tree a root path meets each semantic level at most once: the class ancestor at that level.
-        table = semantic_level_table(taxonomy)
+    if taxonomy.is_tree and t.is_ids and p.is_ids:
+        # A root path meets each level at most once: the ancestor at that depth, or the class ancestor at that
+        # semantic level. Chunks keep the [B, levels] temporaries small for a million samples.
+        table = taxonomy.paths[:, 1:] if levels == "depth" else semantic_level_table(taxonomy)
         out = np.zeros((3, n_lv))
         for s in range(0, len(t), chunk):
             at, ap = table[t.ids[s : s + chunk]], table[p.ids[s : s + chunk]]
             vt, both, wc = at >= 0, (at >= 0) & (ap >= 0), ww[s : s + chunk]
             out += (wc @ (both & (at == ap)), wc @ both, wc @ vt)
-        return out[0], out[1], out[2]
-    if levels == "depth" and taxonomy.is_tree and t.is_ids and p.is_ids:
-        paths = taxonomy.paths
-        out = np.zeros((3, n_lv))
-        for s in range(0, len(t), chunk):  # chunks keep the [B, height] temporaries small for 1M samples
-            pt, pp = paths[t.ids[s : s + chunk], 1:], paths[p.ids[s : s + chunk], 1:]
-            vt, vp, wc = pt >= 0, pp >= 0, ww[s : s + chunk]
-            both = vt & vp
-            out += (wc @ (both & (pt == pp)), wc @ both, wc @ vt)
         return out[0], out[1], out[2]
     node_level = _node_levels(taxonomy, levels)
     ts, ps = t.as_sets(taxonomy), p.as_sets(taxonomy)
@@ -536,7 +481,8 @@ def per_level_accuracy_score(
         sample_weight: optional weight per sample.
 
     Returns:
-        float64 array, ``nan`` at levels without any valid sample.
+        float64 array, ``nan`` at levels without any valid sample; a float64 tensor on the labels' device when
+        they are tensors (the counts are computed on the host copy of the labels).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -544,15 +490,12 @@ def per_level_accuracy_score(
         >>> per_level_accuracy_score(["x", "x"], ["y", "b"], taxonomy=tax).tolist()  # b has no depth-2 node
         [0.5, 0.0]
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
-    _nonempty(t)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    nonempty(t)
     correct, both, _ = per_level_counts(t, p, taxonomy, w, levels)
-    if _device.is_tensor(correct):
-        ok = both > 0
-        return torch.where(ok, correct / torch.where(ok, both, torch.ones_like(both)), torch.full_like(both, math.nan))
     with np.errstate(invalid="ignore", divide="ignore"):
         acc = np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
-    return torch.from_numpy(acc) if _device.is_tensor(y_true) or _device.is_tensor(y_pred) else acc
+    return to_device(acc, tensor_device(y_true, y_pred))  # tensors in: a float64 tensor on their device
 
 
 def semantic_accuracy_score(
@@ -569,8 +512,8 @@ def semantic_accuracy_score(
         >>> semantic_accuracy_score(["x", "x"], ["y", "a"], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, device=True)
-    _nonempty(t)
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    nonempty(t)
     correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
     if float(valid.sum()) == 0:
         raise ValueError("no (sample, level) pair is valid: no true label lies on a level")
@@ -639,8 +582,7 @@ def level_argmax_accuracy_score(
     keep = ids >= 0
     ids, lp = ids[keep], lp[keep]
     ww = np.ones(len(ids)) if w is None else w[keep]
-    if len(ids) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
+    nonempty(ids)
     truth = table[ids]
     valid = truth >= 0
     if not valid.any():

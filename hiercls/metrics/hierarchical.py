@@ -21,21 +21,24 @@ e.g. Kiritchenko et al.), so an empty prediction still scores the root.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 
 from hiercls._checks import check_beta, check_choice, to_numpy
-from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
     ancestors_int32,
-    atleast_1d,
     check_zero_division,
     divide,
+    node_ids,
+    nonempty,
     prepare_pair,
     safe_divide,
     warn_undefined,
+    weight_total,
     weighted_sum,
 )
 from hiercls.taxonomy import Taxonomy
@@ -56,20 +59,11 @@ Average = Literal["micro", "macro", "weighted", "samples"]
 
 def root_free_counts(t: Labels, p: Labels, taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sample ``(|T ∩ P|, |P|, |T|)`` of the ancestor-closed label sets, root left out, as float64."""
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            return _device.root_free_counts(t.ids, p.ids, taxonomy)
-        return _device.set_counts(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy))
-    if t.is_ids and p.is_ids:
-        if taxonomy.is_tree:
-            # On a tree anc(a) ∩ anc(b) = anc(lca(a, b)), and |anc(n)| without the root is depth(n).
-            d = taxonomy.depth
-            lca = np.asarray(taxonomy.lca(t.ids, p.ids))
-            return d[lca].astype(np.float64), d[p.ids].astype(np.float64), d[t.ids].astype(np.float64)
-        anc = taxonomy.ancestors_sparse
-        sizes = np.diff(anc.indptr) - 1
-        inter = np.asarray(anc[t.ids].multiply(anc[p.ids]).sum(axis=1)).ravel() - 1
-        return inter.astype(np.float64), sizes[p.ids].astype(np.float64), sizes[t.ids].astype(np.float64)
+    if t.is_ids and p.is_ids and taxonomy.is_tree:
+        # On a tree anc(a) ∩ anc(b) = anc(lca(a, b)), and |anc(n)| without the root is depth(n).
+        d = taxonomy.depth
+        lca = np.asarray(taxonomy.lca(t.ids, p.ids))
+        return d[lca].astype(np.float64), d[p.ids].astype(np.float64), d[t.ids].astype(np.float64)
     ts, ps = t.as_sets(taxonomy), p.as_sets(taxonomy)
     troot = ts[:, 0].toarray().ravel()
     proot = ps[:, 0].toarray().ravel()
@@ -103,10 +97,6 @@ def hierarchical_counts(
 def node_confusion(t: Labels, p: Labels, taxonomy: Taxonomy, w: np.ndarray | None) -> tuple[np.ndarray, ...]:
     """Weighted per-node ``(tp, fp, fn)`` float64 vectors ``[N]`` of closed sets (internal helper, public for reuse)."""
     n = taxonomy.num_nodes
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            return _device.node_confusion(t.ids, p.ids, taxonomy, w)
-        return _device.set_confusion(_device.sets_of(t, taxonomy), _device.sets_of(p, taxonomy), w)
     if t.is_ids and p.is_ids and taxonomy.is_tree:
         # Node j is a true positive of sample b iff j is an ancestor of lca(t_b, p_b): count samples per
         # lca / target / prediction once, then push the counts up to every ancestor with one product.
@@ -134,8 +124,7 @@ def fbeta_from_counts(
     inter: Any, ntrue: Any, npred: Any, beta2: float, zero_division: Any, what: str, *, warn: bool = True
 ) -> Any:
     """``(1 + β²) |T ∩ P| / (β² |T| + |P|)`` elementwise, ``zero_division`` where the denominator is 0."""
-    if not any(_device.is_tensor(x) for x in (inter, ntrue, npred)):
-        inter, ntrue, npred = (np.asarray(x, dtype=np.float64) for x in (inter, ntrue, npred))
+    inter, ntrue, npred = (np.asarray(x, dtype=np.float64) for x in (inter, ntrue, npred))
     return safe_divide((1.0 + beta2) * inter, beta2 * ntrue + npred, zero_division, what, warn=warn)
 
 
@@ -213,14 +202,8 @@ def labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarr
         mask = np.ones(taxonomy.num_nodes, dtype=bool)
         mask[0] = include_root
         return mask
-    ids = np.asarray(to_numpy(labels))
-    if ids.dtype.kind in "USO":
-        ids = taxonomy.ids([str(x) for x in ids])
-    ids = ids.astype(np.int64).ravel()
-    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
-        raise ValueError(f"labels must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
     mask = np.zeros(taxonomy.num_nodes, dtype=bool)
-    mask[ids] = True
+    mask[node_ids(labels, taxonomy, "labels")] = True
     return mask
 
 
@@ -272,47 +255,87 @@ def hierarchical_precision_recall_fscore(
     check_choice(average, ("micro", "macro", "weighted", "samples"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
-    if average in ("macro", "weighted"):
-        # The [N] node counts (sums over the batch, on the labels' device) are averaged on the host.
-        tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))
-        mask = labels_mask(labels, taxonomy, include_root)
-        if include_root:
-            # The root belongs to every set, true and predicted.
-            total = float(len(t) if w is None else w.sum())
-            tp, fp, fn = tp.copy(), fp.copy(), fn.copy()
-            tp[0], fp[0], fn[0] = total, 0.0, 0.0
-        mask = present_mask(mask, labels, tp, fp, fn)
-        prec, rec, f, _ = reduce_node_counts(
-            tp[mask], fp[mask], fn[mask], beta2, average, zero_division, warn_for, "hierarchical node"
-        )
-        return prec, rec, f
-    if labels is not None:
+    if labels is not None and average not in ("macro", "weighted"):
         raise ValueError("labels is only used with average='macro' or 'weighted'")
-    inter, npred, ntrue = root_free_counts(t, p, taxonomy)
-    if include_root:
-        inter, npred, ntrue = inter + 1.0, npred + 1.0, ntrue + 1.0
-    zd = zero_division
-    if average == "micro":
-        si, sp_, st = weighted_sum(inter, w), weighted_sum(npred, w), weighted_sum(ntrue, w)
-        return (
-            safe_divide(si, sp_, zd, "hierarchical precision with no predicted node", warn="precision" in warn_for),
-            safe_divide(si, st, zd, "hierarchical recall with no true node", warn="recall" in warn_for),
-            fbeta_from_counts(si, st, sp_, beta2, zd, "hierarchical F with no node at all", warn="f-score" in warn_for),
-        )
-    prec = safe_divide(inter, npred, zd, "per-sample hierarchical precision", warn="precision" in warn_for)
-    rec = safe_divide(inter, ntrue, zd, "per-sample hierarchical recall", warn="recall" in warn_for)
-    f = fbeta_from_counts(inter, ntrue, npred, beta2, zd, "per-sample hierarchical F", warn="f-score" in warn_for)
-    total = float(len(t) if w is None else w.sum())
-    if total == 0:
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    nonempty(t)
+    nodes = average in ("macro", "weighted")
+    sums = hierarchical_sums(t, p, taxonomy, w, beta2, include_root, zero_division, average == "samples", nodes)
+    if average == "samples" and sums["total"] == 0:
         raise ValueError("sample_weight sums to 0")
-    return (
-        weighted_sum(atleast_1d(prec), w) / total,
-        weighted_sum(atleast_1d(rec), w) / total,
-        weighted_sum(atleast_1d(f), w) / total,
+    mask = labels_mask(labels, taxonomy, include_root)
+    return hierarchical_scores(sums, average, beta2, zero_division, mask, labels, include_root, warn_for)
+
+
+def hierarchical_sums(
+    t: Labels,
+    p: Labels,
+    taxonomy: Taxonomy,
+    w: np.ndarray | None,
+    beta2: float,
+    include_root: bool,
+    zero_division: Any,
+    per_sample: bool,
+    nodes: bool,
+) -> dict[str, Any]:
+    """The weighted sums every average of :func:`hierarchical_precision_recall_fscore` is computed from (the states
+    of :class:`~hiercls.metrics.HierarchicalFBeta`): the counts ``inter``, ``npred``, ``ntrue`` and ``total``; with
+    ``per_sample`` (``"samples"``) the sums of the per-sample ratios ``sum_p``, ``sum_r``, ``sum_f`` and how many
+    were 0/0 (``undefined_*``); with ``nodes`` (``"macro"``, ``"weighted"``) the per-node ``tp``, ``fp``, ``fn``."""
+    inter, npred, ntrue = (x + float(include_root) for x in root_free_counts(t, p, taxonomy))
+    out = {"inter": weighted_sum(inter, w), "npred": weighted_sum(npred, w), "ntrue": weighted_sum(ntrue, w)}
+    out["total"] = weight_total(len(t), w)
+    if per_sample:
+        ratios = [
+            divide(inter, npred, zero_division),
+            divide(inter, ntrue, zero_division),
+            divide((1.0 + beta2) * inter, beta2 * ntrue + npred, zero_division),
+        ]
+        for key, (ratio, zero) in zip("prf", ratios, strict=True):
+            out[f"sum_{key}"], out[f"undefined_{key}"] = weighted_sum(ratio, w), float(zero.sum())
+    if nodes:
+        out.update(zip(("tp", "fp", "fn"), node_confusion(t, p, taxonomy, w), strict=True))
+    return out
+
+
+def hierarchical_scores(
+    s: Mapping[str, Any],
+    average: str,
+    beta2: float,
+    zero_division: Any,
+    mask: np.ndarray,
+    labels: Any,
+    include_root: bool,
+    warn_for: Any = WARN_FOR,
+) -> tuple[float, float, float]:
+    """``(hP, hR, hF_beta)`` of :func:`hierarchical_sums` (or the summed states of a stateful metric).
+
+    Each score named in ``warn_for`` that is undefined gives one :class:`UndefinedMetricWarning` under
+    ``zero_division="warn"``; ``"samples"`` over no weight is NaN.
+    """
+    zd, warn = zero_division, [name in warn_for for name in WARN_FOR]
+    if average == "micro":
+        return (
+            safe_divide(s["inter"], s["npred"], zd, "hierarchical precision with no predicted node", warn=warn[0]),
+            safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall with no true node", warn=warn[1]),
+            fbeta_from_counts(
+                s["inter"], s["ntrue"], s["npred"], beta2, zd, "hierarchical F with no node", warn=warn[2]
+            ),
+        )
+    if average == "samples":
+        total = float(s["total"])
+        for key, what, on in zip("prf", ("precision", "recall", "F"), warn, strict=True):
+            if on and total and float(s[f"undefined_{key}"]) > 0:
+                warn_undefined(f"per-sample hierarchical {what}", zd)
+        return tuple(float(s[f"sum_{key}"]) / total if total else math.nan for key in "prf")
+    tp, fp, fn = (np.array(s[key], dtype=np.float64) for key in ("tp", "fp", "fn"))
+    if include_root:  # the root belongs to every set, true and predicted
+        tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
+    mask = present_mask(mask, labels, tp, fp, fn)
+    prec, rec, f, _ = reduce_node_counts(
+        tp[mask], fp[mask], fn[mask], beta2, average, zd, warn_for, "hierarchical node"
     )
+    return prec, rec, f
 
 
 def hierarchical_fbeta_score(
@@ -338,19 +361,7 @@ def hierarchical_fbeta_score(
         >>> hierarchical_fbeta_score(["x"], ["y"], taxonomy=tax, include_root=True)  # {r, a} of 3 each
         0.6666666666666666
     """
-    return hierarchical_precision_recall_fscore(
-        y_true,
-        y_pred,
-        taxonomy=taxonomy,
-        beta=beta,
-        average=average,
-        include_root=include_root,
-        sample_weight=sample_weight,
-        zero_division=zero_division,
-        labels=labels,
-        close=close,
-        warn_for=("f-score",),
-    )[2]
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("f-score",))[2]  # its own arguments
 
 
 def hierarchical_f1_score(
@@ -373,18 +384,7 @@ def hierarchical_f1_score(
         >>> hierarchical_f1_score(["x", "b"], ["x", "b"], taxonomy=tax)
         1.0
     """
-    return hierarchical_precision_recall_fscore(
-        y_true,
-        y_pred,
-        taxonomy=taxonomy,
-        average=average,
-        include_root=include_root,
-        sample_weight=sample_weight,
-        zero_division=zero_division,
-        labels=labels,
-        close=close,
-        warn_for=("f-score",),
-    )[2]
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("f-score",))[2]  # its own arguments
 
 
 def hierarchical_precision_score(
@@ -407,18 +407,7 @@ def hierarchical_precision_score(
         >>> hierarchical_precision_score(["x"], ["a"], taxonomy=tax)  # predicting the parent is never wrong
         1.0
     """
-    return hierarchical_precision_recall_fscore(
-        y_true,
-        y_pred,
-        taxonomy=taxonomy,
-        average=average,
-        include_root=include_root,
-        sample_weight=sample_weight,
-        zero_division=zero_division,
-        labels=labels,
-        close=close,
-        warn_for=("precision",),
-    )[0]
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("precision",))[0]  # its own arguments
 
 
 def hierarchical_recall_score(
@@ -441,18 +430,7 @@ def hierarchical_recall_score(
         >>> hierarchical_recall_score(["x"], ["a"], taxonomy=tax)
         0.5
     """
-    return hierarchical_precision_recall_fscore(
-        y_true,
-        y_pred,
-        taxonomy=taxonomy,
-        average=average,
-        include_root=include_root,
-        sample_weight=sample_weight,
-        zero_division=zero_division,
-        labels=labels,
-        close=close,
-        warn_for=("recall",),
-    )[1]
+    return hierarchical_precision_recall_fscore(**locals(), warn_for=("recall",))[1]  # its own arguments
 
 
 def _path_name_sets(y: Any, name: str) -> list[set[str]]:
@@ -473,34 +451,6 @@ def _path_name_sets(y: Any, name: str) -> list[set[str]]:
                 labels.add(str(v))
         out.append(labels)
     return out
-
-
-def _path_name_counts(y_true: Any, y_pred: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``|T & P|``, ``|T|``, ``|P|`` per sample for string arrays ``[B]``, ``[B, L]`` or ``[B, k, L]``, vectorised.
-
-    The names of both arrays get one integer code (``""`` is padding), each sample's set is the distinct
-    ``(sample, code)`` keys, and the counts are bincounts of the keys. ``None`` for other inputs (the per-sample
-    sets of :func:`_path_name_sets` then apply).
-    """
-    t, p = (to_numpy(y, passthrough=True) for y in (y_true, y_pred))
-    if not all(isinstance(a, np.ndarray) and a.dtype.kind == "U" and 1 <= a.ndim <= 3 and a.size for a in (t, p)):
-        return None
-    b = t.shape[0]
-    if p.shape[0] != b:
-        return None
-    t, p = t.reshape(b, -1), p.reshape(p.shape[0], -1)
-    uniq, inv = np.unique(np.concatenate([t.ravel(), p.ravel()]), return_inverse=True)
-    k = np.int64(len(uniq))
-    pad = np.searchsorted(uniq, "")
-    pad = pad if pad < len(uniq) and uniq[pad] == "" else -1
-    inv = inv.ravel().astype(np.int64)
-    sets = []
-    for codes, width in ((inv[: t.size], t.shape[1]), (inv[t.size :], p.shape[1])):
-        keys = np.repeat(np.arange(b, dtype=np.int64), width) * k + codes
-        sets.append(np.unique(keys[codes != pad]))
-    inter = np.intersect1d(sets[0], sets[1], assume_unique=True)
-    count = [np.bincount(x // k, minlength=b).astype(np.float64) for x in (inter, sets[0], sets[1])]
-    return count[0], count[1], count[2]
 
 
 def hiclass_precision_recall_fscore(
@@ -537,18 +487,14 @@ def hiclass_precision_recall_fscore(
     check_choice(average, ("micro", "macro"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    counts = _path_name_counts(y_true, y_pred)
-    if counts is not None:
-        inter, ntrue, npred = counts
-    else:
-        ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")
-        if len(ts) != len(ps):
-            raise ValueError(f"y_true has {len(ts)} samples but y_pred has {len(ps)}")
-        if not ts:
-            raise ValueError("no samples to score")
-        inter = np.array([len(a & b) for a, b in zip(ts, ps, strict=True)], dtype=np.float64)
-        ntrue = np.array([len(a) for a in ts], dtype=np.float64)
-        npred = np.array([len(b) for b in ps], dtype=np.float64)
+    ts, ps = _path_name_sets(y_true, "y_true"), _path_name_sets(y_pred, "y_pred")
+    if len(ts) != len(ps):
+        raise ValueError(f"y_true has {len(ts)} samples but y_pred has {len(ps)}")
+    if not ts:
+        raise ValueError("no samples to score")
+    inter = np.array([len(a & b) for a, b in zip(ts, ps, strict=True)], dtype=np.float64)
+    ntrue = np.array([len(a) for a in ts], dtype=np.float64)
+    npred = np.array([len(b) for b in ps], dtype=np.float64)
     if average == "micro":
         inter, ntrue, npred = inter.sum(), ntrue.sum(), npred.sum()
     # hiclass computes F from precision and recall (per sample for "macro", then averaged), never from the

@@ -21,14 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import check_beta, check_choice
-from hiercls.metrics import _device
-from hiercls.metrics._validation import (
-    Labels,
-    batch_sum,
-    check_zero_division,
-    prepare_pair,
-    weight_total,
-)
+from hiercls.metrics._validation import Labels, check_zero_division, nonempty, prepare_pair, weight_total
 from hiercls.metrics.hierarchical import (
     WARN_FOR,
     labels_mask,
@@ -50,19 +43,6 @@ __all__ = [
 ]
 
 NodeAverage = Literal["micro", "macro", "weighted"] | None
-
-
-def _reduce(
-    tp: np.ndarray,
-    fp: np.ndarray,
-    fn: np.ndarray,
-    mask: np.ndarray,
-    beta2: float,
-    average: Any,
-    zero_division: Any,
-    warn_for: Any = WARN_FOR,
-) -> tuple[Any, Any, Any, Any]:
-    return reduce_node_counts(tp[mask], fp[mask], fn[mask], beta2, average, zero_division, warn_for)
 
 
 def node_precision_recall_fscore_support(
@@ -114,10 +94,10 @@ def node_precision_recall_fscore_support(
     check_choice(average, (None, "micro", "macro", "weighted"), "average")
     beta2 = check_beta(beta) ** 2
     zero_division = check_zero_division(zero_division)
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
-    tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))  # [N] sums; averaged on the host
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    tp, fp, fn = node_confusion(t, p, taxonomy, w)
     mask = present_mask(labels_mask(labels, taxonomy, include_root), labels, tp, fp, fn)
-    return _reduce(tp, fp, fn, mask, beta2, average, zero_division, warn_for)
+    return reduce_node_counts(tp[mask], fp[mask], fn[mask], beta2, average, zero_division, warn_for)
 
 
 def node_f1_score(
@@ -142,18 +122,7 @@ def node_f1_score(
         >>> node_f1_score(["x", "b"], ["y", "b"], taxonomy=tax, average="macro", zero_division=0.0)
         0.5
     """
-    return node_precision_recall_fscore_support(
-        y_true,
-        y_pred,
-        taxonomy=taxonomy,
-        average=average,
-        labels=labels,
-        include_root=include_root,
-        sample_weight=sample_weight,
-        zero_division=zero_division,
-        close=close,
-        warn_for=("f-score",),
-    )[2]
+    return node_precision_recall_fscore_support(**locals(), warn_for=("f-score",))[2]  # its own arguments
 
 
 def hamming_loss(
@@ -174,10 +143,9 @@ def hamming_loss(
         >>> hamming_loss(["x"], ["y"], taxonomy=tax)  # x and y differ, of 4 non-root nodes
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
-    tp, fp, fn = (_device.host(x) for x in node_confusion(t, p, taxonomy, w))
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    nonempty(t)
+    tp, fp, fn = node_confusion(t, p, taxonomy, w)
     mask = labels_mask(labels, taxonomy, include_root)
     total = float(len(t) if w is None else w.sum())
     if include_root:
@@ -200,22 +168,18 @@ def exact_match_score(
         >>> exact_match_score([["x", "b"], ["y"]], [["b", "x"], ["a"]], taxonomy=tax)
         0.5
     """
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close, device=True)
-    if len(t) == 0:
-        raise ValueError("no samples to score (empty input, or every y_true is -1)")
-    if t.is_torch:
-        if t.is_ids and p.is_ids:
-            equal = t.ids == p.ids
-        else:
-            equal = (_device.sets_of(t, taxonomy)[:, 1:] == _device.sets_of(p, taxonomy)[:, 1:]).all(1)
-        return float(batch_sum(equal, w) / weight_total(len(t), w))
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=close)
+    nonempty(t)
+    equal = exact_matches(t, p, taxonomy)
+    return float((equal.sum() if w is None else equal @ w) / weight_total(len(t), w))
+
+
+def exact_matches(t: Labels, p: Labels, taxonomy: Taxonomy) -> np.ndarray:
+    """Per sample: whether the two node sets (root aside) are equal."""
     if t.is_ids and p.is_ids:
-        equal = t.ids == p.ids
-    else:
-        ts, ps = t.as_sets(taxonomy)[:, 1:], p.as_sets(taxonomy)[:, 1:]
-        equal = (ts != ps).getnnz(axis=1) == 0
-    total = float(len(t) if w is None else w.sum())
-    return float((equal.sum() if w is None else equal @ w) / total)
+        return t.ids == p.ids
+    ts, ps = t.as_sets(taxonomy)[:, 1:], p.as_sets(taxonomy)[:, 1:]
+    return (ts != ps).getnnz(axis=1) == 0
 
 
 def consistent_subsets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
@@ -252,13 +216,6 @@ def consistent_subsets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix
     out = sp.csr_matrix((np.ones(int(keep.sum()), dtype=bool), (rows[keep], cols[keep])), shape=sets.shape)
     out.sort_indices()
     return out
-
-
-def _raw_pair(
-    y_true: Any, y_pred: Any, taxonomy: Taxonomy, sample_weight: Any
-) -> tuple[Labels, sp.csr_matrix, sp.csr_matrix, Any]:
-    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=True, close_pred=False)
-    return t, t.as_sets(taxonomy), p.as_sets(taxonomy), w
 
 
 def _column_sums(m: sp.csr_matrix, w: np.ndarray | None) -> np.ndarray:
@@ -307,12 +264,7 @@ def path_constrained_f1_score(
         >>> path_constrained_f1_score([["x"]], [["x"]], taxonomy=tax, zero_division=0.0)
         0.0
     """
-    check_choice(average, ("micro", "macro", "weighted"), "average")
-    zero_division = check_zero_division(zero_division)
-    _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
-    tp, fp, fn = constrained_counts(ts, ps, taxonomy, w)["P"]
-    mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
-    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division, ("f-score",))[2]
+    return _constrained_f1("P", **locals())
 
 
 def constrained_f1_score(
@@ -334,9 +286,23 @@ def constrained_f1_score(
         >>> constrained_f1_score([["x"], ["b"]], [["a", "y"], ["x"]], taxonomy=tax)  # tp=1 (a), fp=1, fn=2
         0.4
     """
+    return _constrained_f1("C", **locals())
+
+
+def _constrained_f1(
+    kind: str,
+    y_true: Any,
+    y_pred: Any,
+    taxonomy: Taxonomy,
+    average: str,
+    labels: Any,
+    sample_weight: Any,
+    zero_division: Any,
+) -> float:
+    """C-F1 (``kind="C"``) or P-F1 (``"P"``) with the arguments of the score functions."""
     check_choice(average, ("micro", "macro", "weighted"), "average")
     zero_division = check_zero_division(zero_division)
-    _, ts, ps, w = _raw_pair(y_true, y_pred, taxonomy, sample_weight)
-    tp, fp, fn = constrained_counts(ts, ps, taxonomy, w)["C"]
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight, close=True, close_pred=False)
+    tp, fp, fn = constrained_counts(t.as_sets(taxonomy), p.as_sets(taxonomy), taxonomy, w)[kind]
     mask = present_mask(labels_mask(labels, taxonomy, False), labels, tp, fp, fn)
-    return _reduce(tp, fp, fn, mask, 1.0, average, zero_division, ("f-score",))[2]
+    return reduce_node_counts(tp[mask], fp[mask], fn[mask], 1.0, average, zero_division, ("f-score",))[2]

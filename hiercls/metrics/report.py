@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from hiercls.metrics._validation import prepare_pair, renamed_keyword, to_labels
+from hiercls.metrics._validation import prepare_pair, renamed_keyword
 from hiercls.metrics.distance import per_level_counts
 from hiercls.metrics.nodes import node_precision_recall_fscore_support
 from hiercls.metrics.stateful import HierarchicalMetrics
@@ -86,10 +86,7 @@ def hierarchical_report(
     if len(t) == 0:
         raise ValueError("hierarchical_report: no samples to score (empty input, or every y_true is -1)")
     if multilabel is None:
-        multilabel = not (
-            to_labels(y_true, taxonomy, name="y_true", allow_ignore=True).is_ids
-            and to_labels(y_pred, taxonomy, name="y_pred").is_ids
-        )
+        multilabel = not (t.is_ids and p.is_ids)
     metrics = HierarchicalMetrics(
         taxonomy,
         k=tuple(k) if y_score is not None else (),

@@ -13,13 +13,14 @@ usual "nothing to find, nothing found" rule), 0.0, or ``nan`` to leave it out of
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import to_numpy
-from hiercls.metrics._validation import check_weights
+from hiercls.metrics._validation import check_weights, node_ids
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
 
@@ -30,13 +31,7 @@ def region_ids(taxonomy: Taxonomy, regions: Any) -> np.ndarray:
     """The region node ids ``regions`` names (ids or names; default: every node but the root), validated."""
     if regions is None:
         return np.arange(1, taxonomy.num_nodes, dtype=np.int64)
-    ids = np.asarray(to_numpy(regions))
-    if ids.dtype.kind in "USO":
-        return taxonomy.ids([str(r) for r in ids.ravel()])
-    ids = ids.astype(np.int64).ravel()
-    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
-        raise ValueError(f"regions must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
-    return ids
+    return node_ids(regions, taxonomy, "regions")
 
 
 def region_masks(label_map: Any, *, taxonomy: Taxonomy, regions: Any = None) -> np.ndarray:
@@ -186,17 +181,30 @@ def nested_dice_score(
     """
     smooth, empty_score = check_dice_params(smooth, empty_score)
     inter, ts, ps = dice_counts(y_true, y_pred, taxonomy=taxonomy, regions=regions)
-    w = check_weights(sample_weight, inter.shape[0])
-    if not per_sample:
-        if w is not None:
-            inter, ts, ps = w @ inter, w @ ts, w @ ps
-        else:
-            inter, ts, ps = inter.sum(0), ts.sum(0), ps.sum(0)
-        return dice_from_counts(inter, ts, ps, smooth, empty_score)
+    sums = dice_sums(inter, ts, ps, check_weights(sample_weight, inter.shape[0]), smooth, empty_score)
+    return dice_scores(sums, smooth, empty_score)[1 if per_sample else 0]
+
+
+def dice_sums(
+    inter: np.ndarray, ts: np.ndarray, ps: np.ndarray, w: np.ndarray | None, smooth: float, empty_score: float
+) -> dict[str, np.ndarray]:
+    """Weighted sums over the samples ``[R]`` of the :func:`dice_counts` (pooled Dice) and of the per-sample Dice
+    (``sample_count``: the weight of the samples where it is defined, not ``nan``): the states of ``NestedDice``."""
+    ww = np.ones(inter.shape[0]) if w is None else w
     d = dice_from_counts(inter, ts, ps, smooth, empty_score)
     ok = ~np.isnan(d)
-    ww = np.ones(d.shape[0]) if w is None else w
-    num = (np.where(ok, d, 0.0) * ww[:, None]).sum(0)
-    den = (ok * ww[:, None]).sum(0)
+    return {
+        "inter": ww @ inter,
+        "true": ww @ ts,
+        "pred": ww @ ps,
+        "sample_dice": ww @ np.where(ok, d, 0.0),
+        "sample_count": ww @ ok,
+    }
+
+
+def dice_scores(s: Mapping[str, np.ndarray], smooth: float, empty_score: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(pooled Dice [R], mean per-sample Dice [R])`` of :func:`dice_sums` (``nan`` where no sample counts)."""
+    pooled = dice_from_counts(s["inter"], s["true"], s["pred"], smooth, empty_score)
+    count = s["sample_count"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        return pooled, np.where(count > 0, s["sample_dice"] / np.where(count > 0, count, 1.0), np.nan)

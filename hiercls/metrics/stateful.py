@@ -1,6 +1,6 @@
 """Stateful metrics (``update`` / ``compute`` / ``reset``) whose states are sums, so DDP results are exact.
 
-Every state is a float64 (or int64) torch tensor of sums: counts, weighted numerators and denominators,
+Every state is a float64 torch tensor of sums on the metric's device: counts, weighted numerators and denominators,
 per-node ``tp/fp/fn`` vectors. Sums commute, so adding the states of all ranks (one ``all_reduce(SUM)``)
 gives the state a single process would have reached on the whole data, whatever the shard sizes; the final
 ratios are computed only after the reduction. Integer-valued sums (unweighted counts) are exact in float64
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,40 +24,36 @@ import torch
 import torchmetrics
 
 from hiercls._checks import check_beta, check_choice, to_numpy
-from hiercls.metrics import _device
 from hiercls.metrics._validation import (
     Labels,
-    atleast_1d,
-    batch_sum,
     check_weights,
     check_zero_division,
-    divide,
     prepare_pair,
     renamed_keyword,
-    safe_divide,
-    warn_undefined,
     weight_total,
+    weighted_sum,
 )
 from hiercls.metrics.distance import (
     DISTANCES,
     mistake_stats,
     num_levels,
     per_level_counts,
+    top_k_distances,
+    top_k_hits,
     top_k_labels,
     top_k_predictions,
-    top_k_sums,
 )
 from hiercls.metrics.hierarchical import (
-    fbeta_from_counts,
+    hierarchical_scores,
+    hierarchical_sums,
     labels_mask,
     macro_mean,
     node_confusion,
     present_mask,
     reduce_node_counts,
-    root_free_counts,
 )
-from hiercls.metrics.nodes import constrained_counts
-from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_from_counts, region_ids
+from hiercls.metrics.nodes import constrained_counts, exact_matches
+from hiercls.metrics.segmentation import check_dice_params, dice_counts, dice_scores, dice_sums, region_ids
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
 
@@ -83,24 +79,15 @@ def _dist_world(group: Any = None) -> int:
 
 
 def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = None) -> list[dict[str, torch.Tensor]]:
-    """Sum state dicts over all ranks with one ``all_reduce`` per dtype; returns reduced copies.
+    """Sum state dicts over all ranks (``all_reduce(SUM)``); returns reduced copies.
 
     Without an initialised process group (or with one process) the copies are the local values.
     """
     out = [{k: v.clone() for k, v in s.items()} for s in states]
-    if _dist_world(group) == 1:
-        return out
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for s in out:
-        for v in s.values():
-            by_dtype.setdefault(v.dtype, []).append(v)
-    for tensors in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM, group=group)
-        pos = 0
-        for t in tensors:
-            t.copy_(flat[pos : pos + t.numel()].view_as(t))
-            pos += t.numel()
+    if _dist_world(group) > 1:
+        for s in out:
+            for v in s.values():
+                torch.distributed.all_reduce(v, op=torch.distributed.ReduceOp.SUM, group=group)
     return out
 
 
@@ -132,32 +119,49 @@ class Metric(torchmetrics.Metric):
     """Base class: a :class:`torchmetrics.Metric` whose every state is a float64 sum (``dist_reduce_fx="sum"``).
 
     It is an ``nn.Module``: ``.to(device)`` moves it with the module that holds it, ``MetricCollection`` takes
-    it, and ``state_dict``/``load_state_dict``/``merge_state``/``sync``/``unsync`` are torchmetrics's. Under
-    ``torch.distributed`` the states are summed with one ``all_reduce`` per dtype (:func:`all_reduce_states`;
-    a custom ``dist_sync_fn`` takes torchmetrics's gather path instead), so every rank gets the single-process
-    result. ``compute()`` returns plain Python numbers and lists and raises (on every rank) when no rank has
-    called ``update`` since the last reset.
+    it, and ``state_dict``/``load_state_dict``/``merge_state``/``sync``/``unsync`` are torchmetrics's (only its
+    public API is used). The states live on the metric's device; the counts of a batch are computed on the host
+    (from the host copy of the labels, see :func:`~hiercls.metrics._validation.to_labels`) and added with one
+    host-to-device copy per update. Under ``torch.distributed`` torchmetrics sums the states over the ranks, so
+    every rank gets the single-process result. ``compute()`` returns plain Python numbers and lists and raises (on
+    every rank) when no rank has called ``update`` since the last reset.
 
     Subclasses declare states with :meth:`add_sum_state` in ``__init__``, end it with :meth:`set_config`,
     add to the states in ``update`` with :meth:`accumulate`, and turn a state dict into results in ``_compute``.
+    Each call of a subclass's ``update`` adds one to the ``updates`` state.
     """
 
     is_differentiable = False
     full_state_update = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        update = cls.__dict__.get("update")
+        if update is not None:
+
+            @functools.wraps(update)
+            def counted(self: Metric, *args: Any, **kw: Any) -> None:
+                update(self, *args, **kw)
+                self.updates.add_(1.0)  # summed over ranks: "never updated" is told apart from "updated with empty"
+
+            cls.update = counted  # type: ignore[method-assign]
+
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("compute_with_cache", False)  # a cached result would outlive load_state_dict
         super().__init__(**kwargs)
-        # Counted so that "never updated" is told apart from "updated with empty batches", on every rank alike.
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
         self.add_sum_state("updates")
-        self._config_state: str | None = None
-        self._owner: tuple[Metric, str] | None = None
+        self.config_state: str | None = None
+        self.sink: tuple[Metric, str] = (self, "")  # where accumulate adds (HierarchicalMetrics holds its parts')
+        self.register_load_state_dict_post_hook(_check_loaded_states)
 
     def add_sum_state(self, name: str, shape: int | tuple[int, ...] = ()) -> None:
         """Declare a float64 sum state (zeros of ``shape``), saved in ``state_dict``."""
+        self.state_shapes[name] = (shape,) if isinstance(shape, int) else tuple(shape)
         self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum", persistent=True)
 
     def set_config(self, **config: Any) -> None:
-        """Record the settings that change what ``update`` adds or what ``compute`` returns.
+        """Record the settings that change what ``update`` adds or what ``compute`` returns (once, in ``__init__``).
 
         ``MetricCollection`` shares one state among metrics whose states are equal after the first batch;
         two metrics of the same class but another configuration (say, two distances of
@@ -167,45 +171,31 @@ class Metric(torchmetrics.Metric):
         """
         tax = getattr(self, "taxonomy", None)
         text = repr((type(self).__name__, None if tax is None else tax.fingerprint, sorted(config.items())))
-        name = "config_" + hashlib.sha1(text.encode()).hexdigest()[:12]
-        if self._config_state is not None:
-            del self._defaults[self._config_state], self._persistent[self._config_state]
-            del self._reductions[self._config_state]
-            delattr(self, self._config_state)
-        self.add_state(name, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
-        self._config_state = name
+        self.config_state = "config_" + hashlib.sha1(text.encode()).hexdigest()[:12]
+        self.add_state(self.config_state, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
 
     def state_names(self) -> list[str]:
         """The names of the sum states (``updates`` included, the configuration marker left out)."""
-        return [k for k in self._defaults if k != self._config_state]
+        return [k for k in self.metric_state if k != self.config_state]
 
     def accumulate(self, **values: Any) -> None:
-        """Add ``values`` (NumPy, Python numbers or torch, the state's shape) to the states of the same names.
+        """Add ``values`` (NumPy arrays or Python numbers of the states' shapes) to the states of the same names.
 
-        Torch values are added on the state's device; host values travel as one float64 vector (one copy,
-        whatever the number of states). The states are added to in place: torchmetrics copies them wherever it
-        keeps a snapshot (``state_dict``, ``forward``, ``sync``), and ``reset`` gives fresh tensors.
+        The host values travel to the states' device as one float64 vector (one copy, whatever the number of
+        states). The states are added to in place: torchmetrics copies them wherever it keeps a snapshot
+        (``state_dict``, ``forward``, ``sync``), and ``reset`` gives fresh tensors.
         """
-        owner, prefix = self._owner or (self, "")
-        host: list[tuple[torch.Tensor, np.ndarray, str]] = []
-        for name, v in values.items():
-            cur = getattr(owner, prefix + name)
-            if isinstance(v, torch.Tensor):
-                if v.numel() != cur.numel():
-                    raise ValueError(f"state {name!r} has {cur.numel()} entries; got {v.numel()} to add")
-                cur.add_(v.detach().to(device=cur.device, dtype=cur.dtype).reshape(cur.shape))
-            else:
-                a = np.asarray(v, dtype=np.float64).ravel()
-                if a.size != cur.numel():
-                    raise ValueError(f"state {name!r} has {cur.numel()} entries; got {a.size} to add")
-                host.append((cur, a, name))
-        if host:
-            flat = torch.from_numpy(np.concatenate([a for _, a, _ in host]) if len(host) > 1 else host[0][1])
-            flat = flat.to(host[0][0].device)
-            pos = 0
-            for cur, a, _ in host:
-                cur.add_(flat[pos : pos + a.size].view(cur.shape).to(cur.dtype))
-                pos += a.size
+        owner, prefix = self.sink
+        states = [getattr(owner, prefix + name) for name in values]
+        flat = [np.asarray(to_numpy(v), dtype=np.float64).ravel() for v in values.values()]
+        for name, cur, a in zip(values, states, flat, strict=True):
+            if a.size != cur.numel():
+                raise ValueError(f"state {name!r} has {cur.numel()} entries; got {a.size} to add")
+        if not states:
+            return
+        moved = torch.from_numpy(np.concatenate(flat)).to(states[0].device)
+        for cur, part in zip(states, torch.split(moved, [a.size for a in flat]), strict=True):
+            cur.add_(part.view(cur.shape))
 
     def states(self) -> dict[str, torch.Tensor]:
         """The sum states by name (live tensors; :meth:`state_dict` gives copies)."""
@@ -214,96 +204,29 @@ class Metric(torchmetrics.Metric):
     def update(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def _wrap_update(self, update: Callable) -> Callable:
-        inner = super()._wrap_update(update)
-
-        @functools.wraps(update)
-        def wrapped(*args: Any, **kwargs: Any) -> None:
-            inner(*args, **kwargs)
-            self.updates.add_(1.0)  # in place, as accumulate (a fresh tensor after reset)
-
-        return wrapped
-
-    def _wrap_compute(self, compute: Callable) -> Callable:
-        inner = super()._wrap_compute(compute)
-
-        @functools.wraps(compute)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if float(self.updates) == 0 and _dist_world(self.process_group) == 1:
-                self._raise_not_updated()
-            try:
-                return inner(*args, **kwargs)
-            except BaseException:
-                # torchmetrics's sync context does not restore the local state when compute raises
-                if self._is_synced:
-                    self.unsync()
-                raise
-
-        return wrapped
-
-    def _raise_not_updated(self) -> None:
-        raise RuntimeError(
-            f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
-            "there is nothing to score; call update() with a batch first"
-        )
-
     def compute(self) -> Any:
         """Results from the states (summed over all ranks with ``sync_on_compute``, the default)."""
         if float(self.updates) == 0:  # after the reduction: the same answer on every rank
-            self._raise_not_updated()
+            if self.sync_on_compute and _dist_world(self.process_group) > 1:
+                self.unsync()  # torchmetrics restores the local states only when compute returns
+            raise RuntimeError(
+                f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
+                "there is nothing to score; call update() with a batch first"
+            )
         return self._compute({k: v.detach().cpu().numpy() for k, v in self.states().items()})
 
     def _compute(self, state: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
-    def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
-        if self.dist_sync_fn is not None:
-            super()._sync_dist(self.dist_sync_fn, process_group)
-            return
-        reduced = all_reduce_states([self.metric_state], process_group or self.process_group)[0]
-        for k, v in reduced.items():
-            setattr(self, k, v)
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict,
-        prefix: str,
-        local_metadata: dict,
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        for k in self.state_names():
-            key = prefix + k
-            if key not in state_dict:
-                if strict and self._persistent[k]:
-                    raise ValueError(
-                        f"state_dict does not match {type(self).__name__}: missing {key!r} "
-                        f"(expected the states {self.state_names()})"
-                    )
-                continue
-            v = torch.as_tensor(state_dict.pop(key))
-            want = self._defaults[k]
-            if tuple(v.shape) != tuple(want.shape):
-                raise ValueError(
-                    f"state_dict[{key!r}] has shape {tuple(v.shape)}; {type(self).__name__} expects "
-                    f"{tuple(want.shape)} (another taxonomy or configuration?)"
-                )
-            setattr(self, k, v.detach().to(dtype=want.dtype, device=self.device).clone())
-        self._computed = None
-        self._update_count = int(float(self.updates))
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
-
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """torchmetrics's, plus: with ``strict``, a key that is not a state raises ``ValueError`` naming it."""
+        """torchmetrics's, plus: with ``strict``, a missing state or a key that is no state raises ``ValueError``
+        naming it (inside a module's ``load_state_dict`` torchmetrics skips missing states; shapes are checked)."""
         if strict:
             extra = sorted(set(state_dict) - set(self.state_names()))
-            if extra:
+            missing = [k for k in self.state_dict() if k not in state_dict]
+            if extra or missing:
                 raise ValueError(
-                    f"state_dict does not match {type(self).__name__}: unexpected {extra} "
+                    f"state_dict does not match {type(self).__name__}: missing {missing}, unexpected {extra} "
                     f"(expected the states {self.state_names()})"
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -317,29 +240,37 @@ class Metric(torchmetrics.Metric):
             mine, theirs = getattr(self, "taxonomy", None), getattr(other, "taxonomy", None)
             if mine is not None and theirs is not None and mine != theirs:
                 raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
-            if other._config_state != self._config_state:
+            if other.config_state != self.config_state:
                 raise ValueError(f"cannot merge {type(self).__name__} metrics of different configurations")
-            incoming = other.metric_state
-            count = other._update_count
-        else:
-            incoming = {self._config_state: torch.zeros((), dtype=torch.float64), **incoming_state}
-            count = int(float(incoming.get("updates", 0)))
-        for k in self.state_names():
-            if k not in incoming:
+            incoming_state = other.states()
+        incoming = {}
+        for k, want in self.states().items():
+            if k not in incoming_state:
                 raise ValueError(f"cannot merge: state {k!r} is missing")
-            v = torch.as_tensor(incoming[k])
-            if tuple(v.shape) != tuple(self._defaults[k].shape):
-                raise ValueError(
-                    f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(self._defaults[k].shape)}"
-                )
-        self._reduce_states({k: torch.as_tensor(v).to(self.device, torch.float64) for k, v in incoming.items()})
-        self._update_count += count
-        self._computed = None
+            v = torch.as_tensor(incoming_state[k])
+            if tuple(v.shape) != tuple(want.shape):
+                raise ValueError(f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(want.shape)}")
+            incoming[k] = v.to(want.device, torch.float64)
+        if self.config_state is not None:
+            incoming[self.config_state] = torch.zeros((), dtype=torch.float64, device=self.updates.device)
+        super().merge_state(incoming)
 
     def merge(self, other: Metric) -> Metric:
         """:meth:`merge_state` with another metric (e.g. from another worker); returns ``self``."""
         self.merge_state(other)
         return self
+
+
+def _check_loaded_states(module: Metric, incompatible_keys: Any) -> None:
+    """``load_state_dict`` post-hook (nested loads too): every state of its shape, on the metric's device, float64."""
+    for k, shape in module.state_shapes.items():
+        v = getattr(module, k)
+        if tuple(v.shape) != shape:
+            raise ValueError(
+                f"state_dict[{k!r}] has shape {tuple(v.shape)}; {type(module).__name__} expects {shape} "
+                "(another taxonomy or configuration?)"
+            )
+        setattr(module, k, v.detach().to(dtype=torch.float64, device=module.device).clone())
 
 
 def _digest(x: Any) -> str | None:
@@ -410,64 +341,20 @@ class HierarchicalFBeta(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
         """Update from already validated labels (used by :class:`HierarchicalMetrics`)."""
-        inter, npred, ntrue = root_free_counts(t, p, self.taxonomy)
-        if self.include_root:
-            inter, npred, ntrue = inter + 1, npred + 1, ntrue + 1
-        zd = self.zero_division
-        prec, zp = divide(inter, npred, zd)
-        rec, zr = divide(inter, ntrue, zd)
-        f, zf = divide((1.0 + self.beta2) * inter, self.beta2 * ntrue + npred, zd)
-        # sums on the labels' device (0-d tensors for torch labels): no host round trip per batch
-        self.accumulate(
-            inter=batch_sum(inter, w),
-            npred=batch_sum(npred, w),
-            ntrue=batch_sum(ntrue, w),
-            sum_p=batch_sum(atleast_1d(prec), w),
-            sum_r=batch_sum(atleast_1d(rec), w),
-            sum_f=batch_sum(atleast_1d(f), w),
-            total=weight_total(len(t), w),
-            undefined_p=zp.sum(),
-            undefined_r=zr.sum(),
-            undefined_f=zf.sum(),
-        )
-        if self.average in ("macro", "weighted"):
-            tp, fp, fn = node_confusion(t, p, self.taxonomy, w)
-            self.accumulate(tp=tp, fp=fp, fn=fn)
+        nodes = self.average in ("macro", "weighted")
+        sums = hierarchical_sums(t, p, self.taxonomy, w, self.beta2, self.include_root, self.zero_division, True, nodes)
+        self.accumulate(**sums)
 
     def _compute(self, s: dict[str, np.ndarray], average: str | None = None) -> dict[str, float]:
-        zd = self.zero_division
-        average = average or self.average
-        if average == "micro":
-            return {
-                "precision": safe_divide(s["inter"], s["npred"], zd, "hierarchical precision"),
-                "recall": safe_divide(s["inter"], s["ntrue"], zd, "hierarchical recall"),
-                "fbeta": fbeta_from_counts(s["inter"], s["ntrue"], s["npred"], self.beta2, zd, "hierarchical F"),
-            }
-        if average == "samples":
-            tot = float(s["total"])
-            if tot == 0:
-                return {"precision": math.nan, "recall": math.nan, "fbeta": math.nan}
-            for key, what in (("undefined_p", "precision"), ("undefined_r", "recall"), ("undefined_f", "F")):
-                if float(s.get(key, 0.0)) > 0:
-                    warn_undefined(f"per-sample hierarchical {what}", zd)
-            return {
-                "precision": float(s["sum_p"]) / tot,
-                "recall": float(s["sum_r"]) / tot,
-                "fbeta": float(s["sum_f"]) / tot,
-            }
-        tp, fp, fn = s["tp"].copy(), s["fp"].copy(), s["fn"].copy()
-        if self.include_root:
-            tp[0], fp[0], fn[0] = s["total"], 0.0, 0.0
-        mask = present_mask(self.mask, self.labels, tp, fp, fn)
-        prec, rec, f, _ = reduce_node_counts(
-            tp[mask], fp[mask], fn[mask], self.beta2, average, zd, what="hierarchical node"
+        scores = hierarchical_scores(
+            s, average or self.average, self.beta2, self.zero_division, self.mask, self.labels, self.include_root
         )
-        return {"precision": prec, "recall": rec, "fbeta": f}
+        return dict(zip(("precision", "recall", "fbeta"), scores, strict=True))
 
 
 class NodeF1(Metric):
@@ -514,7 +401,7 @@ class NodeF1(Metric):
         )
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -565,6 +452,7 @@ class ConstrainedF1(Metric):
         for kind in ("C", "P"):
             for name in ("tp", "fp", "fn"):
                 self.add_sum_state(f"{kind}_{name}", taxonomy.num_nodes)
+        self.set_config(zero_division=self.zero_division)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=True, close_pred=False)
@@ -578,16 +466,15 @@ class ConstrainedF1(Metric):
         )
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
-        zd, out = self.zero_division, {}
+        out = {}
         for kind in ("C", "P"):
             tp, fp, fn = s[f"{kind}_tp"], s[f"{kind}_fp"], s[f"{kind}_fn"]
             mask = present_mask(self.mask, "present", tp, fp, fn)
-            tp, fp, fn = tp[mask], fp[mask], fn[mask]
-            stp, sfp, sfn = tp.sum(), fp.sum(), fn.sum()
-            out[f"{kind}_micro_f1"] = float(fbeta_from_counts(stp, stp + sfn, stp + sfp, 1.0, zd, f"{kind}-micro F1"))
-            out[f"{kind}_macro_f1"] = macro_mean(
-                np.atleast_1d(fbeta_from_counts(tp, tp + fn, tp + fp, 1.0, zd, f"{kind}-node F1"))
-            )
+            for average in ("micro", "macro"):
+                scores = reduce_node_counts(
+                    tp[mask], fp[mask], fn[mask], 1.0, average, self.zero_division, ("f-score",)
+                )
+                out[f"{kind}_{average}_f1"] = scores[2]
         return out
 
 
@@ -615,7 +502,7 @@ class MistakeSeverity(Metric):
         self.set_config(distance=self.distance)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -670,18 +557,19 @@ class TopKMetrics(Metric):
 
     @renamed_keyword("scores", "y_score")
     def update(self, y_true: Any, y_score: Any, sample_weight: Any = None) -> None:
-        """Add a batch; torch scores are ranked on their device, and the labels join them there."""
+        """Add a batch; torch scores are ranked on their device, and only the top ids ``[B, max(k)]`` come to the
+        host."""
         t, top, w = top_k_labels(y_true, self.top(y_score), self.taxonomy, sample_weight)
         self.update_top(t, top, w)
 
     def top(self, y_score: Any) -> Any:
-        """The ``max(k)`` best candidates per row of ``y_score`` (on the scores' device for tensors)."""
+        """The ``max(k)`` best candidates per row of ``y_score`` (ranked on the scores' device for tensors)."""
         return top_k_predictions(y_score, max(self.k), taxonomy=self.taxonomy, candidates=self.candidates)
 
-    def update_top(self, t: Any, top: Any, w: Any) -> None:
-        """Add validated true ids and their top candidates (NumPy, or tensors on one device)."""
-        hits, dists = top_k_sums(t, top, w, self.k, self.taxonomy, self.distance)
-        self.accumulate(hits=hits, dist=dists, total=weight_total(len(t), w))
+    def update_top(self, t: np.ndarray, top: np.ndarray, w: np.ndarray | None) -> None:
+        """Add validated true ids and their top candidates (host arrays)."""
+        dists = top_k_distances(t, top, w, self.k, self.taxonomy, self.distance)
+        self.accumulate(hits=top_k_hits(t, top, w, self.k), dist=dists, total=weight_total(len(t), w))
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, float]:
         n = float(s["total"])
@@ -718,7 +606,7 @@ class LevelAccuracy(Metric):
         self.set_config(levels=self.levels)
 
     def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, device=True)
+        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -780,19 +668,11 @@ class NestedDice(Metric):
         if inter.shape[1] != self.inter.shape[0]:
             raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self.inter.shape[0]}")
         w = check_weights(sample_weight, inter.shape[0])
-        ww = np.ones(inter.shape[0]) if w is None else w
-        d = dice_from_counts(inter, ts, ps, self.smooth, self.empty_score)
-        ok = ~np.isnan(d)
-        self.accumulate(
-            inter=ww @ inter, true=ww @ ts, pred=ww @ ps, sample_dice=ww @ np.where(ok, d, 0.0), sample_count=ww @ ok
-        )
+        self.accumulate(**dice_sums(inter, ts, ps, w, self.smooth, self.empty_score))
 
     def _compute(self, s: dict[str, np.ndarray]) -> dict[str, Any]:
-        dice = dice_from_counts(s["inter"], s["true"], s["pred"], self.smooth, self.empty_score)
-        cnt = s["sample_count"]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per = np.where(cnt > 0, s["sample_dice"] / np.where(cnt > 0, cnt, 1.0), np.nan)
-        return {"dice": dice.tolist(), "dice_per_sample": per.tolist(), "mean_dice": macro_mean(dice)}
+        dice, per_sample = dice_scores(s, self.smooth, self.empty_score)
+        return {"dice": dice.tolist(), "dice_per_sample": per_sample.tolist(), "mean_dice": macro_mean(dice)}
 
 
 class HierarchicalMetrics(Metric):
@@ -865,11 +745,11 @@ class HierarchicalMetrics(Metric):
         self.add_sum_state("exact")
         self.add_sum_state("total")
         for name, part in parts.items():
-            part._owner = (self, f"{name}.")
-            for key in part.state_names():
+            part.sink = (self, f"{name}.")
+            for key, value in part.states().items():
                 if key != "updates":
-                    self.add_sum_state(f"{name}.{key}", tuple(part._defaults[key].shape))
-        self.set_config(multilabel=multilabel, **{name: part._config_state for name, part in parts.items()})
+                    self.add_sum_state(f"{name}.{key}", tuple(value.shape))
+        self.set_config(multilabel=multilabel, **{name: part.config_state for name, part in parts.items()})
 
     @property
     def parts(self) -> dict[str, Metric]:
@@ -880,78 +760,59 @@ class HierarchicalMetrics(Metric):
     def update(self, y_true: Any, y_pred: Any, y_score: Any = None, sample_weight: Any = None) -> None:
         """Add a batch: labels as the functions take them, optional scores ``y_score`` ``[B, C]`` for the top-k
         metrics (``scores=`` is the deprecated name)."""
-        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True, device=True)
+        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
         if not self.multilabel and not (t.is_ids and p.is_ids):
             raise ValueError(
                 "HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
                 "multilabel=True for node sets"
             )
-        if t.is_ids and p.is_ids:
-            equal = t.ids == p.ids
-        elif t.is_torch:
-            equal = (_device.sets_of(t, self.taxonomy)[:, 1:] == _device.sets_of(p, self.taxonomy)[:, 1:]).all(1)
-        else:
-            ts, ps = t.as_sets(self.taxonomy)[:, 1:], p.as_sets(self.taxonomy)[:, 1:]
-            equal = (ts != ps).getnnz(axis=1) == 0
-        self.accumulate(exact=batch_sum(equal, w), total=weight_total(len(t), w))
+        equal = exact_matches(t, p, self.taxonomy)
+        self.accumulate(exact=weighted_sum(equal, w), total=weight_total(len(t), w))
         for name, part in self._parts.items():
             if name != "topk":
                 part.update_labels(t, p, w)
         if y_score is not None and "topk" in self._parts:
             topk = self._parts["topk"]
-            top = topk.top(y_score)  # ranked where the scores are; the labels join them there
+            top = topk.top(y_score)  # ranked where the scores are; the top ids come to the host
             if len(top) != len(keep):
                 raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(top)} rows")
-            if _device.is_tensor(top):
-                ids, keep, w = (None if x is None else torch.as_tensor(x, device=top.device) for x in (t.ids, keep, w))
-            else:
-                ids, keep, w = (None if x is None else _device.host(x) for x in (t.ids, keep, w))
-            topk.update_top(ids, top[keep], w)
+            topk.update_top(t.ids, to_numpy(top)[keep], w)
 
     def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
-        def part(name: str) -> dict[str, np.ndarray]:
+        def states(name: str) -> dict[str, np.ndarray]:
             return {k.split(".", 1)[1]: v for k, v in arr.items() if k.startswith(f"{name}.")}
 
-        parts = self._parts
+        results = {name: part._compute(states(name)) for name, part in self._parts.items()}
+        results["micro"] = self._parts["hier"]._compute(states("hier"), average="micro")
         n = float(arr["total"])
         out: dict[str, Any] = {"accuracy": float(arr["exact"]) / n if n else math.nan}
-        hier = parts["hier"]
-        hs = part("hier")
-        micro = hier._compute(hs, average="micro")
-        samples = hier._compute(hs)
-        node = parts["node"]._compute(part("node"))
-        out.update(
-            {
-                "hP_micro": micro["precision"],
-                "hR_micro": micro["recall"],
-                "hF1_micro": micro["fbeta"],
-                "hP_samples": samples["precision"],
-                "hR_samples": samples["recall"],
-                "hF1_samples": samples["fbeta"],
-                "hF1_macro": node["macro_f1"],
-                "hF1_weighted": node["weighted_f1"],
-                "node_micro_f1": node["micro_f1"],
-                "node_macro_f1": node["macro_f1"],
-                "node_weighted_f1": node["weighted_f1"],
-                "hamming_loss": node["hamming_loss"],
-            }
-        )
-        depth = parts["depth"]._compute(part("depth"))
-        sem = parts["semantic"]._compute(part("semantic"))
-        out.update(
-            {
-                "per_level_accuracy": depth["per_level_accuracy"],
-                "per_level_support": depth["per_level_support"],
-                "per_semantic_level_accuracy": sem["per_level_accuracy"],
-                "semantic_accuracy": sem["semantic_accuracy"],
-            }
-        )
+        for key, (name, inner) in _RESULTS.items():
+            if name in results:
+                out[key] = results[name][inner]
         if not self.multilabel:
-            sev = parts["severity"]._compute(part("severity"))
-            out.update(sev)
-            out["mistake_severity_distance"] = parts["severity"].distance
-            out["wu_palmer_loss"] = parts["wu_palmer"]._compute(part("wu_palmer"))["mean_distance"]
-            out["zhao_loss"] = parts["zhao"]._compute(part("zhao"))["mean_distance"]
-            if "topk" in parts:
-                out.update(parts["topk"]._compute(part("topk")))
+            out.update(results["severity"], mistake_severity_distance=self._parts["severity"].distance)
+            out.update(results.get("topk", {}))
         return out
+
+
+# The keys of HierarchicalMetrics.compute(): (part, key of the part's result), in the order of the result.
+_RESULTS = {
+    "hP_micro": ("micro", "precision"),
+    "hR_micro": ("micro", "recall"),
+    "hF1_micro": ("micro", "fbeta"),
+    "hP_samples": ("hier", "precision"),
+    "hR_samples": ("hier", "recall"),
+    "hF1_samples": ("hier", "fbeta"),
+    "hF1_macro": ("node", "macro_f1"),
+    "hF1_weighted": ("node", "weighted_f1"),
+    "node_micro_f1": ("node", "micro_f1"),
+    "node_macro_f1": ("node", "macro_f1"),
+    "node_weighted_f1": ("node", "weighted_f1"),
+    "hamming_loss": ("node", "hamming_loss"),
+    "per_level_accuracy": ("depth", "per_level_accuracy"),
+    "per_level_support": ("depth", "per_level_support"),
+    "per_semantic_level_accuracy": ("semantic", "per_level_accuracy"),
+    "semantic_accuracy": ("semantic", "semantic_accuracy"),
+    "wu_palmer_loss": ("wu_palmer", "mean_distance"),
+    "zhao_loss": ("zhao", "mean_distance"),
+}
