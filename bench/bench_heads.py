@@ -80,7 +80,6 @@ def cases(quick: bool) -> list[Case]:
 def _node_order_gather_setup(batch: int):
     def setup():
         from hiercls.heads import create_head
-        import torch as _t  # placeholder
 
         order = create_head("semantic_softmax", tree_21k(), 16).node_softmax.input_order
         logits = 3.0 * torch.randn(batch, int(order.max()) + 1, generator=torch.Generator().manual_seed(0))

@@ -6,6 +6,7 @@ The references below walk the tree node by node in float64 with ``math``; they s
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 from hiercls.heads import ConditionalSoftmaxHead, SemanticSoftmaxHead
-from hiercls.taxonomy import Taxonomy
 from hiercls.losses import ChainedSoftmax
 from hiercls.losses.chained_softmax import bucket_widths
+from hiercls.taxonomy import Taxonomy
 from tests._generators import random_group_forest
 from tests._trees import random_tree
 
@@ -298,27 +299,27 @@ def test_gradients_by_gradcheck(seed):
     assert torch.autograd.gradcheck(lambda x: cs.padded_log_softmax(x)[:, cs.slot], (z,))
 
 
-def test_bucket_widths_are_the_cheapest_partition():
-    """The dynamic programme against every split of the sorted distinct sizes into runs."""
-    import itertools
+def _cheapest_padding(sizes: np.ndarray, cost: int) -> int:
+    """Brute force: every split of the sorted distinct sizes into runs, each run padded to its largest size."""
+    distinct = np.unique(sizes)
+    best = None
+    for r in range(len(distinct)):
+        for cuts in itertools.combinations(range(len(distinct) - 1), r):
+            ends = np.array([*cuts, len(distinct) - 1])  # the last distinct size of each run
+            widths = distinct[ends[np.searchsorted(ends, np.searchsorted(distinct, sizes))]]
+            total = int(widths.sum()) + cost * len(ends)
+            best = total if best is None else min(best, total)
+    return best
 
+
+def test_bucket_widths_are_the_cheapest_partition():
     rng = np.random.default_rng(3)
     for _ in range(20):
         sizes = rng.integers(1, 40, size=int(rng.integers(1, 12)))
         cost = int(rng.integers(0, 30))
         got = bucket_widths(sizes, cost)
-        distinct = np.unique(sizes)
-
-        def total(widths: np.ndarray) -> int:
-            return int(widths.sum()) + cost * len(np.unique(widths))
-
-        best = min(
-            total(np.array([distinct[min(c for c in (*cuts, len(distinct) - 1) if c >= np.searchsorted(distinct, x))]
-                            for x in sizes]))
-            for r in range(len(distinct))
-            for cuts in itertools.combinations(range(len(distinct) - 1), r)
-        )  # fmt: skip
-        assert total(got) == best and np.all(got >= sizes)
+        assert np.all(got >= sizes)
+        assert int(got.sum()) + cost * len(np.unique(got)) == _cheapest_padding(sizes, cost)
 
 
 def test_input_order_must_be_distinct():

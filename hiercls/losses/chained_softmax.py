@@ -1,16 +1,19 @@
 """Nested softmaxes chained down a tree of sibling groups: the one implementation behind the semantic and
 conditional softmaxes (probabilities, log-probabilities and per-group log-sum-exps, with autograd, on any device).
 
-Layout. Every group's outputs are copied once into a padded ``[B, P]`` tensor where the groups of similar size
-sit side by side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common width ``w_k`` (padding is
-``-inf``, contributing nothing), so it is a view ``[B, n_k, w_k]`` and every per-group reduction (max, sum) is a
-plain contiguous reduction over its last axis, which torch vectorises; indexed scatters along a row are several
-times slower than a softmax on the CPU. The widths are chosen once per tree by dynamic programming over the
-group sizes (padding against the number of buckets; about a dozen buckets and 5-15 % padding on WordNet trees).
+Layout. The logits are gathered once into a padded ``[B, P]`` tensor where groups of similar size sit side by
+side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common width ``w_k`` (padding is ``-inf``, which
+a softmax gives 0), so it is a view ``[B, n_k, w_k]`` (or ``[B, w_k, n_k]`` when it holds more groups than
+members per group) and each group's softmax is one fused ``torch.softmax`` per bucket; indexed scatters along a
+row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass. The widths are
+chosen once per tree by dynamic programming over the group sizes (padding against the number of buckets; about
+fifteen buckets and 9 % padding on ImageNet-21K).
 
-Exactness. Each group is shifted by its own maximum, so no exponential overflows and no group's sum underflows,
-whatever the spread of the logits; there is no retry path. ``log P(parent of g)`` is a sum over the ancestors of
-``g`` in the tree of groups, taken by pointer doubling (``ceil(log2(depth + 1))`` gathers, for any depth).
+Exactness. Each group's softmax shifts by the group's own maximum, so no exponential overflows and no group's
+sum underflows, whatever the spread of the logits; there is no retry path. ``log P(parent of g)`` is a sum over
+the ancestors of ``g`` in the tree of groups, taken by pointer doubling (``ceil(log2(depth + 1))`` gathers of
+``[B, G]``, for any depth). The gradients of :meth:`ChainedSoftmax.probs` and of the gathers are written by hand
+(gathers again, and one scatter over ``[G, B]`` rows), because autograd's would scatter along rows.
 """
 
 from __future__ import annotations
@@ -125,10 +128,10 @@ class ChainedSoftmax(nn.Module):
     come out in another order (node ids) at no extra cost. Groups are renumbered at construction (by bucket, see
     the module docstring), so :attr:`group` and :attr:`parent` hold the new numbers.
 
-    ``log P(i) = z_i - lse_g + T_g`` with ``lse_g`` the log-sum-exp of group ``g = group[i]`` and ``T_g`` the sum
-    of ``z[parent[a]] - lse_{group of parent[a]}`` over the ancestors-or-self ``a`` of ``g`` that have a parent.
-    :meth:`probs` multiplies each group's shifted exponentials by ``P(parent) / sum`` (both at most 1), so it
-    computes no exponential twice and underflows only where the true probability is below float range.
+    ``log P(i) = log q_i + T_g`` with ``q`` the softmax of group ``g = group[i]`` and ``T_g = log P(parent[g])``,
+    the sum of ``log q`` at the conditioning outputs of ``g`` and its ancestor groups. :meth:`probs` multiplies
+    each group's softmax by ``P(parent)``, so a probability underflows only where its true value is below the
+    float range.
     Results are float32 (float64 input stays float64), also for fp16/bf16 logits and under autocast; every step
     is a torch op on the logits' device, differentiable.
 
@@ -201,7 +204,8 @@ class ChainedSoftmax(nn.Module):
         slot_group[slot] = group
         self.register_buffer("slot_group", as_tensor(slot_group), persistent=False)
         self.register_buffer("parent_slot", as_tensor(slot[np.maximum(self.parent.numpy(), 0)]), persistent=False)
-        self.register_buffer("slot_input", as_tensor(np.where(slot_output >= 0, reads[slot_output], 0)), persistent=False)
+        slot_input = np.where(slot_output >= 0, reads[slot_output], 0)
+        self.register_buffer("slot_input", as_tensor(slot_input), persistent=False)
         self.register_buffer("pad_slots", as_tensor(np.flatnonzero(slot_output < 0)), persistent=False)
         self.register_buffer("input_slot", as_tensor(input_slot), persistent=False)
 
@@ -272,16 +276,25 @@ class ChainedSoftmax(nn.Module):
             d = d.index_add(0, jump[live], d[live])
         return d.t()
 
+    def output_map(self, k: int, lead: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(index, inverse)``: the slot read by each of ``lead + k`` output columns (any slot for the lead
+        columns), and the output column of each slot (``-1``: none)."""
+        so = self.slot_output
+        index = torch.cat([self.slot.new_zeros(lead), self.slot[:k]])
+        return index, torch.where((so >= 0) & (so < k), so + lead, -1)
+
     def slots_to_outputs(self, padded: torch.Tensor, k: int, lead: int, fill: float) -> torch.Tensor:
-        out = padded.index_select(1, torch.cat([self.slot.new_zeros(lead), self.slot[:k]]))
+        """``[B, P]`` -> ``[B, lead + k]``: outputs ``0 .. k - 1`` after ``lead`` columns of ``fill``."""
+        out = padded.index_select(1, self.output_map(k, lead)[0])
         out[:, :lead] = fill
         return out
 
     def outputs_to_slots(self, grad: torch.Tensor, k: int, lead: int) -> torch.Tensor:
-        so = self.slot_output
-        return _gather_or_zero(grad, torch.where((so >= 0) & (so < k), so + lead, -1))
+        """The transpose of :meth:`slots_to_outputs` (lead columns dropped, slots without an output 0)."""
+        return _gather_or_zero(grad, self.output_map(k, lead)[1])
 
     def slots_to_inputs(self, padded: torch.Tensor) -> torch.Tensor:
+        """``[B, P]`` -> ``[B, num_inputs]``: each logit's slot (0 for logits no output reads)."""
         return _gather_or_zero(padded, self.input_slot)
 
     # ---------------------------------------------------------------- the public results
@@ -294,8 +307,8 @@ class ChainedSoftmax(nn.Module):
             >>> cs.padded_log_softmax(torch.zeros(1, 3))[0, cs.slot].tolist()  # log 1/2, log 1/2, log 1
             [-0.6931471824645996, -0.6931471824645996, 0.0]
         """
-        z = self._inputs(logits)
-        return self.group_softmax(_Permute.apply(z, self.slot_input, self.pad_slots, -math.inf, self.input_slot), True)
+        padded = _Permute.apply(self._inputs(logits), self.slot_input, self.pad_slots, -math.inf, self.input_slot)
+        return self.group_softmax(padded, log=True)
 
     def _check_outputs(self, outputs: int | None, lead: int) -> int:
         k = self.num_outputs if outputs is None else int(outputs)
@@ -312,9 +325,9 @@ class ChainedSoftmax(nn.Module):
         lq = self.padded_log_softmax(logits)
         zero = torch.zeros((), dtype=lq.dtype, device=lq.device)
         t = self.ancestor_sums(torch.where(self.has_parent, lq.index_select(1, self.parent_slot), zero))
-        so = self.slot_output
-        index, inverse = torch.cat([self.slot.new_zeros(lead), self.slot[:k]]), torch.where((so >= 0) & (so < k), so + lead, -1)
-        return _Permute.apply(lq + t.index_select(1, self.slot_group), index, torch.arange(lead, device=so.device), 0.0, inverse)
+        index, inverse = self.output_map(k, lead)
+        lead_cols = torch.arange(lead, device=lq.device)
+        return _Permute.apply(lq + t.index_select(1, self.slot_group), index, lead_cols, 0.0, inverse)
 
     def probs(self, logits: torch.Tensor, *, outputs: int | None = None, lead: int = 0) -> torch.Tensor:
         """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable.
