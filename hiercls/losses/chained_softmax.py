@@ -146,8 +146,8 @@ class ChainedSoftmax(nn.Module):
         >>> p = cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]))  # a 3/4, b 1/4, x, y within a
         >>> [round(v, 6) for v in p[0].tolist()]
         [0.75, 0.25, 0.15, 0.6]
-        >>> cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]), outputs=2, lead=1).tolist()  # a, b
-        [[1.0, 0.75, 0.25]]
+        >>> cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]), outputs=2, lead=1).round(decimals=6)
+        tensor([[1.0000, 0.7500, 0.2500]])
     """
 
     def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
@@ -210,12 +210,14 @@ class ChainedSoftmax(nn.Module):
         self.register_buffer("input_slot", as_tensor(input_slot), persistent=False)
 
     def _build_doubling(self, gparent: np.ndarray) -> None:
-        """Pointer-doubling tables over the tree of groups: ``jump_k[g]`` is ``g``'s ancestor ``2^k`` generations
-        up (``-1``: none)."""
+        """Pointer-doubling tables over the tree of groups: at step ``k``, groups ``jump_to_k`` take the value of
+        their ancestor ``jump_from_k``, ``2^k`` generations up."""
         self._steps = 0
         jump = gparent.copy()
         while (jump >= 0).any():
-            self.register_buffer(f"jump_{self._steps}", as_tensor(jump), persistent=False)
+            live = np.flatnonzero(jump >= 0)
+            self.register_buffer(f"jump_to_{self._steps}", as_tensor(live), persistent=False)
+            self.register_buffer(f"jump_from_{self._steps}", as_tensor(jump[live]), persistent=False)
             self._steps += 1
             jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1)
 
@@ -256,24 +258,19 @@ class ChainedSoftmax(nn.Module):
 
     def ancestor_sums(self, per_group: torch.Tensor) -> torch.Tensor:
         """``[B, G]``: sums over each group's ancestors-or-self in the tree of groups (pointer doubling: one
-        gather per power of two up to the depth, for any depth)."""
-        t = per_group
-        zero = torch.zeros((), dtype=t.dtype, device=t.device)
+        gather per power of two up to the depth, for any depth). Group-major while it runs, so that the
+        gathers and adds move whole rows of memory."""
+        t = per_group.t().clone(memory_format=torch.contiguous_format)
         for k in range(self._steps):
-            jump = self._buffers[f"jump_{k}"]
-            t = t + torch.where(jump >= 0, t.index_select(1, jump.clamp(min=0)), zero)
-        return t
+            # The gather copies the old values before the add overwrites any of them.
+            t.index_add_(0, self._buffers[f"jump_to_{k}"], t.index_select(0, self._buffers[f"jump_from_{k}"]))
+        return t.t()
 
     def subtree_sums(self, per_group: torch.Tensor) -> torch.Tensor:
-        """``[B, G]``: sums over each group's descendants-or-self (the transpose of :meth:`ancestor_sums`).
-
-        Group-major while it runs: the transpose of a gather is a scatter, which is fast along rows of memory.
-        """
-        d = per_group.t().contiguous()
+        """``[B, G]``: sums over each group's descendants-or-self (the transpose of :meth:`ancestor_sums`)."""
+        d = per_group.t().clone(memory_format=torch.contiguous_format)
         for k in reversed(range(self._steps)):
-            jump = self._buffers[f"jump_{k}"]
-            live = jump >= 0
-            d = d.index_add(0, jump[live], d[live])
+            d.index_add_(0, self._buffers[f"jump_from_{k}"], d.index_select(0, self._buffers[f"jump_to_{k}"]))
         return d.t()
 
     def output_map(self, k: int, lead: int) -> tuple[torch.Tensor, torch.Tensor]:
