@@ -120,7 +120,7 @@ class SemanticLayout(nn.Module):
         return self.chained.log_probs(upcast(logits))
 
     def class_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``exp(class_log_probs)`` ``[B, C]`` (float32) by the fast path of
+        """``exp(class_log_probs)`` ``[B, C]`` (float32) by
         :meth:`~hiercls.losses.ChainedSoftmax.probs`."""
         self.split(logits)  # shape check
         return self.chained.probs(upcast(logits))
