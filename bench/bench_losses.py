@@ -238,8 +238,6 @@ def _loss_setup(kind: str, batch: int):
     """``(candidate, baseline)``: one loss forward + backward on leaf logits vs ``F.cross_entropy`` on as many."""
 
     def setup():
-        import functools  # noqa: F401  (kept local: setup runs inside run_all)
-
         from hiercls.losses import HXELoss, SemanticSoftmaxLoss
         from hiercls.taxonomy import load_taxonomy
 

@@ -162,7 +162,7 @@ def decoders(device: torch.device) -> dict[str, Any]:
     """Every decoder, and the expected-cost functions, on node probabilities that live on ``device``: ms per call,
     the ratio to ``argmax``, and whether it stayed there (host copies raise)."""
     from hiercls.decode import RULES, bayes_node, decode, expected_cost, expected_hfbeta, prediction_expected_cost
-    from hiercls.taxonomy.ops import node_probs_from_leaves
+    from hiercls.taxonomy.tensors import node_probs_from_leaves
 
     tax = _tree(device.type == "cuda")
     batch = 1000 if device.type == "cuda" else 16

@@ -1,11 +1,12 @@
-"""The one-pass chained softmaxes (semantic and conditional node probabilities) against slow references.
+"""The chained softmaxes (semantic and conditional node probabilities) against slow references.
 
 The references below walk the tree node by node in float64 with ``math``; they share no code with
-``hiercls.taxonomy.ops.ChainedSoftmax``.
+``hiercls.losses.ChainedSoftmax``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -13,8 +14,10 @@ import pytest
 import torch
 
 from hiercls.heads import ConditionalSoftmaxHead, SemanticSoftmaxHead
+from hiercls.losses import ChainedSoftmax
+from hiercls.losses.chained_softmax import bucket_widths
 from hiercls.taxonomy import Taxonomy
-from hiercls.taxonomy.ops import ChainedSoftmax
+from tests._generators import random_group_forest
 from tests._trees import random_tree
 
 
@@ -79,8 +82,7 @@ def conditional_reference(tax: Taxonomy, logits: np.ndarray, stop: bool) -> np.n
 
 
 def tolerance(z: torch.Tensor) -> float:
-    # The fast path shifts every group by the row maximum, so its rounding error is a few ulps of the
-    # largest logit (``|z| * 2^-23``), the precision the float32 logits themselves carry.
+    # Float32 logits carry ``|z| * 2^-23`` of absolute precision; the probabilities are no better than that.
     return 1e-6 * max(1.0, float(z.abs().max()))
 
 
@@ -139,8 +141,8 @@ def test_conditional_node_probs_match_reference(n, seed, stop):
     np.testing.assert_allclose(head.softmax.node_log_probs(z.double()).exp().numpy(), want, atol=1e-12, rtol=1e-9)
 
 
-def test_groups_far_below_the_row_maximum_take_the_exact_path():
-    # One group sits 200 below the rest: a shared shift underflows it, the per-group shift does not.
+def test_groups_far_below_the_row_maximum_are_exact():
+    # One group sits 200 below the rest: a shared shift would underflow it, each group's own shift does not.
     tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")])
     head = ConditionalSoftmaxHead(tax, 4)
     z = torch.zeros(2, head.num_outputs)
@@ -214,22 +216,20 @@ GROUP, PARENT = np.array([2, 2, 0, 0, 0, 1, 1, 3]), np.array([0, 3, -1, 6])
     ("values", "why"),
     [
         (lambda rng: rng.normal(scale=3.0, size=(4, 8)), "plain"),
-        (lambda rng: rng.normal(scale=3.0, size=(4, 8)) + 75.0, "sums too large unshifted: each row shifted"),
-        (lambda rng: rng.normal(scale=3.0, size=(4, 8)) + 150.0, "exp overflows unshifted: each row shifted"),
+        (lambda rng: rng.normal(scale=3.0, size=(4, 8)) + 75.0, "sums too large unshifted"),
+        (lambda rng: rng.normal(scale=3.0, size=(4, 8)) + 150.0, "exp overflows unshifted"),
         (lambda rng: np.array([[60.0, 0.0, -60.0, -61.0, -62.0, 1.0, 2.0, 3.0]]), "parent far above its group"),
     ],
 )
-def test_chained_probs_paths_agree_with_a_reference(values, why):
+def test_chained_probs_agree_with_a_reference(values, why):
     rng = np.random.default_rng(7)
     z = torch.from_numpy(values(rng)).float()
     cs = ChainedSoftmax(GROUP, PARENT)
     want = _chained_reference(GROUP, PARENT, z.double().numpy())
     got = cs.probs(z)
     np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=1e-7, err_msg=why)
-    # the autograd path, the index_add sums (other devices) and the exact log path agree with it
+    # with autograd on, and the log-probabilities, give the same
     np.testing.assert_allclose(cs.probs(z.requires_grad_()).detach().numpy(), want, rtol=2e-5, atol=1e-7)
-    cs._SPARSE_SUM_DEVICES = ()
-    np.testing.assert_allclose(cs.probs(z.detach()).numpy(), want, rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(cs.log_probs(z.detach().double()).exp().numpy(), want, rtol=1e-9, atol=1e-12)
 
 
@@ -254,14 +254,74 @@ def test_chained_probs_outputs_and_lead_columns():
         cs.probs(z, outputs=9)
 
 
-def test_deep_trees_of_groups_take_the_sparse_ancestor_product():
-    # A chain of single-child groups deeper than the per-depth loop allows, with a sibling at every depth.
-    depth = ChainedSoftmax._MAX_LEVELS + 6
+def test_deep_trees_of_groups():
+    # A chain of 150 groups (pointer doubling: 8 steps), with a sibling at every depth.
+    depth = 150
     group = np.repeat(np.arange(depth), 2)  # group d = outputs 2d, 2d + 1
     parent = np.concatenate([[-1], 2 * np.arange(depth - 1)])  # group d + 1 below output 2d
     cs = ChainedSoftmax(group, parent)
-    assert not cs._levels
-    z = torch.from_numpy(np.random.default_rng(9).normal(size=(2, 2 * depth)) + 3.0).float()
-    want = cs.log_probs(z.double()).exp().numpy()
-    np.testing.assert_allclose(cs.probs(z).numpy(), want, rtol=1e-4, atol=1e-30)
-    np.testing.assert_allclose(_chained_reference(group, parent, z.double().numpy())[:, :8], want[:, :8], rtol=1e-9)
+    z = torch.from_numpy(np.random.default_rng(9).normal(size=(2, 2 * depth)) + 3.0)
+    want = np.log(_chained_reference(group, parent, z.numpy()))
+    np.testing.assert_allclose(cs.log_probs(z).numpy(), want, rtol=1e-9)
+    p32, normal = cs.probs(z.float()).double().numpy(), want > -80.0  # float32 keeps the normal range
+    np.testing.assert_allclose(np.log(p32[normal]), want[normal], rtol=1e-4)
+    assert np.all(p32[~normal] < 1e-30)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_forests_of_groups_against_the_reference(seed):
+    """Any forest of groups, logits read in any order, any outputs and lead columns; float64 by tolerance."""
+    rng = np.random.default_rng(seed)
+    group, parent, order = random_group_forest(rng, int(rng.integers(1, 30)))
+    cs = ChainedSoftmax(group, parent, input_order=order)
+    z = torch.from_numpy(rng.normal(scale=4.0, size=(3, cs.num_inputs)))
+    want = _chained_reference(group, parent, z.numpy()[:, order])
+    k, lead = int(rng.integers(0, len(group) + 1)), int(rng.integers(0, 3))
+    p, logp = cs.probs(z, outputs=k, lead=lead), cs.log_probs(z, outputs=k, lead=lead)
+    assert p.shape == logp.shape == (3, lead + k) and p.dtype == torch.float64
+    assert torch.all(p[:, :lead] == 1.0) and torch.all(logp[:, :lead] == 0.0)
+    np.testing.assert_allclose(p[:, lead:].numpy(), want[:, :k], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(logp[:, lead:].numpy(), np.log(want[:, :k]), rtol=1e-12, atol=1e-12)
+    within = cs.padded_log_softmax(z)[:, cs.slot]  # each output's log-probability within its group
+    for g in np.unique(group):
+        members = np.flatnonzero(group == g)
+        np.testing.assert_allclose(within[:, members].numpy(), torch.log_softmax(z[:, order[members]], 1).numpy())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gradients_by_gradcheck(seed):
+    rng = np.random.default_rng(50 + seed)
+    group, parent, order = random_group_forest(rng, 9)
+    cs = ChainedSoftmax(group, parent, input_order=order)
+    z = torch.from_numpy(rng.normal(scale=2.0, size=(2, cs.num_inputs))).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: cs.probs(x, outputs=7, lead=1), (z,))
+    assert torch.autograd.gradcheck(lambda x: cs.log_probs(x), (z,))
+    assert torch.autograd.gradcheck(lambda x: cs.padded_log_softmax(x)[:, cs.slot], (z,))
+
+
+def _cheapest_padding(sizes: np.ndarray, cost: int) -> int:
+    """Brute force: every split of the sorted distinct sizes into runs, each run padded to its largest size."""
+    distinct = np.unique(sizes)
+    best = None
+    for r in range(len(distinct)):
+        for cuts in itertools.combinations(range(len(distinct) - 1), r):
+            ends = np.array([*cuts, len(distinct) - 1])  # the last distinct size of each run
+            widths = distinct[ends[np.searchsorted(ends, np.searchsorted(distinct, sizes))]]
+            total = int(widths.sum()) + cost * len(ends)
+            best = total if best is None else min(best, total)
+    return best
+
+
+def test_bucket_widths_are_the_cheapest_partition():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        sizes = rng.integers(1, 40, size=int(rng.integers(1, 12)))
+        cost = int(rng.integers(0, 30))
+        got = bucket_widths(sizes, cost)
+        assert np.all(got >= sizes)
+        assert int(got.sum()) + cost * len(np.unique(got)) == _cheapest_padding(sizes, cost)
+
+
+def test_input_order_must_be_distinct():
+    with pytest.raises(ValueError, match="distinct logit indices"):
+        ChainedSoftmax(np.array([0, 0]), np.array([-1]), input_order=np.array([1, 1]))

@@ -13,7 +13,7 @@ from hiercls.heads.registry import register_head
 from hiercls.losses.conditional import ConditionalSoftmax, huffman_tree
 from hiercls.losses.leaf import LeafCrossEntropy
 from hiercls.taxonomy import Taxonomy
-from hiercls.taxonomy.ops import TreeOps
+from hiercls.taxonomy.tensors import TreeOps
 
 __all__ = ["ConditionalSoftmaxHead"]
 

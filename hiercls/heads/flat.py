@@ -15,7 +15,7 @@ from hiercls.heads.base import HierarchicalHead
 from hiercls.heads.registry import register_head
 from hiercls.losses.leaf import HXELoss, LeafCrossEntropy, SoftLabelLoss
 from hiercls.taxonomy import DistanceKind, Taxonomy
-from hiercls.taxonomy.ops import TreeOps, node_probs_from_leaves
+from hiercls.taxonomy.tensors import TreeOps, node_probs_from_leaves
 
 __all__ = ["FlatSoftmaxHead", "HXEHead", "SoftLabelHead", "leaf_probs_to_node_probs"]
 
@@ -23,7 +23,7 @@ __all__ = ["FlatSoftmaxHead", "HXEHead", "SoftLabelHead", "leaf_probs_to_node_pr
 def leaf_probs_to_node_probs(taxonomy: Taxonomy, leaf_probs: torch.Tensor) -> torch.Tensor:
     """Node probabilities ``[B, N]`` (float32) from leaf probabilities ``[B, num_leaves]``.
 
-    The node-probability contract of the heads (see :meth:`hiercls.taxonomy.ops.TreeOps.node_probs`).
+    The node-probability contract of the heads (see :meth:`hiercls.taxonomy.tensors.TreeOps.node_probs`).
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])

@@ -9,10 +9,10 @@ import torch
 
 from hiercls.heads.base import HierarchicalHead
 from hiercls.heads.registry import register_head
+from hiercls.losses.chained_softmax import ChainedSoftmax
 from hiercls.losses.semantic import SemanticKDLoss, SemanticSoftmaxLoss
 from hiercls.losses.validation import upcast
 from hiercls.taxonomy import Taxonomy
-from hiercls.taxonomy.ops import ChainedSoftmax
 
 __all__ = ["SemanticSoftmaxHead"]
 

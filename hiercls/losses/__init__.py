@@ -1,5 +1,6 @@
 """Hierarchical losses, usable on their own with any model that produces logits in the documented layout."""
 
+from hiercls.losses.chained_softmax import ChainedSoftmax
 from hiercls.losses.conditional import ConditionalSoftmax, ConditionalSoftmaxLoss, huffman_tree
 from hiercls.losses.leaf import (
     HXELoss,
@@ -13,9 +14,10 @@ from hiercls.losses.multilabel import HierarchicalBCELoss, close_targets, mcm_lo
 from hiercls.losses.nested import NestedRegionLoss, NestedSigmoid, node_ids_to_regions, soft_dice_loss
 from hiercls.losses.semantic import SemanticKDLoss, SemanticLayout, SemanticSoftmaxLoss, semantic_level_weights
 from hiercls.losses.validation import check_features, check_node_targets
-from hiercls.taxonomy.ops import TreeOps, segment_logsumexp
+from hiercls.taxonomy.tensors import TreeOps, segment_logsumexp
 
 __all__ = [
+    "ChainedSoftmax",
     "ConditionalSoftmax",
     "ConditionalSoftmaxLoss",
     "HXELoss",

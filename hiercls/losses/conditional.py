@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.losses.chained_softmax import ChainedSoftmax
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import ChainedSoftmax, TreeOps, as_tensor, require_tree, segment_logsumexp
+from hiercls.taxonomy.tensors import TreeOps, as_tensor, require_tree
 
 __all__ = ["ConditionalSoftmax", "ConditionalSoftmaxLoss", "huffman_tree"]
 
@@ -54,7 +55,6 @@ class ConditionalSoftmax(nn.Module):
         if self.stop:
             group = np.concatenate([group, np.arange(len(internal))])
         self.num_outputs = len(group)
-        self.register_buffer("group", as_tensor(group), persistent=False)
         self.register_buffer("internal_index", as_tensor(internal_index), persistent=False)
         self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
         self.ops = TreeOps(taxonomy)
@@ -73,9 +73,7 @@ class ConditionalSoftmax(nn.Module):
     def _output_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``[B, num_outputs]``: each logit's log-probability within its parent's softmax."""
         self.check(logits)
-        z = upcast(logits).transpose(0, 1).contiguous()  # node-major: row gathers are fast
-        lse = segment_logsumexp(z, self.group, self.num_internal, dim=0)
-        return (z - lse.index_select(0, self.group)).transpose(0, 1)
+        return self.chained.padded_log_softmax(upcast(logits)).index_select(1, self.chained.slot)
 
     def conditional_log_probs(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(log P(n | parent(n)) [B, N] with 0 at the root, log P(stop | n) [B, num_internal] or None)``."""
@@ -86,14 +84,12 @@ class ConditionalSoftmax(nn.Module):
     def node_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``log P(n)`` for every node ``[B, N]``: sums of conditional log-probabilities down the root path."""
         self.check(logits)
-        logp = self.chained.log_probs(upcast(logits))
-        return torch.cat([logp.new_zeros(logp.shape[0], 1), logp[:, : self.taxonomy.num_nodes - 1]], dim=1)
+        return self.chained.log_probs(upcast(logits), outputs=self.taxonomy.num_nodes - 1, lead=1)
 
     def node_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``P(n)`` for every node ``[B, N]`` (float32; float64 stays float64), clamped to ``[0, 1]``, root 1.
 
-        The fast path of :meth:`~hiercls.taxonomy.ops.ChainedSoftmax.probs`: equal to ``node_log_probs(...).exp()``
-        up to rounding.
+        :meth:`~hiercls.losses.ChainedSoftmax.probs`: ``node_log_probs(...).exp()`` up to rounding.
         """
         self.check(logits)
         # Node n is output n - 1: the nodes are the first N - 1 outputs, after one lead column for the root.
@@ -101,16 +97,20 @@ class ConditionalSoftmax(nn.Module):
         return p.clamp_(0.0, 1.0)
 
     def label_log_likelihood(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """``log P(label)`` per sample (targets >= 0); with ``stop`` internal labels include ``log P(stop)``."""
-        cond = self._output_log_probs(logits)
+        """``log P(label)`` per sample (targets >= 0); with ``stop`` internal labels include ``log P(stop)``.
+
+        Every group's log-softmax, then only the label's path is read.
+        """
+        self.check(logits)
+        log_q = self.chained.padded_log_softmax(upcast(logits))
         path = self.paths[targets][:, 1:]  # the root contributes nothing; node n is output n - 1
-        terms = cond.gather(1, (path - 1).clamp(min=0))
-        ll = torch.where(path > 0, terms, torch.zeros_like(terms)).sum(1)
+        outs = (path - 1).clamp(min=0)
         if self.stop:
             k = self.internal_index[targets]
-            stop = cond.gather(1, (k.clamp(min=0) + self.taxonomy.num_nodes - 1)[:, None])[:, 0]
-            ll = ll + torch.where(k >= 0, stop, torch.zeros_like(ll))
-        return ll
+            outs = torch.cat([outs, (k.clamp(min=0) + self.taxonomy.num_nodes - 1)[:, None]], 1)
+            path = torch.cat([path, k[:, None]], 1)
+        terms = log_q.gather(1, self.chained.slot[outs])
+        return torch.where(path >= 0, terms, torch.zeros_like(terms)).sum(1)
 
 
 class ConditionalSoftmaxLoss(nn.Module):

@@ -16,7 +16,7 @@ from torch import nn
 from hiercls._checks import check_finite_number
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import DISTANCE_KINDS, DistanceKind, Taxonomy
-from hiercls.taxonomy.ops import TreeOps, as_tensor, leaf_ranges, require_tree
+from hiercls.taxonomy.tensors import TreeOps, as_tensor, leaf_ranges, require_tree
 
 __all__ = ["HXELoss", "LeafCrossEntropy", "SoftLabelLoss", "hxe_weights", "max_leaf_distance", "soft_label_targets"]
 

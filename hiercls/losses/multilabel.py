@@ -17,7 +17,7 @@ from torch import nn
 
 from hiercls.losses.validation import upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import TreeOps, as_tensor
+from hiercls.taxonomy.tensors import TreeOps, as_tensor
 
 __all__ = ["HierarchicalBCELoss", "close_targets", "mcm_logits"]
 

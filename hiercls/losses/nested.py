@@ -17,7 +17,7 @@ from torch import nn
 
 from hiercls.losses.validation import upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import TreeOps, require_tree
+from hiercls.taxonomy.tensors import TreeOps, require_tree
 
 __all__ = ["NestedRegionLoss", "NestedSigmoid", "node_ids_to_regions", "soft_dice_loss"]
 

@@ -8,7 +8,6 @@ ancestor-or-self of ``y`` at that level, or none (``-1``) below ``y``'s own leve
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -16,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hiercls.losses.chained_softmax import ChainedSoftmax
 from hiercls.losses.validation import check_node_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import ChainedSoftmax, as_tensor, require_tree
+from hiercls.taxonomy.tensors import as_tensor, require_tree
 
 __all__ = ["SemanticKDLoss", "SemanticLayout", "SemanticSoftmaxLoss", "semantic_level_weights"]
 
@@ -120,45 +120,26 @@ class SemanticLayout(nn.Module):
         return self.chained.log_probs(upcast(logits))
 
     def class_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``exp(class_log_probs)`` ``[B, C]`` (float32) by the fast path of
-        :meth:`~hiercls.taxonomy.ops.ChainedSoftmax.probs`."""
+        """``exp(class_log_probs)`` ``[B, C]`` (float32) by
+        :meth:`~hiercls.losses.ChainedSoftmax.probs`."""
         self.split(logits)  # shape check
         return self.chained.probs(upcast(logits))
 
 
-@functools.lru_cache(maxsize=64)
-def _level_starts(sizes: tuple[int, ...]) -> np.ndarray:
-    """``[K + 1]`` first column of each level and the end (the kernels' level table), built once per layout."""
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-
-def _kernels_apply(z: torch.Tensor) -> bool:
-    """Whether the compiled CPU kernels take ``z`` (float32/float64 on the CPU; elsewhere the torch ops)."""
-    return z.device.type in _LevelSmoothedCE.KERNEL_DEVICES and z.dtype in (torch.float32, torch.float64)
+_LOG2E = 1.0 / math.log(2.0)
 
 
 class _LevelSmoothedCE(torch.autograd.Function):
     """``sum_{b,l} coef[b,l] * CE_l(b)`` over contiguous level slices, with a hand-written backward.
 
     ``CE_l(b) = lse_l(b) - (1 - eps) z[b, t_l] - eps * mean_l(z[b])``, ``lse_l`` the log-sum-exp of level ``l``'s
-    slice. One exponential of the whole row shifted by its maximum, ``e = exp(z - max z)`` (per-slice
-    exponentials on strided views are several times slower), serves every level: with ``E_l`` the sum of ``e``
-    over level ``l``'s slice, ``lse_l - z_t = log E_l - log e_t`` and level ``l``'s softmax is ``e / E_l``, so
-    ``e`` is never normalised (a softmax would spend one more pass on it). Where a level's sum or a target's ``e``
-    falls below :attr:`TINY` (logits far below the row's maximum, where the shared shift underflows), the batch
-    takes per-level shifts instead; both are exact. The only ``[B, C]`` tensor kept for the backward is ``e``, as
-    ``F.cross_entropy`` keeps its log-softmax, and the gradient ``coef * (e / E_l - (1 - eps) onehot - eps / n_l)``
-    is written in one pass.
-
-    On the CPU the per-level work runs in compiled kernels (:mod:`hiercls.losses._semantic_kernels`): the level
-    sums and cross-entropies in one call, the gradient in one pass; as torch ops it is a few calls per level,
-    which at batch 64 on ImageNet-21K's dozen levels cost as much as the arithmetic. Elsewhere the torch ops.
+    slice. Each level is shifted by its own maximum, ``e = exp(z - max_l z)``, so nothing overflows or
+    underflows for any spread of the logits; ``lse_l = max_l + log E_l`` with ``E_l`` the sum of ``e`` over the
+    level, and level ``l``'s softmax is ``e / E_l``, so ``e`` is never normalised (a softmax would spend one more
+    pass on it). The only ``[B, C]`` tensor kept for the backward is ``e``, as ``F.cross_entropy`` keeps its
+    log-softmax, and the gradient ``coef * (e / E_l - (1 - eps) onehot - eps / n_l)`` is written in one pass.
+    A few torch calls per level (``split`` views; a dozen levels on ImageNet-21K), any device.
     """
-
-    #: Smallest level sum and target exponential of the shared-shift path (float32 stays normal far below it).
-    TINY = 1e-30
-    #: Devices whose float32/float64 logits take the compiled kernels.
-    KERNEL_DEVICES: tuple[str, ...] = ("cpu",)
 
     @staticmethod
     def forward(
@@ -169,51 +150,21 @@ class _LevelSmoothedCE(torch.autograd.Function):
         sizes: tuple[int, ...],
         eps: float,
     ) -> torch.Tensor:
-        if _kernels_apply(z):
-            from hiercls.losses._semantic_kernels import level_cross_entropy
-
-            # The kernels' memory is NumPy's (tensors over it via from_numpy): no torch tensor is viewed as an
-            # array. t = z - max z and e = exp(t), both kept (the kernel reads the targets and level means of t).
-            b, k, dtype = z.shape[0], len(sizes), np.float64 if z.dtype == torch.float64 else np.float32
-            t_np, e_np = np.empty(z.shape, dtype=dtype), np.empty(z.shape, dtype=dtype)
-            sums_np, per_np, tpos_np = np.empty((b, k), dtype), np.empty((b, k), dtype), np.empty((b, k), np.int64)
-            t, e, sums, per = (torch.from_numpy(a) for a in (t_np, e_np, sums_np, per_np))
-            torch.exp(torch.sub(z, z.amax(1, keepdim=True), out=t), out=e)
-            torch.from_numpy(tpos_np).copy_(tpos)
-            starts = _level_starts(sizes)
-            if level_cross_entropy(t_np, e_np, starts, tpos_np, float(eps), _LevelSmoothedCE.TINY, sums_np, per_np):
-                ctx.save_for_backward(e, sums, coef, tpos)
-                ctx.sizes, ctx.eps, ctx.arrays = sizes, eps, (e_np, sums_np, tpos_np, starts)
-                return (coef * per).sum()
-            # Some level needs its own shift: the torch ops below.
-        # exp(z - max z) in two passes (exp and exp2 run at the same speed on CPU; 2^(... log2 e) took three).
-        e = torch.sub(z, z.amax(1, keepdim=True)).exp_()
-        e, sums, per = _LevelSmoothedCE._torch_forward(z, e, tpos, sizes, eps)
-        ctx.save_for_backward(e, sums, coef, tpos)
-        ctx.sizes, ctx.eps, ctx.arrays = sizes, eps, None
-        return (coef * per).sum()
-
-    @staticmethod
-    def _torch_forward(
-        z: torch.Tensor, e: torch.Tensor, tpos: torch.Tensor, sizes: tuple[int, ...], eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(e, sums, per)`` by torch ops; ``e`` is replaced by per-level shifted exponentials where needed."""
-        # torch.split gives every level's view in one call; per-level ops on them beat out= writes into slices.
+        levels = z.split(sizes, 1)
+        shift = torch.stack([v.amax(1) for v in levels], 1)
+        e = torch.empty_like(z)
+        for out, v, m in zip(e.split(sizes, 1), levels, shift.unbind(1), strict=True):
+            torch.sub(v, m[:, None], out=out)
+        # exp as 2^(x log2 e): torch's exp2 is the vectorised kernel on CPU, exp is not.
+        e.mul_(_LOG2E).exp2_()
         sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
-        e_t = e.gather(1, tpos)
-        if bool((torch.minimum(sums, e_t) >= _LevelSmoothedCE.TINY).all()):
-            per = sums.log().sub_(e_t.log_())  # lse_l - z_t
-            if eps:
-                per.add_(z.gather(1, tpos), alpha=eps)
-        else:  # per-level shifts: each level's largest shifted logit is 0, nothing underflows
-            shift = torch.stack([v.amax(1) for v in z.split(sizes, 1)], 1)
-            e = torch.cat([v - m for v, m in zip(z.split(sizes, 1), shift.split(1, 1), strict=True)], 1).exp_()
-            sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
-            per = (shift + sums.log()).sub_(z.gather(1, tpos), alpha=1.0 - eps)
+        per = (shift + sums.log()).sub_(z.gather(1, tpos), alpha=1.0 - eps)
         if eps:  # the smoothing term -eps * mean_l(z)
-            zsum = torch.stack([v.sum(1) for v in z.split(sizes, 1)], 1)
+            zsum = torch.stack([v.sum(1) for v in levels], 1)
             per.sub_(zsum.div_(torch.tensor(sizes, dtype=z.dtype, device=z.device)), alpha=eps)
-        return e, sums, per
+        ctx.save_for_backward(e, sums, coef, tpos)
+        ctx.sizes, ctx.eps = sizes, eps
+        return (coef * per).sum()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -222,14 +173,6 @@ class _LevelSmoothedCE(torch.autograd.Function):
         sizes, eps = ctx.sizes, ctx.eps
         # Written straight into a fresh buffer: one read of e and one write, where a clone of e scaled in place
         # would make two of each (e itself may be needed again by a retained graph).
-        if ctx.arrays is not None:  # the forward's kernel: the gradient in one pass over e
-            from hiercls.losses._semantic_kernels import level_cross_entropy_grad
-
-            e_np, sums_np, tpos_np, starts = ctx.arrays
-            g_np, out_np = np.empty(sums_np.shape, e_np.dtype), np.empty(e_np.shape, e_np.dtype)
-            torch.mul(coef, grad, out=torch.from_numpy(g_np))
-            level_cross_entropy_grad(e_np, g_np, sums_np, starts, tpos_np, float(eps), out_np)
-            return torch.from_numpy(out_np), None, None, None, None
         g = grad * coef
         out = torch.empty_like(e)
         scale = (g / sums).split(1, 1)  # coef * softmax_l = e * coef / S_l

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.ops import TreeOps, leaf_ranges
+from hiercls.taxonomy.tensors import TreeOps, leaf_ranges
 
 AbsorbMode = Literal["attention", "soft_token"]
 
@@ -350,7 +350,7 @@ class HierarchicalPromptPool(nn.Module):
 
         Float64 logits give float64 probabilities (for gradient checks); every other dtype gives float32.
 
-        ``parent >= child`` holds exactly in floating point (:meth:`hiercls.taxonomy.ops.TreeOps.node_probs`).
+        ``parent >= child`` holds exactly in floating point (:meth:`hiercls.taxonomy.tensors.TreeOps.node_probs`).
         """
         return self.tree_ops.node_probs(torch.softmax(_at_least_f32(fine_logits), dim=-1))
 

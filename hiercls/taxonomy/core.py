@@ -774,14 +774,14 @@ class Taxonomy:
         """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (numpy or torch).
 
         A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes), with
-        ``P(parent) >= P(child)`` exactly; see :func:`hiercls.taxonomy.ops.leaf_marginals`.
+        ``P(parent) >= P(child)`` exactly; see :func:`hiercls.taxonomy.tensors.leaf_marginals`.
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
             >>> tax.marginals(np.array([0.5, 0.2, 0.3])).round(3).tolist()
             [1.0, 0.7, 0.5, 0.2, 0.3]
         """
-        from hiercls.taxonomy.ops import leaf_marginals  # ops imports this module (and torch)
+        from hiercls.taxonomy.tensors import leaf_marginals  # tensors imports this module (and torch)
 
         return leaf_marginals(self, leaf_probs)
 

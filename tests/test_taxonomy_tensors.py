@@ -1,4 +1,4 @@
-"""hiercls.taxonomy.ops: leaf->node marginals against brute force, and exact monotonicity in floating point."""
+"""hiercls.taxonomy.tensors: leaf->node marginals against brute force, and exact monotonicity in floating point."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hiercls.taxonomy import Taxonomy
-from hiercls.taxonomy.ops import TreeOps, leaf_marginals, leaf_ranges, node_probs_from_leaves, tree_ops
+from hiercls.taxonomy.tensors import TreeOps, leaf_marginals, leaf_ranges, node_probs_from_leaves, tree_ops
 from tests._trees import random_tree
 
 DAG = Taxonomy(

@@ -1,0 +1,363 @@
+"""Nested softmaxes chained down a tree of sibling groups: the one implementation behind the semantic and
+conditional softmaxes (probabilities, log-probabilities and per-group log-sum-exps, with autograd, on any device).
+
+Layout. The logits are gathered once into a padded ``[B, P]`` tensor where groups of similar size sit side by
+side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common width ``w_k`` (padding is ``-inf``, which
+a softmax gives 0), so it is a view ``[B, n_k, w_k]`` (or ``[B, w_k, n_k]`` when it holds more groups than
+members per group) and each group's softmax is one fused ``torch.softmax`` per bucket; indexed scatters along a
+row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass. The widths are
+chosen once per tree by dynamic programming over the group sizes (padding against the number of buckets; about
+fifteen buckets and 9 % padding on ImageNet-21K).
+
+Exactness. Each group's softmax shifts by the group's own maximum, so no exponential overflows and no group's
+sum underflows, whatever the spread of the logits; there is no retry path. ``log P(parent of g)`` is a sum over
+the ancestors of ``g`` in the tree of groups, taken by pointer doubling (``ceil(log2(depth + 1))`` gathers of
+``[B, G]``, for any depth). The gradients of :meth:`ChainedSoftmax.probs` and of the gathers are written by hand
+(gathers again, and one scatter over ``[G, B]`` rows), because autograd's would scatter along rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from hiercls.taxonomy.tensors import as_tensor
+
+__all__ = ["ChainedSoftmax", "bucket_widths"]
+
+_LOG2E = 1.0 / math.log(2.0)
+
+#: The cost of one more bucket, in padded columns (a few small calls against a pass over that many columns).
+BUCKET_COST = 128
+
+
+def bucket_widths(sizes: np.ndarray, bucket_cost: int = BUCKET_COST) -> np.ndarray:
+    """The padded width of each group: its bucket's largest size, buckets chosen to minimise the padded columns
+    plus ``bucket_cost`` per bucket (dynamic programming over the distinct sizes, which a bucket takes as a run).
+
+    Example:
+        >>> bucket_widths(np.array([1, 2, 2, 3, 40]), bucket_cost=4).tolist()
+        [3, 3, 3, 3, 40]
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    distinct, counts = np.unique(sizes, return_counts=True)
+    k = len(distinct)
+    # best[j]: least cost of the first j distinct sizes; a bucket covering sizes i..j-1 pads them to distinct[j-1].
+    best, cut = np.zeros(k + 1), np.zeros(k + 1, dtype=np.int64)
+    below = np.concatenate([[0], np.cumsum(counts)])
+    for j in range(1, k + 1):
+        costs = best[:j] + distinct[j - 1] * (below[j] - below[:j]) + bucket_cost
+        cut[j] = int(np.argmin(costs))
+        best[j] = costs[cut[j]]
+    width = np.empty(k, dtype=np.int64)
+    j = k
+    while j > 0:
+        width[cut[j] : j] = distinct[j - 1]
+        j = cut[j]
+    return width[np.searchsorted(distinct, sizes)]
+
+
+class _Permute(torch.autograd.Function):
+    """``y = x[:, index]`` with columns ``fill`` set to ``value``, for an ``index`` that reads each column of ``x``
+    at most once outside ``fill``; ``inverse[c]`` is the column of ``y`` that reads ``x``'s column ``c`` (``-1``:
+    none), so that the gradient is a gather too (autograd's ``index_add`` along a row is several times slower)."""
+
+    @staticmethod
+    def forward(ctx, x, index, fill, value, inverse):  # type: ignore[override]
+        y = x.index_select(1, index)
+        if fill.numel():
+            y.index_fill_(1, fill, value)
+        ctx.save_for_backward(inverse)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        (inverse,) = ctx.saved_tensors
+        return _gather_or_zero(grad, inverse), None, None, None, None
+
+
+def _gather_or_zero(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[:, index]`` with zeros where ``index`` is ``-1``."""
+    x = torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)
+    return x.index_select(1, torch.where(index >= 0, index, x.shape[1] - 1))
+
+
+class _ChainedProbs(torch.autograd.Function):
+    """:meth:`ChainedSoftmax.probs` with its gradient by hand (autograd's would scatter along rows).
+
+    With ``u = dL/dlog P`` (so ``u = g * P``), ``U_g`` its sum over group ``g`` and ``D_g`` the sum of ``U`` over
+    the groups below-or-at ``g``: ``dL/dz_j = u_j - D_g softmax_g(j) + D_h`` for ``j`` in group ``g``, where
+    ``D_h`` is summed over the groups ``h`` that output ``j`` conditions.
+    """
+
+    @staticmethod
+    def forward(ctx, z, cs, k, lead):  # type: ignore[override]
+        q = cs.group_softmax(z.index_select(1, cs.slot_input).index_fill_(1, cs.pad_slots, -math.inf))
+        parent_q = torch.where(cs.has_parent, q.index_select(1, cs.parent_slot), 1.0)
+        parent_p = cs.ancestor_sums(parent_q.log()).exp()  # P(parent of each group)
+        keep = ctx.needs_input_grad[0]
+        p = cs.scale_groups(q, parent_p, out=torch.empty_like(q) if keep else q)
+        if keep:
+            ctx.save_for_backward(q, p)
+        ctx.cs, ctx.k, ctx.lead = cs, k, lead
+        return cs.slots_to_outputs(p, k, lead, 1.0)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        q, p = ctx.saved_tensors
+        cs = ctx.cs
+        u = cs.outputs_to_slots(grad, ctx.k, ctx.lead).mul_(p)
+        d = cs.subtree_sums(cs.group_sums(u))
+        g = cs.slots_to_inputs(u.sub_(cs.scale_groups(q, d)))
+        return g.index_add_(1, cs.parent_input, torch.where(cs.has_parent, d, 0.0)), None, None, None
+
+
+class ChainedSoftmax(nn.Module):
+    """Probabilities of nested softmaxes: one softmax per sibling group, chained down a tree of groups.
+
+    Output ``i`` belongs to sibling group ``group[i]``; group ``j``'s softmax is conditioned on output
+    ``parent[j]`` (``-1``: on nothing, probability 1), so ``P(i) = P(parent[group[i]]) * softmax_j(z)[i]``.
+    The semantic softmax (groups = classes sharing a nearest class ancestor) and the conditional softmax
+    (groups = the children, and stop outcome, of each internal node) are both of this form. Output ``i`` reads
+    logit ``input_order[i]`` (default: logit ``i``; each logit is read by at most one output), so the outputs can
+    come out in another order (node ids) at no extra cost. Groups are renumbered at construction (by bucket, see
+    the module docstring), so :attr:`group` and :attr:`parent` hold the new numbers.
+
+    ``log P(i) = log q_i + T_g`` with ``q`` the softmax of group ``g = group[i]`` and ``T_g = log P(parent[g])``,
+    the sum of ``log q`` at the conditioning outputs of ``g`` and its ancestor groups. :meth:`probs` multiplies
+    each group's softmax by ``P(parent)``, so a probability underflows only where its true value is below the
+    float range.
+    Results are float32 (float64 input stays float64), also for fp16/bf16 logits and under autocast; every step
+    is a torch op on the logits' device, differentiable.
+
+    Args:
+        group: ``[M]`` group id (``0 .. G-1``) of each output.
+        parent: ``[G]`` output conditioning each group, ``-1`` for a top group; groups must form a forest.
+        input_order: ``[M]`` logit read by each output (default ``0 .. M-1``).
+
+    Example:
+        >>> # outputs a, b | x, y: {a, b} at the top, {x, y} below a (output 0)
+        >>> cs = ChainedSoftmax(np.array([0, 0, 1, 1]), np.array([-1, 0]))
+        >>> p = cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]))  # a 3/4, b 1/4, x, y within a
+        >>> [round(v, 6) for v in p[0].tolist()]
+        [0.75, 0.25, 0.15, 0.6]
+        >>> cs.probs(torch.tensor([[math.log(3), 0.0, 0.0, math.log(4)]]), outputs=2, lead=1).round(decimals=6)
+        tensor([[1.0000, 0.7500, 0.2500]])
+    """
+
+    def __init__(self, group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None = None) -> None:
+        super().__init__()
+        group, parent = np.asarray(group, dtype=np.int64), np.asarray(parent, dtype=np.int64)
+        reads = _check_groups(group, parent, input_order)
+        self.num_outputs, self.num_groups = len(group), len(parent)
+        self.num_inputs = int(reads.max(initial=-1)) + 1
+        gparent = np.where(parent >= 0, group[np.maximum(parent, 0)], -1)
+        _check_forest(gparent)
+        # Renumber the groups in bucket order (by padded width, then by id), so per-bucket results concatenate.
+        sizes = np.bincount(group, minlength=self.num_groups)
+        width = bucket_widths(sizes)
+        order = np.lexsort((np.arange(self.num_groups), width))
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        group, parent, gparent, width = rank[group], parent[order], gparent[order], width[order]
+        gparent = np.where(gparent >= 0, rank[np.maximum(gparent, 0)], -1)
+        self.register_buffer("group", as_tensor(group), persistent=False)
+        self.register_buffer("parent", as_tensor(np.maximum(parent, 0)), persistent=False)
+        self.register_buffer("has_parent", torch.from_numpy(parent >= 0), persistent=False)
+        self.register_buffer("parent_input", as_tensor(reads[np.maximum(parent, 0)]), persistent=False)
+        self._build_slots(group, width, reads)
+        self._build_doubling(gparent)
+
+    def _build_slots(self, group: np.ndarray, width: np.ndarray, reads: np.ndarray) -> None:
+        """The padded layout: ``slot_output[s]`` is the output in slot ``s`` (``-1``: padding)."""
+        # Buckets: runs of groups of one width, as (groups, width) pairs in slot order. A bucket of more groups than
+        # its width is stored member-major, [B, w, n] (a group's members n apart), so that its reductions run along
+        # rows of n groups, which torch vectorises; the others group-major, [B, n, w].
+        bounds = np.flatnonzero(np.diff(width)) + 1
+        self._buckets = [(len(run), int(run[0])) for run in np.split(width, bounds) if len(run)]
+        self._member_major = [n > w for n, w in self._buckets]
+        bucket_start = np.concatenate([[0], np.cumsum([n * w for n, w in self._buckets])])
+        first_group = np.concatenate([[0], np.cumsum([n for n, _ in self._buckets])])
+        bucket = np.repeat(np.arange(len(self._buckets)), [n for n, _ in self._buckets])  # per group
+        by_group = np.argsort(group, kind="stable")
+        sizes = np.bincount(group, minlength=self.num_groups)
+        g = group[by_group]
+        rank = np.arange(self.num_outputs) - np.concatenate([[0], np.cumsum(sizes)])[g]  # member rank in its group
+        b, j = bucket[g], g - first_group[bucket[g]]  # the bucket and the group's place in it
+        n_b, w_b = np.array(self._buckets)[b].T
+        member_major = np.array(self._member_major)[b]
+        slot = np.empty(self.num_outputs, dtype=np.int64)
+        slot[by_group] = bucket_start[b] + np.where(member_major, rank * n_b + j, j * w_b + rank)
+        slot_output = np.full(int(bucket_start[-1]), -1, dtype=np.int64)
+        slot_output[slot] = np.arange(self.num_outputs)
+        self.num_slots = len(slot_output)
+        input_slot = np.full(self.num_inputs, -1, dtype=np.int64)
+        input_slot[reads] = slot
+        self.register_buffer("slot", as_tensor(slot), persistent=False)
+        self.register_buffer("slot_output", as_tensor(slot_output), persistent=False)
+        slot_group = np.zeros(len(slot_output), dtype=np.int64)
+        slot_group[slot] = group
+        self.register_buffer("slot_group", as_tensor(slot_group), persistent=False)
+        self.register_buffer("parent_slot", as_tensor(slot[np.maximum(self.parent.numpy(), 0)]), persistent=False)
+        slot_input = np.where(slot_output >= 0, reads[slot_output], 0)
+        self.register_buffer("slot_input", as_tensor(slot_input), persistent=False)
+        self.register_buffer("pad_slots", as_tensor(np.flatnonzero(slot_output < 0)), persistent=False)
+        self.register_buffer("input_slot", as_tensor(input_slot), persistent=False)
+
+    def _build_doubling(self, gparent: np.ndarray) -> None:
+        """Pointer-doubling tables over the tree of groups: at step ``k``, groups ``jump_to_k`` take the value of
+        their ancestor ``jump_from_k``, ``2^k`` generations up."""
+        self._steps = 0
+        jump = gparent.copy()
+        while (jump >= 0).any():
+            live = np.flatnonzero(jump >= 0)
+            self.register_buffer(f"jump_to_{self._steps}", as_tensor(live), persistent=False)
+            self.register_buffer(f"jump_from_{self._steps}", as_tensor(jump[live]), persistent=False)
+            self._steps += 1
+            jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1)
+
+    def _inputs(self, logits: torch.Tensor) -> torch.Tensor:
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.num_inputs:
+            shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ValueError(f"logits must have shape [B, {self.num_inputs}]; got {shape}")
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    # ---------------------------------------------------------------- the padded layout's steps (no autograd)
+    def _views(self, padded: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """Per bucket ``(view [B, w, n] or [B, n, w], the axis of the members)``."""
+        parts = padded.split([n * w for n, w in self._buckets], 1)
+        return [
+            (v.unflatten(1, (w, n)), 1) if mm else (v.unflatten(1, (n, w)), 2)
+            for v, (n, w), mm in zip(parts, self._buckets, self._member_major, strict=True)
+        ]
+
+    def group_softmax(self, padded: torch.Tensor, log: bool = False) -> torch.Tensor:
+        """``[B, P]`` -> ``[B, P]``: the (log-)softmax of each group's slots; pads get 0 (log: ``-inf``).
+
+        One fused torch softmax per bucket (each group shifted by its own maximum), differentiable.
+        """
+        fn = torch.log_softmax if log else torch.softmax
+        return torch.cat([fn(v, axis).flatten(1) for v, axis in self._views(padded)], 1)
+
+    def group_sums(self, padded: torch.Tensor) -> torch.Tensor:
+        """``[B, P]`` -> ``[B, G]``: each group's sum over its slots."""
+        return torch.cat([v.sum(axis) for v, axis in self._views(padded)], 1)
+
+    def scale_groups(self, padded: torch.Tensor, per_group: torch.Tensor, out: torch.Tensor | None = None):
+        """``padded * per_group`` broadcast over each group's slots (into ``out`` when given)."""
+        out = torch.empty_like(padded) if out is None else out
+        parts = per_group.split([n for n, _ in self._buckets], 1)
+        for (v, axis), (o, _), f in zip(self._views(padded), self._views(out), parts, strict=True):
+            torch.mul(v, f.unsqueeze(axis), out=o)
+        return out
+
+    def ancestor_sums(self, per_group: torch.Tensor) -> torch.Tensor:
+        """``[B, G]``: sums over each group's ancestors-or-self in the tree of groups (pointer doubling: one
+        gather per power of two up to the depth, for any depth). Group-major while it runs, so that the
+        gathers and adds move whole rows of memory."""
+        t = per_group.t().clone(memory_format=torch.contiguous_format)
+        for k in range(self._steps):
+            # The gather copies the old values before the add overwrites any of them.
+            t.index_add_(0, self._buffers[f"jump_to_{k}"], t.index_select(0, self._buffers[f"jump_from_{k}"]))
+        return t.t()
+
+    def subtree_sums(self, per_group: torch.Tensor) -> torch.Tensor:
+        """``[B, G]``: sums over each group's descendants-or-self (the transpose of :meth:`ancestor_sums`)."""
+        d = per_group.t().clone(memory_format=torch.contiguous_format)
+        for k in reversed(range(self._steps)):
+            d.index_add_(0, self._buffers[f"jump_from_{k}"], d.index_select(0, self._buffers[f"jump_to_{k}"]))
+        return d.t()
+
+    def output_map(self, k: int, lead: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(index, inverse)``: the slot read by each of ``lead + k`` output columns (any slot for the lead
+        columns), and the output column of each slot (``-1``: none)."""
+        so = self.slot_output
+        index = torch.cat([self.slot.new_zeros(lead), self.slot[:k]])
+        return index, torch.where((so >= 0) & (so < k), so + lead, -1)
+
+    def slots_to_outputs(self, padded: torch.Tensor, k: int, lead: int, fill: float) -> torch.Tensor:
+        """``[B, P]`` -> ``[B, lead + k]``: outputs ``0 .. k - 1`` after ``lead`` columns of ``fill``."""
+        out = padded.index_select(1, self.output_map(k, lead)[0])
+        out[:, :lead] = fill
+        return out
+
+    def outputs_to_slots(self, grad: torch.Tensor, k: int, lead: int) -> torch.Tensor:
+        """The transpose of :meth:`slots_to_outputs` (lead columns dropped, slots without an output 0)."""
+        return _gather_or_zero(grad, self.output_map(k, lead)[1])
+
+    def slots_to_inputs(self, padded: torch.Tensor) -> torch.Tensor:
+        """``[B, P]`` -> ``[B, num_inputs]``: each logit's slot (0 for logits no output reads)."""
+        return _gather_or_zero(padded, self.input_slot)
+
+    # ---------------------------------------------------------------- the public results
+    def padded_log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, P]``: every output's log-probability within its group, in slot order (output ``i`` is column
+        ``slot[i]``; padding ``-inf``). Differentiable; gather the columns you need.
+
+        Example:
+            >>> cs = ChainedSoftmax(np.array([0, 0, 1]), np.array([-1, 0]))
+            >>> cs.padded_log_softmax(torch.zeros(1, 3))[0, cs.slot].tolist()  # log 1/2, log 1/2, log 1
+            [-0.6931471824645996, -0.6931471824645996, 0.0]
+        """
+        padded = _Permute.apply(self._inputs(logits), self.slot_input, self.pad_slots, -math.inf, self.input_slot)
+        return self.group_softmax(padded, log=True)
+
+    def _check_outputs(self, outputs: int | None, lead: int) -> int:
+        k = self.num_outputs if outputs is None else int(outputs)
+        if not 0 <= k <= self.num_outputs or lead < 0:
+            raise ValueError(f"outputs must be in 0..{self.num_outputs} and lead >= 0; got {outputs}, {lead}")
+        return k
+
+    def log_probs(self, logits: torch.Tensor, *, outputs: int | None = None, lead: int = 0) -> torch.Tensor:
+        """``log P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable.
+
+        Args: as :meth:`probs` (the lead columns hold ``log 1 = 0``).
+        """
+        k = self._check_outputs(outputs, lead)
+        lq = self.padded_log_softmax(logits)
+        zero = torch.zeros((), dtype=lq.dtype, device=lq.device)
+        t = self.ancestor_sums(torch.where(self.has_parent, lq.index_select(1, self.parent_slot), zero))
+        index, inverse = self.output_map(k, lead)
+        lead_cols = torch.arange(lead, device=lq.device)
+        return _Permute.apply(lq + t.index_select(1, self.slot_group), index, lead_cols, 0.0, inverse)
+
+    def probs(self, logits: torch.Tensor, *, outputs: int | None = None, lead: int = 0) -> torch.Tensor:
+        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable.
+
+        Args:
+            logits: ``[B, num_inputs]``.
+            outputs: return only outputs ``0 .. outputs - 1`` (all of them still enter the group sums).
+            lead: that many columns of ones before the outputs (a root of probability 1): ``[B, lead + outputs]``.
+        """
+        k = self._check_outputs(outputs, lead)
+        return _ChainedProbs.apply(self._inputs(logits), self, k, lead)
+
+
+def _check_groups(group: np.ndarray, parent: np.ndarray, input_order: np.ndarray | None) -> np.ndarray:
+    """Validate the constructor's arrays; return the logit read by each output."""
+    if group.ndim != 1 or parent.ndim != 1 or (group < 0).any() or (group >= len(parent)).any():
+        raise ValueError(f"group must be [M] ids in 0..{len(parent) - 1}; got {group!r}")
+    if np.bincount(group, minlength=len(parent)).min(initial=1) == 0:
+        raise ValueError("every group needs at least one output")
+    if ((parent < -1) | (parent >= len(group))).any():
+        raise ValueError(f"parent must be output indices in 0..{len(group) - 1} or -1; got {parent!r}")
+    if input_order is None:
+        return np.arange(len(group))
+    reads = np.asarray(input_order, dtype=np.int64)
+    if reads.shape != group.shape or (reads < 0).any() or len(np.unique(reads)) != len(reads):
+        raise ValueError(f"input_order must be [{len(group)}] distinct logit indices; got {input_order!r}")
+    return reads
+
+
+def _check_forest(gparent: np.ndarray) -> None:
+    cur = np.arange(len(gparent))
+    for _ in range(len(gparent) + 1):  # pointer chasing: one step per depth of the group tree
+        if not (cur >= 0).any():
+            return
+        cur = np.where(cur >= 0, gparent[np.maximum(cur, 0)], -1)
+    raise ValueError("parent: the groups form a cycle")
