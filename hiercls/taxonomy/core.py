@@ -119,36 +119,8 @@ class Taxonomy:
         locs = list(locations) if locations is not None else [None] * len(edges)
         if len(locs) != len(edges):
             raise ValueError(f"locations has {len(locs)} entries but edges has {len(edges)}")
-
-        def fail(msg: str, i: int | None = None, label: str | None = None) -> TaxonomyError:
-            loc = locs[i] if i is not None else None
-            source, line = loc.rsplit(":", 1) if loc and ":" in loc else (loc, None)
-            return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
-
-        order: dict[str, int] = {}
-        if nodes is not None:
-            for n in nodes:
-                n = str(n)
-                if n in order:
-                    raise TaxonomyError(f"duplicate node {n!r}", label=n)
-                order[n] = len(order)
-        declared = nodes is not None
-        seen_edges: dict[tuple[str, str], int] = {}
-        for i, (p, c) in enumerate(edges):
-            if p == c:
-                raise fail(f"self-loop on {p!r} (a node cannot be its own parent)", i, p)
-            if (p, c) in seen_edges:
-                first = locs[seen_edges[(p, c)]]
-                raise fail(f"duplicate edge {p!r} -> {c!r}" + (f" (first at {first})" if first else ""), i, c)
-            seen_edges[(p, c)] = i
-            for n in (p, c):
-                if n not in order:
-                    if declared:
-                        raise fail(f"edge {p!r} -> {c!r} names unknown node {n!r}", i, n)
-                    order[n] = len(order)
-        if not order:
-            raise TaxonomyError("empty taxonomy: no nodes and no edges")
-
+        fail = _EdgeErrors(locs)
+        order, first_edge = _node_order(edges, nodes, fail)
         # Plain integer adjacency (positions in input order): networkx is only needed to explain a cycle.
         by_pos = list(order)
         kids: list[list[int]] = [[] for _ in by_pos]
@@ -157,73 +129,30 @@ class Taxonomy:
             kids[order[p]].append(order[c])
             pars[order[c]].append(order[p])
         roots = [by_pos[i] for i, ps in enumerate(pars) if not ps]
-        if len(roots) > 1:
-            if virtual_root is None:
-                shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
-                raise TaxonomyError(
-                    f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join "
-                    "them under a new root"
-                )
-            if virtual_root in order:
-                raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
-            vpos = len(by_pos)
-            by_pos.append(virtual_root)
-            kids.append([order[r] for r in roots])
-            pars.append([])
-            for r in roots:
-                pars[order[r]].append(vpos)
-        self._virtual_root = virtual_root if len(roots) > 1 else None
-
-        # Kahn's algorithm taking the most recently freed node first, siblings in input order: for a tree
-        # this is exactly the depth-first pre-order (contiguous subtrees).
-        for k in kids:
-            k.sort()
-        indeg = [len(ps) for ps in pars]
-        stack = [i for i, d in enumerate(indeg) if d == 0]
-        topo: list[int] = []
-        while stack:
-            i = stack.pop()
-            topo.append(i)
-            for c in reversed(kids[i]):
-                indeg[c] -= 1
-                if indeg[c] == 0:
-                    stack.append(c)
+        self._virtual_root = _join_roots(roots, virtual_root, by_pos, kids, pars)
+        topo = _topological_order(kids, pars)
         if not roots or len(topo) < len(by_pos):
-            graph = nx.DiGraph(edges)
-            cycle = nx.find_cycle(graph)
-            where = seen_edges.get((cycle[0][0], cycle[0][1]))
+            cycle = nx.find_cycle(nx.DiGraph(edges))
             text = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
-            raise fail(f"cycle in taxonomy: {text}", where, cycle[0][0])
+            raise fail(f"cycle in taxonomy: {text}", first_edge.get(cycle[0]), cycle[0][0])
         new_id = np.empty(len(by_pos), dtype=np.int64)
         new_id[topo] = np.arange(len(topo))
         names = [by_pos[i] for i in topo]
         self._names = tuple(names)
-        self._index = {n: i for i, n in enumerate(names)}
-        idx = self._index
+        self._index = idx = {n: i for i, n in enumerate(names)}
         # Parents keep the order their edges were given in (WordNet: nltk's hypernym order), so that
         # to_tree("first") follows the first listed parent.
         nid = new_id.tolist()
         self._parent_lists = [[nid[p] for p in pars[i]] for i in topo]
         self._child_lists = [[nid[c] for c in kids[i]] for i in topo]
-        self._edge_order = [(idx[p], idx[c]) for p, c in edges]
-        if self._virtual_root is not None:
-            self._edge_order = [(0, idx[r]) for r in roots] + self._edge_order
+        joined = [(0, idx[r]) for r in roots] if self._virtual_root is not None else []
+        self._edge_order = joined + [(idx[p], idx[c]) for p, c in edges]
         disp = dict(display_names or {})
         unknown = [k for k in disp if k not in idx]
         if unknown:
             raise TaxonomyError(f"display_names names unknown node {unknown[0]!r}", label=unknown[0])
         self._display = tuple(disp.get(n, n) for n in names)
-        if classes is None:
-            # The root is on every label's path, so it carries no information as a class.
-            mask = np.ones(len(names), dtype=bool)
-            mask[0] = len(names) == 1
-        else:
-            mask = np.zeros(len(names), dtype=bool)
-            for c in classes:
-                if c not in idx:
-                    raise TaxonomyError(f"class {c!r} is not a node of the taxonomy", label=str(c))
-                mask[idx[c]] = True
-        self._class_mask = _readonly(mask)
+        self._class_mask = _readonly(_class_mask(idx, classes))
         self._name = name or "taxonomy"
         self._metadata: dict[str, Any] = dict(metadata or {})
         self._dropped_edges: tuple[tuple[str, str], ...] = ()
@@ -771,19 +700,61 @@ class Taxonomy:
 
     # ------------------------------------------------------------------ probabilities
     def marginals(self, leaf_probs: Any) -> Any:
-        """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (numpy or torch).
+        """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (``leaves`` order).
 
         A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes), with
-        ``P(parent) >= P(child)`` exactly; see :func:`hiercls.taxonomy.ops.leaf_marginals`.
+        ``P(parent) >= P(child)`` exactly for non-negative input: on a tree each parent is a float sum of its
+        children's rounded values, and rounding is monotone; on a DAG, where summing children would count shared
+        leaves twice, the leaf sums are followed by a max pass up the edges, which only moves values by rounding.
+        NumPy in, NumPy out (``np.result_type(leaf_probs, np.float32)``). A torch tensor is computed on the host
+        and returned on its device, float32 (float64 stays float64), without gradient: differentiable marginals
+        for heads are :class:`hiercls.taxonomy.ops.TreeOps`'s.
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
             >>> tax.marginals(np.array([0.5, 0.2, 0.3])).round(3).tolist()
             [1.0, 0.7, 0.5, 0.2, 0.3]
         """
-        from hiercls.taxonomy.ops import leaf_marginals  # ops imports this module (and torch)
+        if hasattr(leaf_probs, "new_tensor"):  # a torch tensor (duck-typed: the taxonomy core never imports torch)
+            x = leaf_probs.detach()
+            x = x.double() if str(x.dtype) == "torch.float64" else x.float()
+            return x.new_tensor(self.marginals(x.cpu().numpy()))
+        arr = np.asarray(leaf_probs)
+        if arr.ndim < 1 or arr.shape[-1] != self.num_leaves:
+            raise ValueError(
+                f"leaf_probs must have shape [..., {self.num_leaves}] (one entry per leaf of taxonomy "
+                f"{self.name!r}, in taxonomy.leaves order); got {list(arr.shape)}"
+            )
+        dtype = np.result_type(arr, np.float32)
+        leaf = arr.reshape(-1, self.num_leaves).T  # node-major [L, B]: the level steps add or compare whole rows
+        if self.is_tree:
+            out = np.zeros((self.num_nodes, leaf.shape[1]), dtype=dtype)
+            out[self.leaves] = leaf
+            for children, starts, parents in self._bottom_up_levels:
+                out[parents] = np.add.reduceat(out[children], starts, axis=0)
+        else:
+            out = np.asarray(self._leaf_to_node @ leaf, dtype=dtype)
+            for children, starts, parents in self._bottom_up_levels:
+                out[parents] = np.maximum(out[parents], np.maximum.reduceat(out[children], starts, axis=0))
+        return out.T.reshape(*arr.shape[:-1], self.num_nodes)
 
-        return leaf_marginals(self, leaf_probs)
+    @cached_property
+    def _leaf_to_node(self) -> sp.csr_matrix:
+        return self.ancestors_sparse[self.leaves].T.astype(np.float64).tocsr()
+
+    @cached_property
+    def _bottom_up_levels(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The edges by decreasing longest-path depth of the child (a node is final before it is pushed to its
+        parents), each level as ``(children sorted by parent, start of each parent's run, the parents)``."""
+        children = np.repeat(np.arange(self.num_nodes), np.diff(self.parent_ptr))
+        parents, depth = self.parent_idx, self.max_depth[children]
+        levels = []
+        for d in range(int(depth.max(initial=0)), 0, -1):
+            sel = np.flatnonzero(depth == d)
+            sel = sel[np.argsort(parents[sel], kind="stable")]
+            starts = np.flatnonzero(np.r_[True, np.diff(parents[sel]) != 0])
+            levels.append((children[sel], starts, parents[sel][starts]))
+        return levels
 
     @property
     def derived_cache(self) -> dict[Any, Any]:
@@ -803,23 +774,6 @@ class Taxonomy:
             {'table': 1}
         """
         return self.derived_cache.setdefault(("namespace", namespace), {})
-
-    def as_tensor(self, attribute: str, device: Any = None) -> Any:
-        """A torch copy of one of the index arrays (``"depth"``, ``"leaves"``, ``"paths"``, ...) on ``device``.
-
-        The arrays themselves are read-only (the taxonomy is immutable); this gives a writable tensor without
-        torch's warning about non-writable numpy arrays.
-
-        Example:
-            >>> Taxonomy([("r", "a"), ("r", "b")]).as_tensor("leaves").tolist()
-            [1, 2]
-        """
-        import torch
-
-        value = getattr(self, attribute)
-        if not isinstance(value, np.ndarray):
-            raise ValueError(f"attribute must name an index array of Taxonomy; {attribute!r} is {type(value).__name__}")
-        return torch.tensor(np.array(value), device=device)
 
     # ------------------------------------------------------------------ derived taxonomies
     def to_tree(self, strategy: TreeStrategy = "first") -> Taxonomy:
@@ -977,6 +931,99 @@ class Taxonomy:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+class _EdgeErrors:
+    """Makes a :class:`TaxonomyError` located at an edge's ``"file:line"`` (when the caller gave one)."""
+
+    def __init__(self, locations: Sequence[str | None]) -> None:
+        self.locations = locations
+
+    def __call__(self, msg: str, edge: int | None = None, label: str | None = None) -> TaxonomyError:
+        loc = self.locations[edge] if edge is not None else None
+        source, line = loc.rsplit(":", 1) if loc and ":" in loc else (loc, None)
+        return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
+
+
+def _node_order(
+    edges: Sequence[tuple[str, str]], nodes: Iterable[str] | None, fail: _EdgeErrors
+) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """Each node's position (``nodes`` order, else first appearance in ``edges``) and each edge's index; refuses
+    duplicate nodes, self-loops, duplicate edges and edges naming undeclared nodes."""
+    order: dict[str, int] = {}
+    for n in map(str, nodes if nodes is not None else ()):
+        if n in order:
+            raise TaxonomyError(f"duplicate node {n!r}", label=n)
+        order[n] = len(order)
+    first_edge: dict[tuple[str, str], int] = {}
+    for i, (p, c) in enumerate(edges):
+        if p == c:
+            raise fail(f"self-loop on {p!r} (a node cannot be its own parent)", i, p)
+        first = first_edge.setdefault((p, c), i)
+        if first != i:
+            where = fail.locations[first]
+            raise fail(f"duplicate edge {p!r} -> {c!r}" + (f" (first at {where})" if where else ""), i, c)
+        for n in (p, c):
+            if n not in order and nodes is not None:
+                raise fail(f"edge {p!r} -> {c!r} names unknown node {n!r}", i, n)
+            order.setdefault(n, len(order))
+    if not order:
+        raise TaxonomyError("empty taxonomy: no nodes and no edges")
+    return order, first_edge
+
+
+def _join_roots(
+    roots: list[str], virtual_root: str | None, by_pos: list[str], kids: list[list[int]], pars: list[list[int]]
+) -> str | None:
+    """With several roots, add ``virtual_root`` above them (in place) and return it; one root needs none."""
+    if len(roots) <= 1:
+        return None
+    if virtual_root is None:
+        shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
+        raise TaxonomyError(
+            f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join them under a new root"
+        )
+    if virtual_root in by_pos:
+        raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
+    position = {n: i for i, n in enumerate(by_pos)}
+    by_pos.append(virtual_root)
+    kids.append([position[r] for r in roots])
+    pars.append([])
+    for r in roots:
+        pars[position[r]].append(len(by_pos) - 1)
+    return virtual_root
+
+
+def _topological_order(kids: list[list[int]], pars: list[list[int]]) -> list[int]:
+    """Kahn's algorithm taking the most recently freed node first, siblings in input order: for a tree this is
+    exactly the depth-first pre-order (contiguous subtrees). Shorter than the node count when there is a cycle."""
+    for k in kids:
+        k.sort()
+    indeg = [len(ps) for ps in pars]
+    stack = [i for i, d in enumerate(indeg) if d == 0]
+    topo: list[int] = []
+    while stack:
+        i = stack.pop()
+        topo.append(i)
+        for c in reversed(kids[i]):
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                stack.append(c)
+    return topo
+
+
+def _class_mask(index: Mapping[str, int], classes: Iterable[str] | None) -> np.ndarray:
+    if classes is None:
+        # The root is on every label's path, so it carries no information as a class.
+        mask = np.ones(len(index), dtype=bool)
+        mask[0] = len(index) == 1
+        return mask
+    mask = np.zeros(len(index), dtype=bool)
+    for c in classes:
+        if c not in index:
+            raise TaxonomyError(f"class {c!r} is not a node of the taxonomy", label=str(c))
+        mask[index[c]] = True
+    return mask
 
 
 def check_taxonomy(taxonomy: Any, name: str = "taxonomy") -> Taxonomy:
