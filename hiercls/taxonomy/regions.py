@@ -37,7 +37,12 @@ _BRATS_LONG_NAMES = {"WT": "whole tumour", "TC": "tumour core", "ET": "enhancing
 
 
 def _is_torch(x: Any) -> bool:
+    # Tensors are handled through their own methods: the taxonomy package does not import torch.
     return type(x).__module__.startswith("torch")
+
+
+def _is_bool(x: Any) -> bool:
+    return str(x.dtype) in ("torch.bool", "bool")
 
 
 @dataclass(frozen=True)
@@ -143,9 +148,7 @@ class NestedRegions:
     def _check_labels(self, label_map: Any) -> int:
         """Max label of ``label_map``; raises listing the labels that are neither background nor in a region."""
         if _is_torch(label_map):
-            import torch
-
-            if label_map.dtype.is_floating_point or label_map.dtype == torch.bool or label_map.is_complex():
+            if label_map.dtype.is_floating_point or _is_bool(label_map) or label_map.is_complex():
                 raise TypeError(f"label_map must be an integer tensor, got {label_map.dtype}")
             if label_map.numel() == 0:
                 return 0
@@ -164,9 +167,7 @@ class NestedRegions:
         else:
             table = self._member_table(hi)
             if _is_torch(label_map):
-                import torch
-
-                present = torch.bincount(label_map.reshape(-1).long(), minlength=hi + 1).cpu().numpy() > 0
+                present = label_map.reshape(-1).long().bincount(minlength=hi + 1).cpu().numpy() > 0
             else:
                 present = np.bincount(label_map.reshape(-1).astype(np.int64, copy=False), minlength=hi + 1) > 0
             bad = [int(v) for v in np.flatnonzero(present & ~table[: hi + 1, -1])]
@@ -204,10 +205,7 @@ class NestedRegions:
         hi = self._check_labels(label_map)
         table = self._member_table(hi)[:, :-1]
         if _is_torch(label_map):
-            import torch
-
-            t = torch.from_numpy(table).to(label_map.device)
-            out = t[label_map.long()]  # [..., *spatial, R]
+            out = label_map.new_tensor(table).bool()[label_map.long()]  # [..., *spatial, R]
             if not channel_last:
                 out = out.movedim(-1, self._region_axis(out.ndim, spatial_dims, False))
             return out if dtype is None else out.to(dtype)
@@ -230,11 +228,9 @@ class NestedRegions:
                 f"{self.names} (check spatial_dims / channel_last)"
             )
         if torch_in:
-            import torch
-
             m = masks_or_probs.movedim(axis, -1)
-            m = m if m.dtype == torch.bool else m > threshold
-            return torch.cummin(m.to(torch.uint8), dim=-1).values.bool()
+            m = m if _is_bool(m) else m > threshold
+            return m.byte().cummin(dim=-1).values.bool()
         m = np.moveaxis(np.asarray(masks_or_probs), axis, -1)
         m = m if m.dtype == bool else m > threshold
         return np.logical_and.accumulate(m, axis=-1)
@@ -263,9 +259,7 @@ class NestedRegions:
         )
         lut = np.array([self.background, *self.output_labels], dtype=np.int64)
         if _is_torch(nodes):
-            import torch
-
-            return torch.from_numpy(lut).to(nodes.device)[nodes.long()]
+            return nodes.new_tensor(lut).long()[nodes.long()]
         return lut[nodes]
 
     def labels_to_nodes(self, label_map: Any) -> Any:
@@ -273,9 +267,7 @@ class NestedRegions:
         hi = self._check_labels(label_map)
         depth = self._member_table(hi)[:, :-1].sum(1).astype(np.int64)
         if _is_torch(label_map):
-            import torch
-
-            return torch.from_numpy(depth).to(label_map.device)[label_map.long()]
+            return label_map.new_tensor(depth).long()[label_map.long()]
         return depth[label_map]
 
 
