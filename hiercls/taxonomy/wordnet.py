@@ -492,25 +492,10 @@ def wordnet_taxonomy(
     if missing:
         wordnet_data_dir(src)  # raises WordNetUnavailableError naming the packages
     table = _noun_table(str(src.resolve()))
-    parents: dict[str, list[str]] = {}
-    if wnids is None:
-        stack = list(table)
-        classes: list[str] | None = None
-    else:
-        classes = list(wnids)
-        seen: set[str] = set()
-        for w in classes:
-            if not isinstance(w, str) or not is_wnid(w):
-                raise TaxonomyError(
-                    f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. 'n01440764'", label=str(w)
-                )
-            if w not in table:
-                raise TaxonomyError(f"{w!r} is not a WordNet 3.0 noun synset", label=w)
-            if w in seen:
-                raise TaxonomyError(f"wnid {w!r} is listed twice", label=w)
-            seen.add(w)
-        stack = classes[::-1]
+    classes = None if wnids is None else _checked_wnids(wnids, table)
     # Walk up from every seed; parents[w] lists w's hypernyms in WordNet's order.
+    parents: dict[str, list[str]] = {}
+    stack = list(table) if classes is None else classes[::-1]
     while stack:
         w = stack.pop()
         if w in parents:
@@ -518,33 +503,7 @@ def wordnet_taxonomy(
         parents[w] = _parent_list(table[w], include_instances)
         stack.extend(p for p in parents[w] if p not in parents)
     lemma = {w: table[w][2] for w in parents}
-    # Keep what hangs from entity.n.01 through the edges followed. Without instance edges, instance-only
-    # synsets have no hypernym, and a few (16) regular synsets name one as hypernym (blighty.n.01 ->
-    # united_kingdom.n.01): those edges, and synsets left with no path to the root, go.
-    kids: dict[str, list[str]] = {w: [] for w in parents}
-    for w, ps in parents.items():
-        for p in ps:
-            kids[p].append(w)
-    reached = {WORDNET_ROOT_WNID} if WORDNET_ROOT_WNID in parents else set()
-    stack = list(reached)
-    while stack:
-        for k in kids[stack.pop()]:
-            if k not in reached:
-                reached.add(k)
-                stack.append(k)
-    unreached = sorted(set(parents) - reached)
-    if unreached:
-        bad = [w for w in classes or () if w not in reached]
-        if bad:
-            shown = ", ".join(f"{w} ({lemma[w]})" for w in bad[:5])
-            raise TaxonomyError(
-                f"{len(bad)} wnid(s) reach entity.n.01 only through instance hypernyms, e.g. "
-                f"{shown}; pass include_instances=True to place them under their instance "
-                "hypernyms",
-                label=bad[0],
-            )
-        logger.info("wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms", len(unreached))
-        parents = {w: [p for p in ps if p in reached] for w, ps in parents.items() if w in reached}
+    parents = _rooted(parents, classes, lemma)
     order = _preorder(parents, WORDNET_ROOT_WNID)
     edges = [(p, c) for c in order for p in parents[c]]
     disp = {w: lemma[w] for w in order}
@@ -558,3 +517,51 @@ def wordnet_taxonomy(
     }
     meta.update(metadata or {})
     return Taxonomy(edges, nodes=order, display_names=disp, classes=classes, name=name, metadata=meta)
+
+
+def _checked_wnids(wnids: Iterable[str], table: Mapping[str, Any]) -> list[str]:
+    """``wnids`` as a list, each a well-formed, known WordNet 3.0 noun id, listed once."""
+    classes = list(wnids)
+    seen: set[str] = set()
+    for w in classes:
+        if not isinstance(w, str) or not is_wnid(w):
+            raise TaxonomyError(
+                f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. 'n01440764'", label=str(w)
+            )
+        if w not in table:
+            raise TaxonomyError(f"{w!r} is not a WordNet 3.0 noun synset", label=w)
+        if w in seen:
+            raise TaxonomyError(f"wnid {w!r} is listed twice", label=w)
+        seen.add(w)
+    return classes
+
+
+def _rooted(parents: dict[str, list[str]], classes: list[str] | None, lemma: Mapping[str, str]) -> dict[str, list[str]]:
+    """What hangs from entity.n.01 through the edges followed. Without instance edges, instance-only synsets
+    have no hypernym, and a few (16) regular synsets name one as hypernym (blighty.n.01 -> united_kingdom.n.01):
+    those edges, and synsets left with no path to the root, go (a class among them is an error)."""
+    kids: dict[str, list[str]] = {w: [] for w in parents}
+    for w, ps in parents.items():
+        for p in ps:
+            kids[p].append(w)
+    reached = {WORDNET_ROOT_WNID} if WORDNET_ROOT_WNID in parents else set()
+    stack = list(reached)
+    while stack:
+        for k in kids[stack.pop()]:
+            if k not in reached:
+                reached.add(k)
+                stack.append(k)
+    if len(reached) == len(parents):
+        return parents
+    bad = [w for w in classes or () if w not in reached]
+    if bad:
+        shown = ", ".join(f"{w} ({lemma[w]})" for w in bad[:5])
+        raise TaxonomyError(
+            f"{len(bad)} wnid(s) reach entity.n.01 only through instance hypernyms, e.g. {shown}; pass "
+            "include_instances=True to place them under their instance hypernyms",
+            label=bad[0],
+        )
+    logger.info(
+        "wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms", len(parents) - len(reached)
+    )
+    return {w: [p for p in ps if p in reached] for w, ps in parents.items() if w in reached}
