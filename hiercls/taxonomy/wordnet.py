@@ -62,52 +62,16 @@ WORDNET_ROOT_WNID = "n00001740"
 
 #: The 45 lexicographer files of WordNet 3.0 as ``(name, syntactic category)``, numbered 00..44 in this order
 #: (lexnames(5WN); category 1 noun, 2 verb, 3 adjective, 4 adverb).
-LEXNAMES: tuple[tuple[str, int], ...] = (
-    ("adj.all", 3),
-    ("adj.pert", 3),
-    ("adv.all", 4),
-    ("noun.Tops", 1),
-    ("noun.act", 1),
-    ("noun.animal", 1),
-    ("noun.artifact", 1),
-    ("noun.attribute", 1),
-    ("noun.body", 1),
-    ("noun.cognition", 1),
-    ("noun.communication", 1),
-    ("noun.event", 1),
-    ("noun.feeling", 1),
-    ("noun.food", 1),
-    ("noun.group", 1),
-    ("noun.location", 1),
-    ("noun.motive", 1),
-    ("noun.object", 1),
-    ("noun.person", 1),
-    ("noun.phenomenon", 1),
-    ("noun.plant", 1),
-    ("noun.possession", 1),
-    ("noun.process", 1),
-    ("noun.quantity", 1),
-    ("noun.relation", 1),
-    ("noun.shape", 1),
-    ("noun.state", 1),
-    ("noun.substance", 1),
-    ("noun.time", 1),
-    ("verb.body", 2),
-    ("verb.change", 2),
-    ("verb.cognition", 2),
-    ("verb.communication", 2),
-    ("verb.competition", 2),
-    ("verb.consumption", 2),
-    ("verb.contact", 2),
-    ("verb.creation", 2),
-    ("verb.emotion", 2),
-    ("verb.motion", 2),
-    ("verb.perception", 2),
-    ("verb.possession", 2),
-    ("verb.social", 2),
-    ("verb.stative", 2),
-    ("verb.weather", 2),
-    ("adj.ppl", 3),
+LEXNAMES: tuple[tuple[str, int], ...] = tuple(
+    (name, {"noun": 1, "verb": 2, "adj": 3, "adv": 4}[name.partition(".")[0]])
+    for name in """
+    adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body
+    noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive
+    noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation
+    noun.shape noun.state noun.substance noun.time verb.body verb.change verb.cognition verb.communication
+    verb.competition verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception
+    verb.possession verb.social verb.stative verb.weather adj.ppl
+""".split()
 )
 
 # The files nltk's WordNetCorpusReader opens, with the Debian package that ships each one.
