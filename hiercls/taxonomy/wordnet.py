@@ -62,16 +62,16 @@ WORDNET_ROOT_WNID = "n00001740"
 
 #: The 45 lexicographer files of WordNet 3.0 as ``(name, syntactic category)``, numbered 00..44 in this order
 #: (lexnames(5WN); category 1 noun, 2 verb, 3 adjective, 4 adverb).
+_LEXNAME_ORDER = (
+    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body "
+    "noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive "
+    "noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation "
+    "noun.shape noun.state noun.substance noun.time verb.body verb.change verb.cognition verb.communication "
+    "verb.competition verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception "
+    "verb.possession verb.social verb.stative verb.weather adj.ppl "
+)
 LEXNAMES: tuple[tuple[str, int], ...] = tuple(
-    (name, {"noun": 1, "verb": 2, "adj": 3, "adv": 4}[name.partition(".")[0]])
-    for name in """
-    adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body
-    noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive
-    noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation
-    noun.shape noun.state noun.substance noun.time verb.body verb.change verb.cognition verb.communication
-    verb.competition verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception
-    verb.possession verb.social verb.stative verb.weather adj.ppl
-""".split()
+    (name, {"noun": 1, "verb": 2, "adj": 3, "adv": 4}[name.partition(".")[0]]) for name in _LEXNAME_ORDER.split()
 )
 
 # The files nltk's WordNetCorpusReader opens, with the Debian package that ships each one.
