@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import networkx as nx
 import numpy as np
@@ -25,15 +25,7 @@ logger = logging.getLogger(__name__)
 DistanceKind = Literal[
     "shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath"
 ]
-DISTANCE_KINDS: tuple[str, ...] = (
-    "shortest_path",
-    "lca_height",
-    "wu_palmer",
-    "wu_palmer_root1",
-    "zhao",
-    "ic_distance",
-    "jiang_conrath",
-)
+DISTANCE_KINDS: tuple[str, ...] = get_args(DistanceKind)
 """Every ``kind`` of :meth:`Taxonomy.distance` (``jiang_conrath`` is another name for ``ic_distance``)."""
 TreeStrategy = Literal["first", "shortest", "longest"]
 
@@ -119,8 +111,7 @@ class Taxonomy:
         locs = list(locations) if locations is not None else [None] * len(edges)
         if len(locs) != len(edges):
             raise ValueError(f"locations has {len(locs)} entries but edges has {len(edges)}")
-        fail = _EdgeErrors(locs)
-        order, first_edge = _node_order(edges, nodes, fail)
+        order, first_edge = _node_order(edges, nodes, locs)
         # Plain integer adjacency (positions in input order): networkx is only needed to explain a cycle.
         by_pos = list(order)
         kids: list[list[int]] = [[] for _ in by_pos]
@@ -134,7 +125,8 @@ class Taxonomy:
         if not roots or len(topo) < len(by_pos):
             cycle = nx.find_cycle(nx.DiGraph(edges))
             text = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
-            raise fail(f"cycle in taxonomy: {text}", first_edge.get(cycle[0]), cycle[0][0])
+            where = first_edge.get(cycle[0])
+            raise _at(locs[where] if where is not None else None, f"cycle in taxonomy: {text}", cycle[0][0])
         new_id = np.empty(len(by_pos), dtype=np.int64)
         new_id[topo] = np.arange(len(topo))
         names = [by_pos[i] for i in topo]
@@ -400,20 +392,18 @@ class Taxonomy:
     @cached_property
     def depth(self) -> np.ndarray:
         """Length of the shortest path from the root (root = 0)."""
-        d = np.zeros(self.num_nodes, dtype=np.int64)
-        for n in range(1, self.num_nodes):
-            d[n] = min(d[p] for p in self._parent_lists[n]) + 1
-        return _readonly(d)
+        return self._path_lengths(min)
 
     @cached_property
     def max_depth(self) -> np.ndarray:
         """Length of the longest path from the root (equals :attr:`depth` on a tree)."""
-        if self.is_tree:
-            return self.depth
-        d = np.zeros(self.num_nodes, dtype=np.int64)
-        for n in range(1, self.num_nodes):
-            d[n] = max(d[p] for p in self._parent_lists[n]) + 1
-        return _readonly(d)
+        return self.depth if self.is_tree else self._path_lengths(max)
+
+    def _path_lengths(self, pick: Any) -> np.ndarray:
+        d = [0] * self.num_nodes
+        for n in range(1, self.num_nodes):  # parents have smaller ids: final before their children
+            d[n] = pick(d[p] for p in self._parent_lists[n]) + 1
+        return _readonly(np.array(d, dtype=np.int64))
 
     @property
     def height(self) -> int:
@@ -464,10 +454,10 @@ class Taxonomy:
         return _readonly(np.asarray(self.ancestors_sparse.sum(axis=0)).ravel().astype(np.int64))
 
     def _tree_subtree_sum(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (node-major ``[N, ...]``) plus, at each node of a tree, the sum over its descendants."""
         out = x.copy()
-        par = self.primary_parent
-        for lvl in reversed(self.levels[1:]):
-            np.add.at(out, par[lvl], out[lvl])
+        for children, starts, parents in self._bottom_up_levels:
+            out[parents] += np.add.reduceat(out[children], starts, axis=0)
         return out
 
     @cached_property
@@ -702,13 +692,11 @@ class Taxonomy:
     def marginals(self, leaf_probs: Any) -> Any:
         """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (``leaves`` order).
 
-        A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes), with
-        ``P(parent) >= P(child)`` exactly for non-negative input: on a tree each parent is a float sum of its
-        children's rounded values, and rounding is monotone; on a DAG, where summing children would count shared
-        leaves twice, the leaf sums are followed by a max pass up the edges, which only moves values by rounding.
-        NumPy in, NumPy out (``np.result_type(leaf_probs, np.float32)``). A torch tensor is computed on the host
-        and returned on its device, float32 (float64 stays float64), without gradient: differentiable marginals
-        for heads are :class:`hiercls.taxonomy.ops.TreeOps`'s.
+        A node's probability is the sum over the leaves below it, with ``P(parent) >= P(child)`` exactly for
+        non-negative input: on a tree each parent is a float sum of its children's rounded values (rounding is
+        monotone); on a DAG, where that would count shared leaves twice, the leaf sums get a max pass up the edges.
+        NumPy in, NumPy out (``np.result_type(leaf_probs, np.float32)``); a torch tensor goes to the host and back
+        to its device, float32 (float64 stays float64), without gradient (heads use ``taxonomy.ops``).
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -730,8 +718,7 @@ class Taxonomy:
         if self.is_tree:
             out = np.zeros((self.num_nodes, leaf.shape[1]), dtype=dtype)
             out[self.leaves] = leaf
-            for children, starts, parents in self._bottom_up_levels:
-                out[parents] = np.add.reduceat(out[children], starts, axis=0)
+            out = self._tree_subtree_sum(out)
         else:
             out = np.asarray(self._leaf_to_node @ leaf, dtype=dtype)
             for children, starts, parents in self._bottom_up_levels:
@@ -834,29 +821,20 @@ class Taxonomy:
         return self._derive(edges, kept_names, classes=classes)
 
     def _derive(self, edges: list[tuple[str, str]], nodes: Sequence[str], **overrides: Any) -> Taxonomy:
-        vr = self._virtual_root
-        kwargs: dict[str, Any] = dict(
-            nodes=nodes,
-            display_names={n: self._display[self._index[n]] for n in nodes},
-            classes=[n for n in nodes if self._class_mask[self._index[n]]],
-            name=self.name,
-            metadata=self.metadata,
-        )
-        kwargs.update(overrides)
-        return (
-            Taxonomy(edges, **kwargs)
-            if vr is None or vr not in nodes
-            else Taxonomy(
-                [e for e in edges if e[0] != vr],
-                virtual_root=vr,
-                **{
-                    **kwargs,
-                    "nodes": [n for n in kwargs["nodes"] if n != vr],
-                    "classes": [c for c in kwargs["classes"] if c != vr],
-                    "display_names": {k: v for k, v in kwargs["display_names"].items() if k != vr},
-                },
-            )
-        )
+        kwargs: dict[str, Any] = {
+            "display_names": {n: self._display[self._index[n]] for n in nodes},
+            "classes": [n for n in nodes if self._class_mask[self._index[n]]],
+            "name": self.name,
+            "metadata": self.metadata,
+            **overrides,
+        }
+        vr = self._virtual_root if self._virtual_root in nodes else None
+        if vr is not None:  # the core adds the virtual root again, when it still joins several roots
+            edges = [e for e in edges if e[0] != vr]
+            nodes = [n for n in nodes if n != vr]
+            kwargs["classes"] = [c for c in kwargs["classes"] if c != vr]
+            kwargs["display_names"].pop(vr, None)
+        return Taxonomy(edges, nodes=nodes, virtual_root=vr, **kwargs)
 
     # ------------------------------------------------------------------ identity
     @cached_property
@@ -913,40 +891,22 @@ class Taxonomy:
         }
 
     def __getstate__(self) -> dict[str, Any]:
-        # cached_property values are rebuilt on demand; keep pickles small.
-        keep = (
-            "_names",
-            "_index",
-            "_parent_lists",
-            "_child_lists",
-            "_edge_order",
-            "_display",
-            "_class_mask",
-            "_virtual_root",
-            "_name",
-            "_metadata",
-            "_dropped_edges",
-        )
-        return {k: self.__dict__[k] for k in keep}
+        # Cached properties and the derived cache are rebuilt on demand; keep pickles small.
+        cached = {k for k, v in vars(Taxonomy).items() if isinstance(v, cached_property)} | {"_derived_cache"}
+        return {k: v for k, v in self.__dict__.items() if k not in cached}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
 
-class _EdgeErrors:
-    """Makes a :class:`TaxonomyError` located at an edge's ``"file:line"`` (when the caller gave one)."""
-
-    def __init__(self, locations: Sequence[str | None]) -> None:
-        self.locations = locations
-
-    def __call__(self, msg: str, edge: int | None = None, label: str | None = None) -> TaxonomyError:
-        loc = self.locations[edge] if edge is not None else None
-        source, line = loc.rsplit(":", 1) if loc and ":" in loc else (loc, None)
-        return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
+def _at(location: str | None, msg: str, label: str | None = None) -> TaxonomyError:
+    """A :class:`TaxonomyError` located at an edge's ``"file:line"`` (when the caller gave one)."""
+    source, line = location.rsplit(":", 1) if location and ":" in location else (location, None)
+    return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
 
 
 def _node_order(
-    edges: Sequence[tuple[str, str]], nodes: Iterable[str] | None, fail: _EdgeErrors
+    edges: Sequence[tuple[str, str]], nodes: Iterable[str] | None, locs: Sequence[str | None]
 ) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     """Each node's position (``nodes`` order, else first appearance in ``edges``) and each edge's index; refuses
     duplicate nodes, self-loops, duplicate edges and edges naming undeclared nodes."""
@@ -958,14 +918,14 @@ def _node_order(
     first_edge: dict[tuple[str, str], int] = {}
     for i, (p, c) in enumerate(edges):
         if p == c:
-            raise fail(f"self-loop on {p!r} (a node cannot be its own parent)", i, p)
+            raise _at(locs[i], f"self-loop on {p!r} (a node cannot be its own parent)", p)
         first = first_edge.setdefault((p, c), i)
         if first != i:
-            where = fail.locations[first]
-            raise fail(f"duplicate edge {p!r} -> {c!r}" + (f" (first at {where})" if where else ""), i, c)
+            where = f" (first at {locs[first]})" if locs[first] else ""
+            raise _at(locs[i], f"duplicate edge {p!r} -> {c!r}{where}", c)
         for n in (p, c):
             if n not in order and nodes is not None:
-                raise fail(f"edge {p!r} -> {c!r} names unknown node {n!r}", i, n)
+                raise _at(locs[i], f"edge {p!r} -> {c!r} names unknown node {n!r}", n)
             order.setdefault(n, len(order))
     if not order:
         raise TaxonomyError("empty taxonomy: no nodes and no edges")
@@ -1013,11 +973,8 @@ def _topological_order(kids: list[list[int]], pars: list[list[int]]) -> list[int
 
 
 def _class_mask(index: Mapping[str, int], classes: Iterable[str] | None) -> np.ndarray:
-    if classes is None:
-        # The root is on every label's path, so it carries no information as a class.
-        mask = np.ones(len(index), dtype=bool)
-        mask[0] = len(index) == 1
-        return mask
+    if classes is None:  # the root is on every label's path, so it carries no information as a class
+        return (np.arange(len(index)) > 0) | (len(index) == 1)
     mask = np.zeros(len(index), dtype=bool)
     for c in classes:
         if c not in index:
