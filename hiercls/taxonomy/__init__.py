@@ -12,39 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hiercls.taxonomy.core import DISTANCE_KINDS, DistanceKind, Taxonomy, TaxonomyError, TreeStrategy, check_taxonomy
-from hiercls.taxonomy.io import (
-    FORMATS,
-    TAXONOMY_FORMATS,
-    detect_format,
-    label_paths,
-    read_children_json,
-    read_edge_list,
-    read_folders,
-    read_json,
-    read_label_paths,
-    read_nested_json,
-    read_node_link,
-    read_taxonomy,
-    read_tsv,
-    taxonomy_from_dict,
-    taxonomy_from_label_paths,
-    taxonomy_from_nested,
-    taxonomy_to_dict,
-    taxonomy_to_nested,
-    taxonomy_to_node_link,
-    write_children_json,
-    write_edge_list,
-    write_folders,
-    write_json,
-    write_label_paths,
-    write_nested_json,
-    write_node_link,
-    write_taxonomy,
-    write_tsv,
-)
-from hiercls.taxonomy.regions import NestedRegions, brats_regions, nested_regions
-from hiercls.taxonomy.registry import list_taxonomies, load_taxonomy, taxonomy_path
+from hiercls.taxonomy import core, io, regions, registry
+from hiercls.taxonomy.core import *  # noqa: F403
+from hiercls.taxonomy.io import *  # noqa: F403
+from hiercls.taxonomy.regions import *  # noqa: F403
+from hiercls.taxonomy.registry import *  # noqa: F403
 
 # WordNet / ImageNet builders are imported on first use: they pull in nltk (and timm's class tables).
 # A public name equal to a submodule's name (the function ``wordnet.wordnet``) is not re-exported:
@@ -74,50 +46,7 @@ _IMAGENET_NAMES = (
     "imagenet_synsets",
 )
 
-__all__ = [
-    "DISTANCE_KINDS",
-    "FORMATS",
-    "TAXONOMY_FORMATS",
-    "DistanceKind",
-    "NestedRegions",
-    "Taxonomy",
-    "TaxonomyError",
-    "TreeStrategy",
-    "check_taxonomy",
-    "brats_regions",
-    "detect_format",
-    "label_paths",
-    "list_taxonomies",
-    "load_taxonomy",
-    "nested_regions",
-    "read_children_json",
-    "read_edge_list",
-    "read_folders",
-    "read_json",
-    "read_label_paths",
-    "read_nested_json",
-    "read_node_link",
-    "read_taxonomy",
-    "read_tsv",
-    "taxonomy_from_dict",
-    "taxonomy_from_label_paths",
-    "taxonomy_from_nested",
-    "taxonomy_path",
-    "taxonomy_to_dict",
-    "taxonomy_to_nested",
-    "taxonomy_to_node_link",
-    "write_children_json",
-    "write_edge_list",
-    "write_folders",
-    "write_json",
-    "write_label_paths",
-    "write_nested_json",
-    "write_node_link",
-    "write_taxonomy",
-    "write_tsv",
-    *_WORDNET_NAMES,
-    *_IMAGENET_NAMES,
-]
+__all__ = [*core.__all__, *io.__all__, *regions.__all__, *registry.__all__, *_WORDNET_NAMES, *_IMAGENET_NAMES]
 
 
 def __getattr__(name: str) -> Any:

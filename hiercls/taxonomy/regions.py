@@ -31,7 +31,7 @@ import numpy as np
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
-__all__ = ["NestedRegions", "brats_regions"]
+__all__ = ["NestedRegions", "brats_regions", "nested_regions"]
 
 _BRATS_LONG_NAMES = {"WT": "whole tumour", "TC": "tumour core", "ET": "enhancing tumour"}
 

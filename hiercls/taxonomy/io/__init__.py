@@ -30,73 +30,23 @@ Example:
 
 from __future__ import annotations
 
+from hiercls.taxonomy.io import edges, folders, formats, hiercls_json, nested, node_link, paths
 from hiercls.taxonomy.io.common import check_names
-from hiercls.taxonomy.io.edges import read_edge_list, read_tsv, write_edge_list, write_tsv
-from hiercls.taxonomy.io.folders import read_folders, write_folders
-from hiercls.taxonomy.io.formats import (
-    FORMATS,
-    TAXONOMY_FORMATS,
-    TaxonomyFormat,
-    detect_format,
-    read_taxonomy,
-    write_taxonomy,
-)
-from hiercls.taxonomy.io.hiercls_json import (
-    JSON_FORMAT_ID,
-    JSON_FORMAT_VERSION,
-    read_json,
-    taxonomy_from_dict,
-    taxonomy_to_dict,
-    write_json,
-)
-from hiercls.taxonomy.io.nested import (
-    read_children_json,
-    read_nested_json,
-    taxonomy_from_nested,
-    taxonomy_to_nested,
-    write_children_json,
-    write_nested_json,
-)
-from hiercls.taxonomy.io.node_link import (
-    read_node_link,
-    taxonomy_from_node_link,
-    taxonomy_to_node_link,
-    write_node_link,
-)
-from hiercls.taxonomy.io.paths import label_paths, read_label_paths, taxonomy_from_label_paths, write_label_paths
+from hiercls.taxonomy.io.edges import *  # noqa: F403
+from hiercls.taxonomy.io.folders import *  # noqa: F403
+from hiercls.taxonomy.io.formats import *  # noqa: F403
+from hiercls.taxonomy.io.hiercls_json import *  # noqa: F403
+from hiercls.taxonomy.io.nested import *  # noqa: F403
+from hiercls.taxonomy.io.node_link import *  # noqa: F403
+from hiercls.taxonomy.io.paths import *  # noqa: F403
 
 __all__ = [
-    "FORMATS",
-    "JSON_FORMAT_ID",
-    "JSON_FORMAT_VERSION",
-    "TAXONOMY_FORMATS",
-    "TaxonomyFormat",
     "check_names",
-    "detect_format",
-    "label_paths",
-    "read_children_json",
-    "read_edge_list",
-    "read_folders",
-    "read_json",
-    "read_label_paths",
-    "read_nested_json",
-    "read_node_link",
-    "read_taxonomy",
-    "read_tsv",
-    "taxonomy_from_dict",
-    "taxonomy_from_label_paths",
-    "taxonomy_from_nested",
-    "taxonomy_from_node_link",
-    "taxonomy_to_dict",
-    "taxonomy_to_nested",
-    "taxonomy_to_node_link",
-    "write_children_json",
-    "write_edge_list",
-    "write_folders",
-    "write_json",
-    "write_label_paths",
-    "write_nested_json",
-    "write_node_link",
-    "write_taxonomy",
-    "write_tsv",
+    *edges.__all__,
+    *folders.__all__,
+    *formats.__all__,
+    *hiercls_json.__all__,
+    *nested.__all__,
+    *node_link.__all__,
+    *paths.__all__,
 ]

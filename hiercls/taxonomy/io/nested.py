@@ -26,7 +26,6 @@ from hiercls.taxonomy.io.common import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "is_children_mapping",
     "read_children_json",
     "read_nested_json",
     "taxonomy_from_nested",
