@@ -78,94 +78,55 @@ def write_json(tax: Taxonomy, path: PathLike) -> None:
         f.write("]}\n")
 
 
-def _expect(cond: bool, msg: str, source: str, obj: Any = None, label: str | None = None) -> None:
-    if not cond:
-        raise TaxonomyError(msg, source=source, line=line_of(obj), label=label)
+def _strings(value: Any, size: int | None = None) -> bool:
+    """``value`` is a list of strings (of ``size`` entries when given)."""
+    return isinstance(value, list) and all(isinstance(x, str) for x in value) and size in (None, len(value))
 
 
 def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Taxonomy:
     """Rebuild a taxonomy from :func:`taxonomy_to_dict`'s object (see :func:`write_json` for the keys)."""
-    _expect(isinstance(obj, Mapping), f"expected a JSON object, got {type(obj).__name__}", source)
-    fmt = obj.get("format")
-    _expect(
+
+    def expect(ok: bool, msg: str, where: Any = None, label: str | None = None) -> None:
+        if not ok:
+            raise TaxonomyError(msg, source=source, line=line_of(obj if where is None else where), label=label)
+
+    expect(isinstance(obj, Mapping), f"expected a JSON object, got {type(obj).__name__}")
+    fmt, version = obj.get("format"), obj.get("version")
+    expect(
         fmt == JSON_FORMAT_ID,
         f'not a hiercls taxonomy file: "format" is {reprlib.repr(fmt)}, expected {JSON_FORMAT_ID!r} '
         "(for other JSON layouts pass format='nested' or 'nodelink')",
-        source,
-        obj,
     )
-    version = obj.get("version")
-    _expect(
+    expect(
         isinstance(version, int) and 1 <= version <= JSON_FORMAT_VERSION,
         f"unsupported hiercls taxonomy version {reprlib.repr(version)} (this hiercls reads 1..{JSON_FORMAT_VERSION}; "
         "newer files need a newer hiercls)",
-        source,
-        obj,
     )
-    nodes = obj.get("nodes")
-    _expect(
-        isinstance(nodes, list) and all(isinstance(n, str) for n in nodes),
-        '"nodes" must be a list of node-name strings',
-        source,
-        nodes if isinstance(nodes, list) else obj,
-    )
-    edges_raw = obj.get("edges", [])
-    _expect(isinstance(edges_raw, list), '"edges" must be a list of [parent, child] pairs', source, obj)
-    edges: list[tuple[str, str]] = []
-    edge_locs: list[str] = []
-    for k, e in enumerate(edges_raw):
-        _expect(
-            isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e),
-            f"edges[{k}] must be a [parent, child] pair of strings, got {reprlib.repr(e)}",
-            source,
-            e,
-        )
-        edges.append((e[0], e[1]))
-        edge_locs.append(f"{source}:{line_of(e)}" if line_of(e) else source)
-    display = obj.get("display_names")
-    if display is not None:
-        _expect(
-            isinstance(display, list) and len(display) == len(nodes) and all(isinstance(d, str) for d in display),
-            f'"display_names" must be a list of {len(nodes)} strings (one per node)',
-            source,
-            display,
-        )
-    classes = obj.get("classes")
-    _expect(
-        classes is None or (isinstance(classes, list) and all(isinstance(c, str) for c in classes)),
-        '"classes" must be a list of node names',
-        source,
-        classes,
-    )
-    vr = obj.get("virtual_root")
-    _expect(vr is None or isinstance(vr, str), '"virtual_root" must be a string or null', source, obj)
-    metadata = obj.get("metadata") or {}
-    _expect(isinstance(metadata, Mapping), '"metadata" must be an object', source, obj)
-
-    node_list = list(nodes)
-    disp_map = dict(zip(nodes, display, strict=True)) if display is not None else None
-    if vr is not None:
-        # The core adds the virtual root and its edges itself; give it what it was given originally.
-        _expect(
-            bool(node_list) and node_list[0] == vr, f"virtual_root {vr!r} must be the first node", source, nodes, vr
-        )
-        node_list = node_list[1:]
-        kept = [k for k, e in enumerate(edges) if e[0] != vr]
-        edges, edge_locs = [edges[k] for k in kept], [edge_locs[k] for k in kept]
-        if classes is not None:
-            classes = [c for c in classes if c != vr]
-        if disp_map is not None:
-            disp_map.pop(vr, None)
+    nodes, edges, display = obj.get("nodes"), obj.get("edges", []), obj.get("display_names")
+    classes, vr, metadata = obj.get("classes"), obj.get("virtual_root"), obj.get("metadata") or {}
+    expect(_strings(nodes), '"nodes" must be a list of node-name strings', nodes if isinstance(nodes, list) else obj)
+    expect(isinstance(edges, list), '"edges" must be a list of [parent, child] pairs')
+    for k, e in enumerate(edges):
+        expect(_strings(e, 2), f"edges[{k}] must be a [parent, child] pair of strings, got {reprlib.repr(e)}", e)
+    size = len(nodes)
+    shown = f'"display_names" must be a list of {size} strings (one per node)'
+    expect(display is None or _strings(display, size), shown, display)
+    expect(classes is None or _strings(classes), '"classes" must be a list of node names', classes)
+    expect(vr is None or isinstance(vr, str), '"virtual_root" must be a string or null')
+    expect(isinstance(metadata, Mapping), '"metadata" must be an object')
+    expect(vr is None or nodes[:1] == [vr], f"virtual_root {vr!r} must be the first node", nodes, vr)
+    # The core adds the virtual root and its edges itself: give it what it was given originally.
+    edges = [e for e in edges if vr is None or e[0] != vr]
     tax = build(
         source,
-        edges,
-        nodes=node_list,
-        display_names=disp_map,
-        classes=classes,
+        [(p, c) for p, c in edges],
+        nodes=nodes[1:] if vr is not None else nodes,
+        display_names=None if display is None else {n: d for n, d in zip(nodes, display, strict=True) if n != vr},
+        classes=None if classes is None else [c for c in classes if c != vr],
         virtual_root=vr,
         name=obj.get("name") or None,
         metadata=metadata,
-        locations=edge_locs,
+        locations=[f"{source}:{line_of(e)}" if line_of(e) else source for e in edges],
     )
     stored = obj.get("fingerprint")
     if stored is not None and stored != tax.fingerprint:
