@@ -30,9 +30,8 @@ __all__ = [
     "load_json",
     "open_write",
     "read_file_text",
-    "read_json_file",
+    "read_json_taxonomy",
     "tree_or_fail",
-    "with_json_lines",
 ]
 
 
@@ -230,22 +229,17 @@ def load_json(text: str, source: str, *, lines: bool = False) -> Any:
         raise TaxonomyError(err.reason, source=err.source, line=err.line) from None
 
 
-def read_json_file(path: PathLike) -> tuple[Any, str]:
-    """The parsed JSON of ``path`` and its text (kept to locate a later error)."""
-    text = read_file_text(path)
-    return load_json(text, str(path)), text
-
-
 def line_of(obj: Any) -> int | None:
     """The line a JSON object or array starts on, when it was parsed with ``lines=True``."""
     return getattr(obj, "line", None)
 
 
-def with_json_lines(make: Callable[[Any], Taxonomy], obj: Any, text: str, source: str) -> Taxonomy:
-    """``make(obj)``; on an error without a line, make it again from a line-tagged parse to locate it (the fast
-    parse keeps no positions)."""
+def read_json_taxonomy(path: PathLike, make: Callable[[Any], Taxonomy]) -> Taxonomy:
+    """``make(the JSON of path)``; an error without a line is made again from a line-tagged parse, to say where
+    it is (the fast parse keeps no positions)."""
+    source, text = str(path), read_file_text(path)
     try:
-        return make(obj)
+        return make(load_json(text, source))
     except TaxonomyError as err:
         if err.line is not None:
             raise

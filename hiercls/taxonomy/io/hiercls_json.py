@@ -15,8 +15,7 @@ from hiercls.taxonomy.io.common import (
     check_names_read_back,
     line_of,
     open_write,
-    read_json_file,
-    with_json_lines,
+    read_json_taxonomy,
 )
 
 JSON_FORMAT_ID = "hiercls.taxonomy"
@@ -146,5 +145,4 @@ def read_json(path: PathLike) -> Taxonomy:
         TaxonomyError: not a hiercls file, a newer version, malformed fields (with the line), or an invalid
             taxonomy; a stored fingerprint that does not match the rebuilt taxonomy.
     """
-    obj, text = read_json_file(path)
-    return with_json_lines(lambda o: taxonomy_from_dict(o, source=str(path)), obj, text, str(path))
+    return read_json_taxonomy(path, lambda obj: taxonomy_from_dict(obj, source=str(path)))

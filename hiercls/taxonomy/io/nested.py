@@ -19,8 +19,7 @@ from hiercls.taxonomy.io.common import (
     check_names_read_back,
     line_of,
     open_write,
-    read_json_file,
-    with_json_lines,
+    read_json_taxonomy,
 )
 
 logger = logging.getLogger(__name__)
@@ -147,13 +146,9 @@ def read_nested_json(
         >>> read_nested_json(p).names
         ('root', 'animal', 'cat', 'dog', 'car')
     """
-    obj, text = read_json_file(path)
     name = name or base_name(path)
-    return with_json_lines(
-        lambda o: taxonomy_from_nested(o, source=str(path), virtual_root=virtual_root, name=name, **kwargs),
-        obj,
-        text,
-        str(path),
+    return read_json_taxonomy(
+        path, lambda obj: taxonomy_from_nested(obj, source=str(path), virtual_root=virtual_root, name=name, **kwargs)
     )
 
 
@@ -215,15 +210,17 @@ def read_children_json(
         >>> read_children_json(p).names
         ('root', 'animal', 'cat', 'dog', 'car')
     """
-    obj, _ = read_json_file(path)
+    return read_json_taxonomy(path, lambda obj: _from_children(obj, str(path), virtual_root, name, **kwargs))
+
+
+def _from_children(obj: Any, source: str, virtual_root: str | None, name: str | None, **kwargs: Any) -> Taxonomy:
     if not isinstance(obj, Mapping):
-        raise TaxonomyError(f"expected a JSON object parent -> [children], got {type(obj).__name__}", source=str(path))
-    names = [str(k) for k in obj] + [str(c) for v in obj.values() if isinstance(v, list) for c in v]
-    check_names(names, str(path))
+        raise TaxonomyError(f"expected a JSON object parent -> [children], got {type(obj).__name__}", source=source)
+    check_names([str(k) for k in obj] + [str(c) for v in obj.values() if isinstance(v, list) for c in v], source)
     try:
-        return Taxonomy.from_children(obj, virtual_root=virtual_root, name=name or base_name(path), **kwargs)
+        return Taxonomy.from_children(obj, virtual_root=virtual_root, name=name or base_name(source), **kwargs)
     except TaxonomyError as err:
-        raise TaxonomyError(err.reason, source=str(path), line=err.line, label=err.label) from None
+        raise TaxonomyError(err.reason, source=source, line=err.line, label=err.label) from None
 
 
 def write_children_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 1) -> None:

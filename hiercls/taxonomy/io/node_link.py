@@ -18,8 +18,7 @@ from hiercls.taxonomy.io.common import (
     check_roots,
     line_of,
     open_write,
-    read_json_file,
-    with_json_lines,
+    read_json_taxonomy,
 )
 
 __all__ = ["read_node_link", "taxonomy_from_node_link", "taxonomy_to_node_link", "write_node_link"]
@@ -153,13 +152,9 @@ def read_node_link(
         TaxonomyError: with the line: an edge naming a node missing from ``"nodes"``, duplicate node ids,
             duplicate edges, cycles, several roots, a multigraph, missing keys.
     """
-    obj, text = read_json_file(path)
     source = str(path)
-    return with_json_lines(
-        lambda o: taxonomy_from_node_link(o, source=source, virtual_root=virtual_root, name=name, **kwargs),
-        obj,
-        text,
-        source,
+    return read_json_taxonomy(
+        path, lambda obj: taxonomy_from_node_link(obj, source=source, virtual_root=virtual_root, name=name, **kwargs)
     )
 
 

@@ -13,11 +13,10 @@ from hiercls.taxonomy.io.common import (
     build,
     data_lines,
     line_of,
-    load_json,
     open_write,
     read_file_text,
+    read_json_taxonomy,
     tree_or_fail,
-    with_json_lines,
 )
 
 __all__ = ["label_paths", "read_label_paths", "taxonomy_from_label_paths", "write_label_paths"]
@@ -122,22 +121,17 @@ def read_label_paths(
     text = read_file_text(path)
     name = name or base_name(path)
     if text.lstrip().startswith("["):
-        obj = load_json(text, source)
-        if not isinstance(obj, list):
-            raise TaxonomyError("expected a JSON list of label paths", source=source)
-        return with_json_lines(
-            lambda o: taxonomy_from_label_paths(
-                o,
+        return read_json_taxonomy(
+            path,
+            lambda obj: taxonomy_from_label_paths(
+                obj if isinstance(obj, list) else _not_a_list(source),
                 separator=separator,
                 root=root,
                 source=source,
                 name=name,
-                line_numbers=[line_of(el) or 1 for el in o] if line_of(o) is not None else None,
+                line_numbers=[line_of(el) or 1 for el in obj] if line_of(obj) is not None else None,
                 **kwargs,
             ),
-            obj,
-            text,
-            source,
         )
     lines = list(data_lines(text))
     if not lines:
@@ -191,3 +185,7 @@ def write_label_paths(tax: Taxonomy, path: PathLike, *, separator: str = "/") ->
     with open_write(path) as f:
         for line in label_paths(tax, separator=separator, nodes=ids):
             f.write(line + "\n")
+
+
+def _not_a_list(source: str) -> list[Any]:
+    raise TaxonomyError("expected a JSON list of label paths", source=source)
