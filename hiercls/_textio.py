@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from json.decoder import JSONArray, JSONObject
 from json.scanner import py_make_scanner
 from pathlib import Path
@@ -184,30 +185,23 @@ def _invalid(err: json.JSONDecodeError, source: str) -> TextFileError:
 
 
 def _on_deep_stack(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` on a thread whose stack and recursion limit hold :data:`MAX_JSON_DEPTH` levels of json's
-    recursive parser (three Python calls per level)."""
-    result: dict[str, Any] = {}
+    """``fn(*args)`` on a thread whose stack (address space only: pages are touched as deep as the input goes) and
+    recursion limit hold :data:`MAX_JSON_DEPTH` levels of json's recursive parser (three Python calls a level)."""
 
-    def run() -> None:
+    def deeper() -> Any:
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(limit + 3 * MAX_JSON_DEPTH + 100)
         try:
-            result["value"] = fn(*args)
-        except BaseException as err:  # handed to the caller's thread
-            result["error"] = err
+            return fn(*args)
         finally:
             sys.setrecursionlimit(limit)
 
-    old = threading.stack_size(256 << 20)  # address space only: pages are touched as deep as the input goes
+    old = threading.stack_size(256 << 20)
     try:
-        worker = threading.Thread(target=run, name="hiercls-deep-json")
-        worker.start()
+        with ThreadPoolExecutor(1) as pool:  # its one thread starts at submit, with this stack size
+            return pool.submit(deeper).result()
     finally:
         threading.stack_size(old)
-    worker.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 _TOKEN = re.compile(r'(?P<string>"(?:[^"\\]|\\.)*")(?P<colon>\s*:)?|(?P<open>[{\[])|[}\]]')
