@@ -94,11 +94,8 @@ def detect_format(path: PathLike) -> str:
     p = Path(path)
     if p.is_dir():
         return "folders"
-    name = p.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    ext = os.path.splitext(name)[1]
-    if ext in _EXT_FORMATS and _EXT_FORMATS[ext] is not None:
+    ext = _extension(p)
+    if _EXT_FORMATS.get(ext):
         return _EXT_FORMATS[ext]
     if ext in (".yaml", ".yml"):
         raise TaxonomyError(
@@ -167,22 +164,17 @@ def read_taxonomy(path: PathLike, format: str | None = None, **kwargs: Any) -> T
     return TAXONOMY_FORMATS[fmt].reader(path, **kwargs)
 
 
+def _extension(path: PathLike) -> str:
+    return os.path.splitext(Path(path).name.lower().removesuffix(".gz"))[1]
+
+
 def _format_for_writing(path: PathLike) -> str:
-    name = Path(path).name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    ext = os.path.splitext(name)[1]
-    if ext == ".json":
-        return "json"
-    if _EXT_FORMATS.get(ext):
-        return _EXT_FORMATS[ext]
-    if ext == ".txt":
-        return "edges"
-    if not ext:
-        return "folders"
-    raise ValueError(
-        f"cannot tell the format of {str(path)!r} from its extension; pass format= one of {', '.join(FORMATS)}"
-    )
+    fmt = _EXT_FORMATS.get(_extension(path)) or {".json": "json", ".txt": "edges", "": "folders"}.get(_extension(path))
+    if fmt is None:
+        raise ValueError(
+            f"cannot tell the format of {str(path)!r} from its extension; pass format= one of {', '.join(FORMATS)}"
+        )
+    return fmt
 
 
 def write_taxonomy(tax: Taxonomy, path: PathLike, format: str | None = None, **kwargs: Any) -> None:
@@ -192,6 +184,6 @@ def write_taxonomy(tax: Taxonomy, path: PathLike, format: str | None = None, **k
     For ``.csv`` the edge list is comma-separated.
     """
     fmt = TAXONOMY_FORMATS.canonical(format) if format is not None else _format_for_writing(path)
-    if fmt == "edges" and "delimiter" not in kwargs and str(path).lower().removesuffix(".gz").endswith(".csv"):
+    if fmt == "edges" and "delimiter" not in kwargs and _extension(path) == ".csv":
         kwargs["delimiter"] = ","
     TAXONOMY_FORMATS[fmt].writer(tax, path, **kwargs)
