@@ -100,17 +100,24 @@ def read_edge_list(
         locations.append(f"{source}:{lineno}")
     if not edges and not nodes:
         raise TaxonomyError("empty edge list: no 'parent child' lines", source=source)
+    return _from_lines(path, edges, locations, nodes, virtual_root, name, declared, **kwargs)
+
+
+def _from_lines(
+    path: PathLike,
+    edges: list[tuple[str, str]],
+    locations: list[str],
+    nodes: list[str],
+    virtual_root: str | None,
+    name: str | None,
+    declared: dict[str, str],
+    **kwargs: Any,
+) -> Taxonomy:
+    """The taxonomy of a line format's edges, nodes in order of first appearance (siblings keep the file's order)."""
     nodes = list(dict.fromkeys(nodes))
-    check_roots(edges, locations, nodes, virtual_root, source, declared)
-    return build(
-        source,
-        edges,
-        nodes=nodes,
-        virtual_root=virtual_root,
-        name=name or base_name(path),
-        locations=locations,
-        **kwargs,
-    )
+    check_roots(edges, locations, nodes, virtual_root, str(path), declared)
+    name = name or base_name(path)
+    return build(str(path), edges, nodes=nodes, virtual_root=virtual_root, name=name, locations=locations, **kwargs)
 
 
 def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
@@ -196,17 +203,8 @@ def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | Non
             locations.append(f"{source}:{lineno}")
     if not edges:
         raise TaxonomyError("empty taxonomy file: no 'parent<TAB>children' lines", source=source)
-    nodes = list(dict.fromkeys(n for e in edges for n in e))
-    check_roots(edges, locations, nodes, virtual_root, source)
-    return build(
-        source,
-        edges,
-        nodes=nodes,
-        virtual_root=virtual_root,
-        name=name or base_name(path),
-        locations=locations,
-        **kwargs,
-    )
+    nodes = [n for e in edges for n in e]
+    return _from_lines(path, edges, locations, nodes, virtual_root, name, {}, **kwargs)
 
 
 def write_tsv(tax: Taxonomy, path: PathLike) -> None:
