@@ -7,16 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import (
-    PathLike,
-    base_name,
-    build,
-    check_names_read_back,
-    check_roots,
-    data_lines,
-    open_write,
-    read_file_text,
-)
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 
 __all__ = ["read_edge_list", "read_tsv", "write_edge_list", "write_tsv"]
 
@@ -69,7 +61,7 @@ def read_edge_list(
         ('root', 'animal', 'cat', 'car')
     """
     source = str(path)
-    lines = list(data_lines(read_file_text(path)))
+    lines = list(common.data_lines(common.read_file_text(path)))
     if delimiter == "auto":
         delimiter = _sniff_delimiter(lines)
     edges: list[tuple[str, str]] = []
@@ -115,9 +107,11 @@ def _from_lines(
 ) -> Taxonomy:
     """The taxonomy of a line format's edges, nodes in order of first appearance (siblings keep the file's order)."""
     nodes = list(dict.fromkeys(nodes))
-    check_roots(edges, locations, nodes, virtual_root, str(path), declared)
-    name = name or base_name(path)
-    return build(str(path), edges, nodes=nodes, virtual_root=virtual_root, name=name, locations=locations, **kwargs)
+    common.check_roots(edges, locations, nodes, virtual_root, str(path), declared)
+    name = name or common.base_name(path)
+    return common.build(
+        str(path), edges, nodes=nodes, virtual_root=virtual_root, name=name, locations=locations, **kwargs
+    )
 
 
 def _check_writable_names(tax: Taxonomy, forbidden: str, fmt: str) -> None:
@@ -139,14 +133,14 @@ def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> 
     single-name lines instead of edges from the virtual root (read back with the same ``virtual_root=``).
     Display names and classes are not kept.
     """
-    check_names_read_back(tax.names, path, "an edge list")
+    common.check_names_read_back(tax.names, path, "an edge list")
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
     # With spaces between fields a comma in a name would make the reader sniff commas as the delimiter.
     _check_writable_names(tax, "\t\n\r" + delimiter + ("," if delimiter == " " else ""), "an edge list")
     names = tax.names
     vr = tax.virtual_root
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         # The header fixes the delimiter the reader sniffs even when no edge line shows it (a single node).
         f.write(f"parent{delimiter}child\n")
         if tax.num_nodes == 1:
@@ -180,7 +174,7 @@ def read_tsv(path: PathLike, *, virtual_root: str | None = None, name: str | Non
     source = str(path)
     edges: list[tuple[str, str]] = []
     locations: list[str] = []
-    for lineno, line in data_lines(read_file_text(path)):
+    for lineno, line in common.data_lines(common.read_file_text(path)):
         fields = line.rstrip().split("\t")
         if len(fields) == 1:
             raise TaxonomyError(
@@ -214,13 +208,13 @@ def write_tsv(tax: Taxonomy, path: PathLike) -> None:
     child's parent order come back. A virtual root is written as a real root. Display names and classes are
     not kept.
     """
-    check_names_read_back(tax.names, path, "TSV")
+    common.check_names_read_back(tax.names, path, "TSV")
     _check_writable_names(tax, "\t\n\r", "TSV")
     if tax.num_nodes == 1:
         raise TaxonomyError(
             f"taxonomy {tax.name!r} is a single node; TSV cannot hold it (use format='edges' or 'json')"
         )
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         if tax.is_tree:
             for n in range(tax.num_nodes):
                 kids = tax.children(n)

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from hiercls._textio import umask
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import PathLike, build, tree_or_fail
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 
 __all__ = ["read_folders", "write_folders"]
 
@@ -64,7 +65,7 @@ def read_folders(
     if classes == "files" and with_files:
         order = {n: i for i, n in enumerate(nodes)}
         cls = sorted(with_files, key=order.__getitem__)
-    return build(
+    return common.build(
         str(base),
         [(p or root, c) for p, c in rel_edges],
         nodes=nodes,
@@ -124,7 +125,7 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
     Reading the skeleton back with :func:`read_folders` gives the same shape and display names (every folder
     a class, since there are no files).
     """
-    tree_or_fail(tax, "a folder tree")
+    common.tree_or_fail(tax, "a folder tree")
     for d in tax.display_names[1:]:
         if "/" in d or "\\" in d or d in (".", "..") or d.startswith(".") or not d.strip() or "\0" in d:
             raise TaxonomyError(f"display name {d!r} cannot be a folder name", label=d)

@@ -13,7 +13,8 @@ from typing import Any
 
 from hiercls._registry import Registry
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import PathLike, data_lines, load_json, read_file_text
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 from hiercls.taxonomy.io.edges import read_edge_list, read_tsv, write_edge_list, write_tsv
 from hiercls.taxonomy.io.folders import read_folders, write_folders
 from hiercls.taxonomy.io.hiercls_json import JSON_FORMAT_ID, read_json, write_json
@@ -108,13 +109,13 @@ def detect_format(path: PathLike) -> str:
         if ext == ".json":
             return "json"
         raise FileNotFoundError(f"no such file: {p}")
-    text = read_file_text(p)
+    text = common.read_file_text(p)
     head = text.lstrip()[:1]
     if head == "{" and f'"format":"{JSON_FORMAT_ID}"' in text[:200].replace(" ", ""):
         return "json"  # written by write_json: no need to parse it here
     if ext == ".json" or head in ("{", "["):
-        return _json_kind(load_json(text, str(p)))
-    lines = [ln for _, ln in data_lines(text)][:500]
+        return _json_kind(common.load_json(text, str(p)))
+    lines = [ln for _, ln in common.data_lines(text)][:500]
     if not lines:
         return "edges"
     if any(len(ln.rstrip().split("\t")) > 2 for ln in lines):

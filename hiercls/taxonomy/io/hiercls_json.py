@@ -9,14 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import (
-    PathLike,
-    build,
-    check_names_read_back,
-    line_of,
-    open_write,
-    read_json_taxonomy,
-)
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 
 JSON_FORMAT_ID = "hiercls.taxonomy"
 JSON_FORMAT_VERSION = 1
@@ -62,7 +56,7 @@ def write_json(tax: Taxonomy, path: PathLike) -> None:
         >>> back.fingerprint == tax.fingerprint, back.display_names, back.name
         (True, ('r', 'Alpha', 'b'), 'ab')
     """
-    check_names_read_back(tax.names, path, "hiercls JSON")
+    common.check_names_read_back(tax.names, path, "hiercls JSON")
     obj = taxonomy_to_dict(tax)
     edges = obj.pop("edges")
     try:
@@ -70,7 +64,7 @@ def write_json(tax: Taxonomy, path: PathLike) -> None:
     except TypeError as err:
         raise TypeError(f"taxonomy {tax.name!r}: metadata must be JSON-serialisable: {err}") from None
     encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         f.write(head[:-1])
         f.write(',"edges":[')
         f.write(",\n".join(map(encode, edges)))
@@ -87,7 +81,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
 
     def expect(ok: bool, msg: str, where: Any = None, label: str | None = None) -> None:
         if not ok:
-            raise TaxonomyError(msg, source=source, line=line_of(obj if where is None else where), label=label)
+            raise TaxonomyError(msg, source=source, line=common.line_of(obj if where is None else where), label=label)
 
     expect(isinstance(obj, Mapping), f"expected a JSON object, got {type(obj).__name__}")
     fmt, version = obj.get("format"), obj.get("version")
@@ -116,7 +110,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
     expect(vr is None or nodes[:1] == [vr], f"virtual_root {vr!r} must be the first node", nodes, vr)
     # The core adds the virtual root and its edges itself: give it what it was given originally.
     edges = [e for e in edges if vr is None or e[0] != vr]
-    tax = build(
+    tax = common.build(
         source,
         [(p, c) for p, c in edges],
         nodes=nodes[1:] if vr is not None else nodes,
@@ -125,7 +119,7 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
         virtual_root=vr,
         name=obj.get("name") or None,
         metadata=metadata,
-        locations=[f"{source}:{line_of(e)}" if line_of(e) else source for e in edges],
+        locations=[f"{source}:{common.line_of(e)}" if common.line_of(e) else source for e in edges],
     )
     stored = obj.get("fingerprint")
     if stored is not None and stored != tax.fingerprint:
@@ -145,4 +139,4 @@ def read_json(path: PathLike) -> Taxonomy:
         TaxonomyError: not a hiercls file, a newer version, malformed fields (with the line), or an invalid
             taxonomy; a stored fingerprint that does not match the rebuilt taxonomy.
     """
-    return read_json_taxonomy(path, lambda obj: taxonomy_from_dict(obj, source=str(path)))
+    return common.read_json_taxonomy(path, lambda obj: taxonomy_from_dict(obj, source=str(path)))

@@ -11,16 +11,8 @@ from typing import Any
 
 from hiercls._textio import MAX_JSON_DEPTH, dump_json
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import (
-    PathLike,
-    base_name,
-    build,
-    check_names,
-    check_names_read_back,
-    line_of,
-    open_write,
-    read_json_taxonomy,
-)
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +51,10 @@ def taxonomy_from_nested(
             f"the top-level object has {len(top)} keys ({', '.join(map(repr, top[:5]))}), so the "
             "taxonomy has several roots; pass virtual_root='<name>' to join them under a new root",
             source=source,
-            line=line_of(tree),
+            line=common.line_of(tree),
         )
     nodes, edges, locations = _walk_nested(tree, source)
-    return build(source, edges, nodes=nodes, virtual_root=virtual_root, locations=locations, **kwargs)
+    return common.build(source, edges, nodes=nodes, virtual_root=virtual_root, locations=locations, **kwargs)
 
 
 def _walk_nested(tree: Mapping[str, Any], source: str) -> tuple[list[str], list[tuple[str, str]], list[str]]:
@@ -84,21 +76,21 @@ def _walk_nested(tree: Mapping[str, Any], source: str) -> tuple[list[str], list[
         key, value, holder = item
         if not str(key).strip():
             where = "/".join(trail) or "the top level"
-            raise TaxonomyError(f"empty node name under {where}", source=source, line=line_of(holder))
+            raise TaxonomyError(f"empty node name under {where}", source=source, line=common.line_of(holder))
         key = str(key)
         nodes.append(key)
         if parent is not None:
             if holders.setdefault((parent, key), holder) is not holder:
                 continue  # a DAG repeats a shared subtree under each parent: the same edges again, not new ones
             edges.append((parent, key))
-            line = line_of(holder)
+            line = common.line_of(holder)
             locations.append(f"{source}:{line}" if line else f"{source}:" + "/".join([*trail, key]))
         if len(trail) >= MAX_JSON_DEPTH:
             raise TaxonomyError(
                 f"nesting deeper than {MAX_JSON_DEPTH} levels (under {reprlib.repr('/'.join(trail[:3]))}...); "
                 "write a taxonomy this deep as an edge list or hiercls JSON",
                 source=source,
-                line=line_of(holder),
+                line=common.line_of(holder),
             )
         trail.append(key)
         stack.append((key, _nested_items(value, holder, trail, source)))
@@ -116,7 +108,7 @@ def _nested_items(value: Any, container: Any, trail: Sequence[str], source: str)
             f"under {'/'.join(trail)}: expected an object, a list, {{}} or null for the children, "
             f"got {reprlib.repr(value)}",
             source=source,
-            line=line_of(container),
+            line=common.line_of(container),
             label=trail[-1],
         )
     items: list[_Item] = []
@@ -129,7 +121,7 @@ def _nested_items(value: Any, container: Any, trail: Sequence[str], source: str)
             raise TaxonomyError(
                 f"under {'/'.join(trail) or 'the top level'}: a list may hold names or objects, got {reprlib.repr(el)}",
                 source=source,
-                line=line_of(value),
+                line=common.line_of(value),
             )
     return iter(items)
 
@@ -146,8 +138,8 @@ def read_nested_json(
         >>> read_nested_json(p).names
         ('root', 'animal', 'cat', 'dog', 'car')
     """
-    name = name or base_name(path)
-    return read_json_taxonomy(
+    name = name or common.base_name(path)
+    return common.read_json_taxonomy(
         path, lambda obj: taxonomy_from_nested(obj, source=str(path), virtual_root=virtual_root, name=name, **kwargs)
     )
 
@@ -174,7 +166,7 @@ def write_nested_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 2) 
     A DAG is written with each multi-parent subtree repeated under every parent (reading it back merges
     them again). Display names, classes and metadata are not kept (use :func:`write_json` for that).
     """
-    check_names_read_back(tax.names, path, "nested JSON")
+    common.check_names_read_back(tax.names, path, "nested JSON")
     if not tax.is_tree and tax.num_nodes > 5000:
         logger.warning("writing DAG %r as nested JSON repeats every multi-parent subtree", tax.name)
     if tax.height > MAX_JSON_DEPTH:
@@ -182,7 +174,7 @@ def write_nested_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 2) 
             f"taxonomy {tax.name!r} is {tax.height} levels deep; nested JSON is read back to at most {MAX_JSON_DEPTH} "
             "levels: write it as an edge list or hiercls JSON"
         )
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         dump_json(taxonomy_to_nested(tax), f, ensure_ascii=False, indent=indent)  # iterative: any depth
         f.write("\n")
 
@@ -210,25 +202,25 @@ def read_children_json(
         >>> read_children_json(p).names
         ('root', 'animal', 'cat', 'dog', 'car')
     """
-    return read_json_taxonomy(path, lambda obj: _from_children(obj, str(path), virtual_root, name, **kwargs))
+    return common.read_json_taxonomy(path, lambda obj: _from_children(obj, str(path), virtual_root, name, **kwargs))
 
 
 def _from_children(obj: Any, source: str, virtual_root: str | None, name: str | None, **kwargs: Any) -> Taxonomy:
     if not isinstance(obj, Mapping):
         raise TaxonomyError(f"expected a JSON object parent -> [children], got {type(obj).__name__}", source=source)
-    check_names([str(k) for k in obj] + [str(c) for v in obj.values() if isinstance(v, list) for c in v], source)
+    common.check_names([str(k) for k in obj] + [str(c) for v in obj.values() if isinstance(v, list) for c in v], source)
     try:
-        return Taxonomy.from_children(obj, virtual_root=virtual_root, name=name or base_name(source), **kwargs)
+        return Taxonomy.from_children(obj, virtual_root=virtual_root, name=name or common.base_name(source), **kwargs)
     except TaxonomyError as err:
         raise TaxonomyError(err.reason, source=source, line=err.line, label=err.label) from None
 
 
 def write_children_json(tax: Taxonomy, path: PathLike, *, indent: int | None = 1) -> None:
     """Write the ``{parent: [children]}`` mapping of every node with children (names only)."""
-    check_names_read_back(tax.names, path, "children JSON")
+    common.check_names_read_back(tax.names, path, "children JSON")
     obj = {tax.names[n]: [tax.names[c] for c in tax.children(n)] for n in range(tax.num_nodes) if tax.children(n)}
     if not obj:
         obj = {tax.names[0]: []}
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         json.dump(obj, f, ensure_ascii=False, indent=indent)
         f.write("\n")

@@ -10,16 +10,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import (
-    PathLike,
-    base_name,
-    build,
-    check_names_read_back,
-    check_roots,
-    line_of,
-    open_write,
-    read_json_taxonomy,
-)
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 
 __all__ = ["read_node_link", "taxonomy_from_node_link", "taxonomy_to_node_link", "write_node_link"]
 
@@ -48,19 +40,19 @@ def taxonomy_from_node_link(
         display.pop(vr, None)
     if not nodes:
         raise TaxonomyError("empty node-link data: no nodes", source=source)
-    check_roots(edges, locations, nodes, vr, source)
+    common.check_roots(edges, locations, nodes, vr, source)
     metadata = graph_attrs.get("metadata")
     if not isinstance(metadata, Mapping):
         metadata = {k: v for k, v in graph_attrs.items() if k not in ("name", "virtual_root")}
     kwargs.setdefault("metadata", metadata)
-    return build(
+    return common.build(
         source,
         edges,
         nodes=nodes,
         display_names=display or None,
         classes=classes,
         virtual_root=vr,
-        name=name or graph_attrs.get("name") or base_name(source),
+        name=name or graph_attrs.get("name") or common.base_name(source),
         locations=locations,
         **kwargs,
     )
@@ -73,13 +65,15 @@ def _check_node_link(data: Any, source: str) -> str:
     key = "edges" if "edges" in data else "links" if "links" in data else None
     if not isinstance(data.get("nodes"), list) or key is None or not isinstance(data[key], list):
         raise TaxonomyError(
-            'node-link data needs a "nodes" list and an "edges" (or "links") list', source=source, line=line_of(data)
+            'node-link data needs a "nodes" list and an "edges" (or "links") list',
+            source=source,
+            line=common.line_of(data),
         )
     if data.get("multigraph"):
         raise TaxonomyError(
             "node-link data is a multigraph: a taxonomy has at most one edge per parent/child pair",
             source=source,
-            line=line_of(data),
+            line=common.line_of(data),
         )
     return key
 
@@ -94,14 +88,14 @@ def _node_link_nodes(raw: list[Any], source: str) -> tuple[list[str], dict[str, 
             raise TaxonomyError(
                 f'nodes[{k}] must be an object with an "id", got {reprlib.repr(nd)}',
                 source=source,
-                line=line_of(nd) or line_of(raw),
+                line=common.line_of(nd) or common.line_of(raw),
             )
         nid = str(nd["id"])
         if first.setdefault(nid, k) != k:
             raise TaxonomyError(
                 f"duplicate node id {reprlib.repr(nid)} (nodes[{first[nid]}] and nodes[{k}])",
                 source=source,
-                line=line_of(nd),
+                line=common.line_of(nd),
                 label=nid,
             )
         shown = next((nd[a] for a in ("display_name", "label", "name") if isinstance(nd.get(a), str)), None)
@@ -124,7 +118,7 @@ def _node_link_edges(
             raise TaxonomyError(
                 f'{key}[{k}] must be an object with "source" and "target", got {reprlib.repr(ed)}',
                 source=source,
-                line=line_of(ed) or line_of(raw),
+                line=common.line_of(ed) or common.line_of(raw),
             )
         pair = (str(ed["source"]), str(ed["target"]))
         for end, n in zip(("source", "target"), pair, strict=True):
@@ -132,10 +126,10 @@ def _node_link_edges(
                 close = difflib.get_close_matches(n, nodes, n=2)
                 hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
                 raise TaxonomyError(
-                    f'{key}[{k}] {end} {n!r} is not in "nodes"{hint}', source=source, line=line_of(ed), label=n
+                    f'{key}[{k}] {end} {n!r} is not in "nodes"{hint}', source=source, line=common.line_of(ed), label=n
                 )
         edges.append(pair)
-        locations.append(f"{source}:{line_of(ed)}" if line_of(ed) else f"{source}:{key}[{k}]")
+        locations.append(f"{source}:{common.line_of(ed)}" if common.line_of(ed) else f"{source}:{key}[{k}]")
     return edges, locations
 
 
@@ -153,7 +147,7 @@ def read_node_link(
             duplicate edges, cycles, several roots, a multigraph, missing keys.
     """
     source = str(path)
-    return read_json_taxonomy(
+    return common.read_json_taxonomy(
         path, lambda obj: taxonomy_from_node_link(obj, source=source, virtual_root=virtual_root, name=name, **kwargs)
     )
 
@@ -182,9 +176,9 @@ def write_node_link(
     tax: Taxonomy, path: PathLike, *, edges_key: Literal["edges", "links"] = "edges", indent: int | None = 1
 ) -> None:
     """Write networkx node-link JSON (lossless: display names, classes, virtual root, metadata are kept)."""
-    check_names_read_back(tax.names, path, "node-link JSON")
+    common.check_names_read_back(tax.names, path, "node-link JSON")
     if edges_key not in ("edges", "links"):
         raise ValueError(f"edges_key must be 'edges' or 'links'; got {edges_key!r}")
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         json.dump(taxonomy_to_node_link(tax, edges_key=edges_key), f, ensure_ascii=False, indent=indent)
         f.write("\n")

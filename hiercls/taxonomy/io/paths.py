@@ -7,17 +7,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
-from hiercls.taxonomy.io.common import (
-    PathLike,
-    base_name,
-    build,
-    data_lines,
-    line_of,
-    open_write,
-    read_file_text,
-    read_json_taxonomy,
-    tree_or_fail,
-)
+from hiercls.taxonomy.io import common
+from hiercls.taxonomy.io.common import PathLike
 
 __all__ = ["label_paths", "read_label_paths", "taxonomy_from_label_paths", "write_label_paths"]
 
@@ -92,7 +83,7 @@ def taxonomy_from_label_paths(
             f"root name {root!r} is also a label; pass root='<another name>'", source=source, label=root
         )
     kwargs.setdefault("classes", list(ends))
-    return build(
+    return common.build(
         source,
         list(edges),
         nodes=list(nodes),
@@ -118,10 +109,10 @@ def read_label_paths(
         ('root', 'Animal', 'Animal/Cat', 'Animal/Dog', 'Vehicle')
     """
     source = str(path)
-    text = read_file_text(path)
-    name = name or base_name(path)
+    text = common.read_file_text(path)
+    name = name or common.base_name(path)
     if text.lstrip().startswith("["):
-        return read_json_taxonomy(
+        return common.read_json_taxonomy(
             path,
             lambda obj: taxonomy_from_label_paths(
                 obj if isinstance(obj, list) else _not_a_list(source),
@@ -129,11 +120,11 @@ def read_label_paths(
                 root=root,
                 source=source,
                 name=name,
-                line_numbers=[line_of(el) or 1 for el in obj] if line_of(obj) is not None else None,
+                line_numbers=[common.line_of(el) or 1 for el in obj] if common.line_of(obj) is not None else None,
                 **kwargs,
             ),
         )
-    lines = list(data_lines(text))
+    lines = list(common.data_lines(text))
     if not lines:
         raise TaxonomyError("empty file: no label paths", source=source)
     return taxonomy_from_label_paths(
@@ -152,7 +143,7 @@ def label_paths(tax: Taxonomy, *, separator: str | None = "/", nodes: Iterable[i
 
     ``separator=None`` gives lists of components instead of joined strings.
     """
-    tree_or_fail(tax, "label paths")
+    common.tree_or_fail(tax, "label paths")
     skip = 1 if tax.virtual_root is not None else 0
     ids = tax.leaves if nodes is None else nodes
     out: list[Any] = []
@@ -169,7 +160,7 @@ def write_label_paths(tax: Taxonomy, path: PathLike, *, separator: str = "/") ->
     input). Trees only; a virtual root is not written. Reading back gives the same shape and display names,
     and the same fingerprint when the names were already full paths.
     """
-    tree_or_fail(tax, "label paths")
+    common.tree_or_fail(tax, "label paths")
     for d in tax.display_names:
         if separator in d or "\n" in d or not d.strip() or d.strip() != d:
             raise TaxonomyError(
@@ -182,7 +173,7 @@ def write_label_paths(tax: Taxonomy, path: PathLike, *, separator: str = "/") ->
     ids = [n for n in range(tax.num_nodes) if tax.is_leaf[n] or (cm[n] and not (skip_root and n == 0))]
     if not skip_root and tax.num_nodes > 1 and not cm[0]:
         ids = [n for n in ids if n != 0]
-    with open_write(path) as f:
+    with common.open_write(path) as f:
         for line in label_paths(tax, separator=separator, nodes=ids):
             f.write(line + "\n")
 
