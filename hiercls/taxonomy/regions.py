@@ -45,6 +45,14 @@ def _is_bool(x: Any) -> bool:
     return str(x.dtype) in ("torch.bool", "bool")
 
 
+def _take(table: np.ndarray, index: Any) -> Any:
+    """``table[index]`` for an integer array or tensor (a tensor's result on its device)."""
+    if not _is_torch(index):
+        return table[index]
+    values = index.new_tensor(table)
+    return (values.bool() if table.dtype == bool else values.long())[index.long()]
+
+
 @dataclass(frozen=True)
 class NestedRegions:
     """Regions that nest (outermost first), each a set of raw labels.
@@ -204,12 +212,11 @@ class NestedRegions:
             raise ValueError(f"label_map has {label_map.ndim} axes, fewer than spatial_dims={spatial_dims}")
         hi = self._check_labels(label_map)
         table = self._member_table(hi)[:, :-1]
+        out = _take(table, label_map)  # [..., *spatial, R]
         if _is_torch(label_map):
-            out = label_map.new_tensor(table).bool()[label_map.long()]  # [..., *spatial, R]
             if not channel_last:
                 out = out.movedim(-1, self._region_axis(out.ndim, spatial_dims, False))
             return out if dtype is None else out.to(dtype)
-        out = table[label_map]
         if not channel_last:
             out = np.moveaxis(out, -1, self._region_axis(out.ndim, spatial_dims, False))
         return out if dtype is None else out.astype(dtype)
@@ -258,17 +265,13 @@ class NestedRegions:
             masks_or_probs, threshold=threshold, spatial_dims=spatial_dims, channel_last=channel_last
         )
         lut = np.array([self.background, *self.output_labels], dtype=np.int64)
-        if _is_torch(nodes):
-            return nodes.new_tensor(lut).long()[nodes.long()]
-        return lut[nodes]
+        return _take(lut, nodes)
 
     def labels_to_nodes(self, label_map: Any) -> Any:
         """Node ids of :attr:`taxonomy` for a raw label volume (number of regions containing each voxel)."""
         hi = self._check_labels(label_map)
         depth = self._member_table(hi)[:, :-1].sum(1).astype(np.int64)
-        if _is_torch(label_map):
-            return label_map.new_tensor(depth).long()[label_map.long()]
-        return depth[label_map]
+        return _take(depth, label_map)
 
 
 def brats_regions(version: str | int = "2021", *, label_mapping: Mapping[int, int] | None = None) -> NestedRegions:
