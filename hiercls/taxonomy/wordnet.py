@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -317,6 +317,12 @@ def synset_to_wnid(synset: Synset | str, wn: WordNetCorpusReader | None = None) 
     return f"n{synset.offset():08d}"
 
 
+def _data_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of the synset lines of a WordNet data file (the license header skipped)."""
+    with open(path, encoding="utf-8") as f:
+        yield from ((n, line) for n, line in enumerate(f, 1) if not line.startswith("  "))
+
+
 @lru_cache(maxsize=2)
 def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], str]]:
     """``wnid -> (hypernyms, instance hypernyms, first lemma)`` read straight from ``data.noun``.
@@ -327,27 +333,24 @@ def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]
     """
     table: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {}
     path = Path(source) / "data.noun"
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.startswith("  "):  # the license header
-                continue
-            try:
-                fields = line.split(" | ", 1)[0].split()
-                n_words = int(fields[3], 16)
-                lemma = fields[4]
-                k = 4 + 2 * n_words
-                n_ptr = int(fields[k])
-                hyper: list[str] = []
-                inst: list[str] = []
-                for j in range(k + 1, k + 1 + 4 * n_ptr, 4):
-                    symbol, offset, pos = fields[j], fields[j + 1], fields[j + 2]
-                    if pos == "n" and symbol == "@":
-                        hyper.append("n" + offset)
-                    elif pos == "n" and symbol == "@i":
-                        inst.append("n" + offset)
-            except (IndexError, ValueError):
-                raise TaxonomyError("malformed WordNet data line", source=str(path), line=lineno) from None
-            table["n" + fields[0]] = (tuple(hyper), tuple(inst), lemma.replace("_", " "))
+    for lineno, line in _data_lines(path):
+        try:
+            fields = line.split(" | ", 1)[0].split()
+            n_words = int(fields[3], 16)
+            lemma = fields[4]
+            k = 4 + 2 * n_words
+            n_ptr = int(fields[k])
+            hyper: list[str] = []
+            inst: list[str] = []
+            for j in range(k + 1, k + 1 + 4 * n_ptr, 4):
+                symbol, offset, pos = fields[j], fields[j + 1], fields[j + 2]
+                if pos == "n" and symbol == "@":
+                    hyper.append("n" + offset)
+                elif pos == "n" and symbol == "@i":
+                    inst.append("n" + offset)
+        except (IndexError, ValueError):
+            raise TaxonomyError("malformed WordNet data line", source=str(path), line=lineno) from None
+        table["n" + fields[0]] = (tuple(hyper), tuple(inst), lemma.replace("_", " "))
     return table
 
 
@@ -355,15 +358,12 @@ def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]
 def _gloss_table(source: str) -> dict[str, str]:
     table: dict[str, str] = {}
     path = Path(source) / "data.noun"
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.startswith("  "):  # the license header
-                continue
-            head, sep, gloss = line.partition(" | ")
-            if not sep or not head[:8].isdigit():
-                raise TaxonomyError("malformed WordNet data line (no ' | ' gloss)", source=str(path), line=lineno)
-            # The gloss is the definition, then quoted examples after '; "': keep the definition.
-            table["n" + head[:8]] = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
+    for lineno, line in _data_lines(path):
+        head, sep, gloss = line.partition(" | ")
+        if not sep or not head[:8].isdigit():
+            raise TaxonomyError("malformed WordNet data line (no ' | ' gloss)", source=str(path), line=lineno)
+        # The gloss is the definition, then quoted examples after '; "': keep the definition.
+        table["n" + head[:8]] = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
     return table
 
 
