@@ -1,19 +1,10 @@
 r"""Reading and writing taxonomies in the formats hierarchical-classification projects use, one module per format.
 
-Formats (``format=`` names for :func:`read_taxonomy` / :func:`write_taxonomy`):
-
-* ``"json"``: the hiercls format (lossless: node order, display names, classes, virtual root, metadata).
-* ``"edges"``: an edge list, one ``parent<TAB|comma|spaces>child`` per line, ``#`` comments.
-* ``"tsv"``: HiAGM-style ``parent<TAB>child1<TAB>child2...`` lines (HiAGM names its root ``Root``).
-* ``"children"``: a JSON ``{parent: [children]}`` mapping (:meth:`Taxonomy.from_children`).
-* ``"nested"``: a nested JSON object ``{"root": {"a": {"x": {}}, "b": ["leaf1", "leaf2"]}}``.
-* ``"nodelink"``: networkx node-link JSON (``networkx.node_link_data(g, edges="edges")``, or ``"links"``).
-* ``"paths"``: label paths such as ``Science/Physics/Optics``, one per line (or a JSON list of paths).
-* ``"folders"``: a directory tree (an ``ImageFolder``-style dataset): the folders are the nodes.
-
-Every text file may be gzip-compressed (``.gz``). Readers raise :class:`TaxonomyError` naming the file,
-the line and the label at fault. A new format is one module here with its reader and writer, registered in
-:data:`TAXONOMY_FORMATS` (``formats.py``).
+``json`` (hiercls, lossless) in ``hiercls_json``; ``edges`` and ``tsv`` (HiAGM) in ``edges``; ``nested`` and
+``children`` JSON in ``nested``; ``nodelink`` (networkx) in ``node_link``; ``paths`` in ``paths``; ``folders``
+in ``folders``. ``formats`` registers them (:data:`TAXONOMY_FORMATS`) behind :func:`read_taxonomy` /
+:func:`write_taxonomy`; ``common`` holds what they share. Every text file may be gzip-compressed (``.gz``), and
+readers raise :class:`TaxonomyError` naming the file, the line and the label at fault.
 
 Example:
     >>> import tempfile, os
