@@ -454,11 +454,11 @@ class Taxonomy:
         return _readonly(np.asarray(self.ancestors_sparse.sum(axis=0)).ravel().astype(np.int64))
 
     def _tree_subtree_sum(self, x: np.ndarray) -> np.ndarray:
-        """``x`` (node-major ``[N, ...]``) plus, at each node of a tree, the sum over its descendants."""
-        out = x.copy()
+        """``x`` (node-major ``[N, ...]``, changed in place) plus, at each node of a tree, the sum over its
+        descendants."""
         for children, starts, parents in self._bottom_up_levels:
-            out[parents] += np.add.reduceat(out[children], starts, axis=0)
-        return out
+            x[parents] += np.add.reduceat(x[children], starts, axis=0)
+        return x
 
     @cached_property
     def num_leaves_under(self) -> np.ndarray:
