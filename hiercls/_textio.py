@@ -2,10 +2,10 @@
 
 Every file a user hands hiercls (taxonomies, label files, recipes, input lists) is read through
 :func:`read_text` / :func:`decode_text`, so a file that is not UTF-8 gets the same one-line error naming the file,
-the line and the byte offset. :func:`parse_json` is an iterative JSON parser (no recursion, so a 100,000-level
-nesting is no ``RecursionError``) that refuses duplicate keys, which ``json.loads`` silently resolves by keeping
-the last; :func:`load_yaml` does the same for YAML. :func:`atomic_write` writes to a temporary file next to the
-target and renames it into place, so a failure never leaves a half-written or empty file.
+the line and the byte offset. :func:`parse_json` is ``json.loads`` refusing duplicate keys (``json.loads`` alone
+keeps the last without a word); :func:`load_yaml` does the same for YAML. :func:`atomic_write` writes to a
+temporary file next to the target and renames it into place, so a failure never leaves a half-written or empty
+file.
 
 Example:
     >>> parse_json('{"a": [1, 2.5, "x", null]}')
@@ -29,14 +29,19 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from json.decoder import scanstring
+from concurrent.futures import ThreadPoolExecutor
+from json.decoder import JSONArray, JSONObject
+from json.scanner import py_make_scanner
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "LinedDict",
     "LinedList",
     "TextFileError",
@@ -127,118 +132,135 @@ class LinedList(list):
     line: int = 0
 
 
-_WS = re.compile(r"[ \t\n\r]*")
-_NUMBER = re.compile(r"(-?(?:0|[1-9]\d*))(\.\d+)?([eE][-+]?\d+)?")
-_CONSTANTS = {"true": True, "false": False, "null": None, "NaN": float("nan"), "Infinity": float("inf")}
+MAX_JSON_DEPTH = 10_000
+"""Deepest nesting :func:`parse_json` reads (json's parser recurses once per level)."""
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
 
 
 def parse_json(text: str, source: str = "<json>", *, lines: bool = False) -> Any:
-    """Parse JSON without recursion, refusing duplicate keys; ``lines=True`` tags objects and arrays with their line.
+    """``json.loads(text)`` that refuses duplicate keys (``json.loads`` keeps the last without a word).
 
-    Accepts what ``json.loads`` accepts (also ``NaN`` / ``Infinity``). Pure Python: use ``json.loads`` first and
-    this when it fails or when positions are needed.
+    ``lines=True`` returns every object and array as a :class:`LinedDict` / :class:`LinedList` carrying the line
+    it starts on, so that a reader can say where a malformed entry is. Nesting up to :data:`MAX_JSON_DEPTH` levels
+    is read (json's parser recurses, so deep input is parsed on a thread with room for that many levels).
 
     Raises:
-        TextFileError: invalid JSON or a duplicate key, naming the file, the line and the column.
+        TextFileError: invalid JSON, a duplicate key, or nesting too deep, naming the file and the line.
+
+    Example:
+        >>> parse_json('{"a": [1, 2.5, "x", null]}')
+        {'a': [1, 2.5, 'x', None]}
+        >>> parse_json('[{"a": 1},\\n {"b": 2}]', lines=True)[1].line
+        2
     """
-    newlines: list[int] | None = None
-
-    def line_at(pos: int) -> int:
-        nonlocal newlines
-        if newlines is None:
-            newlines = [m.start() for m in re.finditer("\n", text)]
-        return bisect.bisect_right(newlines, pos - 1) + 1
-
-    def fail(msg: str, pos: int) -> TextFileError:
-        line = line_at(pos)
-        col = pos - (newlines[line - 2] if line > 1 and newlines else -1)
-        return TextFileError(f"invalid JSON: {msg} (column {col})", source=source, line=line)
-
-    def key_at(i: int, frame: list[Any]) -> int:
-        """Parse ``"key" :`` at ``i`` into ``frame``; the index after the colon and spaces."""
-        if i >= n or text[i] != '"':
-            raise fail("expecting a property name in double quotes", i)
+    if not lines:
         try:
-            key, j = scanstring(text, i + 1, True)
-        except ValueError as err:
-            raise fail(str(err).split(":")[0], i) from None
-        seen = frame[2]
-        if key in seen:
-            raise TextFileError(
-                f"duplicate key {key!r} in a JSON object (first at line {line_at(seen[key])}); each key may appear "
-                "once (a second value would silently replace the first)",
-                source=source,
-                line=line_at(i),
-            )
-        seen[key] = i
-        frame[1] = key
-        j = _WS.match(text, j).end()
-        if j >= n or text[j] != ":":
-            raise fail("expecting ':' delimiter", j)
-        return _WS.match(text, j + 1).end()
+            return json.loads(text, object_pairs_hook=_unique_pairs)
+        except json.JSONDecodeError as err:
+            raise _invalid(err, source) from None
+        except (_DuplicateKey, RecursionError):
+            pass  # parsed again below, by json's Python parser: to name the duplicate's lines, or to go deeper
+    decoder = _PositionDecoder(text, source, lines)
+    try:
+        try:
+            return decoder.decode(text)
+        except RecursionError:
+            return _on_deep_stack(decoder.decode, text)
+    except json.JSONDecodeError as err:
+        raise _invalid(err, source) from None
+    except RecursionError:
+        raise TextFileError(
+            f"JSON nesting deeper than {MAX_JSON_DEPTH} levels; hiercls reads at most that", source=source
+        ) from None
 
-    n = len(text)
-    stack: list[list[Any]] = []  # [container, current key, {key: position} or None for arrays]
-    i = _WS.match(text, 0).end()
-    while True:
-        # -- one value at i: a scalar, an empty container, or the opening of a container (pushed, then loop)
-        if i >= n:
-            raise fail("expecting value", i)
-        ch = text[i]
-        if ch in "{[":
-            obj: Any = (LinedDict() if ch == "{" else LinedList()) if lines else ({} if ch == "{" else [])
-            if lines:
-                obj.line = line_at(i)
-            j = _WS.match(text, i + 1).end()
-            if j < n and text[j] == ("}" if ch == "{" else "]"):
-                value, i = obj, j + 1
-            else:
-                frame = [obj, None, {} if ch == "{" else None]
-                stack.append(frame)
-                i = key_at(j, frame) if ch == "{" else j
-                continue
-        elif ch == '"':
-            try:
-                value, i = scanstring(text, i + 1, True)
-            except ValueError as err:
-                raise fail(str(err).split(":")[0], i) from None
-        else:
-            m = _NUMBER.match(text, i)
-            if m:
-                integer, frac, exp = m.groups()
-                value = float(integer + (frac or "") + (exp or "")) if frac or exp else int(integer)
-                i = m.end()
-            else:
-                for word, const in (*_CONSTANTS.items(), ("-Infinity", float("-inf"))):
-                    if text.startswith(word, i):
-                        value, i = const, i + len(word)
-                        break
-                else:
-                    raise fail("expecting value", i)
-        # -- the value is complete: store it, and close every container that ends here
-        while True:
-            if not stack:
-                i = _WS.match(text, i).end()
-                if i != n:
-                    raise fail("extra data", i)
-                return value
-            frame = stack[-1]
-            if frame[2] is not None:
-                frame[0][frame[1]] = value
-            else:
-                frame[0].append(value)
-            i = _WS.match(text, i).end()
-            close = "}" if frame[2] is not None else "]"
-            if i < n and text[i] == ",":
-                i = _WS.match(text, i + 1).end()
-                if frame[2] is not None:
-                    i = key_at(i, frame)
-                break
-            if i < n and text[i] == close:
-                stack.pop()
-                value, i = frame[0], i + 1
-                continue
-            raise fail(f"expecting ',' or '{close}'", i)
+
+def _invalid(err: json.JSONDecodeError, source: str) -> TextFileError:
+    return TextFileError(f"invalid JSON: {err.msg} (column {err.colno})", source=source, line=err.lineno)
+
+
+def _on_deep_stack(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on a thread whose stack (address space only: pages are touched as deep as the input goes) and
+    recursion limit hold :data:`MAX_JSON_DEPTH` levels of json's recursive parser (three Python calls a level)."""
+
+    def deeper() -> Any:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + 3 * MAX_JSON_DEPTH + 100)
+        try:
+            return fn(*args)
+        finally:
+            sys.setrecursionlimit(limit)
+
+    old = threading.stack_size(256 << 20)
+    try:
+        with ThreadPoolExecutor(1) as pool:  # its one thread starts at submit, with this stack size
+            return pool.submit(deeper).result()
+    finally:
+        threading.stack_size(old)
+
+
+_TOKEN = re.compile(r'(?P<string>"(?:[^"\\]|\\.)*")(?P<colon>\s*:)?|(?P<open>[{\[])|[}\]]')
+
+
+class _PositionDecoder(json.JSONDecoder):
+    """json's own Python parser, with hooks that see where each object and array starts."""
+
+    def __init__(self, text: str, source: str, lines: bool) -> None:
+        super().__init__()
+        self.text, self.source, self.lines = text, source, lines
+        self.newlines: list[int] | None = None
+        self.parse_object = self._object
+        self.parse_array = self._array
+        self.scan_once = py_make_scanner(self)
+
+    def line_at(self, pos: int) -> int:
+        if self.newlines is None:
+            self.newlines = [m.start() for m in re.finditer("\n", self.text)]
+        return bisect.bisect_left(self.newlines, pos) + 1
+
+    def _object(self, s_and_end: tuple[str, int], strict: bool, scan_once: Any, *_hooks: Any, **_kw: Any) -> Any:
+        pairs, end = JSONObject(s_and_end, strict, scan_once, None, list, self.memo)
+        obj = LinedDict(pairs) if self.lines else dict(pairs)
+        if len(obj) != len(pairs):
+            raise self._duplicate(pairs, s_and_end[1], end)
+        if self.lines:
+            obj.line = self.line_at(s_and_end[1] - 1)
+        return obj, end
+
+    def _array(self, s_and_end: tuple[str, int], scan_once: Any, **_kw: Any) -> Any:
+        values, end = JSONArray(s_and_end, scan_once)
+        if not self.lines:
+            return values, end
+        out = LinedList(values)
+        out.line = self.line_at(s_and_end[1] - 1)
+        return out, end
+
+    def _duplicate(self, pairs: list[tuple[str, Any]], start: int, end: int) -> TextFileError:
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        # Only now are the keys' positions wanted: re-scan this object's own keys (nested objects skipped).
+        depth, where = 0, []
+        for m in _TOKEN.finditer(self.text, start, end):
+            if m["string"] is None:
+                depth += 1 if m["open"] else -1
+            elif depth == 0 and m["colon"] and json.loads(m["string"]) == key:
+                where.append(self.line_at(m.start()))
+        first, line = (where + [self.line_at(start)] * 2)[:2]
+        return TextFileError(
+            f"duplicate key {key!r} in a JSON object (first at line {first}); each key may appear once (a second "
+            "value would silently replace the first)",
+            source=self.source,
+            line=line,
+        )
 
 
 def dump_json(obj: Any, f: IO[str], *, indent: int | None = None, ensure_ascii: bool = False) -> None:

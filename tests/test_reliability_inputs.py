@@ -697,7 +697,7 @@ def test_bad_input(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 # ---------------------------------------------------------------------------------------------- faults
 def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path, monkeypatch: Any) -> None:
-    import hiercls.taxonomy.io as tio
+    import hiercls.taxonomy.io.nested as tio
 
     target = tmp_path / "tree.json"
     write_taxonomy(TREE, target, format="nested")

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hiercls._textio import TextFileError, parse_json
 from hiercls.taxonomy import (
     Taxonomy,
     TaxonomyError,
@@ -97,6 +98,39 @@ def test_json_round_trip_is_lossless(tmp_path: Path, seed: int, suffix: str) -> 
     assert back.edge_list() == tax.edge_list()  # edge order, and so parent order (to_tree("first")), kept
     assert [back.parents(i) for i in range(back.num_nodes)] == [tax.parents(i) for i in range(tax.num_nodes)]
     assert read_taxonomy(path) == tax
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON, st.sampled_from([None, 1]))
+def test_parse_json_reads_what_json_loads_reads(value: object, indent: int | None) -> None:
+    text = json.dumps(value, indent=indent)
+    assert parse_json(text) == json.loads(text)
+    assert parse_json(text, lines=True) == json.loads(text)  # the line-tagged parse gives the same values
+
+
+def test_parse_json_duplicate_keys_and_lines() -> None:
+    text = '{"a": {"a": 1},\n "b": [{"a": 2},\n  {"a": 3}]}'  # equal keys in different objects are fine
+    tagged = parse_json(text, lines=True)
+    assert tagged == json.loads(text) and tagged.line == 1 and [o.line for o in tagged["b"]] == [2, 3]
+    with pytest.raises(TextFileError, match=r"t.json:3: duplicate key 'ab' .*first at line 2"):
+        parse_json('{"x": {"a": 1},\n "ab": 2,\n "a\\u0062": 3}', "t.json")  # an escape spells the same key
+    with pytest.raises(TextFileError, match=r"t.json:2: invalid JSON: Expecting ':' delimiter \(column 7\)"):
+        parse_json('{"a":\n {"b" }', "t.json")
+    deep = '{"a": ' * 3000 + "{}" + "}" * 3000  # deeper than json's recursion allows in one thread
+    for lines in (False, True):
+        node, depth = parse_json(deep, lines=lines), 0
+        while node:
+            node, depth = node["a"], depth + 1
+        assert depth == 3000
+    with pytest.raises(TextFileError, match="nesting deeper than 10000 levels"):
+        parse_json("[" * 20_000 + "]" * 20_000)
 
 
 def test_json_layout_and_determinism(tmp_path: Path) -> None:
@@ -705,21 +739,15 @@ def test_docs_examples(k: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_package_exports() -> None:
-    import importlib
-    import importlib.util
-
     import hiercls.taxonomy as pkg
 
     for name in pkg.__all__:
         assert getattr(pkg, name) is not None, name
-    # Every public name of the WordNet / ImageNet modules is reachable from the package (imported lazily).
-    for module_name in pkg._LAZY_MODULES:
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        module = importlib.import_module(module_name)
-        assert getattr(pkg, module_name.rsplit(".", 1)[1]) is module  # the submodule is not shadowed
+    # Every public name of the submodules is reachable from the package, and no name shadows a submodule.
+    for module in (pkg.core, pkg.imagenet, pkg.io, pkg.regions, pkg.registry, pkg.wordnet):
+        assert getattr(pkg, module.__name__.rsplit(".", 1)[1]) is module
         for name in module.__all__:
-            if name not in pkg._SUBMODULES:
+            if name != "wordnet":
                 assert getattr(pkg, name) is getattr(module, name), name
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         _ = pkg.not_a_name

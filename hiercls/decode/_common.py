@@ -278,6 +278,8 @@ def prepare_torch(
     """
     import torch
 
+    from hiercls.taxonomy.ops import leaf_marginals  # torch, on the tensor's device (Taxonomy.marginals is NumPy)
+
     taxonomy = check_taxonomy(taxonomy)
     x = probs.detach()
     x = x.float() if (x.dtype == torch.float32 or not x.dtype.is_floating_point) else x.double()
@@ -301,7 +303,7 @@ def prepare_torch(
         if not nonneg:
             raise ValueError(f"{name} contains negative probabilities (min {float(low):.3g})")
     if leaf_probs:
-        x = taxonomy.marginals(x.clamp_min(0.0)).to(x.dtype)
+        x = leaf_marginals(taxonomy, x.clamp_min(0.0)).to(x.dtype)
     return x
 
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import networkx as nx
 import numpy as np
@@ -25,15 +25,7 @@ logger = logging.getLogger(__name__)
 DistanceKind = Literal[
     "shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zhao", "ic_distance", "jiang_conrath"
 ]
-DISTANCE_KINDS: tuple[str, ...] = (
-    "shortest_path",
-    "lca_height",
-    "wu_palmer",
-    "wu_palmer_root1",
-    "zhao",
-    "ic_distance",
-    "jiang_conrath",
-)
+DISTANCE_KINDS: tuple[str, ...] = get_args(DistanceKind)
 """Every ``kind`` of :meth:`Taxonomy.distance` (``jiang_conrath`` is another name for ``ic_distance``)."""
 TreeStrategy = Literal["first", "shortest", "longest"]
 
@@ -119,36 +111,7 @@ class Taxonomy:
         locs = list(locations) if locations is not None else [None] * len(edges)
         if len(locs) != len(edges):
             raise ValueError(f"locations has {len(locs)} entries but edges has {len(edges)}")
-
-        def fail(msg: str, i: int | None = None, label: str | None = None) -> TaxonomyError:
-            loc = locs[i] if i is not None else None
-            source, line = loc.rsplit(":", 1) if loc and ":" in loc else (loc, None)
-            return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
-
-        order: dict[str, int] = {}
-        if nodes is not None:
-            for n in nodes:
-                n = str(n)
-                if n in order:
-                    raise TaxonomyError(f"duplicate node {n!r}", label=n)
-                order[n] = len(order)
-        declared = nodes is not None
-        seen_edges: dict[tuple[str, str], int] = {}
-        for i, (p, c) in enumerate(edges):
-            if p == c:
-                raise fail(f"self-loop on {p!r} (a node cannot be its own parent)", i, p)
-            if (p, c) in seen_edges:
-                first = locs[seen_edges[(p, c)]]
-                raise fail(f"duplicate edge {p!r} -> {c!r}" + (f" (first at {first})" if first else ""), i, c)
-            seen_edges[(p, c)] = i
-            for n in (p, c):
-                if n not in order:
-                    if declared:
-                        raise fail(f"edge {p!r} -> {c!r} names unknown node {n!r}", i, n)
-                    order[n] = len(order)
-        if not order:
-            raise TaxonomyError("empty taxonomy: no nodes and no edges")
-
+        order, first_edge = _node_order(edges, nodes, locs)
         # Plain integer adjacency (positions in input order): networkx is only needed to explain a cycle.
         by_pos = list(order)
         kids: list[list[int]] = [[] for _ in by_pos]
@@ -157,73 +120,31 @@ class Taxonomy:
             kids[order[p]].append(order[c])
             pars[order[c]].append(order[p])
         roots = [by_pos[i] for i, ps in enumerate(pars) if not ps]
-        if len(roots) > 1:
-            if virtual_root is None:
-                shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
-                raise TaxonomyError(
-                    f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join "
-                    "them under a new root"
-                )
-            if virtual_root in order:
-                raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
-            vpos = len(by_pos)
-            by_pos.append(virtual_root)
-            kids.append([order[r] for r in roots])
-            pars.append([])
-            for r in roots:
-                pars[order[r]].append(vpos)
-        self._virtual_root = virtual_root if len(roots) > 1 else None
-
-        # Kahn's algorithm taking the most recently freed node first, siblings in input order: for a tree
-        # this is exactly the depth-first pre-order (contiguous subtrees).
-        for k in kids:
-            k.sort()
-        indeg = [len(ps) for ps in pars]
-        stack = [i for i, d in enumerate(indeg) if d == 0]
-        topo: list[int] = []
-        while stack:
-            i = stack.pop()
-            topo.append(i)
-            for c in reversed(kids[i]):
-                indeg[c] -= 1
-                if indeg[c] == 0:
-                    stack.append(c)
+        self._virtual_root = _join_roots(roots, virtual_root, by_pos, kids, pars)
+        topo = _topological_order(kids, pars)
         if not roots or len(topo) < len(by_pos):
-            graph = nx.DiGraph(edges)
-            cycle = nx.find_cycle(graph)
-            where = seen_edges.get((cycle[0][0], cycle[0][1]))
+            cycle = nx.find_cycle(nx.DiGraph(edges))
             text = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
-            raise fail(f"cycle in taxonomy: {text}", where, cycle[0][0])
+            where = first_edge.get(cycle[0])
+            raise _at(locs[where] if where is not None else None, f"cycle in taxonomy: {text}", cycle[0][0])
         new_id = np.empty(len(by_pos), dtype=np.int64)
         new_id[topo] = np.arange(len(topo))
         names = [by_pos[i] for i in topo]
         self._names = tuple(names)
-        self._index = {n: i for i, n in enumerate(names)}
-        idx = self._index
+        self._index = idx = {n: i for i, n in enumerate(names)}
         # Parents keep the order their edges were given in (WordNet: nltk's hypernym order), so that
         # to_tree("first") follows the first listed parent.
         nid = new_id.tolist()
         self._parent_lists = [[nid[p] for p in pars[i]] for i in topo]
         self._child_lists = [[nid[c] for c in kids[i]] for i in topo]
-        self._edge_order = [(idx[p], idx[c]) for p, c in edges]
-        if self._virtual_root is not None:
-            self._edge_order = [(0, idx[r]) for r in roots] + self._edge_order
+        joined = [(0, idx[r]) for r in roots] if self._virtual_root is not None else []
+        self._edge_order = joined + [(idx[p], idx[c]) for p, c in edges]
         disp = dict(display_names or {})
         unknown = [k for k in disp if k not in idx]
         if unknown:
             raise TaxonomyError(f"display_names names unknown node {unknown[0]!r}", label=unknown[0])
         self._display = tuple(disp.get(n, n) for n in names)
-        if classes is None:
-            # The root is on every label's path, so it carries no information as a class.
-            mask = np.ones(len(names), dtype=bool)
-            mask[0] = len(names) == 1
-        else:
-            mask = np.zeros(len(names), dtype=bool)
-            for c in classes:
-                if c not in idx:
-                    raise TaxonomyError(f"class {c!r} is not a node of the taxonomy", label=str(c))
-                mask[idx[c]] = True
-        self._class_mask = _readonly(mask)
+        self._class_mask = _readonly(_class_mask(idx, classes))
         self._name = name or "taxonomy"
         self._metadata: dict[str, Any] = dict(metadata or {})
         self._dropped_edges: tuple[tuple[str, str], ...] = ()
@@ -471,20 +392,18 @@ class Taxonomy:
     @cached_property
     def depth(self) -> np.ndarray:
         """Length of the shortest path from the root (root = 0)."""
-        d = np.zeros(self.num_nodes, dtype=np.int64)
-        for n in range(1, self.num_nodes):
-            d[n] = min(d[p] for p in self._parent_lists[n]) + 1
-        return _readonly(d)
+        return self._path_lengths(min)
 
     @cached_property
     def max_depth(self) -> np.ndarray:
         """Length of the longest path from the root (equals :attr:`depth` on a tree)."""
-        if self.is_tree:
-            return self.depth
-        d = np.zeros(self.num_nodes, dtype=np.int64)
-        for n in range(1, self.num_nodes):
-            d[n] = max(d[p] for p in self._parent_lists[n]) + 1
-        return _readonly(d)
+        return self.depth if self.is_tree else self._path_lengths(max)
+
+    def _path_lengths(self, pick: Any) -> np.ndarray:
+        d = [0] * self.num_nodes
+        for n in range(1, self.num_nodes):  # parents have smaller ids: final before their children
+            d[n] = pick(d[p] for p in self._parent_lists[n]) + 1
+        return _readonly(np.array(d, dtype=np.int64))
 
     @property
     def height(self) -> int:
@@ -535,11 +454,11 @@ class Taxonomy:
         return _readonly(np.asarray(self.ancestors_sparse.sum(axis=0)).ravel().astype(np.int64))
 
     def _tree_subtree_sum(self, x: np.ndarray) -> np.ndarray:
-        out = x.copy()
-        par = self.primary_parent
-        for lvl in reversed(self.levels[1:]):
-            np.add.at(out, par[lvl], out[lvl])
-        return out
+        """``x`` (node-major ``[N, ...]``, changed in place) plus, at each node of a tree, the sum over its
+        descendants."""
+        for children, starts, parents in self._bottom_up_levels:
+            x[parents] += np.add.reduceat(x[children], starts, axis=0)
+        return x
 
     @cached_property
     def num_leaves_under(self) -> np.ndarray:
@@ -771,19 +690,58 @@ class Taxonomy:
 
     # ------------------------------------------------------------------ probabilities
     def marginals(self, leaf_probs: Any) -> Any:
-        """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (numpy or torch).
+        """Node probabilities ``[..., N]`` from leaf probabilities ``[..., num_leaves]`` (``leaves`` order).
 
-        A node's probability is the sum over the leaves below it (leaves are mutually exclusive outcomes), with
-        ``P(parent) >= P(child)`` exactly; see :func:`hiercls.taxonomy.tensors.leaf_marginals`.
+        A node's probability is the sum over the leaves below it, with ``P(parent) >= P(child)`` exactly for
+        non-negative input: on a tree each parent is a float sum of its children's rounded values (rounding is
+        monotone); on a DAG, where that would count shared leaves twice, the leaf sums get a max pass up the edges.
+        NumPy in, NumPy out (``np.result_type(leaf_probs, np.float32)``); a torch tensor goes to the host and back
+        to its device, float32 (float64 stays float64), without gradient (heads use ``hiercls.taxonomy.tensors``).
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
             >>> tax.marginals(np.array([0.5, 0.2, 0.3])).round(3).tolist()
             [1.0, 0.7, 0.5, 0.2, 0.3]
         """
-        from hiercls.taxonomy.tensors import leaf_marginals  # tensors imports this module (and torch)
+        if hasattr(leaf_probs, "new_tensor"):  # a torch tensor (duck-typed: the taxonomy core never imports torch)
+            x = leaf_probs.detach()
+            x = x.double() if str(x.dtype) == "torch.float64" else x.float()
+            return x.new_tensor(self.marginals(x.cpu().numpy()))
+        arr = np.asarray(leaf_probs)
+        if arr.ndim < 1 or arr.shape[-1] != self.num_leaves:
+            raise ValueError(
+                f"leaf_probs must have shape [..., {self.num_leaves}] (one entry per leaf of taxonomy "
+                f"{self.name!r}, in taxonomy.leaves order); got {list(arr.shape)}"
+            )
+        dtype = np.result_type(arr, np.float32)
+        leaf = arr.reshape(-1, self.num_leaves).T  # node-major [L, B]: the level steps add or compare whole rows
+        if self.is_tree:
+            out = np.zeros((self.num_nodes, leaf.shape[1]), dtype=dtype)
+            out[self.leaves] = leaf
+            out = self._tree_subtree_sum(out)
+        else:
+            out = np.asarray(self._leaf_to_node @ leaf, dtype=dtype)
+            for children, starts, parents in self._bottom_up_levels:
+                out[parents] = np.maximum(out[parents], np.maximum.reduceat(out[children], starts, axis=0))
+        return out.T.reshape(*arr.shape[:-1], self.num_nodes)
 
-        return leaf_marginals(self, leaf_probs)
+    @cached_property
+    def _leaf_to_node(self) -> sp.csr_matrix:
+        return self.ancestors_sparse[self.leaves].T.astype(np.float64).tocsr()
+
+    @cached_property
+    def _bottom_up_levels(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The edges by decreasing longest-path depth of the child (a node is final before it is pushed to its
+        parents), each level as ``(children sorted by parent, start of each parent's run, the parents)``."""
+        children = np.repeat(np.arange(self.num_nodes), np.diff(self.parent_ptr))
+        parents, depth = self.parent_idx, self.max_depth[children]
+        levels = []
+        for d in range(int(depth.max(initial=0)), 0, -1):
+            sel = np.flatnonzero(depth == d)
+            sel = sel[np.argsort(parents[sel], kind="stable")]
+            starts = np.flatnonzero(np.r_[True, np.diff(parents[sel]) != 0])
+            levels.append((children[sel], starts, parents[sel][starts]))
+        return levels
 
     @property
     def derived_cache(self) -> dict[Any, Any]:
@@ -803,23 +761,6 @@ class Taxonomy:
             {'table': 1}
         """
         return self.derived_cache.setdefault(("namespace", namespace), {})
-
-    def as_tensor(self, attribute: str, device: Any = None) -> Any:
-        """A torch copy of one of the index arrays (``"depth"``, ``"leaves"``, ``"paths"``, ...) on ``device``.
-
-        The arrays themselves are read-only (the taxonomy is immutable); this gives a writable tensor without
-        torch's warning about non-writable numpy arrays.
-
-        Example:
-            >>> Taxonomy([("r", "a"), ("r", "b")]).as_tensor("leaves").tolist()
-            [1, 2]
-        """
-        import torch
-
-        value = getattr(self, attribute)
-        if not isinstance(value, np.ndarray):
-            raise ValueError(f"attribute must name an index array of Taxonomy; {attribute!r} is {type(value).__name__}")
-        return torch.tensor(np.array(value), device=device)
 
     # ------------------------------------------------------------------ derived taxonomies
     def to_tree(self, strategy: TreeStrategy = "first") -> Taxonomy:
@@ -880,29 +821,20 @@ class Taxonomy:
         return self._derive(edges, kept_names, classes=classes)
 
     def _derive(self, edges: list[tuple[str, str]], nodes: Sequence[str], **overrides: Any) -> Taxonomy:
-        vr = self._virtual_root
-        kwargs: dict[str, Any] = dict(
-            nodes=nodes,
-            display_names={n: self._display[self._index[n]] for n in nodes},
-            classes=[n for n in nodes if self._class_mask[self._index[n]]],
-            name=self.name,
-            metadata=self.metadata,
-        )
-        kwargs.update(overrides)
-        return (
-            Taxonomy(edges, **kwargs)
-            if vr is None or vr not in nodes
-            else Taxonomy(
-                [e for e in edges if e[0] != vr],
-                virtual_root=vr,
-                **{
-                    **kwargs,
-                    "nodes": [n for n in kwargs["nodes"] if n != vr],
-                    "classes": [c for c in kwargs["classes"] if c != vr],
-                    "display_names": {k: v for k, v in kwargs["display_names"].items() if k != vr},
-                },
-            )
-        )
+        kwargs: dict[str, Any] = {
+            "display_names": {n: self._display[self._index[n]] for n in nodes},
+            "classes": [n for n in nodes if self._class_mask[self._index[n]]],
+            "name": self.name,
+            "metadata": self.metadata,
+            **overrides,
+        }
+        vr = self._virtual_root if self._virtual_root in nodes else None
+        if vr is not None:  # the core adds the virtual root again, when it still joins several roots
+            edges = [e for e in edges if e[0] != vr]
+            nodes = [n for n in nodes if n != vr]
+            kwargs["classes"] = [c for c in kwargs["classes"] if c != vr]
+            kwargs["display_names"].pop(vr, None)
+        return Taxonomy(edges, nodes=nodes, virtual_root=vr, **kwargs)
 
     # ------------------------------------------------------------------ identity
     @cached_property
@@ -959,24 +891,96 @@ class Taxonomy:
         }
 
     def __getstate__(self) -> dict[str, Any]:
-        # cached_property values are rebuilt on demand; keep pickles small.
-        keep = (
-            "_names",
-            "_index",
-            "_parent_lists",
-            "_child_lists",
-            "_edge_order",
-            "_display",
-            "_class_mask",
-            "_virtual_root",
-            "_name",
-            "_metadata",
-            "_dropped_edges",
-        )
-        return {k: self.__dict__[k] for k in keep}
+        # Cached properties and the derived cache are rebuilt on demand; keep pickles small.
+        cached = {k for k, v in vars(Taxonomy).items() if isinstance(v, cached_property)} | {"_derived_cache"}
+        return {k: v for k, v in self.__dict__.items() if k not in cached}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+def _at(location: str | None, msg: str, label: str | None = None) -> TaxonomyError:
+    """A :class:`TaxonomyError` located at an edge's ``"file:line"`` (when the caller gave one)."""
+    source, line = location.rsplit(":", 1) if location and ":" in location else (location, None)
+    return TaxonomyError(msg, source=source, line=int(line) if line and line.isdigit() else None, label=label)
+
+
+def _node_order(
+    edges: Sequence[tuple[str, str]], nodes: Iterable[str] | None, locs: Sequence[str | None]
+) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """Each node's position (``nodes`` order, else first appearance in ``edges``) and each edge's index; refuses
+    duplicate nodes, self-loops, duplicate edges and edges naming undeclared nodes."""
+    order: dict[str, int] = {}
+    for n in map(str, nodes if nodes is not None else ()):
+        if n in order:
+            raise TaxonomyError(f"duplicate node {n!r}", label=n)
+        order[n] = len(order)
+    first_edge: dict[tuple[str, str], int] = {}
+    for i, (p, c) in enumerate(edges):
+        if p == c:
+            raise _at(locs[i], f"self-loop on {p!r} (a node cannot be its own parent)", p)
+        first = first_edge.setdefault((p, c), i)
+        if first != i:
+            where = f" (first at {locs[first]})" if locs[first] else ""
+            raise _at(locs[i], f"duplicate edge {p!r} -> {c!r}{where}", c)
+        for n in (p, c):
+            if n not in order and nodes is not None:
+                raise _at(locs[i], f"edge {p!r} -> {c!r} names unknown node {n!r}", n)
+            order.setdefault(n, len(order))
+    if not order:
+        raise TaxonomyError("empty taxonomy: no nodes and no edges")
+    return order, first_edge
+
+
+def _join_roots(
+    roots: list[str], virtual_root: str | None, by_pos: list[str], kids: list[list[int]], pars: list[list[int]]
+) -> str | None:
+    """With several roots, add ``virtual_root`` above them (in place) and return it; one root needs none."""
+    if len(roots) <= 1:
+        return None
+    if virtual_root is None:
+        shown = ", ".join(repr(r) for r in roots[:10]) + (" ..." if len(roots) > 10 else "")
+        raise TaxonomyError(
+            f"taxonomy has {len(roots)} roots ({shown}); pass virtual_root='<name>' to join them under a new root"
+        )
+    if virtual_root in by_pos:
+        raise TaxonomyError(f"virtual_root {virtual_root!r} is already a node name", label=virtual_root)
+    position = {n: i for i, n in enumerate(by_pos)}
+    by_pos.append(virtual_root)
+    kids.append([position[r] for r in roots])
+    pars.append([])
+    for r in roots:
+        pars[position[r]].append(len(by_pos) - 1)
+    return virtual_root
+
+
+def _topological_order(kids: list[list[int]], pars: list[list[int]]) -> list[int]:
+    """Kahn's algorithm taking the most recently freed node first, siblings in input order: for a tree this is
+    exactly the depth-first pre-order (contiguous subtrees). Shorter than the node count when there is a cycle."""
+    for k in kids:
+        k.sort()
+    indeg = [len(ps) for ps in pars]
+    stack = [i for i, d in enumerate(indeg) if d == 0]
+    topo: list[int] = []
+    while stack:
+        i = stack.pop()
+        topo.append(i)
+        for c in reversed(kids[i]):
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                stack.append(c)
+    return topo
+
+
+def _class_mask(index: Mapping[str, int], classes: Iterable[str] | None) -> np.ndarray:
+    if classes is None:  # the root is on every label's path, so it carries no information as a class
+        return (np.arange(len(index)) > 0) | (len(index) == 1)
+    mask = np.zeros(len(index), dtype=bool)
+    for c in classes:
+        if c not in index:
+            raise TaxonomyError(f"class {c!r} is not a node of the taxonomy", label=str(c))
+        mask[index[c]] = True
+    return mask
 
 
 def check_taxonomy(taxonomy: Any, name: str = "taxonomy") -> Taxonomy:

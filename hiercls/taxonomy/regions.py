@@ -31,13 +31,26 @@ import numpy as np
 
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
-__all__ = ["NestedRegions", "brats_regions"]
+__all__ = ["NestedRegions", "brats_regions", "nested_regions"]
 
 _BRATS_LONG_NAMES = {"WT": "whole tumour", "TC": "tumour core", "ET": "enhancing tumour"}
 
 
 def _is_torch(x: Any) -> bool:
+    # Tensors are handled through their own methods: the taxonomy package does not import torch.
     return type(x).__module__.startswith("torch")
+
+
+def _is_bool(x: Any) -> bool:
+    return str(x.dtype) in ("torch.bool", "bool")
+
+
+def _take(table: np.ndarray, index: Any) -> Any:
+    """``table[index]`` for an integer array or tensor (a tensor's result on its device)."""
+    if not _is_torch(index):
+        return table[index]
+    values = index.new_tensor(table)
+    return (values.bool() if table.dtype == bool else values.long())[index.long()]
 
 
 @dataclass(frozen=True)
@@ -143,9 +156,7 @@ class NestedRegions:
     def _check_labels(self, label_map: Any) -> int:
         """Max label of ``label_map``; raises listing the labels that are neither background nor in a region."""
         if _is_torch(label_map):
-            import torch
-
-            if label_map.dtype.is_floating_point or label_map.dtype == torch.bool or label_map.is_complex():
+            if label_map.dtype.is_floating_point or _is_bool(label_map) or label_map.is_complex():
                 raise TypeError(f"label_map must be an integer tensor, got {label_map.dtype}")
             if label_map.numel() == 0:
                 return 0
@@ -164,9 +175,7 @@ class NestedRegions:
         else:
             table = self._member_table(hi)
             if _is_torch(label_map):
-                import torch
-
-                present = torch.bincount(label_map.reshape(-1).long(), minlength=hi + 1).cpu().numpy() > 0
+                present = label_map.reshape(-1).long().bincount(minlength=hi + 1).cpu().numpy() > 0
             else:
                 present = np.bincount(label_map.reshape(-1).astype(np.int64, copy=False), minlength=hi + 1) > 0
             bad = [int(v) for v in np.flatnonzero(present & ~table[: hi + 1, -1])]
@@ -203,15 +212,11 @@ class NestedRegions:
             raise ValueError(f"label_map has {label_map.ndim} axes, fewer than spatial_dims={spatial_dims}")
         hi = self._check_labels(label_map)
         table = self._member_table(hi)[:, :-1]
+        out = _take(table, label_map)  # [..., *spatial, R]
         if _is_torch(label_map):
-            import torch
-
-            t = torch.from_numpy(table).to(label_map.device)
-            out = t[label_map.long()]  # [..., *spatial, R]
             if not channel_last:
                 out = out.movedim(-1, self._region_axis(out.ndim, spatial_dims, False))
             return out if dtype is None else out.to(dtype)
-        out = table[label_map]
         if not channel_last:
             out = np.moveaxis(out, -1, self._region_axis(out.ndim, spatial_dims, False))
         return out if dtype is None else out.astype(dtype)
@@ -230,11 +235,9 @@ class NestedRegions:
                 f"{self.names} (check spatial_dims / channel_last)"
             )
         if torch_in:
-            import torch
-
             m = masks_or_probs.movedim(axis, -1)
-            m = m if m.dtype == torch.bool else m > threshold
-            return torch.cummin(m.to(torch.uint8), dim=-1).values.bool()
+            m = m if _is_bool(m) else m > threshold
+            return m.byte().cummin(dim=-1).values.bool()
         m = np.moveaxis(np.asarray(masks_or_probs), axis, -1)
         m = m if m.dtype == bool else m > threshold
         return np.logical_and.accumulate(m, axis=-1)
@@ -262,21 +265,13 @@ class NestedRegions:
             masks_or_probs, threshold=threshold, spatial_dims=spatial_dims, channel_last=channel_last
         )
         lut = np.array([self.background, *self.output_labels], dtype=np.int64)
-        if _is_torch(nodes):
-            import torch
-
-            return torch.from_numpy(lut).to(nodes.device)[nodes.long()]
-        return lut[nodes]
+        return _take(lut, nodes)
 
     def labels_to_nodes(self, label_map: Any) -> Any:
         """Node ids of :attr:`taxonomy` for a raw label volume (number of regions containing each voxel)."""
         hi = self._check_labels(label_map)
         depth = self._member_table(hi)[:, :-1].sum(1).astype(np.int64)
-        if _is_torch(label_map):
-            import torch
-
-            return torch.from_numpy(depth).to(label_map.device)[label_map.long()]
-        return depth[label_map]
+        return _take(depth, label_map)
 
 
 def brats_regions(version: str | int = "2021", *, label_mapping: Mapping[int, int] | None = None) -> NestedRegions:

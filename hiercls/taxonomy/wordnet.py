@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,52 +62,16 @@ WORDNET_ROOT_WNID = "n00001740"
 
 #: The 45 lexicographer files of WordNet 3.0 as ``(name, syntactic category)``, numbered 00..44 in this order
 #: (lexnames(5WN); category 1 noun, 2 verb, 3 adjective, 4 adverb).
-LEXNAMES: tuple[tuple[str, int], ...] = (
-    ("adj.all", 3),
-    ("adj.pert", 3),
-    ("adv.all", 4),
-    ("noun.Tops", 1),
-    ("noun.act", 1),
-    ("noun.animal", 1),
-    ("noun.artifact", 1),
-    ("noun.attribute", 1),
-    ("noun.body", 1),
-    ("noun.cognition", 1),
-    ("noun.communication", 1),
-    ("noun.event", 1),
-    ("noun.feeling", 1),
-    ("noun.food", 1),
-    ("noun.group", 1),
-    ("noun.location", 1),
-    ("noun.motive", 1),
-    ("noun.object", 1),
-    ("noun.person", 1),
-    ("noun.phenomenon", 1),
-    ("noun.plant", 1),
-    ("noun.possession", 1),
-    ("noun.process", 1),
-    ("noun.quantity", 1),
-    ("noun.relation", 1),
-    ("noun.shape", 1),
-    ("noun.state", 1),
-    ("noun.substance", 1),
-    ("noun.time", 1),
-    ("verb.body", 2),
-    ("verb.change", 2),
-    ("verb.cognition", 2),
-    ("verb.communication", 2),
-    ("verb.competition", 2),
-    ("verb.consumption", 2),
-    ("verb.contact", 2),
-    ("verb.creation", 2),
-    ("verb.emotion", 2),
-    ("verb.motion", 2),
-    ("verb.perception", 2),
-    ("verb.possession", 2),
-    ("verb.social", 2),
-    ("verb.stative", 2),
-    ("verb.weather", 2),
-    ("adj.ppl", 3),
+_LEXNAME_ORDER = (
+    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body "
+    "noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive "
+    "noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation "
+    "noun.shape noun.state noun.substance noun.time verb.body verb.change verb.cognition verb.communication "
+    "verb.competition verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception "
+    "verb.possession verb.social verb.stative verb.weather adj.ppl "
+)
+LEXNAMES: tuple[tuple[str, int], ...] = tuple(
+    (name, {"noun": 1, "verb": 2, "adj": 3, "adv": 4}[name.partition(".")[0]]) for name in _LEXNAME_ORDER.split()
 )
 
 # The files nltk's WordNetCorpusReader opens, with the Debian package that ships each one.
@@ -353,6 +317,12 @@ def synset_to_wnid(synset: Synset | str, wn: WordNetCorpusReader | None = None) 
     return f"n{synset.offset():08d}"
 
 
+def _data_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of the synset lines of a WordNet data file (the license header skipped)."""
+    with open(path, encoding="utf-8") as f:
+        yield from ((n, line) for n, line in enumerate(f, 1) if not line.startswith("  "))
+
+
 @lru_cache(maxsize=2)
 def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], str]]:
     """``wnid -> (hypernyms, instance hypernyms, first lemma)`` read straight from ``data.noun``.
@@ -363,27 +333,24 @@ def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]
     """
     table: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {}
     path = Path(source) / "data.noun"
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.startswith("  "):  # the license header
-                continue
-            try:
-                fields = line.split(" | ", 1)[0].split()
-                n_words = int(fields[3], 16)
-                lemma = fields[4]
-                k = 4 + 2 * n_words
-                n_ptr = int(fields[k])
-                hyper: list[str] = []
-                inst: list[str] = []
-                for j in range(k + 1, k + 1 + 4 * n_ptr, 4):
-                    symbol, offset, pos = fields[j], fields[j + 1], fields[j + 2]
-                    if pos == "n" and symbol == "@":
-                        hyper.append("n" + offset)
-                    elif pos == "n" and symbol == "@i":
-                        inst.append("n" + offset)
-            except (IndexError, ValueError):
-                raise TaxonomyError("malformed WordNet data line", source=str(path), line=lineno) from None
-            table["n" + fields[0]] = (tuple(hyper), tuple(inst), lemma.replace("_", " "))
+    for lineno, line in _data_lines(path):
+        try:
+            fields = line.split(" | ", 1)[0].split()
+            n_words = int(fields[3], 16)
+            lemma = fields[4]
+            k = 4 + 2 * n_words
+            n_ptr = int(fields[k])
+            hyper: list[str] = []
+            inst: list[str] = []
+            for j in range(k + 1, k + 1 + 4 * n_ptr, 4):
+                symbol, offset, pos = fields[j], fields[j + 1], fields[j + 2]
+                if pos == "n" and symbol == "@":
+                    hyper.append("n" + offset)
+                elif pos == "n" and symbol == "@i":
+                    inst.append("n" + offset)
+        except (IndexError, ValueError):
+            raise TaxonomyError("malformed WordNet data line", source=str(path), line=lineno) from None
+        table["n" + fields[0]] = (tuple(hyper), tuple(inst), lemma.replace("_", " "))
     return table
 
 
@@ -391,15 +358,12 @@ def _noun_table(source: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]
 def _gloss_table(source: str) -> dict[str, str]:
     table: dict[str, str] = {}
     path = Path(source) / "data.noun"
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.startswith("  "):  # the license header
-                continue
-            head, sep, gloss = line.partition(" | ")
-            if not sep or not head[:8].isdigit():
-                raise TaxonomyError("malformed WordNet data line (no ' | ' gloss)", source=str(path), line=lineno)
-            # The gloss is the definition, then quoted examples after '; "': keep the definition.
-            table["n" + head[:8]] = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
+    for lineno, line in _data_lines(path):
+        head, sep, gloss = line.partition(" | ")
+        if not sep or not head[:8].isdigit():
+            raise TaxonomyError("malformed WordNet data line (no ' | ' gloss)", source=str(path), line=lineno)
+        # The gloss is the definition, then quoted examples after '; "': keep the definition.
+        table["n" + head[:8]] = gloss.split('; "', 1)[0].strip().rstrip(";").strip()
     return table
 
 
@@ -492,25 +456,10 @@ def wordnet_taxonomy(
     if missing:
         wordnet_data_dir(src)  # raises WordNetUnavailableError naming the packages
     table = _noun_table(str(src.resolve()))
-    parents: dict[str, list[str]] = {}
-    if wnids is None:
-        stack = list(table)
-        classes: list[str] | None = None
-    else:
-        classes = list(wnids)
-        seen: set[str] = set()
-        for w in classes:
-            if not isinstance(w, str) or not is_wnid(w):
-                raise TaxonomyError(
-                    f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. 'n01440764'", label=str(w)
-                )
-            if w not in table:
-                raise TaxonomyError(f"{w!r} is not a WordNet 3.0 noun synset", label=w)
-            if w in seen:
-                raise TaxonomyError(f"wnid {w!r} is listed twice", label=w)
-            seen.add(w)
-        stack = classes[::-1]
+    classes = None if wnids is None else _checked_wnids(wnids, table)
     # Walk up from every seed; parents[w] lists w's hypernyms in WordNet's order.
+    parents: dict[str, list[str]] = {}
+    stack = list(table) if classes is None else classes[::-1]
     while stack:
         w = stack.pop()
         if w in parents:
@@ -518,33 +467,7 @@ def wordnet_taxonomy(
         parents[w] = _parent_list(table[w], include_instances)
         stack.extend(p for p in parents[w] if p not in parents)
     lemma = {w: table[w][2] for w in parents}
-    # Keep what hangs from entity.n.01 through the edges followed. Without instance edges, instance-only
-    # synsets have no hypernym, and a few (16) regular synsets name one as hypernym (blighty.n.01 ->
-    # united_kingdom.n.01): those edges, and synsets left with no path to the root, go.
-    kids: dict[str, list[str]] = {w: [] for w in parents}
-    for w, ps in parents.items():
-        for p in ps:
-            kids[p].append(w)
-    reached = {WORDNET_ROOT_WNID} if WORDNET_ROOT_WNID in parents else set()
-    stack = list(reached)
-    while stack:
-        for k in kids[stack.pop()]:
-            if k not in reached:
-                reached.add(k)
-                stack.append(k)
-    unreached = sorted(set(parents) - reached)
-    if unreached:
-        bad = [w for w in classes or () if w not in reached]
-        if bad:
-            shown = ", ".join(f"{w} ({lemma[w]})" for w in bad[:5])
-            raise TaxonomyError(
-                f"{len(bad)} wnid(s) reach entity.n.01 only through instance hypernyms, e.g. "
-                f"{shown}; pass include_instances=True to place them under their instance "
-                "hypernyms",
-                label=bad[0],
-            )
-        logger.info("wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms", len(unreached))
-        parents = {w: [p for p in ps if p in reached] for w, ps in parents.items() if w in reached}
+    parents = _rooted(parents, classes, lemma)
     order = _preorder(parents, WORDNET_ROOT_WNID)
     edges = [(p, c) for c in order for p in parents[c]]
     disp = {w: lemma[w] for w in order}
@@ -558,3 +481,51 @@ def wordnet_taxonomy(
     }
     meta.update(metadata or {})
     return Taxonomy(edges, nodes=order, display_names=disp, classes=classes, name=name, metadata=meta)
+
+
+def _checked_wnids(wnids: Iterable[str], table: Mapping[str, Any]) -> list[str]:
+    """``wnids`` as a list, each a well-formed, known WordNet 3.0 noun id, listed once."""
+    classes = list(wnids)
+    seen: set[str] = set()
+    for w in classes:
+        if not isinstance(w, str) or not is_wnid(w):
+            raise TaxonomyError(
+                f"{w!r} is not a WordNet noun id: expected 'n' followed by 8 digits, e.g. 'n01440764'", label=str(w)
+            )
+        if w not in table:
+            raise TaxonomyError(f"{w!r} is not a WordNet 3.0 noun synset", label=w)
+        if w in seen:
+            raise TaxonomyError(f"wnid {w!r} is listed twice", label=w)
+        seen.add(w)
+    return classes
+
+
+def _rooted(parents: dict[str, list[str]], classes: list[str] | None, lemma: Mapping[str, str]) -> dict[str, list[str]]:
+    """What hangs from entity.n.01 through the edges followed. Without instance edges, instance-only synsets
+    have no hypernym, and a few (16) regular synsets name one as hypernym (blighty.n.01 -> united_kingdom.n.01):
+    those edges, and synsets left with no path to the root, go (a class among them is an error)."""
+    kids: dict[str, list[str]] = {w: [] for w in parents}
+    for w, ps in parents.items():
+        for p in ps:
+            kids[p].append(w)
+    reached = {WORDNET_ROOT_WNID} if WORDNET_ROOT_WNID in parents else set()
+    stack = list(reached)
+    while stack:
+        for k in kids[stack.pop()]:
+            if k not in reached:
+                reached.add(k)
+                stack.append(k)
+    if len(reached) == len(parents):
+        return parents
+    bad = [w for w in classes or () if w not in reached]
+    if bad:
+        shown = ", ".join(f"{w} ({lemma[w]})" for w in bad[:5])
+        raise TaxonomyError(
+            f"{len(bad)} wnid(s) reach entity.n.01 only through instance hypernyms, e.g. {shown}; pass "
+            "include_instances=True to place them under their instance hypernyms",
+            label=bad[0],
+        )
+    logger.info(
+        "wordnet_taxonomy: left out %d synsets reachable only through instance hypernyms", len(parents) - len(reached)
+    )
+    return {w: [p for p in ps if p in reached] for w, ps in parents.items() if w in reached}
