@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from hiercls._textio import umask
+from hiercls._textio import atomic_dir
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import common
 from hiercls.taxonomy.io.common import PathLike
@@ -134,26 +132,22 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
         raise FileExistsError(f"{base}: already exists; remove it or write elsewhere")
     if base.exists() and not base.is_dir():
         raise FileExistsError(f"{base}: is a file, not a folder to write the tree into")
-    base.parent.mkdir(parents=True, exist_ok=True)
-    # Build the tree in a temporary sibling and rename it into place: a failure leaves no half tree. Into an
-    # existing folder (exist_ok=True) the rename cannot replace it, so the folders are added where they are.
-    target = base if base.exists() else Path(tempfile.mkdtemp(dir=base.parent, prefix=f".{base.name}.", suffix=".tmp"))
-    try:
-        for n in range(1, tax.num_nodes):
-            # two siblings with one display name must fail here, not merge into one folder
-            folder = target.joinpath(*[tax.display_names[i] for i in tax.path(n)[1:]])
-            try:
-                folder.mkdir(exist_ok=exist_ok and target == base)
-            except OSError as err:
-                raise type(err)(
-                    err.errno,
-                    f"cannot write {base}: the folder of node {tax.names[n]!r} (depth {tax.depth[n]}, "
-                    f"{len(str(folder))} characters of path): {err.strerror}",
-                ) from None
-        if target != base:
-            os.chmod(target, 0o777 & ~umask())
-            os.replace(target, base)
-    except BaseException:
-        if target != base:
-            shutil.rmtree(target, ignore_errors=True)
-        raise
+    if base.exists():  # exist_ok: a folder cannot be replaced in one rename, so the folders are added in place
+        _make_folders(tax, base, base, exist_ok=True)
+    else:  # built in a temporary sibling and renamed into place: a failure leaves no half tree
+        with atomic_dir(base) as tmp:
+            _make_folders(tax, tmp, base, exist_ok=False)
+
+
+def _make_folders(tax: Taxonomy, target: Path, base: Path, *, exist_ok: bool) -> None:
+    for n in range(1, tax.num_nodes):
+        # two siblings with one display name must fail here, not merge into one folder
+        folder = target.joinpath(*[tax.display_names[i] for i in tax.path(n)[1:]])
+        try:
+            folder.mkdir(exist_ok=exist_ok)
+        except OSError as err:
+            raise type(err)(
+                err.errno,
+                f"cannot write {base}: the folder of node {tax.names[n]!r} (depth {tax.depth[n]}, "
+                f"{len(str(folder))} characters of path): {err.strerror}",
+            ) from None
