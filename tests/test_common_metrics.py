@@ -340,6 +340,7 @@ FUNCTIONS: dict[str, tuple[str, Callable[..., Any], bool]] = {
     "realized_cost": ("ids", lambda a, b, **k: M.realized_cost(a, b, cost="ic_distance", **k), False),
     "per_level": ("ids", lambda a, b, **k: M.per_level_accuracy_score(a, b, **k), False),
     "per_semantic_level": ("ids", lambda a, b, **k: M.per_level_accuracy_score(a, b, levels="semantic", **k), True),
+    "level_counts": ("ids", lambda a, b, **k: M.level_counts(a, b, **k), False),
     "semantic_accuracy": ("ids", lambda a, b, **k: M.semantic_accuracy_score(a, b, **k), True),
     "top_k": ("scores", lambda a, b, **k: M.top_k_accuracy_score(a, b, k=3, **k), False),
     "hdist_at_k": ("scores", lambda a, b, **k: M.average_hierarchical_distance_at_k(a, b, k=2, **k), False),

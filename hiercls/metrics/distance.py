@@ -46,6 +46,7 @@ __all__ = [
     "average_hierarchical_distance_at_k",
     "hierarchical_distance_loss",
     "level_argmax_accuracy_score",
+    "level_counts",
     "mistake_severity",
     "node_heights",
     "pairwise_distance",
@@ -496,6 +497,28 @@ def per_level_accuracy_score(
     with np.errstate(invalid="ignore", divide="ignore"):
         acc = np.where(both > 0, correct / np.where(both > 0, both, 1.0), np.nan)
     return to_device(acc, tensor_device(y_true, y_pred))  # tensors in: a float64 tensor on their device
+
+
+def level_counts(
+    y_true: Any, y_pred: Any, *, taxonomy: Taxonomy, levels: LevelKind = "depth", sample_weight: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-level ``(correct, valid)`` weighted counts ``[num_levels]``: the sums behind the per-level accuracies.
+
+    ``valid[l]`` counts the samples whose truth has a node at level ``l``; ``correct[l]`` those among them whose
+    prediction has the same nodes there. Sums of these over runs or seeds give pooled per-level accuracies.
+    float64 arrays; float64 tensors on the labels' device when they are tensors.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> correct, valid = level_counts(["x", "x"], ["y", "b"], taxonomy=tax)
+        >>> correct.tolist(), valid.tolist()
+        ([1.0, 0.0], [2.0, 2.0])
+    """
+    t, p, w = prepare_pair(y_true, y_pred, taxonomy, sample_weight)
+    correct, _, valid = per_level_counts(t, p, taxonomy, w, levels)
+    device = tensor_device(y_true, y_pred)
+    return to_device(correct, device), to_device(valid, device)
 
 
 def semantic_accuracy_score(

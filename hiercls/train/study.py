@@ -33,9 +33,7 @@ from hiercls.data import build_dataset, subsample
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.evaluation import Evaluator, format_table
 from hiercls.evaluation.model import evaluate_model, split_loader
-from hiercls.metrics import hierarchical_counts
-from hiercls.metrics._validation import prepare_pair
-from hiercls.metrics.distance import per_level_counts
+from hiercls.metrics import hierarchical_counts, level_counts
 from hiercls.taxonomy import Taxonomy
 from hiercls.train.config import StudyConfig, TrainConfig, apply_overrides
 from hiercls.train.distributed import cleanup_distributed, init_distributed
@@ -124,8 +122,7 @@ def score_predictions(pred: Any, labels: np.ndarray, taxonomy: Taxonomy) -> dict
     per-sample counts, per-depth counts, prediction shape."""
     pred = np.asarray(pred)
     inter, npred, ntrue = hierarchical_counts(labels, pred, taxonomy=taxonomy)
-    t, p, _ = prepare_pair(labels, pred, taxonomy)
-    correct, _, valid = per_level_counts(t, p, taxonomy, None, "depth")
+    correct, valid = level_counts(labels, pred, taxonomy=taxonomy)
     depth = taxonomy.depth
     if pred.ndim == 2:
         sets = pred.astype(bool).copy()
