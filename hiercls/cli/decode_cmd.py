@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from hiercls._checks import probabilities_named
+from hiercls.decode import probabilities_named
 from hiercls._textio import atomic_write, check_writable
 from hiercls.decode import COST_KINDS, RULES, DecoderSpec, check_probabilities, parse_decoder, rule_options
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities

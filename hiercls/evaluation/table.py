@@ -55,7 +55,7 @@ import scipy.sparse as sp
 
 from hiercls._checks import check_beta, did_you_mean, to_numpy
 from hiercls.decode import COST_KINDS, DecoderSpec, expected_cost, expected_hfbeta, parse_decoder
-from hiercls.decode._common import CHUNK_ELEMENTS, prepare
+from hiercls.decode.inputs import CHUNK_ELEMENTS, prepare
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.evaluation.report import format_table
