@@ -5,6 +5,8 @@ Every test module takes its trees and probabilities from here; no test module im
 
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import numpy as np
 
@@ -114,3 +116,36 @@ def sample_case(rng: np.random.Generator, *, dag: bool = False, batch: int = 3):
     p[zero, 0] = 1.0
     p = p / p.sum(1, keepdims=True)
     return tax, a, p, p @ a
+
+
+def nx_tree_distance(tax: Taxonomy, kind: str) -> np.ndarray:
+    """Independent pairwise distances on a tree from networkx (LCA via ancestor sets)."""
+    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
+    g.add_nodes_from(range(tax.num_nodes))
+    depth = nx.shortest_path_length(g, 0)
+    anc = {n: nx.ancestors(g, n) | {n} for n in g}
+    leaves_under = {n: sum(1 for d in nx.descendants(g, n) | {n} if g.out_degree(d) == 0) for n in g}
+    nl = sum(1 for n in g if g.out_degree(n) == 0)
+    ic = {n: -math.log(leaves_under[n] / nl) for n in g}
+    h = max(depth.values())
+    n = tax.num_nodes
+    out = np.zeros((n, n))
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            lca = max(anc[a] & anc[b], key=lambda x: depth[x])
+            if kind == "shortest_path":
+                out[a, b] = depth[a] + depth[b] - 2 * depth[lca]
+            elif kind == "lca_height":
+                out[a, b] = h - depth[lca]
+            elif kind == "wu_palmer":  # Plaud et al.: root at depth 0
+                out[a, b] = 1 - 2 * depth[lca] / (depth[a] + depth[b])
+            elif kind == "wu_palmer_root1":
+                out[a, b] = 1 - 2 * (depth[lca] + 1) / (depth[a] + depth[b] + 2)
+            elif kind == "zhao":  # Plaud et al.: 1 - 2 IC(lca) / (IC(a) + IC(b)); 0 between IC-0 nodes
+                den = ic[a] + ic[b]
+                out[a, b] = 1 - 2 * ic[lca] / den if den > 1e-12 else 0.0
+            else:
+                out[a, b] = ic[a] + ic[b] - 2 * ic[lca]
+    return out

@@ -1,6 +1,7 @@
 """Shared fixtures: the saved tiny BERT and the small taxonomy of the docstring examples.
 
-In-memory tiny BERTs come from ``tests/_tiny.py``, random trees and posteriors from ``tests/_generators.py`` (plain functions).
+In-memory tiny BERTs come from ``tests/_tiny.py``, random trees and posteriors from ``tests/_generators.py``
+(plain functions).
 """
 
 from __future__ import annotations

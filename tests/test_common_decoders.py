@@ -189,7 +189,7 @@ DAG_RULES = {"argmax_leaf", "top_down", "plurality", "threshold", "majority", "m
 
 def test_every_decoder_has_a_reference() -> None:
     assert set(REFERENCES) == set(RULES)
-    assert set(OPTIONS) <= set(RULES) and SET_RULES <= set(RULES)
+    assert set(OPTIONS) <= set(RULES) and set(RULES) >= SET_RULES
 
 
 @pytest.mark.parametrize("rule", NAMES)
@@ -289,7 +289,8 @@ def test_layouts_integers_and_empty_batches(rule: str) -> None:
     probs = node_probs(tree, np.random.default_rng(3), 33)
     want = run(rule, probs, tree)
     assert np.array_equal(run(rule, np.asfortranarray(probs), tree), want)
-    assert np.array_equal(run(rule, probs.astype(np.float32)[::-1][::-1], tree), run(rule, probs.astype(np.float32), tree))
+    strided = probs.astype(np.float32)[::2]  # every other row: a view with gaps
+    assert np.array_equal(run(rule, strided, tree), run(rule, np.ascontiguousarray(strided), tree))
     one_hot = tree.ancestors_sparse.toarray()[tree.leaves[:5]]
     for arr in (one_hot.astype(np.int64), one_hot.astype(bool), torch.as_tensor(one_hot, dtype=torch.int32)):
         out = run(rule, arr, tree)
