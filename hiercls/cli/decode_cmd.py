@@ -24,9 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode import probabilities_named
 from hiercls._textio import atomic_write, check_writable
-from hiercls.decode import COST_KINDS, RULES, DecoderSpec, check_probabilities, parse_decoder, rule_options
+from hiercls.decode import (
+    COST_KINDS,
+    RULES,
+    DecoderSpec,
+    check_probabilities,
+    parse_decoder,
+    probabilities_named,
+    rule_options,
+)
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
 from hiercls.taxonomy.registry import load_taxonomy
 

@@ -2,10 +2,11 @@
 
 The registry :data:`RULES` holds every rule (each registers itself with
 :func:`~hiercls.decode.registry.register_decoder`); a spec names one of them and its options, e.g.
-``optimal_hfbeta:beta=2`` or ``threshold:threshold=0.6``. Option names are checked against the rule function's signature, values are typed
-(numbers, booleans, names) and β goes through the one β check (:func:`hiercls._checks.check_beta`). Aliases
-stand for a rule with options (``optimal_hf1`` is ``optimal_hfbeta:beta=1``). Every spelling of the same
-decoder gets the same :attr:`DecoderSpec.label`, the name its results are reported under.
+``optimal_hfbeta:beta=2`` or ``threshold:threshold=0.6``. Option names are checked against the rule function's
+signature (each at most once), values are typed (numbers, booleans, names) and β goes through the one β check
+(:func:`hiercls._checks.check_beta`). Aliases stand for a rule with options (``optimal_hf1`` is
+``optimal_hfbeta:beta=1``). Every spelling of the same decoder gets the same :attr:`DecoderSpec.label`, the name
+its results are reported under.
 
 Example:
     >>> parse_decoder("optimal_hfbeta:beta=2")
