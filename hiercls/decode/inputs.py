@@ -132,11 +132,11 @@ class Batch:
     @property
     def label(self) -> np.ndarray:
         """The probability that the label is exactly each node, ``[B, N]`` float64 (:func:`label_distribution`)."""
-        if self._label is None:
+        if self._label is None and self.leaf is not None:  # the leaf probabilities are the distribution
+            self._label = np.zeros(self.x.shape)
+            self._label[:, self.taxonomy.leaves] = self.leaf
+        elif self._label is None:
             self._label = label_distribution(self.node, self.taxonomy, eps=self.eps, row_offset=self.row_offset)
-            if self.leaf is not None:  # exact zeros off the leaves: the leaf probabilities are the distribution
-                self._label[:] = 0.0
-                self._label[:, self.taxonomy.leaves] = self.leaf
         return self._label
 
     def check_args(self, *, scores: bool = False) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:

@@ -123,6 +123,10 @@ def register_decoder(
     alias_map = {a: dict(opts) for a, opts in (aliases or {}).items()}
 
     def add(fn: F) -> F:
+        old = DECODERS.get(name)
+        again = old is not None and (old.fn.__module__, old.fn.__qualname__) == (fn.__module__, fn.__qualname__)
+        if again:  # the defining module imported again (a reload): the new function replaces the old one
+            unregister_decoder(name)
         taken = [a for a in alias_map if a in DECODER_ALIASES or a in DECODERS]
         if taken:
             raise ValueError(f"decoder alias {taken[0]!r} is already registered")

@@ -19,7 +19,7 @@ import numpy as np
 from hiercls.decode.checks import check_row, jit
 from hiercls.decode.inputs import TIE_RTOL, Batch, prepare, restore_ids
 from hiercls.decode.registry import register_decoder
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy
 
 __all__ = [
     "argmax_leaf",
@@ -398,6 +398,7 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
         >>> argmax_leaf(p, tax).tolist(), hie(p, tax).tolist()  # 0.35*0.4 < 0.3*0.6
         ([5], [2])
     """
+    taxonomy = check_taxonomy(taxonomy)
     if not taxonomy.is_tree:
         raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
     leaves = _leaves(taxonomy)

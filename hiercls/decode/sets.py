@@ -24,13 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from hiercls.decode.checks import check_row, edges, jit
 from hiercls.decode.inputs import prepare, restore_sets
 from hiercls.decode.registry import register_decoder
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["chmcnn", "threshold_set"]
+__all__ = ["ancestor_closure", "chmcnn", "threshold_set"]
 
 
 def _unit(value: float, name: str) -> float:
@@ -55,9 +56,40 @@ def above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: float, u
         for j in range(row.shape[0]):
             keep[j] = np.float64(row[j]) > t
         keep[0] = True
-        for e in range(up_child.shape[0]):
-            if keep[up_child[e]]:
-                keep[up_parent[e]] = True
+        close_row(keep, up_child, up_parent)
+
+
+@jit
+def close_row(keep: Any, up_child: Any, up_parent: Any) -> None:
+    """Add to the boolean node set ``keep`` every ancestor of its nodes, in place: every edge once, children in
+    decreasing id order (``up_child``, ``up_parent``), so each node is final before its parents read it."""
+    for e in range(up_child.shape[0]):
+        if keep[up_child[e]]:
+            keep[up_parent[e]] = True
+
+
+@jit
+def close_rows(sets: Any, up_child: Any, up_parent: Any) -> None:
+    """:func:`close_row` on every row of ``sets [B, N]``."""
+    for b in range(sets.shape[0]):
+        close_row(sets[b], up_child, up_parent)
+
+
+def ancestor_closure(sets: Any, taxonomy: Taxonomy) -> Any:
+    """Boolean node sets ``[B, N]`` (NumPy or torch) with every ancestor of their nodes added (every parent on a
+    DAG), in the input's framework and device; computed on the host by the kernel of :func:`chmcnn`.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> ancestor_closure(np.array([[False, False, False, True, False], [False] * 5]), tax).astype(int).tolist()
+        [[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]]
+    """
+    device = sets.device if isinstance(sets, torch.Tensor) else None
+    host = sets.detach().cpu().numpy() if device is not None else np.asarray(sets)
+    out = np.array(host, dtype=bool, order="C", ndmin=2)
+    close_rows(out, *_closure_edges(taxonomy))
+    return torch.from_numpy(out).to(device) if device is not None else out
 
 
 def _closure_edges(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:

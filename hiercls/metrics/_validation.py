@@ -478,9 +478,9 @@ def _torch_sets(y: Any, taxonomy: Taxonomy, name: str, close: bool) -> Any:
         s = s != 0
     if not close:
         return s
-    from hiercls.decode.sets import ancestor_closure_torch
+    from hiercls.decode.sets import ancestor_closure
 
-    return ancestor_closure_torch(s, taxonomy)
+    return ancestor_closure(s, taxonomy)
 
 
 def to_labels(
