@@ -85,49 +85,57 @@ def tree_cost_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, par: An
     """Per row of a tree's node probabilities: ``E(n) = a(n) mass + c_const sum_y p(y) f(y) - s2 S(n) - g(n) p(n)``
     with ``S(n)`` the sum of ``delta(u) P~(u)`` over the ancestors-or-self ``u`` of ``n``; the first candidate
     tied with the smallest ``E`` goes to ``ids``, its ``E`` to ``best`` and, when ``costs`` has rows, every
-    ``E(n)`` to ``costs``. Ids are a pre-order (``par[j] < j``), so one pass down the ids and one up suffice."""
-    n = x.shape[1]
-    p = np.empty(n)
-    big = np.empty(n)
-    s = np.empty(n)
-    full = costs.shape[0] > 0
-    for b in range(x.shape[0]):
-        row = x[b]
-        code, pos = check_row(row, mode, child, parent, tol)
-        if code:
-            err[0], err[1], err[2] = b, code, pos
-            return
-        for j in range(n):
-            p[j] = np.float64(row[j])
-            big[j] = 0.0
-        moment = 0.0
-        for j in range(n - 1, -1, -1):  # children first: p[j] has lost every child's P when j is reached
-            pj = p[j]
-            if mode == NODE and pj < -label_tol[j]:
-                err[0], err[1], err[2] = b, 6, j
+    ``E(n)`` to ``costs``. Ids are a pre-order (``par[j] < j``), so one pass up the ids and one down suffice; four
+    rows go through each pass together, so that their sums into a parent are independent of each other."""
+    n, rows = x.shape[1], 4
+    p = np.empty((n, rows))  # p(j) on the way up; E(j) on the way down
+    sub = np.empty((n, rows))  # the children's P, added up on the way up
+    big = np.empty((n, rows))  # P~: the children's P~, then j's own
+    s = np.empty((n, rows))
+    moment, low = np.empty(rows), np.empty(rows)
+    for b0 in range(0, x.shape[0], rows):
+        k = min(rows, x.shape[0] - b0)
+        for r in range(k):
+            code, pos = check_row(x[b0 + r], mode, child, parent, tol)
+            if code:
+                err[0], err[1], err[2] = b0 + r, code, pos
                 return
-            pj = max(pj, 0.0)
-            p[j] = pj
-            big[j] += pj
-            moment += pj * f[j]
-            if j:
-                p[par[j]] -= np.float64(row[j])
-                big[par[j]] += big[j]
-        mass = big[0]
-        low = np.inf
+        sub[:] = 0.0
+        big[:] = 0.0
+        moment[:] = 0.0
+        low[:] = np.inf
+        for j in range(n - 1, -1, -1):  # children first: sub[j] and big[j] are complete when j is reached
+            u = par[j]
+            for r in range(k):
+                v = np.float64(x[b0 + r, j])
+                pj = v - sub[j, r]
+                if mode == NODE and pj < -label_tol[j]:
+                    err[0], err[1], err[2] = b0 + r, 6, j
+                    return
+                pj = max(pj, 0.0)
+                p[j, r] = pj
+                big[j, r] += pj
+                moment[r] += pj * f[j]
+                if j:
+                    sub[u, r] += v
+                    big[u, r] += big[j, r]
         for j in range(n):
-            s[j] = (s[par[j]] if j else 0.0) + delta[j] * big[j]
-            e = a[j] * mass + c_const * moment - s2 * s[j] - g[j] * p[j]
-            if full:
-                costs[b, j] = e
-            if cand[j]:
-                low = min(low, e)
-            p[j] = e  # p[j] is read no more: keep E(j) for the tie pass
-        ceiling = low + TIE_RTOL * max(1.0, abs(low))
-        for j in range(n):
-            if cand[j] and p[j] <= ceiling:
-                ids[b], best[b] = j, p[j]
-                break
+            u = par[j]
+            for r in range(k):
+                sj = (s[u, r] if j else 0.0) + delta[j] * big[j, r]
+                s[j, r] = sj
+                e = a[j] * big[0, r] + c_const * moment[r] - s2 * sj - g[j] * p[j, r]
+                if costs.shape[0]:
+                    costs[b0 + r, j] = e
+                if cand[j]:
+                    low[r] = min(low[r], e)
+                p[j, r] = e
+        for r in range(k):
+            ceiling = low[r] + TIE_RTOL * max(1.0, abs(low[r]))
+            for j in range(n):
+                if cand[j] and p[j, r] <= ceiling:
+                    ids[b0 + r], best[b0 + r] = j, p[j, r]
+                    break
 
 
 def _kernel_tables(tax: Taxonomy, kind: str) -> tuple[Any, ...]:

@@ -165,11 +165,11 @@ def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int
     The range first (NaN fails both comparisons), then by ``mode``: ``NODE`` the root and every edge
     ``(child[e], parent[e])`` (position ``e``), ``LEAF`` the row sum, ``SCORES`` nothing more.
     """
-    lo, hi = tol[0], tol[1]
+    lo, hi, edge = tol[0], tol[1], tol[2]
     bad = False
-    for j in range(x.shape[0]):
+    for j in range(x.shape[0]):  # no branch in the loop: the compiler vectorises it
         v = np.float64(x[j])
-        bad |= not (v >= lo and v <= hi)
+        bad |= (v < lo) | (v > hi) | (v != v)
     if bad:
         for j in range(x.shape[0]):
             v = np.float64(x[j])
@@ -180,9 +180,14 @@ def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int
     if mode == NODE:
         if abs(np.float64(x[0]) - 1.0) > tol[3]:
             return ROOT, 0
+        tree = child.shape[0] > 0 and child[0] == 1 and child[-1] == child.shape[0]  # children 1..N-1 in order
         for e in range(child.shape[0]):
-            if np.float64(x[child[e]]) - np.float64(x[parent[e]]) > tol[2]:
-                return EDGE, e
+            c = e + 1 if tree else child[e]
+            bad |= np.float64(x[c]) - np.float64(x[parent[e]]) > edge
+        if bad:
+            for e in range(child.shape[0]):
+                if np.float64(x[child[e]]) - np.float64(x[parent[e]]) > edge:
+                    return EDGE, e
     elif mode == LEAF:
         s = 0.0
         for j in range(x.shape[0]):
