@@ -1,7 +1,13 @@
-"""Shared generators of the tests: random taxonomies (trees, DAGs) and labels on them. Plain functions, seeded."""
+"""Shared generators for the tests: random taxonomies and posteriors (plain functions, no fixtures).
+
+Every test module takes its trees and probabilities from here; no test module imports another.
+"""
 
 from __future__ import annotations
 
+import math
+
+import networkx as nx
 import numpy as np
 
 from hiercls.taxonomy import Taxonomy
@@ -80,3 +86,134 @@ def random_group_forest(rng: np.random.Generator, num_outputs: int) -> tuple[np.
     rank = np.argsort(perm)
     order = rng.permutation(num_outputs + 3)[:num_outputs]
     return rank[np.array(group)], np.array(parent)[perm], order
+
+
+def chain(n: int) -> Taxonomy:
+    """``n0 -> n1 -> ... -> n{n-1}``."""
+    return Taxonomy.from_parents({"n0": None, **{f"n{i}": f"n{i - 1}" for i in range(1, n)}}, name=f"chain_{n}")
+
+
+def star(children: int) -> Taxonomy:
+    """A root with ``children`` leaves."""
+    return Taxonomy.from_parents({"r": None, **{f"c{i}": "r" for i in range(children)}}, name=f"star_{children}")
+
+
+def symmetric_tree(depth: int = 3) -> Taxonomy:
+    """A complete binary tree: every node of one depth is equivalent to every other of that depth."""
+    edges, level = [], ["r"]
+    for _ in range(depth):
+        nxt = []
+        for u in level:
+            for k in "01":
+                v = (u if u != "r" else "") + k
+                edges.append((u, v))
+                nxt.append(v)
+        level = nxt
+    return Taxonomy(edges)
+
+
+def node_probs(tax: Taxonomy, rng: np.random.Generator, b: int, *, alpha: float = 0.3) -> np.ndarray:
+    """Node probabilities of a Dirichlet label distribution over all nodes (labels may be internal): ``P = p A``."""
+    p = rng.dirichlet(np.full(tax.num_nodes, alpha), size=b)
+    return p @ tax.ancestors_sparse.toarray()
+
+
+def random_taxonomy(rng: np.random.Generator, n: int, *, dag: bool = False) -> Taxonomy:
+    shape = rng.choice(["random", "chain", "star", "caterpillar"], p=[0.7, 0.1, 0.1, 0.1])
+    edges = []
+    for i in range(1, n):
+        if shape == "chain":
+            ps = [i - 1]
+        elif shape == "star":
+            ps = [0]
+        elif shape == "caterpillar":  # very unbalanced: a spine with leaves hanging off it
+            ps = [max(0, i - 2) if i % 2 == 0 else max(0, i - 1)]
+        else:
+            ps = [int(rng.integers(0, i))]
+        if dag and i > 1 and rng.random() < 0.4:
+            extra = int(rng.integers(0, i))
+            if extra not in ps:
+                ps.append(extra)
+        edges += [(f"n{p}", f"n{i}") for p in ps]
+    names = [f"n{i}" for i in range(n)]
+    order = [names[0], *rng.permutation(names[1:]).tolist()]  # sibling order shuffles the ids
+    return Taxonomy(edges, nodes=order)
+
+
+def ancestor_indicator(tax: Taxonomy) -> np.ndarray:
+    """``A[y, n] = 1`` iff ``n`` is an ancestor-or-self of ``y``, from networkx (independent of core)."""
+    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
+    g.add_nodes_from(range(tax.num_nodes))
+    a = np.eye(tax.num_nodes)
+    for y in range(tax.num_nodes):
+        a[y, list(nx.ancestors(g, y))] = 1
+    return a
+
+
+def random_label_distribution(rng: np.random.Generator, n: int, leaves: np.ndarray, batch: int) -> np.ndarray:
+    out = np.zeros((batch, n))
+    for b in range(batch):
+        kind = rng.integers(0, 5)
+        support = np.arange(n) if rng.random() < 0.6 else leaves
+        p = np.zeros(n)
+        if kind == 0:  # ties: a few equal masses
+            k = int(rng.integers(1, len(support) + 1))
+            p[rng.choice(support, size=k, replace=False)] = 1.0
+        elif kind == 1:  # exact zeros and quantised (tie-prone) values
+            p[support] = rng.integers(0, 4, size=len(support)).astype(float)
+        elif kind == 2:  # one-hot
+            p[rng.choice(support)] = 1.0
+        else:
+            p[support] = rng.dirichlet(np.full(len(support), float(rng.choice([0.1, 0.5, 2.0]))))
+        if p.sum() == 0:
+            p[rng.choice(support)] = 1.0
+        out[b] = p / p.sum()
+    return out
+
+
+def sample_case(rng: np.random.Generator, *, dag: bool = False, batch: int = 3):
+    """``(taxonomy, ancestor indicator, label distribution [B, N], node probabilities [B, N])`` of up to nine nodes;
+    sometimes quantised to quarters, which makes ties common."""
+    n = int(rng.integers(1, 10))
+    tax = random_taxonomy(rng, n, dag=dag)
+    a = ancestor_indicator(tax)
+    p = random_label_distribution(rng, n, tax.leaves, batch)
+    if rng.random() < 0.4:
+        p = np.round(p * 4) / 4
+    zero = p.sum(1) == 0  # quantising can empty a row: that is no distribution (the decoders refuse it)
+    p[zero, 0] = 1.0
+    p = p / p.sum(1, keepdims=True)
+    return tax, a, p, p @ a
+
+
+def nx_tree_distance(tax: Taxonomy, kind: str) -> np.ndarray:
+    """Independent pairwise distances on a tree from networkx (LCA via ancestor sets)."""
+    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
+    g.add_nodes_from(range(tax.num_nodes))
+    depth = nx.shortest_path_length(g, 0)
+    anc = {n: nx.ancestors(g, n) | {n} for n in g}
+    leaves_under = {n: sum(1 for d in nx.descendants(g, n) | {n} if g.out_degree(d) == 0) for n in g}
+    nl = sum(1 for n in g if g.out_degree(n) == 0)
+    ic = {n: -math.log(leaves_under[n] / nl) for n in g}
+    h = max(depth.values())
+    n = tax.num_nodes
+    out = np.zeros((n, n))
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            lca = max(anc[a] & anc[b], key=lambda x: depth[x])
+            if kind == "shortest_path":
+                out[a, b] = depth[a] + depth[b] - 2 * depth[lca]
+            elif kind == "lca_height":
+                out[a, b] = h - depth[lca]
+            elif kind == "wu_palmer":  # Plaud et al.: root at depth 0
+                out[a, b] = 1 - 2 * depth[lca] / (depth[a] + depth[b])
+            elif kind == "wu_palmer_root1":
+                out[a, b] = 1 - 2 * (depth[lca] + 1) / (depth[a] + depth[b] + 2)
+            elif kind == "zhao":  # Plaud et al.: 1 - 2 IC(lca) / (IC(a) + IC(b)); 0 between IC-0 nodes
+                den = ic[a] + ic[b]
+                out[a, b] = 1 - 2 * ic[lca] / den if den > 1e-12 else 0.0
+            else:
+                out[a, b] = ic[a] + ic[b] - 2 * ic[lca]
+    return out

@@ -1,6 +1,7 @@
 """Shared fixtures: the saved tiny BERT and the small taxonomy of the docstring examples.
 
-In-memory tiny BERTs come from ``tests/_tiny.py``, random trees from ``tests/_trees.py`` (plain functions).
+In-memory tiny BERTs come from ``tests/_tiny.py``, random trees and posteriors from ``tests/_generators.py``
+(plain functions).
 """
 
 from __future__ import annotations
@@ -29,11 +30,3 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def small_tree() -> Taxonomy:
     """``r -> a -> {x, y}``, ``r -> b``: the five-node tree of the docstring examples."""
     return Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-
-
-@pytest.fixture
-def torch_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors through the torch kernels, what tensors on any other device (CUDA) always run."""
-    from hiercls.decode import _common
-
-    monkeypatch.setattr(_common, "TORCH_KERNELS_ON_CPU", True)

@@ -5,23 +5,24 @@ from __future__ import annotations
 import itertools
 import math
 
-import networkx as nx
 import numpy as np
 import pytest
 import torch
+from _generators import ancestor_indicator, nx_tree_distance, random_label_distribution, random_taxonomy, sample_case
 
 from hiercls.decode import (
     RULES,
     SET_RULES,
     argmax_leaf,
+    bayes,
     bayes_node,
     calibrate_info_gain,
     crm,
     decode,
     expected_cost,
-    expected_hfbeta,
     hie,
     info_gain,
+    inputs,
     majority,
     max_info,
     plurality,
@@ -29,24 +30,6 @@ from hiercls.decode import (
     top_down,
 )
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from tests.test_decode_hfbeta import ancestor_indicator, random_label_distribution, random_taxonomy
-
-
-def quantised(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Sometimes round to quarters, which makes ties between nodes common."""
-    return np.round(p * 4) / 4 if rng.random() < 0.4 else p
-
-
-def sample_case(rng: np.random.Generator, *, dag: bool = False, batch: int = 3):
-    n = int(rng.integers(1, 10))
-    tax = random_taxonomy(rng, n, dag=dag)
-    a = ancestor_indicator(tax)
-    p = random_label_distribution(rng, n, tax.leaves, batch)
-    p = quantised(p, rng)
-    zero = p.sum(1) == 0  # quantising can empty a row: that is no distribution (the decoders refuse it)
-    p[zero, 0] = 1.0
-    p = p / p.sum(1, keepdims=True)
-    return tax, a, p, p @ a
 
 
 # ------------------------------------------------------------------------------------------ references
@@ -100,39 +83,6 @@ def ref_info_gain(tax, row, lam):
     nl = tax.num_leaves
     scores = [(math.log(nl) - math.log(leaves_under[n]) + lam) * row[n] for n in range(tax.num_nodes)]
     return int(np.argmax(scores))
-
-
-def nx_tree_distance(tax: Taxonomy, kind: str) -> np.ndarray:
-    """Independent pairwise distances on a tree from networkx (LCA via ancestor sets)."""
-    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
-    g.add_nodes_from(range(tax.num_nodes))
-    depth = nx.shortest_path_length(g, 0)
-    anc = {n: nx.ancestors(g, n) | {n} for n in g}
-    leaves_under = {n: sum(1 for d in nx.descendants(g, n) | {n} if g.out_degree(d) == 0) for n in g}
-    nl = sum(1 for n in g if g.out_degree(n) == 0)
-    ic = {n: -math.log(leaves_under[n] / nl) for n in g}
-    h = max(depth.values())
-    n = tax.num_nodes
-    out = np.zeros((n, n))
-    for a in range(n):
-        for b in range(n):
-            if a == b:
-                continue
-            lca = max(anc[a] & anc[b], key=lambda x: depth[x])
-            if kind == "shortest_path":
-                out[a, b] = depth[a] + depth[b] - 2 * depth[lca]
-            elif kind == "lca_height":
-                out[a, b] = h - depth[lca]
-            elif kind == "wu_palmer":  # Plaud et al.: root at depth 0
-                out[a, b] = 1 - 2 * depth[lca] / (depth[a] + depth[b])
-            elif kind == "wu_palmer_root1":
-                out[a, b] = 1 - 2 * (depth[lca] + 1) / (depth[a] + depth[b] + 2)
-            elif kind == "zhao":  # Plaud et al.: 1 - 2 IC(lca) / (IC(a) + IC(b)); 0 between IC-0 nodes
-                den = ic[a] + ic[b]
-                out[a, b] = 1 - 2 * ic[lca] / den if den > 1e-12 else 0.0
-            else:
-                out[a, b] = ic[a] + ic[b] - 2 * ic[lca]
-    return out
 
 
 # ------------------------------------------------------------------------------------------ rules
@@ -206,34 +156,6 @@ def test_threshold_root_only_and_empty_batch() -> None:
     assert argmax_leaf(np.ones((2, 1)), single).tolist() == [0, 0]
 
 
-def test_torch_in_torch_out_and_dtypes() -> None:
-    rng = np.random.default_rng(2)
-    tax = random_taxonomy(rng, 9)
-    a = ancestor_indicator(tax)
-    p = random_label_distribution(rng, 9, tax.leaves, 8)
-    node = p @ a
-    dist = nx_tree_distance(tax, "lca_height")
-    for rule in RULES:
-        ref = decode(node, tax, rule)
-        got = decode(torch.tensor(node, dtype=torch.float64), tax, rule)
-        assert isinstance(got, torch.Tensor)
-        assert got.dtype == (torch.bool if rule in SET_RULES else torch.int64)
-        np.testing.assert_array_equal(got.numpy(), ref, err_msg=rule)
-        for low in (torch.tensor(node, dtype=torch.float32), node.astype(np.float32)):
-            got = decode(low, tax, rule)
-            got = got.numpy() if isinstance(got, torch.Tensor) else got
-            if rule == "crm":  # float32 rounding may break an exact tie of expected costs the other way
-                risk = p @ dist.T
-                np.testing.assert_allclose(risk[np.arange(8), got], risk[np.arange(8), ref], atol=1e-6)
-            elif rule == "bayes_node":
-                risk = p @ nx_tree_distance(tax, "shortest_path").T
-                np.testing.assert_allclose(risk[np.arange(8), got], risk[np.arange(8), ref], atol=1e-6)
-            elif rule == "optimal_hfbeta":
-                np.testing.assert_allclose(expected_hfbeta(got, node, tax), expected_hfbeta(ref, node, tax), atol=1e-6)
-            else:
-                np.testing.assert_array_equal(got, ref, err_msg=rule)
-
-
 def test_input_validation_messages(small_tree: Taxonomy) -> None:
     tax = small_tree
     with pytest.raises(ValueError, match=r"unknown decoder 'nope'; valid: argmax_leaf"):
@@ -268,15 +190,6 @@ def test_input_validation_messages(small_tree: Taxonomy) -> None:
     dag = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x")])
     with pytest.raises(TaxonomyError, match="tree"):
         hie(np.ones((1, 4)), dag)
-
-
-def test_leaf_probs_equal_marginalised_node_probs() -> None:
-    rng = np.random.default_rng(4)
-    tax = random_taxonomy(rng, 9)
-    leaf = rng.dirichlet(np.ones(tax.num_leaves), size=5)
-    node = np.asarray(tax.marginals(leaf))
-    for rule in RULES:
-        np.testing.assert_array_equal(decode(leaf, tax, rule, leaf_probs=True), decode(node, tax, rule))
 
 
 # ------------------------------------------------------------------------------------------ Bayes
@@ -346,19 +259,27 @@ def test_calibrate_info_gain_reaches_target() -> None:
 
 
 def test_row_blocks_do_not_change_results(monkeypatch) -> None:
-    import hiercls.decode._common as common
 
     rng = np.random.default_rng(12)
     tax = random_taxonomy(rng, 9)
     node = random_label_distribution(rng, 9, tax.leaves, 50) @ ancestor_indicator(tax)
     ref = {rule: decode(node, tax, rule) for rule in RULES}
-    monkeypatch.setattr(common, "ROW_CHUNK", 16)
-    monkeypatch.setattr(common, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(inputs, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(bayes, "CHUNK_ELEMENTS", 1)
     for rule in RULES:
         np.testing.assert_array_equal(decode(node, tax, rule), ref[rule], err_msg=rule)
         np.testing.assert_array_equal(decode(torch.from_numpy(node), tax, rule).numpy(), ref[rule], err_msg=rule)
-    ids, cost = bayes_node(node, tax, "zhao", return_cost=True)
-    assert ids.shape == (50,) and cost.shape == (50,)
+    for cost in ("zhao", "wu_palmer"):  # the NumPy formulations, in blocks of one row
+        ids, value = bayes_node(node, tax, cost, return_cost=True)
+        monkeypatch.undo()
+        want = bayes_node(node, tax, cost, return_cost=True)
+        assert np.array_equal(ids, want[0]) and np.allclose(value, want[1])
+        monkeypatch.setattr(inputs, "CHUNK_ELEMENTS", 1)
+        monkeypatch.setattr(bayes, "CHUNK_ELEMENTS", 1)
+    bad = node.copy()
+    bad[37, 0] = 0.5
+    with pytest.raises(ValueError, match="row 37"):
+        bayes_node(bad, tax, "zhao")
 
 
 def test_inputs_are_never_modified() -> None:

@@ -1,6 +1,7 @@
-"""Expected costs on the tensor's device: ``expected_cost``, ``bayes_node`` (any cost, ``return_cost``), ``crm``,
-``prediction_expected_cost``, checked against the definition ``sum_y p(y) cost(n, y)`` with the cost from
-``Taxonomy.distance_matrix`` and the label distribution built by hand, with host copies made to raise.
+"""Expected costs of tensors (CPU, and CUDA when present): ``expected_cost``, ``bayes_node`` (any cost,
+``return_cost``), ``crm``, ``prediction_expected_cost``, ``expected_hfbeta`` and ``optimal_hfbeta``, checked against
+the definition ``sum_y p(y) cost(n, y)`` with the cost from ``Taxonomy.distance_matrix`` and the label distribution
+built by hand; results come back on the tensor's device.
 """
 
 from __future__ import annotations
@@ -8,27 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _generators import random_tree
 
 import hiercls.decode as D
-from hiercls._checks import ProbabilityError
-from hiercls.decode._common import label_distribution_torch
+from hiercls.decode import ProbabilityError
+from hiercls.decode.inputs import label_distribution
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from tests._trees import random_tree
 
-
-def _refuse(*_args: object, **_kwargs: object) -> None:
-    raise AssertionError("host round trip (.cpu() / .numpy())")
-
-
-@pytest.fixture
-def on_device(torch_kernels_on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """The torch kernels on CPU tensors, with ``Tensor.cpu`` / ``Tensor.numpy`` raising while they run."""
-    return monkeypatch
-
-
-def _no_host(m: pytest.MonkeyPatch) -> None:
-    m.setattr(torch.Tensor, "cpu", _refuse)
-    m.setattr(torch.Tensor, "numpy", _refuse)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _random_dag(n: int, seed: int) -> Taxonomy:
@@ -79,20 +67,19 @@ def _cost(tax: Taxonomy, name: str, seed: int) -> object:
 
 @pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
 @pytest.mark.parametrize("name", COSTS)
-def test_expected_cost_on_the_device_is_the_definition(tree: int, name: str, on_device: pytest.MonkeyPatch) -> None:
+def test_expected_cost_of_tensors_is_the_definition(tree: int, name: str) -> None:
     tax = TREES[tree]
     internal = name != "node_to_leaf"
     p, node = _probs(tax, 9, tree, internal=internal)
     cost = _cost(tax, name, tree)
     want = _brute_expected(tax, p, cost)
-    x = torch.as_tensor(node)
-    with on_device.context() as m:
-        _no_host(m)
-        got = D.expected_cost(x, tax, cost)
-        ids, best = D.bayes_node(x, tax, cost, return_cost=True)
-        leaves_only, leaf_best = D.crm(x, tax, cost, return_cost=True)
-        scored = D.prediction_expected_cost(x, ids, tax, cost)
-    assert got.dtype == torch.float64 and got.shape == want.shape
+    x = torch.as_tensor(node, device=DEVICE)
+    got = D.expected_cost(x, tax, cost)
+    ids, best = D.bayes_node(x, tax, cost, return_cost=True)
+    leaves_only, leaf_best = D.crm(x, tax, cost, return_cost=True)
+    scored = D.prediction_expected_cost(x, ids, tax, cost)
+    assert got.dtype == torch.float64 and got.shape == want.shape and got.device == x.device == ids.device
+    got, ids, best, leaves_only, leaf_best, scored = (t.cpu() for t in (got, ids, best, leaves_only, leaf_best, scored))
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
     # the argmin of the definition (ties within round-off: either side of it is optimal)
     np.testing.assert_allclose(want[np.arange(len(p)), ids.numpy()], want.min(1), rtol=0, atol=1e-12)
@@ -104,28 +91,24 @@ def test_expected_cost_on_the_device_is_the_definition(tree: int, name: str, on_
 
 
 @pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
-def test_label_distribution_on_the_device_inverts_the_marginals(tree: int, on_device: pytest.MonkeyPatch) -> None:
+def test_label_distribution_inverts_the_marginals(tree: int) -> None:
     tax = TREES[tree]
     p, node = _probs(tax, 6, 10 + tree)
-    with on_device.context() as m:
-        _no_host(m)
-        got = label_distribution_torch(torch.as_tensor(node), tax)
-    np.testing.assert_allclose(got.numpy(), p, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(label_distribution(node, tax), p, rtol=0, atol=1e-12)
 
 
-def test_device_results_keep_the_input_dtype_candidates_and_leaf_input(on_device: pytest.MonkeyPatch) -> None:
+def test_results_keep_the_input_dtype_candidates_and_leaf_input() -> None:
     tax = TREES[1]
     p, node = _probs(tax, 8, 4, internal=False)
-    leaf = torch.as_tensor(p[:, tax.leaves], dtype=torch.float32)
-    x32 = torch.as_tensor(node, dtype=torch.float32)
+    leaf = torch.as_tensor(p[:, tax.leaves], dtype=torch.float32, device=DEVICE)
+    x32 = torch.as_tensor(node, dtype=torch.float32, device=DEVICE)
     want = _brute_expected(tax, p, "wu_palmer")
     internal = np.flatnonzero(~tax.is_leaf)
-    with on_device.context() as m:
-        _no_host(m)
-        got = D.expected_cost(x32, tax, "wu_palmer")
-        from_leaves = D.expected_cost(leaf, tax, "wu_palmer", leaf_probs=True)
-        ids, cost = D.bayes_node(x32, tax, "zhao", candidates=internal, return_cost=True)
+    got = D.expected_cost(x32, tax, "wu_palmer")
+    from_leaves = D.expected_cost(leaf, tax, "wu_palmer", leaf_probs=True)
+    ids, cost = D.bayes_node(x32, tax, "zhao", candidates=internal, return_cost=True)
     assert got.dtype == from_leaves.dtype == cost.dtype == torch.float32
+    got, from_leaves, ids, cost = (t.cpu() for t in (got, from_leaves, ids, cost))
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(from_leaves.numpy(), want, rtol=1e-5, atol=1e-6)
     zhao = _brute_expected(tax, p, "zhao")[:, internal]
@@ -133,7 +116,7 @@ def test_device_results_keep_the_input_dtype_candidates_and_leaf_input(on_device
     np.testing.assert_allclose(cost.numpy(), zhao.min(1), rtol=1e-5, atol=1e-6)
 
 
-def test_device_refusals_name_the_culprit(on_device: pytest.MonkeyPatch) -> None:
+def test_refusals_name_the_culprit() -> None:
     tax = TREES[0]
     _, node = _probs(tax, 5, 6)
     x = torch.as_tensor(node)
@@ -160,21 +143,6 @@ def test_device_refusals_name_the_culprit(on_device: pytest.MonkeyPatch) -> None
         D.bayes_node(torch.as_tensor(broken), tax, "zhao")
 
 
-def test_default_cpu_route_equals_the_device_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors read through NumPy by default; the answers are the torch kernels' to round-off."""
-    from hiercls.decode import _common
-
-    tax = TREES[2]
-    _, node = _probs(tax, 7, 8)
-    x = torch.as_tensor(node)
-    host = D.expected_cost(x, tax, "shortest_path"), D.bayes_node(x, tax, "zhao", return_cost=True)
-    monkeypatch.setattr(_common, "TORCH_KERNELS_ON_CPU", True)
-    dev = D.expected_cost(x, tax, "shortest_path"), D.bayes_node(x, tax, "zhao", return_cost=True)
-    torch.testing.assert_close(dev[0], host[0], rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(dev[1][1], host[1][1], rtol=1e-12, atol=1e-12)
-    assert torch.equal(dev[1][0], host[1][0])
-
-
 def _brute_hf(tax: Taxonomy, p: np.ndarray, sets: np.ndarray, beta: float, include_root: bool) -> np.ndarray:
     """``sum_y p(y) hF_beta(S, ancestors-or-self of y)`` set by set, from the definition."""
     anc = tax.ancestors_sparse.toarray().astype(bool)
@@ -193,9 +161,7 @@ def _brute_hf(tax: Taxonomy, p: np.ndarray, sets: np.ndarray, beta: float, inclu
 
 @pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
 @pytest.mark.parametrize(("beta", "include_root"), [(1.0, False), (2.0, True), (0.5, False)])
-def test_expected_hfbeta_on_the_device_is_the_definition(
-    tree: int, beta: float, include_root: bool, on_device: pytest.MonkeyPatch
-) -> None:
+def test_expected_hfbeta_of_tensors_is_the_definition(tree: int, beta: float, include_root: bool) -> None:
     tax = TREES[tree]
     p, node = _probs(tax, 6, 20 + tree)
     rng = np.random.default_rng(tree)
@@ -204,13 +170,9 @@ def test_expected_hfbeta_on_the_device_is_the_definition(
     want = _brute_hf(tax, p, sets, beta, include_root)
     q = np.where(tax.is_leaf[None, :], p, 0.0)
     q /= q.sum(1, keepdims=True)  # leaf probabilities: all the mass on leaves
-    with on_device.context() as m:
-        _no_host(m)
-        got = D.expected_hfbeta(torch.as_tensor(sets), torch.as_tensor(node), tax, beta, include_root=include_root)
-        leaf = torch.as_tensor(q[:, tax.leaves])
-        from_leaves = D.expected_hfbeta(
-            torch.as_tensor(sets), leaf, tax, beta, include_root=include_root, leaf_probs=True
-        )
+    got = D.expected_hfbeta(torch.as_tensor(sets), torch.as_tensor(node), tax, beta, include_root=include_root)
+    leaf = torch.as_tensor(q[:, tax.leaves])
+    from_leaves = D.expected_hfbeta(torch.as_tensor(sets), leaf, tax, beta, include_root=include_root, leaf_probs=True)
     assert got.dtype == torch.float64
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(from_leaves.numpy(), _brute_hf(tax, q, sets, beta, include_root), rtol=1e-12)
@@ -221,8 +183,8 @@ def test_expected_hfbeta_on_the_device_is_the_definition(
 @pytest.mark.parametrize("tree", range(len(TREES)), ids=["tree25", "tree40", "dag30"])
 @pytest.mark.parametrize(("beta", "include_root"), [(1.0, False), (2.0, True), (0.5, False), (3.0, False)])
 @pytest.mark.parametrize("concentration", [0.05, 1.0])
-def test_optimal_hfbeta_on_the_device_is_the_numpy_optimum(
-    tree: int, beta: float, include_root: bool, concentration: float, on_device: pytest.MonkeyPatch
+def test_optimal_hfbeta_of_tensors_is_the_numpy_optimum(
+    tree: int, beta: float, include_root: bool, concentration: float
 ) -> None:
     """The same sets as the NumPy decoder (tested against brute force in test_decode_hfbeta.py), and the value
     returned is the definition's expected hF of the set returned."""
@@ -231,11 +193,11 @@ def test_optimal_hfbeta_on_the_device_is_the_numpy_optimum(
     p = rng.dirichlet(np.full(tax.num_nodes, concentration), 12)  # peaked (0.05) and flat (1.0) posteriors
     node = p @ tax.ancestors_sparse.toarray().astype(np.float64)
     want_sets, want_value = D.optimal_hfbeta(node, tax, beta, include_root=include_root, return_value=True)
-    with on_device.context() as m:
-        _no_host(m)
-        sets, value = D.optimal_hfbeta(torch.as_tensor(node), tax, beta, include_root=include_root, return_value=True)
-        single = D.optimal_hfbeta(torch.as_tensor(node, dtype=torch.float32), tax, beta, include_root=include_root)
-    assert sets.dtype == torch.bool and value.dtype == torch.float64
+    x = torch.as_tensor(node, device=DEVICE)
+    sets, value = D.optimal_hfbeta(x, tax, beta, include_root=include_root, return_value=True)
+    single = D.optimal_hfbeta(x.float(), tax, beta, include_root=include_root).cpu()
+    assert sets.dtype == torch.bool and value.dtype == torch.float64 and sets.device == x.device
+    sets, value = sets.cpu(), value.cpu()
     np.testing.assert_array_equal(sets.numpy(), want_sets)
     np.testing.assert_allclose(value.numpy(), want_value, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(value.numpy(), _brute_hf(tax, p, sets.numpy(), beta, include_root), rtol=1e-12)
@@ -244,14 +206,12 @@ def test_optimal_hfbeta_on_the_device_is_the_numpy_optimum(
     np.testing.assert_array_less(want_value - got32, 1e-5)
 
 
-def test_optimal_hfbeta_on_the_device_from_leaf_probabilities(on_device: pytest.MonkeyPatch) -> None:
+def test_optimal_hfbeta_of_tensors_from_leaf_probabilities() -> None:
     tax = TREES[1]
     p, _ = _probs(tax, 10, 40, internal=False)
     leaf = p[:, tax.leaves]
     want = D.optimal_hfbeta(leaf, tax, 2.0, leaf_probs=True)
-    with on_device.context() as m:
-        _no_host(m)
-        got = D.optimal_hfbeta(torch.as_tensor(leaf), tax, 2.0, leaf_probs=True)
-        empty = D.optimal_hfbeta(torch.zeros(0, tax.num_nodes), tax)
+    got = D.optimal_hfbeta(torch.as_tensor(leaf), tax, 2.0, leaf_probs=True)
+    empty = D.optimal_hfbeta(torch.zeros(0, tax.num_nodes), tax)
     np.testing.assert_array_equal(got.numpy(), want)
     assert empty.shape == (0, tax.num_nodes)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from _generators import chain, nx_tree_distance, sample_case, star
 
 from hiercls.decode import RULES, SET_RULES, bayes_node, crm, decode, optimal_hfbeta, plurality, top_down
 from hiercls.taxonomy import Taxonomy
-from tests.test_decode import nx_tree_distance, ref_plurality, ref_top_down, sample_case
 
 
 def smallest_best(risk: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -42,30 +43,7 @@ def test_tree_closed_forms_match_brute_force_with_ties(kind: str) -> None:
         np.testing.assert_array_equal(crm(node, tax, kind), smallest_best(risk, tax.leaves))
 
 
-@pytest.mark.parametrize("kind", ["shortest_path", "lca_height"])
-def test_tree_closed_forms_equal_the_general_path(kind: str) -> None:
-    rng = np.random.default_rng(13)
-    for n in (2, 5, 30, 200):
-        tax = Taxonomy([(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, n)])
-        p = rng.dirichlet(np.full(n, 0.4), size=20)
-        node = p @ tax.ancestors_sparse.toarray()
-        for cands in (None, "leaves"):
-            general, _ = bayes_node(node, tax, kind, candidates=cands, return_cost=True)
-            np.testing.assert_array_equal(bayes_node(node, tax, kind, candidates=cands), general)
-        leaf = rng.dirichlet(np.ones(tax.num_leaves), size=5)  # leaf probabilities in: the same rule
-        general, _ = crm(leaf, tax, kind, leaf_probs=True, return_cost=True)
-        np.testing.assert_array_equal(crm(leaf, tax, kind, leaf_probs=True), general)
-
-
 # ---------------------------------------------------------------------------------------------- scale
-def chain(n: int) -> Taxonomy:
-    return Taxonomy.from_parents({f"c{i}": (f"c{i - 1}" if i else None) for i in range(n)}, name=f"chain{n}")
-
-
-def star(n: int) -> Taxonomy:
-    return Taxonomy.from_parents({"r": None, **{f"s{i}": "r" for i in range(n)}}, name=f"star{n}")
-
-
 def chain_probs(n: int, rng: np.random.Generator, b: int) -> tuple[np.ndarray, np.ndarray]:
     p = rng.dirichlet(np.full(n, 0.5), size=b)  # label at depth m with probability p[:, m]
     return p, np.cumsum(p[:, ::-1], axis=1)[:, ::-1]  # P(node m) = P(depth >= m)
@@ -109,16 +87,6 @@ def test_descent_rules_on_a_deep_chain_and_a_wide_star(big_chain: Taxonomy, big_
                 assert pl[b] == td[b]  # the first family's runner-up never exceeds the best child
             else:  # the chain: every child is entered while its probability is positive
                 assert td[b] == pl[b] == int(np.flatnonzero(row > 0).max())
-
-
-def test_descent_rules_match_references_on_random_trees() -> None:
-    rng = np.random.default_rng(4)
-    for _ in range(100):
-        tax, _, _p, node = sample_case(rng, batch=4)
-        for b in range(node.shape[0]):
-            assert top_down(node[b : b + 1], tax)[0] == ref_top_down(tax, node[b])
-            assert top_down(node[b : b + 1], tax, threshold=0.6)[0] == ref_top_down(tax, node[b], 0.6)
-            assert plurality(node[b : b + 1], tax)[0] == ref_plurality(tax, node[b], None)
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
@@ -165,46 +133,6 @@ def test_optimal_hfbeta_on_a_wide_star_is_the_best_top_k(big_star: Taxonomy) -> 
 
 
 # ---------------------------------------------------------------------------------------------- torch
-TORCH_NATIVE = ["argmax_leaf", "threshold", "majority", "max_info", "info_gain", "hie"]
-
-
-@pytest.mark.usefixtures("torch_kernels_on_cpu")
-@pytest.mark.parametrize("rule", TORCH_NATIVE)
-def test_torch_native_rules_never_leave_torch_and_equal_numpy(rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    import hiercls.decode.rules as rules_mod
-
-    rng = np.random.default_rng(9)
-    tax = Taxonomy([(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, 40)])
-    leaf = rng.dirichlet(np.full(tax.num_leaves, 0.3), size=12)
-    node = np.asarray(tax.marginals(leaf))
-    want = {
-        "node64": decode(node, tax, rule),
-        "node32": decode(node.astype(np.float32), tax, rule),
-        "leaf": decode(leaf, tax, rule, leaf_probs=True),
-        "empty": decode(node[:0], tax, rule),
-    }
-
-    def no_numpy(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the torch path went through NumPy")
-
-    monkeypatch.setattr(rules_mod, "prepare", no_numpy)
-    got = {
-        "node64": decode(torch.as_tensor(node), tax, rule),
-        "node32": decode(torch.as_tensor(node, dtype=torch.float32), tax, rule),
-        "leaf": decode(torch.as_tensor(leaf), tax, rule, leaf_probs=True),
-        "empty": decode(torch.as_tensor(node[:0]), tax, rule),
-    }
-    for k in want:
-        assert isinstance(got[k], torch.Tensor) and got[k].dtype == torch.int64, k
-        np.testing.assert_array_equal(got[k].numpy(), want[k], err_msg=k)
-    with pytest.raises(ValueError, match=r"expected a value in \[0, 1\]"):
-        decode(torch.as_tensor(node) - 0.5, tax, rule)
-    with pytest.raises(ValueError, match="nan, expected a finite probability"):
-        decode(torch.full((2, tax.num_nodes), float("nan")), tax, rule)
-    with pytest.raises(ValueError, match="negative"):  # the checks off, the basic validation stays
-        decode(torch.as_tensor(node) - 0.5, tax, rule, check=False)
 
 
 def _chmcnn_brute(scores: np.ndarray, tax: Taxonomy, t: float) -> np.ndarray:
@@ -217,11 +145,8 @@ def _chmcnn_brute(scores: np.ndarray, tax: Taxonomy, t: float) -> np.ndarray:
     return out
 
 
-@pytest.mark.usefixtures("torch_kernels_on_cpu")
 @pytest.mark.parametrize("shape", ["random", "chain", "star", "caterpillar"])
 def test_chmcnn_is_the_max_constraint_on_trees_and_chains(shape: str) -> None:
-    import torch
-
     rng = np.random.default_rng(31)
     n = 40
     if shape == "random":
@@ -241,16 +166,3 @@ def test_chmcnn_is_the_max_constraint_on_trees_and_chains(shape: str) -> None:
             np.testing.assert_array_equal(decode(arr, tax, "chmcnn", threshold=t), want, err_msg=f"{shape} {t}")
         got = decode(torch.as_tensor(scores), tax, "chmcnn", threshold=t)
         np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{shape} {t} torch")
-
-
-@pytest.mark.parametrize(("rows", "block"), [(1, None), (7, None), (64, None), (65, None), (100, 10), (39, 8)])
-def test_prefix_sums_t_is_the_cumulative_sum_down_the_rows(rows: int, block: int | None) -> None:
-    from hiercls.decode._common import prefix_sums_t
-
-    rng = np.random.default_rng(rows)
-    a = rng.uniform(size=(rows, 5))
-    want = np.concatenate([np.zeros((1, 5)), np.cumsum(a, axis=0)])
-    np.testing.assert_allclose(prefix_sums_t(a, block=block), want, rtol=1e-12, atol=1e-12)
-    counts = prefix_sums_t(a > 0.5, block=block, dtype=np.int32)
-    assert counts.dtype == np.int32
-    np.testing.assert_array_equal(counts, np.concatenate([np.zeros((1, 5)), np.cumsum(a > 0.5, axis=0)]))

@@ -92,3 +92,32 @@ def test_decode_takes_specs_and_aliases() -> None:
     np.testing.assert_array_equal(parse_decoder("crm:cost=zhao")(P, TAX), decode(P, TAX, "crm", cost="zhao"))
     leaf = P[:, TAX.leaves]
     np.testing.assert_array_equal(decode(leaf, TAX, "argmax_leaf", leaf_probs=True), decode(P, TAX))
+
+
+def test_a_repeated_option_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"decoder 'optimal_hfbeta:beta=1,beta=2': option 'beta' is given twice"):
+        parse_decoder("optimal_hfbeta:beta=1,beta=2")
+
+
+def test_rules_register_where_they_are_defined() -> None:
+    """The side tables are views of the registry: a rule registered by a plug-in appears in them, and goes."""
+    from hiercls.decode import DECODER_ALIASES, RULES, SET_RULES
+    from hiercls.decode.registry import DECODERS, MULTILABEL_RULES, register_decoder, unregister_decoder
+
+    assert set(SET_RULES) == {"optimal_hfbeta", "threshold_set", "chmcnn"}
+    assert set(MULTILABEL_RULES) == {"threshold_set", "chmcnn"}
+    assert DECODER_ALIASES["optimal_hf1"] == ("optimal_hfbeta", {"beta": 1.0})
+    assert all(DECODERS[r].fn is RULES[r] for r in RULES)
+
+    @register_decoder("first_leaf_set", returns="set", aliases={"first_leaf_set_t": {"threshold": 0.2}})
+    def first_leaf_set(probs: object, taxonomy: object, *, threshold: float = 0.5) -> object:
+        raise NotImplementedError
+
+    try:
+        assert "first_leaf_set" in SET_RULES and parse_decoder("first_leaf_set_t").options == {"threshold": 0.2}
+        assert parse_decoder("first_leaf_set").judged_on == "hF1_micro"
+        with pytest.raises(ValueError, match="already registered"):
+            register_decoder("other", aliases={"first_leaf_set_t": {}})(first_leaf_set)
+    finally:
+        unregister_decoder("first_leaf_set")
+    assert "first_leaf_set" not in SET_RULES and "first_leaf_set_t" not in DECODER_ALIASES

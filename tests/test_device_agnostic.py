@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _generators import random_tree
 
 from hiercls.heads import create_head, get_head_class, list_heads
 from hiercls.taxonomy import Taxonomy
-from tests._trees import random_tree
 
 TREE = random_tree(25, 7)
 DAG = Taxonomy([("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "z")])

@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from hiercls._checks import probabilities_named
 from hiercls._textio import atomic_write, check_writable
-from hiercls.decode import RULES, DecoderSpec, check_probabilities, parse_decoder, rule_options
+from hiercls.decode import RULES, DecoderSpec, check_probabilities, parse_decoder, probabilities_named, rule_options
 from hiercls.evaluation import Evaluator, format_results, load_labels, load_probabilities
 from hiercls.taxonomy.registry import load_taxonomy
 

@@ -1,12 +1,16 @@
 """Decoders: from node probabilities ``[B, N]`` to predicted nodes ``[B]`` or node sets ``[B, N]``.
 
 One front door, :func:`decode`, one function per rule, and one spec parser, :func:`parse_decoder`
-(``"optimal_hfbeta:beta=2"``). See ``docs/decoding.md`` for the rules, their optimality and their tie-breaking.
+(``"optimal_hfbeta:beta=2"``). Rules register themselves with :func:`register_decoder`. See ``docs/decoding.md``
+for the rules, their optimality, the tie rule (:data:`TIE_RTOL`) and where each runs.
 """
 
 from hiercls.decode.api import RULES, SET_RULES, ProbabilityError, check_probabilities, decode, probability_checks
 from hiercls.decode.bayes import COST_KINDS, bayes_node, crm, expected_cost, prediction_expected_cost
+from hiercls.decode.checks import PROBABILITY_ATOL, probabilities_named
 from hiercls.decode.hfbeta import expected_hfbeta, optimal_hfbeta
+from hiercls.decode.inputs import TIE_RTOL
+from hiercls.decode.registry import DecoderInfo, register_decoder
 from hiercls.decode.rules import (
     argmax_leaf,
     calibrate_info_gain,
@@ -24,8 +28,11 @@ from hiercls.decode.spec import DECODER_ALIASES, DecoderSpec, parse_decoder, rul
 __all__ = [
     "COST_KINDS",
     "DECODER_ALIASES",
+    "PROBABILITY_ATOL",
     "RULES",
     "SET_RULES",
+    "TIE_RTOL",
+    "DecoderInfo",
     "DecoderSpec",
     "ProbabilityError",
     "argmax_leaf",
@@ -45,7 +52,9 @@ __all__ = [
     "parse_decoder",
     "plurality",
     "prediction_expected_cost",
+    "probabilities_named",
     "probability_checks",
+    "register_decoder",
     "rule_options",
     "threshold",
     "threshold_set",

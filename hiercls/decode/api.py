@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hiercls._checks import ProbabilityError, check_probabilities, probability_checks
+from hiercls.decode.checks import ProbabilityError, check_probabilities, probability_checks
 from hiercls.decode.spec import RULES, SET_RULES, parse_decoder
 from hiercls.taxonomy import Taxonomy
 
@@ -47,8 +47,9 @@ def decode(probs: Any, taxonomy: Taxonomy, rule: Any = "argmax_leaf", *, check: 
         >>> decode([[1.0, 0.6, 0.7, 0.3, 0.4]], tax)  # x above its parent a
         Traceback (most recent call last):
         ...
-        hiercls._checks.ProbabilityError: probs: row 0: node 'x' (id 2) has P = 0.7 > 0.6 = P of its parent node
-        'a' (id 1) (a node is never more likely than its parent); pass check=False (CLI: --no-check) to skip this check
+        hiercls.decode.checks.ProbabilityError: probs: row 0: node 'x' (id 2) has P = 0.7 > 0.6 = P of its parent
+        node 'a' (id 1) (a node is never more likely than its parent); pass check=False (CLI: --no-check) to skip
+        this check
         >>> decode([[1.0, 0.6, 0.7, 0.3, 0.4]], tax, check=False).tolist()
         [2]
     """

@@ -75,17 +75,6 @@ node at depth ``d`` have ``|Y| >= d`` (``d + 1`` with the root), so ``w_k(n) <= 
 + k)`` for its first outside ancestor-or-self ``f`` (see :func:`_solve`). Rows not certified go to the row path
 above, so the result is the same exact optimum.
 
-*Trees, row-major rows.* Row-major float32/float64 node probabilities (a model head's output) of the trees that
-:func:`_tree_block` decodes go through a compiled kernel (:mod:`hiercls.decode._kernels_hfbeta`) that repeats
-:func:`_tree_block`'s rounds row by row in the same floating-point operations, hence the same sets and values, in
-one read of each row and without the block's gathers; the rows its rounds do not certify are finished by
-:func:`_tree_block`. It is used where it rounds NumPy's and the BLAS's sums as they do (checked once per process).
-
-*On the device.* Tensors that the torch kernels take (CUDA, or CPU tensors with ``TORCH_KERNELS_ON_CPU``) are
-decoded by :func:`_optimal_hfbeta_torch`: the same table ``q`` and weights, every counted node a candidate, the
-sizes evaluated in turn until the two bounds above certify every row of a block; the sets equal the NumPy
-path's.
-
 Cost: one pass of prefix sums over ``[B, N]`` plus ``O(c * H * K)`` per sample for ``c`` candidates, label
 depths ``H`` and sizes ``K`` searched, vectorised over the batch; the size search costs O(N) per evaluated size
 (O(depth) on a chain) for a few tens of sizes, O(N log N) for single-size rows. Measured (bench/bench_worstcase.py):
@@ -95,7 +84,6 @@ posteriors. DAGs use dense per-depth sums over all nodes (fine for DAGs of a few
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 from typing import Any
@@ -103,25 +91,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import _EPS32, PROBABILITY_ATOL, check_beta, check_label_mass
-from hiercls.decode._common import (
-    _ROW_OFFSET,
-    Batch,
-    chunked,
-    index_tensor,
-    label_distribution_t,
-    label_distribution_torch,
-    leaf_rows_torch,
-    prefix_sums_t,
-    prepare,
-    prepare_torch,
-    restore_sets,
-    restore_values,
-    subtree_ends_tensor,
-    torch_kernels,
-    value_dtype_torch,
-)
-from hiercls.decode._rows import kernel_rows
+from hiercls._checks import check_beta
+from hiercls.decode.checks import check_label_mass
+from hiercls.decode.inputs import Batch, chunked, label_distribution, prepare, restore_sets, restore_values
+from hiercls.decode.registry import register_decoder
 from hiercls.taxonomy import Taxonomy
 
 logger = logging.getLogger(__name__)
@@ -180,8 +153,6 @@ def expected_hfbeta(
         0.5333
     """
     b2 = check_beta(beta) ** 2
-    if torch_kernels(probs):
-        return _expected_hfbeta_torch(sets, probs, taxonomy, b2, include_root, leaf_probs)
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     s = _as_sets(sets, taxonomy, batch.node.shape[0])
     s[:, 0] = include_root
@@ -195,54 +166,6 @@ def expected_hfbeta(
         hf = np.where(denom > 0, (1 + b2) * inter / np.where(denom > 0, denom, 1.0), 0.0)
     hf = np.where(both_empty, 1.0, hf)
     return restore_values((p * hf).sum(1), batch)
-
-
-def _expected_hfbeta_torch(sets: Any, probs: Any, taxonomy: Taxonomy, b2: float, include_root: bool, leaf: bool) -> Any:
-    """:func:`expected_hfbeta` on the tensor's device (float64 sums; the same formula as the NumPy path).
-
-    ``|S cap Y_y|`` is the running count of :func:`_path_counts` on trees (``+1`` at each member, ``-1`` where
-    its subtree ends, one cumulative sum) and one sparse product with the ancestor matrix on DAGs.
-    """
-    import torch
-
-    tax = taxonomy
-    x = prepare_torch(probs, tax, leaf_probs=leaf)
-    p = label_distribution_torch(x, tax, leaf=leaf_rows_torch(probs) if leaf else None)
-    b, n = p.shape
-    s = torch.as_tensor(sets, device=p.device)
-    s = s[None, :] if s.dim() == 1 else s
-    if tuple(s.shape) != (b, n):
-        raise ValueError(f"sets must be boolean node sets [B, N] = [{b}, {n}]; got shape {list(s.shape)}")
-    s = s.to(torch.float64, copy=True)
-    s[:, 0] = float(include_root)
-    if tax.is_tree:
-        step = torch.zeros(b, n + 1, dtype=torch.float64, device=p.device)
-        step[:, :n] = s
-        step.index_add_(1, subtree_ends_tensor(tax, p.device), s, alpha=-1.0)
-        inter = step.cumsum(1)[:, :n]
-    else:
-        inter = torch.sparse.mm(_ancestor_matrix_torch(tax, p.device), s.T).T  # A[y, a] = 1: a in Y_y
-    size = s.sum(1, keepdim=True)
-    ly = index_tensor(tax, ("label_sizes", include_root), _label_sizes(tax, include_root), p.device).double()
-    denom = b2 * ly + size
-    hf = torch.where(denom > 0, (1 + b2) * inter / torch.where(denom > 0, denom, 1.0), 0.0)
-    hf = torch.where((ly == 0) & (size == 0), 1.0, hf)
-    return (p * hf).sum(1).to(value_dtype_torch(probs))
-
-
-def _ancestor_matrix_torch(taxonomy: Taxonomy, device: Any) -> Any:
-    """``ancestors_sparse`` as a float64 sparse COO tensor on ``device`` (cached): memory O(nnz), not B x nnz."""
-    import torch
-
-    cache = taxonomy.namespace_cache(__name__)
-    key = ("ancestors_coo", str(device))
-    if key not in cache:
-        a = taxonomy.ancestors_sparse.tocoo()
-        idx = torch.as_tensor(np.stack([a.row, a.col]).astype(np.int64), device=device)
-        values = torch.ones(idx.shape[1], dtype=torch.float64, device=device)
-        n = taxonomy.num_nodes
-        cache[key] = torch.sparse_coo_tensor(idx, values, (n, n), check_invariants=False).coalesce()
-    return cache[key]
 
 
 def _path_counts(s: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
@@ -502,7 +425,7 @@ def _tree_rows(
     # slower), and every gather below takes the same columns from each row.
     # label probability P(n) - sum of P(children), made row-major: one transposing copy makes both prefix sums
     # below run along contiguous rows, 3x faster than along the node-major axis 0.
-    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)
+    pt = _label_rows(node, taxonomy, leaf)
     # P~(n), the node probabilities re-summed from the clipped label probabilities: exactly monotone along
     # ancestry (differences of a non-decreasing prefix sum), so {P~ > tau} is ancestor-closed.
     cs = np.zeros((g, n + 1))
@@ -674,7 +597,10 @@ def _tree_block(
     a = np.zeros((nb * bs, g))
     a[:n] = node.T[order]
     a[:n] -= tab["child"] @ a[:n]
-    check_label_mass(a[:n], taxonomy, node, node_major=True, row_offset=_ROW_OFFSET.get() + row0, nodes=order)
+    label = np.empty((g, n))
+    label[:, order] = a[:n].T
+    check_label_mass(label, taxonomy, node, row_offset=row0)
+    del label
     np.maximum(a, 0.0, out=a)
     sl, sh = tab["seg_lo"], tab["seg_hi"]
     ptil = a[:n].copy()  # P~ bottom-up: p(n) + the children's P~, sums of non-negatives, monotone along ancestry
@@ -1067,7 +993,7 @@ def _tree_rows_search(
     node: np.ndarray, leaf: np.ndarray | None, taxonomy: Taxonomy, b2: float, include_root: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """Deep trees (and rows the candidate solver cannot narrow): :class:`_SizeSearch` over every node."""
-    pt = np.ascontiguousarray(label_distribution_t(node, taxonomy, leaf=leaf).T)  # [G, N] label probabilities
+    pt = _label_rows(node, taxonomy, leaf)  # [G, N] label probabilities
     search = _SizeSearch(pt, taxonomy, b2, include_root)
     search.run(search.first_guess())
     return search.sets(), search.best
@@ -1114,270 +1040,13 @@ def _dag_rows(p: np.ndarray, taxonomy: Taxonomy, b2: float, include_root: bool) 
 _TORCH_BLOCK_ELEMENTS = 1 << 24  # rows x label sizes x nodes of the [rows, M, N] mass table per block (128 MB)
 
 
-def _optimal_hfbeta_torch(
-    probs: Any, taxonomy: Taxonomy, b2: float, include_root: bool, leaf: bool, return_value: bool
-) -> Any:
-    """:func:`optimal_hfbeta` on the tensor's device: the same optimum (``max_k V_k``, ties to the smaller set,
-    then to smaller ids), by evaluating the sizes ``k = 1, 2, ...`` for a block of rows until the two bounds of
-    the module docstring certify every row of it.
-
-    The table ``q[b, m, n] = P(n in Y, |Y| = lv[m])`` is built as on the NumPy path (differences of depth-major
-    prefix sums on trees, a sparse product with the descendant matrix per label size on DAGs), so that
-    ``w_k = q^T coef_k`` and ``V_k``, the running sum of the sorted weights at ``k``, are the same numbers. Per
-    block the sizes stop at the first ``k`` where, for every row, ``min(U(k), (1+b2) max(SP(k) / (b2 + k),
-    P_(k+1)))`` is at most the best value found: one boolean read back per size. The winning sets are the top
-    ``k`` of a stable descending sort of ``w`` (ties to smaller ids), closed under ancestors (a no-op by
-    monotonicity). O(K M N) per sample for the K sizes searched: a few tens for peaked posteriors, up to N for a
-    flat one.
-    """
-    import torch
-
-    tax = taxonomy
-    x = prepare_torch(probs, tax, leaf_probs=leaf)
-    p = label_distribution_torch(x, tax, leaf=leaf_rows_torch(probs) if leaf else None)
-    b, n = p.shape
-    dev, first = p.device, 0 if include_root else 1
-    sets = torch.zeros(b, n, dtype=torch.bool, device=dev)
-    sets[:, 0] = True
-    values = p[:, 0].clone() if not include_root else torch.zeros(b, dtype=torch.float64, device=dev)
-    if n - first <= 0 or not b:  # a single-node taxonomy: the root label, predicted perfectly by the root
-        return (sets, values.to(value_dtype_torch(probs))) if return_value else sets
-    if tax.is_tree:
-        tab = tree_tables(tax)
-        lv_np = np.arange(tab["lo"].shape[1]) + (1 if include_root else 0)  # label size of each depth
-        order, lo, hi = (index_tensor(tax, ("hf", k), tab[k], dev) for k in ("order", "lo", "hi"))
-    else:
-        sizes = _label_sizes(tax, include_root)
-        lv_np = np.arange(int(sizes.max()) + 1)
-        size_of = index_tensor(tax, ("label_sizes", include_root), sizes, dev)
-    lv = torch.as_tensor(lv_np, dtype=torch.float64, device=dev)
-    step = max(1, _TORCH_BLOCK_ELEMENTS // (len(lv_np) * n))
-    for s in range(0, b, step):
-        pb = p[s : s + step]
-        if tax.is_tree:
-            cs = torch.zeros(pb.shape[0], n + 1, dtype=torch.float64, device=dev)
-            cs[:, 1:] = torch.cumsum(pb[:, order], 1)
-            q = (cs[:, hi] - cs[:, lo]).transpose(1, 2)  # [rows, M, N]: labels of depth m below n
-        else:
-            desc = _ancestor_matrix_torch(tax, dev).t()
-            q = torch.stack([torch.sparse.mm(desc, (pb * (size_of == m)).T).T for m in range(len(lv_np))], 1)
-        sets[s : s + step], values[s : s + step] = _hfbeta_block_torch(q, lv, first, b2, values[s : s + step])
-    from hiercls.decode.sets import ancestor_closure_torch
-
-    sets = ancestor_closure_torch(sets, tax)  # a no-op: ancestors never weigh less than their descendants
-    return (sets, values.to(value_dtype_torch(probs))) if return_value else sets
-
-
-def _hfbeta_block_torch(q: Any, lv: Any, first: int, b2: float, best: Any) -> tuple[Any, Any]:
-    """The optimal sets ``[rows, N]`` and values of one block of :func:`_optimal_hfbeta_torch` (``best``: the
-    empty set's value, replaced by the best found)."""
-    import torch
-
-    rows, _, n = q.shape
-    dev = q.device
-    mass = q[:, :, 0]  # [rows, M]: the label mass by size, in the root's column (every label is below it)
-    q = q[:, :, first:]  # counted nodes only
-    counted = n - first
-    p_sorted = torch.sort(q.sum(1), 1, descending=True).values  # P~ of the counted nodes, largest first
-    sp_k = torch.cumsum(p_sorted, 1)
-    p_next = torch.cat([p_sorted, torch.zeros(rows, 1, dtype=q.dtype, device=dev)], 1)  # P_(k+1) at column k
-    best = best.clone()
-    best_k = torch.zeros(rows, dtype=torch.int64, device=dev)
-
-    def coef(k: Any) -> Any:
-        out = (1.0 + b2) / (b2 * lv + k)
-        return torch.where(lv == 0, 0.0, out)
-
-    for k in range(1, counted + 1):
-        frac = torch.where(lv > 0, lv / (b2 * lv + torch.clamp(lv, min=k)), 0.0)
-        u = (1.0 + b2) * (mass * frac).sum(1)
-        box = (1.0 + b2) * torch.maximum(sp_k[:, k - 1] / (b2 + k), p_next[:, k])
-        live = torch.minimum(u, box) > best  # rows where some size >= k may still win
-        if not bool(live.any()):
-            break
-        w = torch.einsum("bmn,m->bn", q, coef(float(k)))
-        value = torch.cumsum(torch.sort(w, 1, descending=True).values, 1)[:, k - 1]
-        better = live & (value > best)  # strict: a tie keeps the smaller set
-        best = torch.where(better, value, best)
-        best_k = torch.where(better, k, best_k)
-    w = torch.einsum("bmn,bm->bn", q, coef(best_k.clamp(min=1).double()[:, None]))
-    order = torch.sort(w, dim=1, descending=True, stable=True).indices + first
-    sets = torch.zeros(rows, n, dtype=torch.bool, device=dev)
-    sets.scatter_(1, order, torch.arange(counted, device=dev)[None, :] < best_k[:, None])
-    sets[:, 0] = True
-    return sets, best
-
-
-# ---------------------------------------------------------------------------------------------- row-major, compiled
-def _row_kernel_tables(taxonomy: Taxonomy) -> dict[str, Any] | None:
-    """The tables of :func:`hiercls.decode._kernels_hfbeta.hfbeta_tree_rows` (cached), or ``None`` when the tree
-    is not decoded by :func:`_tree_block` (deep trees, very wide nodes), whose arithmetic the kernel mirrors."""
-    cache = taxonomy.namespace_cache(__name__)
-    if "hf_rows" not in cache:
-        tables = None
-        if _block_path(taxonomy) and taxonomy.num_nodes > 1:
-            tab = _block_tables(taxonomy)
-            order = tab["order"]
-            kids = tab["cend"] - tab["cstart"]
-            internal = np.flatnonzero(kids > 0)
-            depth = np.asarray(taxonomy.depth, dtype=np.int64)[order]
-            fam = internal[np.lexsort((internal, kids[internal], -depth[internal]))]
-            nc = np.asarray(taxonomy.num_children, dtype=np.float64)
-            # The kernel's table arguments, in its order (see hfbeta_tree_rows).
-            tables = {
-                "args": (
-                    order.astype(np.uint32),
-                    # internal nodes (families), deepest first, then by number of children (see the kernel)
-                    fam.astype(np.int64),
-                    tab["cstart"][fam].astype(np.int64),
-                    kids[fam].astype(np.int64),
-                    tab["cstart"].astype(np.int64),
-                    tab["cend"].astype(np.int64),
-                    # check_label_mass's tolerance, per depth-major position
-                    np.ascontiguousarray((PROBABILITY_ATOL + _EPS32 * (nc + 1.0))[order]),
-                    np.ascontiguousarray(tab["lo"], dtype=np.int64),
-                    np.ascontiguousarray(tab["hi"], dtype=np.int64),
-                    _depth_spans(taxonomy),
-                    np.asarray(tab["seg_lo"], dtype=np.int64),
-                    np.asarray(tab["seg_hi"], dtype=np.int64),
-                    int(tab["bs"]),
-                    np.asarray(_BLOCK_FRACTIONS, dtype=np.float64),
-                )
-            }
-        cache["hf_rows"] = tables
-    return cache["hf_rows"]
-
-
-def _depth_spans(taxonomy: Taxonomy) -> np.ndarray:
-    """``[N, 2]``: each node's depth and one past the deepest depth of its subtree (pre-order ids)."""
-    depth = np.asarray(taxonomy.depth, dtype=np.int64)
-    deepest = depth.copy()
-    parent = np.asarray(taxonomy.parent, dtype=np.int64)
-    for u in range(taxonomy.num_nodes - 1, 0, -1):  # children have larger ids: their values are final
-        deepest[parent[u]] = max(deepest[parent[u]], deepest[u])
-    return np.ascontiguousarray(np.stack([depth, deepest + 1], axis=1))
-
-
-def _optimal_hfbeta_rows(
-    probs: Any, taxonomy: Taxonomy, b2: float, include_root: bool, leaf_probs: bool, return_value: bool, c0: int
-) -> Any:
-    """:func:`optimal_hfbeta` by the compiled per-row kernel, or ``None`` when the NumPy path must decode.
-
-    Row-major float32/float64 node probabilities of a tree that :func:`_tree_block` decodes (see
-    ``hiercls.decode._rows``). The kernel repeats :func:`_tree_block`'s rounds on each row in the same arithmetic,
-    so the sets and values are the block path's; the rows it cannot certify (more than ``c0`` candidates, or no
-    round certified) are finished by :func:`_tree_block` itself, which takes them to its later levels. ``None``
-    when a row fails the input check or the label-mass check: the NumPy path then raises the error naming it.
-    """
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if rows is None or (tables := _row_kernel_tables(taxonomy)) is None:
-        return None
-    kernels = _hfbeta_kernels()
-    if kernels is None:
-        return None
-    x = rows.x
-    bsz, n = x.shape
-    sets = np.empty((bsz, n), dtype=bool)
-    values = np.empty(bsz)
-    flags = np.zeros(bsz, dtype=bool)
-    failed = kernels.hfbeta_tree_rows(
-        x,
-        *rows.check,
-        *tables["args"],
-        min(c0, n),  # a row has fewer than n candidates: the same rounds, without work arrays sized for c0
-        _BLOCK_WIDTH,
-        float(b2),
-        bool(include_root),
-        sets,
-        values,
-        flags,
-    )
-    if failed >= 0:
-        return None
-    rest = np.flatnonzero(flags)
-    step = max(_CHUNK, min(4 * _CHUNK, _BLOCK_ELEMENTS // n))
-    for s in range(0, rest.size, step):
-        part = rest[s : s + step]
-        sets[part], values[part] = _tree_block(x[part], taxonomy, b2, include_root, c0)
-    if rows.tensor:
-        import torch
-
-        out_sets: Any = torch.from_numpy(sets)
-        out_values: Any = torch.from_numpy(values).to(probs.dtype)
-    else:
-        out_sets, out_values = sets, values
-    return (out_sets, out_values) if return_value else out_sets
-
-
-def lane_tables(taxonomy: Taxonomy) -> tuple[Any, ...] | None:
-    """The tables of ``_kernels_hfbeta._lane_passes`` and of the eight-row Bayes kernel built on it (cached):
-    ``(order, fam_parent, fam_first, fam_size, cstart, cend, mtol, bs, parent_pos, depth_pos, pos)`` with ``pos``
-    the position of each node id; ``None`` where :func:`_row_kernel_tables` is (deep trees, very wide nodes)."""
-    cache = taxonomy.namespace_cache(__name__)
-    if "lane_tables" not in cache:
-        tables = _row_kernel_tables(taxonomy)
-        lanes = None
-        if tables is not None:
-            args = tables["args"]
-            order = np.asarray(args[0], dtype=np.int64)
-            pos = np.empty(taxonomy.num_nodes, dtype=np.int64)
-            pos[order] = np.arange(taxonomy.num_nodes)
-            parent_pos = pos[np.maximum(np.asarray(taxonomy.parent, dtype=np.int64), 0)[order]]
-            depth_pos = np.asarray(taxonomy.depth, dtype=np.int64)[order]
-            lanes = (*args[:7], int(_block_tables(taxonomy)["bs"]), parent_pos, depth_pos, pos)
-        cache["lane_tables"] = lanes
-    return cache["lane_tables"]
-
-
-def lane_kernels() -> Any:
-    """``_kernels_hfbeta`` for its eight-row passes (numba compiled on first use), or ``None`` without numba.
-
-    Unlike :func:`_hfbeta_kernels` this needs no agreement with NumPy's BLAS: the label probabilities and ``P~`` are
-    sequential sums in a fixed order, the same numbers on every CPU."""
-    try:
-        from hiercls.decode import _kernels_hfbeta
-    except ImportError:  # numba missing: the NumPy path decodes
-        return None
-    return _kernels_hfbeta
-
-
-@functools.cache
-def _hfbeta_kernels() -> Any:
-    """The kernel module (numba compiled on first use), or ``None`` when numba is missing or when the kernel's
-    roundings of NumPy's sums differ from NumPy's here (see :func:`_kernel_rounds_as_numpy`)."""
-    kernels = lane_kernels()
-    if kernels is None:  # numba missing: the NumPy path decodes
-        return None
-    if not _kernel_rounds_as_numpy(kernels):
-        logger.info("optimal_hfbeta: the row kernel rounds differently from NumPy/BLAS here; not used")
-        return None
-    return kernels
-
-
-def _kernel_rounds_as_numpy(kernels: Any) -> bool:
-    """Whether the kernel reproduces, to the bit, the three NumPy sums whose order it mirrors: the BLAS ``matmul``
-    of :func:`_search_weights` (fused multiply-adds, in an order that depends on the BLAS and the CPU), the
-    ``einsum`` of :func:`_upper_bound` and the pairwise ``q.sum(2)`` of :func:`_solve`, on random tables of every
-    shape :func:`_solve` meets (sizes in blocks of 16 and 8, up to 48 depths). Everything else the kernel computes
-    is elementwise or sequential, rounded alike everywhere. Exact ties between set sizes are decided by these
-    last bits, so a platform that rounds them otherwise keeps the NumPy path."""
-    rng = np.random.default_rng(0)
-    for depths in (2, 7, 19, 31, 32, 40, 48):
-        for width in (8, 24, 72):
-            q = rng.random((width, depths)) ** 3
-            for b2, include_root in ((1.0, False), (4.0, True), (0.0, False)):
-                lv = np.arange(depths) + (1 if include_root else 0)
-                for ks in (np.arange(1, 17), np.arange(65, 73), np.arange(1, width + 2), np.array([17])):
-                    w, u, sums = kernels.mirror_sums(q, ks, b2, include_root)
-                    if len(ks) in (8, 16) and not np.array_equal(w, _search_weights(q[None], lv, ks, b2)[0]):
-                        return False
-                    if not np.array_equal(u, _upper_bound(q[:1], lv, ks, b2)[0]):
-                        return False
-                    if not np.array_equal(sums, q[None].sum(2)[0]):
-                        return False
-    return True
-
-
+@register_decoder(
+    "optimal_hfbeta",
+    returns="set",
+    optimal_for="expected hF-beta of an ancestor-closed node set",
+    judged_on="hF{beta}_samples",
+    aliases={"optimal_hf1": {"beta": 1.0}, "optimal_hfbeta1": {"beta": 1.0}},
+)
 def optimal_hfbeta(
     probs: Any,
     taxonomy: Taxonomy,
@@ -1423,12 +1092,6 @@ def optimal_hfbeta(
     b2 = check_beta(beta) ** 2
     if int(initial_candidates) < 1:
         raise ValueError(f"initial_candidates must be >= 1; got {initial_candidates!r}")
-    if not torch_kernels(probs):
-        # Row-major node probabilities of a tree: the compiled kernel, over every row at once (it needs O(N) work
-        # memory, so the row blocks of @chunked would only add the joining of their sets).
-        out = _optimal_hfbeta_rows(probs, taxonomy, b2, include_root, leaf_probs, return_value, int(initial_candidates))
-        if out is not None:
-            return out
     return _optimal_hfbeta_blocks(
         probs,
         taxonomy,
@@ -1452,8 +1115,6 @@ def _optimal_hfbeta_blocks(
     initial_candidates: int,
 ) -> Any:
     """:func:`optimal_hfbeta` on the device (torch kernels) or by the NumPy path, in row blocks."""
-    if torch_kernels(probs):
-        return _optimal_hfbeta_torch(probs, taxonomy, b2, include_root, leaf_probs, return_value)
     # The block path converts each block to float64 in its own gather: float32 input is not copied up front.
     batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=leaf_probs or not _block_path(taxonomy))
     bsz, n = batch.node.shape
@@ -1492,3 +1153,19 @@ def _optimal_hfbeta_blocks(
     if return_value:
         return out_sets, restore_values(values, batch)
     return out_sets
+
+
+def _label_rows(node: np.ndarray, taxonomy: Taxonomy, leaf: np.ndarray | None) -> np.ndarray:
+    """Row-major label probabilities ``[G, N]`` from node probabilities (or the leaf probabilities when given)."""
+    if leaf is None:
+        return np.ascontiguousarray(label_distribution(node, taxonomy))
+    out = np.zeros((leaf.shape[0], taxonomy.num_nodes))
+    out[:, taxonomy.leaves] = leaf
+    return out
+
+
+def prefix_sums_t(a: np.ndarray, *, block: int | None = None) -> np.ndarray:
+    """``cs[j] = sum(a[:j])`` down the rows of node-major ``a [R, G]``: ``[R + 1, G]``."""
+    cs = np.zeros((a.shape[0] + 1, a.shape[1]))
+    np.cumsum(a, axis=0, out=cs[1:])
+    return cs

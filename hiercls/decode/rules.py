@@ -2,11 +2,12 @@
 
 Every rule takes node probabilities ``P [B, N]`` (``P[b, n]`` = probability that ``n`` is on the label's path)
 or leaf probabilities with ``leaf_probs=True``, and returns one node id per sample ``[B]`` (int64; NumPy in,
-NumPy out; torch in, torch out on the same device).
+NumPy out; a tensor in, a tensor out on its device: the batch is decoded on the host and the ids moved back).
 
-Ties are broken deterministically and the same way everywhere: after the rule's own criteria, the node with
-the smallest id wins (ids are topological, so an ancestor beats its descendants and, on a tree, the earlier
-sibling in taxonomy order wins).
+Each rule is one compiled kernel (numba) that checks each row (:func:`hiercls.decode.checks.check_row`) and
+applies the rule to it in float64, on trees and DAGs alike. Ties follow :data:`hiercls.decode.inputs.TIE_RTOL`:
+values within it of the best are tied and the smallest node id among them wins (ids are topological, so an
+ancestor beats its descendants and, on a tree, the earlier sibling in taxonomy order wins).
 """
 
 from __future__ import annotations
@@ -15,21 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode._common import (
-    Batch,
-    chunked,
-    first_max_t,
-    first_true_t,
-    index_tensor,
-    prepare,
-    prepare_torch,
-    restore_ids,
-    segment_reduce_t,
-    sorted_children,
-    torch_kernels,
-)
-from hiercls.decode._rows import indices, kernel_rows
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.decode.checks import check_row, jit
+from hiercls.decode.inputs import TIE_RTOL, Batch, prepare, restore_ids
+from hiercls.decode.registry import register_decoder
+from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy
 
 __all__ = [
     "argmax_leaf",
@@ -44,14 +34,137 @@ __all__ = [
 ]
 
 
-_TIE_TOL = 1e-9
+@jit
+def scored_pick_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, cand: Any, weight: Any, coarse: Any,
+                     out: Any, err: Any) -> None:  # fmt: skip
+    """Per row: the first candidate ``cand[i]`` (ids ascending) tied with the best score
+    ``weight[i] * P(cand[i])``, times ``P(coarse[i])`` when ``coarse`` is not empty."""
+    with_coarse = coarse.shape[0] > 0
+    for b in range(x.shape[0]):
+        row = x[b]
+        code, pos = check_row(row, mode, child, parent, tol)
+        if code:
+            err[0], err[1], err[2] = b, code, pos
+            return
+        best = -np.inf
+        for i in range(cand.shape[0]):
+            s = weight[i] * np.float64(row[cand[i]])
+            if with_coarse:
+                s *= np.float64(row[coarse[i]])
+            best = max(best, s)
+        floor = best - TIE_RTOL * max(1.0, abs(best))
+        for i in range(cand.shape[0]):
+            s = weight[i] * np.float64(row[cand[i]])
+            if with_coarse:
+                s *= np.float64(row[coarse[i]])
+            if s >= floor:
+                out[b] = cand[i]
+                break
 
 
-def _first_argmax(x: np.ndarray) -> np.ndarray:
-    return np.argmax(x, axis=1) if x.shape[0] else np.zeros(0, dtype=np.int64)
+@jit
+def deepest_above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: float, key: Any, out: Any,
+                       err: Any) -> None:  # fmt: skip
+    """Per row, among the nodes with ``P > t``: the largest ``key``, then the largest ``P`` (tie rule), then the
+    smallest id; the root when no node qualifies."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        code, pos = check_row(row, mode, child, parent, tol)
+        if code:
+            err[0], err[1], err[2] = b, code, pos
+            return
+        best_key, best_p = -np.inf, -np.inf
+        for j in range(row.shape[0]):
+            v = np.float64(row[j])
+            if v > t and (key[j] > best_key or (key[j] == best_key and v > best_p)):
+                best_key, best_p = key[j], v
+        out[b] = 0
+        floor = best_p - TIE_RTOL * max(1.0, abs(best_p))
+        for j in range(row.shape[0]):
+            v = np.float64(row[j])
+            if v > t and key[j] == best_key and v >= floor:
+                out[b] = j
+                break
 
 
-@chunked
+@jit
+def descend_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, ptr: Any, kids: Any, t: float,
+                 plurality: bool, out: Any, err: Any) -> None:  # fmt: skip
+    """Per row, walk down from the root to the best child (tie rule: the smallest id among the tied), while the
+    rule allows: ``top_down`` while ``P(child) / P(node) >= t``; ``plurality`` while ``P(child)`` ties with or
+    beats ``m``, the largest runner-up probability seen so far (a single child always). Never into ``P = 0``."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        code, pos = check_row(row, mode, child, parent, tol)
+        if code:
+            err[0], err[1], err[2] = b, code, pos
+            return
+        cur, m = 0, 0.0
+        while ptr[cur + 1] > ptr[cur]:
+            lo, hi = ptr[cur], ptr[cur + 1]
+            best = -np.inf
+            for k in range(lo, hi):
+                best = max(best, np.float64(row[kids[k]]))
+            floor = best - TIE_RTOL * max(1.0, abs(best))
+            at = lo
+            while np.float64(row[kids[at]]) < floor:
+                at += 1
+            top = np.float64(row[kids[at]])
+            if plurality:
+                if hi - lo > 1:
+                    runner = -np.inf
+                    for k in range(lo, hi):
+                        if k != at:
+                            runner = max(runner, np.float64(row[kids[k]]))
+                    m = max(m, runner)
+                move = hi - lo == 1 or top >= m - TIE_RTOL * max(1.0, abs(m))
+            else:
+                pu = np.float64(row[cur])
+                move = (top / pu if pu > 0 else 0.0) >= t
+            if not (move and top > 0):
+                break
+            cur = kids[at]
+        out[b] = cur
+
+
+def _run(kernel: Any, batch: Batch, *tables: Any) -> Any:
+    """Node ids ``[B]`` from ``kernel(x, *check, *tables, out, err)`` in the input's framework."""
+    out = np.zeros(batch.x.shape[0], dtype=np.int64)
+    err = np.zeros(3, dtype=np.int64)
+    if out.size:
+        kernel(batch.x, *batch.check_args(), *tables, out, err)
+    batch.raise_if(err)
+    return restore_ids(out, batch)
+
+
+def _table(taxonomy: Taxonomy, key: Any, make: Any) -> Any:
+    """A per-taxonomy kernel table, built once by ``make()``."""
+    cache = taxonomy.namespace_cache(__name__)
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def _leaves(taxonomy: Taxonomy) -> np.ndarray:
+    return _table(taxonomy, "leaves", lambda: np.sort(np.asarray(taxonomy.leaves, dtype=np.int64)))
+
+
+def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
+    """CSR children ``(ptr, idx)`` with each node's children sorted by id."""
+
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        ptr = np.asarray(taxonomy.child_ptr, dtype=np.int64)
+        idx = np.asarray(taxonomy.child_idx, dtype=np.int64)
+        owner = np.repeat(np.arange(taxonomy.num_nodes), np.diff(ptr))
+        return ptr, idx[np.lexsort((idx, owner))]
+
+    return _table(taxonomy, "sorted_children", make)
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+@register_decoder("argmax_leaf", optimal_for="leaf accuracy (the flat classifier's prediction)")
 def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
     """The most probable leaf (the flat-classifier prediction).
 
@@ -61,124 +174,12 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         >>> argmax_leaf(np.array([[1.0, 0.7, 0.35, 0.35, 0.3]]), tax).tolist()  # tie x/y: smaller id
         [2]
     """
-    if torch_kernels(probs):  # on the tensor's device (torch.argmax returns the first maximum, as NumPy)
-        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
-        leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
-        return leaves[x[:, leaves].argmax(1)] if x.shape[0] else leaves[:0]
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if rows and (ids := rows.ids("argmax_leaf_rows", indices(taxonomy, "leaves", taxonomy.leaves))) is not None:
-        return ids
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    leaves = taxonomy.leaves
-    if not batch.node.shape[0]:
-        return restore_ids(leaves[:0], batch)
-    if batch.row_major:  # np.argmax returns the first maximum, as first_max_t
-        return restore_ids(leaves[np.take(batch.node, leaves, axis=1).argmax(1)], batch)
-    return restore_ids(leaves[first_max_t(batch.node_t[leaves])], batch)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
+    leaves = _leaves(batch.taxonomy)
+    return _run(scored_pick_rows, batch, leaves, np.ones(len(leaves)), _NONE)
 
 
-# Children gathered per descent step and block of rows: bounds the flat work arrays (a 100k-wide node is
-# ~40 rows a block) so the memory stays O(rows + nodes), never [rows, widest family].
-_STEP_ELEMENTS = 1 << 20
-
-
-def _descend(batch: Batch, decide: Any, second: bool = False) -> np.ndarray:
-    """Walk down from the root, one family per row and step, on CSR children (O(children visited)).
-
-    ``decide(rows, cur, kid, top, runner)`` says which rows move from ``cur`` to their best child ``kid`` (largest
-    probability ``top``, ties: smaller id); ``runner`` is the second-largest child probability (``-inf`` for a
-    single child), computed when ``second`` is set. A row that does not move stops for good (the rules only
-    tighten), and so does a row at a leaf.
-    """
-    tax = batch.taxonomy
-    ptr, idx = sorted_children(tax)
-    nc = np.diff(ptr)
-    node = batch.node
-    cur = np.zeros(node.shape[0], dtype=np.int64)
-    active = np.arange(node.shape[0])
-    while active.size:
-        c = cur[active]
-        cnt_all = nc[c]
-        if (cnt_all == 1).all():  # only single-child families (a chain): no segments, one gather
-            kid = idx[ptr[c]]
-            move = decide(active, c, kid, node[active, kid], np.full(active.size, -np.inf) if second else None)
-            cur[active[move]] = kid[move]
-            active = active[move]
-            continue
-        active = active[cnt_all > 0]
-        moved = []
-        cnt_all = cnt_all[cnt_all > 0]
-        # Blocks of rows with at most _STEP_ELEMENTS children in all (a row alone when its family is wider).
-        bounds = np.searchsorted(
-            np.cumsum(cnt_all), np.arange(1, 1 + (cnt_all.sum() // _STEP_ELEMENTS)) * _STEP_ELEMENTS
-        )
-        for rows, cnt in zip(np.split(active, bounds), np.split(cnt_all, bounds), strict=True):
-            if not rows.size:
-                continue
-            c = cur[rows]
-            seg = np.cumsum(cnt) - cnt
-            total = int(cnt.sum())
-            flat = np.arange(total) + np.repeat(ptr[c] - seg, cnt)
-            kids = idx[flat]
-            vals = node[np.repeat(rows, cnt), kids]
-            top = np.maximum.reduceat(vals, seg)
-            pos = np.minimum.reduceat(np.where(vals == np.repeat(top, cnt), np.arange(total), total), seg)
-            runner = None
-            if second:
-                vals[pos] = -np.inf
-                runner = np.maximum.reduceat(vals, seg)
-                runner[cnt == 1] = -np.inf
-            kid = kids[pos]
-            move = decide(rows, c, kid, top, runner)
-            cur[rows[move]] = kid[move]
-            moved.append(rows[move])
-        active = np.concatenate(moved) if moved else active[:0]
-    return cur
-
-
-def _families_torch(x: Any, taxonomy: Taxonomy, second: bool) -> tuple[Any, Any, Any]:
-    """Per node and sample: the best child (largest ``P``, ties: smaller id; ``-1`` at a leaf), its ``P`` and, with
-    ``second``, the runner-up's ``P`` (``-inf`` for a single child), for every family at once on the device."""
-    import torch
-
-    tax = taxonomy
-    ptr, idx = sorted_children(tax)
-    owner = np.repeat(np.arange(tax.num_nodes), np.diff(ptr))
-    dev, (b, n) = x.device, x.shape
-    kids = index_tensor(tax, "csr_kids", idx, dev)
-    own = index_tensor(tax, "csr_owner", owner, dev)[None, :].expand(b, -1)
-    vals = x[:, kids]  # [B, E]
-    ninf = float("-inf")
-    top = torch.full((b, n), ninf, dtype=x.dtype, device=dev).scatter_reduce(1, own, vals, "amax")
-    slot = torch.arange(len(idx), device=dev)[None, :].expand(b, -1)
-    first = torch.full((b, n), len(idx), dtype=torch.int64, device=dev)
-    first = first.scatter_reduce(1, own, torch.where(vals == top.gather(1, own), slot, len(idx)), "amin")
-    kid = torch.cat([kids, kids.new_full((1,), -1)])[first]
-    runner = None
-    if second:
-        rest = vals.masked_fill(slot == first.gather(1, own), ninf)
-        runner = torch.full((b, n), ninf, dtype=x.dtype, device=dev).scatter_reduce(1, own, rest, "amax")
-    return kid, top, runner
-
-
-def _descend_torch(x: Any, taxonomy: Taxonomy, decide: Any, second: bool = False) -> Any:
-    """:func:`_descend` on the tensor's device: every family's best child at once, then one step per level."""
-    import torch
-
-    kid, top, runner = _families_torch(x, taxonomy, second)
-    cur = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-    live = torch.ones_like(cur, dtype=torch.bool)
-    for _ in range(taxonomy.height):  # a fixed number of steps: no host sync to ask whether rows still move
-        at = cur[:, None]
-        k = kid.gather(1, at)[:, 0]
-        go = live & (k >= 0)
-        move = go & decide(go, cur, k, top.gather(1, at)[:, 0], None if runner is None else runner.gather(1, at)[:, 0])
-        cur = torch.where(move, k, cur)
-        live = move
-    return cur
-
-
-@chunked(scale=8)
+@register_decoder("top_down", optimal_for="the greedy chain of per-node decisions of top-down classifiers")
 def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_probs: bool = False) -> Any:
     """Greedy top-down descent: from the root, move to the most probable child (ties: smaller id).
 
@@ -200,32 +201,11 @@ def top_down(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.0, leaf_pro
         [1]
     """
     t = _check_unit(threshold, "threshold")
-    if torch_kernels(probs):
-        import torch
-
-        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
-
-        def decide_t(go: Any, cur: Any, kid: Any, top: Any, runner: Any) -> Any:
-            pu = x.gather(1, cur[:, None])[:, 0]
-            cond = torch.where(pu > 0, top / torch.where(pu > 0, pu, 1.0), 0.0)
-            return (cond >= t) & (top > 0)
-
-        return _descend_torch(x, taxonomy, decide_t)
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if rows and (ids := rows.ids("descend_rows", *sorted_children(taxonomy), rows.value(t), False, 0.0)) is not None:
-        return ids
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    node = batch.node
-
-    def decide(rows: np.ndarray, cur: np.ndarray, kid: np.ndarray, top: np.ndarray, runner: Any) -> np.ndarray:
-        pu = node[rows, cur]
-        cond = np.where(pu > 0, top / np.where(pu > 0, pu, 1.0), 0.0)
-        return (cond >= t) & (top > 0)
-
-    return restore_ids(_descend(batch, decide), batch)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
+    return _run(descend_rows, batch, *_sorted_children(batch.taxonomy), t, False)
 
 
-@chunked(scale=8)
+@register_decoder("plurality", optimal_for="the deepest node more probable than every node off its path")
 def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
     """Plurality inference: the deepest node more probable than every node off its path.
 
@@ -237,13 +217,10 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
     any node that is neither an ancestor nor a descendant of the current one, so the answer is the deepest
     node whose probability is at least that of every incomparable node.
 
-    Ties: ``P(c) = m`` moves (the reference's ``>=``; differences below ``1e-9`` count as equal so that
-    round-off cannot flip a decision); among equally probable children the smallest id is taken. A child of
+    Ties: ``P(c) = m`` moves (the reference's ``>=``, with the tie margin of
+    :data:`~hiercls.decode.inputs.TIE_RTOL`); among equally probable children the smallest id is taken. A child of
     probability 0 is never entered (it cannot happen on the path with leaf labels; with a label known to stop
     at an internal node it keeps the rule there, as :func:`top_down` does).
-
-    Earlier hiercls versions compared the best child with its siblings *and* the "label stops here" mass instead;
-    with labels only at leaves that rule was :func:`top_down` except on ties, so it is not kept.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -253,36 +230,8 @@ def plurality(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> An
         >>> tax.name_of(int(plurality(leaf, tax, leaf_probs=True)[0]))  # a2 (.29) < c (.31): stop at Y
         'Y'
     """
-    if torch_kernels(probs):
-        import torch
-
-        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
-        m_t = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-
-        def decide_t(go: Any, cur: Any, kid: Any, top: Any, runner: Any) -> Any:
-            nonlocal m_t
-            single = torch.isneginf(runner)
-            m = torch.maximum(m_t, torch.where(single, 0.0, runner))
-            m_t = torch.where(go, m, m_t)  # only rows still descending update their threshold
-            return (single | (top >= m - _TIE_TOL)) & (top > 0)
-
-        return _descend_torch(x, taxonomy, decide_t, second=True)
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if (
-        rows
-        and (ids := rows.ids("descend_rows", *sorted_children(taxonomy), rows.value(0), True, _TIE_TOL)) is not None
-    ):
-        return ids
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    runner_max = np.zeros(batch.node.shape[0])  # m, per row
-
-    def decide(rows: np.ndarray, cur: np.ndarray, kid: np.ndarray, top: np.ndarray, runner: Any) -> np.ndarray:
-        single = np.isneginf(runner)
-        m = np.maximum(runner_max[rows], np.where(single, 0.0, runner))
-        runner_max[rows] = m
-        return (single | (top >= m - _TIE_TOL)) & (top > 0)
-
-    return restore_ids(_descend(batch, decide, second=True), batch)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
+    return _run(descend_rows, batch, *_sorted_children(batch.taxonomy), 0.0, True)
 
 
 def _check_unit(value: float, name: str) -> float:
@@ -292,61 +241,17 @@ def _check_unit(value: float, name: str) -> float:
     return v
 
 
-def _key_groups(taxonomy: Taxonomy, name: str, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The nodes sorted by ``key`` descending then id, and where each run of equal keys starts (cached)."""
-    cache = taxonomy.namespace_cache(__name__)
-    if ("groups", name) not in cache:
-        perm = np.lexsort((np.arange(len(key)), -key))
-        k = key[perm]
-        starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
-        cache["groups", name] = (perm.astype(np.intp), starts)
-    return cache["groups", name]
+def _deepest_above(probs: Any, taxonomy: Taxonomy, t: float, key: str, leaf_probs: bool) -> Any:
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
+    tax = batch.taxonomy
+    if key == "depth":
+        keys = _table(tax, "depth", lambda: np.asarray(tax.depth, dtype=np.float64))
+    else:
+        keys = _table(tax, "ic", lambda: np.asarray(tax.information_content, dtype=np.float64))
+    return _run(deepest_above_rows, batch, t, keys)
 
 
-def _deepest_above(batch: Batch, t: float, key: np.ndarray, name: str) -> np.ndarray:
-    """Among nodes with ``P > t``: max ``key``, then max ``P``, then smallest id; the root when none.
-
-    Node-major: the nodes are grouped by key (best first) and each group's largest ``P`` taken; the first group
-    whose largest ``P`` exceeds ``t`` holds the answer, the first node (in group order) with that probability.
-    No node of an earlier group can have it (they are all at most ``t``).
-    """
-    node = batch.node
-    if node.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    perm, starts = _key_groups(batch.taxonomy, name, key)
-    xs = batch.node_t[perm]
-    top = segment_reduce_t(np.maximum, xs, starts)  # [G, b]
-    g = first_true_t(top > t)
-    found = g < len(starts)
-    cols = np.arange(xs.shape[1])
-    value = top[np.minimum(g, len(starts) - 1), cols]
-    pos = first_true_t(xs == value)
-    return np.where(found, perm[np.minimum(pos, len(perm) - 1)], 0)
-
-
-def _deepest_above_np(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
-    """:func:`_deepest_above` of NumPy or CPU-tensor input (row-major trees: the compiled kernel)."""
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf)
-    if rows and (ids := rows.ids("deepest_above_rows", rows.value(t), key)) is not None:
-        return ids
-    batch = prepare(probs, taxonomy, leaf_probs=leaf, exact=False)
-    return restore_ids(_deepest_above(batch, t, key, name), batch)
-
-
-def _deepest_above_torch(probs: Any, taxonomy: Taxonomy, t: float, name: str, key: np.ndarray, leaf: bool) -> Any:
-    """:func:`_deepest_above` on the tensor's device, with the same tie rule."""
-    x = prepare_torch(probs, taxonomy, leaf_probs=leaf)
-    if not x.shape[0]:
-        return index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)[:0]
-    k = index_tensor(taxonomy, name, key, x.device)
-    mask = x > t
-    ninf = float("-inf")
-    best_key = k[None, :].where(mask, ninf).amax(1, keepdim=True)
-    pick = x.where(mask & (k[None, :] == best_key), ninf).argmax(1)
-    return pick.where(mask.any(1), 0)
-
-
-@chunked
+@register_decoder("threshold", optimal_for="the deepest node above a probability threshold")
 def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
     """The deepest node whose probability exceeds ``threshold`` (ties: more probable, then smaller id).
 
@@ -363,19 +268,16 @@ def threshold(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pr
         >>> threshold(p, tax, threshold=1.0).tolist()  # nothing above 1: the root
         [0]
     """
-    t = _check_unit(threshold, "threshold")
-    if torch_kernels(probs):
-        return _deepest_above_torch(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
-    return _deepest_above_np(probs, taxonomy, t, "depth", taxonomy.depth.astype(np.float64), leaf_probs)
+    return _deepest_above(probs, taxonomy, _check_unit(threshold, "threshold"), "depth", leaf_probs)
 
 
-@chunked
+@register_decoder("majority", optimal_for="the deepest node with probability above 1/2")
 def majority(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> Any:
     """The deepest node with probability above 1/2 (:func:`threshold` at 0.5)."""
     return threshold(probs, taxonomy, threshold=0.5, leaf_probs=leaf_probs)
 
 
-@chunked
+@register_decoder("max_info", optimal_for="the most informative node above a probability threshold")
 def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
     """The most informative node (fewest leaves below, i.e. largest information content) with ``P > threshold``.
 
@@ -388,14 +290,10 @@ def max_info(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_pro
         >>> max_info(np.array([[1.0, 0.8, 0.55, 0.25, 0.2]]), tax).tolist()
         [2]
     """
-    t = _check_unit(threshold, "threshold")
-    ic = taxonomy.information_content.astype(np.float64)
-    if torch_kernels(probs):
-        return _deepest_above_torch(probs, taxonomy, t, "ic", ic, leaf_probs)
-    return _deepest_above_np(probs, taxonomy, t, "ic", ic, leaf_probs)
+    return _deepest_above(probs, taxonomy, _check_unit(threshold, "threshold"), "ic", leaf_probs)
 
 
-@chunked
+@register_decoder("info_gain", optimal_for="expected information gain (Deng et al., CVPR 2012)")
 def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: bool = False) -> Any:
     """Maximum expected reward with information-gain rewards: ``argmax_n (IC(n) + lam) * P(n)``.
 
@@ -416,20 +314,10 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
     lam = float(lam)
     if not np.isfinite(lam) or lam < 0:
         raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
-    if torch_kernels(probs):
-        x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
-        w = index_tensor(taxonomy, "ic", taxonomy.information_content.astype(np.float64), x.device) + lam
-        return (x.double() * w).argmax(1) if x.shape[0] else w[:0].long()
-    weight = taxonomy.information_content + lam  # float64 scores, as the torch path
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if rows and (ids := rows.ids("weighted_argmax_rows", weight)) is not None:
-        return ids
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    if not batch.node.shape[0]:
-        return restore_ids(np.zeros(0, dtype=np.int64), batch)
-    if batch.row_major:
-        return restore_ids((batch.node * weight).argmax(1), batch)
-    return restore_ids(first_max_t(batch.node_t * weight[:, None]), batch)
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
+    tax = batch.taxonomy
+    nodes = _table(tax, "all", lambda: np.arange(tax.num_nodes, dtype=np.int64))
+    return _run(scored_pick_rows, batch, nodes, np.asarray(tax.information_content, dtype=np.float64) + lam, _NONE)
 
 
 def calibrate_info_gain(
@@ -465,14 +353,14 @@ def calibrate_info_gain(
     target = _check_unit(target_accuracy, "target_accuracy")
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
     y = np.asarray(labels.detach().cpu().numpy() if hasattr(labels, "detach") else labels, dtype=np.int64).ravel()
-    if y.shape[0] != batch.node.shape[0]:
-        raise ValueError(f"labels has {y.shape[0]} entries but probs has {batch.node.shape[0]} rows")
+    if y.shape[0] != batch.x.shape[0]:
+        raise ValueError(f"labels has {y.shape[0]} entries but probs has {batch.x.shape[0]} rows")
     if y.size and (y.min() < 0 or y.max() >= taxonomy.num_nodes):
         raise TaxonomyError(f"labels must be node ids in [0, {taxonomy.num_nodes}); got {y.min()}..{y.max()}")
     anc = taxonomy.ancestors_sparse
 
     def accuracy(lam: float) -> float:
-        pred = info_gain(batch.node, taxonomy, lam=lam)
+        pred = info_gain(batch.x, taxonomy, lam=lam)
         return float(np.asarray(anc[y, pred]).ravel().astype(bool).mean()) if y.size else 1.0
 
     if accuracy(0.0) >= target:
@@ -491,7 +379,7 @@ def calibrate_info_gain(
     return hi
 
 
-@chunked
+@register_decoder("hie", optimal_for="the fine posterior re-weighted by the coarse one (HiE, NeurIPS 2023)")
 def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs: bool = False) -> Any:
     """HiE test-time amendment: the leaf maximising ``P(leaf) * P(coarse ancestor of the leaf)``.
 
@@ -510,39 +398,16 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
         >>> argmax_leaf(p, tax).tolist(), hie(p, tax).tolist()  # 0.35*0.4 < 0.3*0.6
         ([5], [2])
     """
+    taxonomy = check_taxonomy(taxonomy)
     if not taxonomy.is_tree:
         raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
-    leaves = taxonomy.leaves
+    leaves = _leaves(taxonomy)
     if level is None:
         coarse = np.maximum(taxonomy.parent[leaves], 0)
     else:
         lv = int(level)
         if lv < 0:
             raise ValueError(f"level must be a depth >= 0; got {level!r}")
-        paths = taxonomy.paths[leaves]
-        coarse = paths[np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
-    if torch_kernels(probs):
-        return _hie_torch(probs, taxonomy, coarse, leaf_probs)
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs)
-    if rows:
-        ids = rows.ids("hie_rows", indices(taxonomy, "leaves", leaves), indices(taxonomy, ("hie", level), coarse))
-        if ids is not None:
-            return ids
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
-    if not batch.node.shape[0]:
-        return restore_ids(leaves[:0], batch)
-    if batch.row_major:
-        score = np.take(batch.node, leaves, axis=1)
-        np.multiply(score, np.take(batch.node, coarse, axis=1), out=score)
-        return restore_ids(leaves[score.argmax(1)], batch)
-    xt = batch.node_t
-    return restore_ids(leaves[first_max_t(xt[leaves] * xt[coarse])], batch)
-
-
-def _hie_torch(probs: Any, taxonomy: Taxonomy, coarse: np.ndarray, leaf_probs: bool) -> Any:
-    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs)
-    leaves = index_tensor(taxonomy, "leaves", taxonomy.leaves, x.device)
-    if not x.shape[0]:
-        return leaves[:0]
-    c = index_tensor(taxonomy, ("hie", coarse.tobytes()), coarse, x.device)
-    return leaves[(x[:, leaves] * x[:, c]).argmax(1)]
+        coarse = taxonomy.paths[leaves][np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
+    return _run(scored_pick_rows, batch, leaves, np.ones(len(leaves)), np.asarray(coarse, dtype=np.int64))

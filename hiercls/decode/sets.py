@@ -12,6 +12,11 @@ set of nodes, not one node. Both rules return boolean node sets ``[B, N]`` that 
   descendant-or-self of ``n`` exceeds ``t``, the set is the ancestor closure of :func:`threshold_set`'s: always
   coherent, and equal to it on hierarchy-consistent probabilities (the ``multilabel`` head's
   :meth:`~hiercls.heads.MultiLabelHead.node_probs` are already the max-constraint output).
+
+Both are one compiled kernel (numba) per row, on trees and DAGs: the row check (scores: finite and in
+``[0, 1]``), the threshold, and for ``chmcnn`` the closure, every edge once with children in decreasing id order
+(ids are topological, so a node is final before its parents read it). Tensor input is decoded on the host and the
+sets go back to its device.
 """
 
 from __future__ import annotations
@@ -19,22 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
+import torch
 
-from hiercls.decode._common import (
-    chunked,
-    prefix_sums_t,
-    prepare,
-    prepare_torch,
-    restore_sets,
-    subtree_ends,
-    subtree_ends_tensor,
-    torch_kernels,
-)
-from hiercls.decode._rows import kernel_rows
+from hiercls.decode.checks import check_row, edges, jit
+from hiercls.decode.inputs import prepare, restore_sets
+from hiercls.decode.registry import register_decoder
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["chmcnn", "threshold_set"]
+__all__ = ["ancestor_closure", "chmcnn", "threshold_set"]
 
 
 def _unit(value: float, name: str) -> float:
@@ -44,74 +41,80 @@ def _unit(value: float, name: str) -> float:
     return v
 
 
-def _above_torch(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> Any:
-    """``_above`` on the tensor's device: boolean ``[B, N]``, the root always in."""
-    x = prepare_torch(probs, taxonomy, leaf_probs=leaf_probs, scores=True)
-    sets = x > threshold
-    sets[:, 0] = True
-    return sets
+@jit
+def above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: float, up_child: Any, up_parent: Any,
+               out: Any, err: Any) -> None:  # fmt: skip
+    """Per row: ``P > t`` and the root; then every edge ``(up_child[e], up_parent[e])`` (children in decreasing id
+    order; none for :func:`threshold_set`) passes a kept child on to its parent."""
+    for b in range(x.shape[0]):
+        row = x[b]
+        code, pos = check_row(row, mode, child, parent, tol)
+        if code:
+            err[0], err[1], err[2] = b, code, pos
+            return
+        keep = out[b]
+        for j in range(row.shape[0]):
+            keep[j] = np.float64(row[j]) > t
+        keep[0] = True
+        close_row(keep, up_child, up_parent)
 
 
-def _ancestor_closure(sets: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
-    """Every ancestor of a kept node kept too: ``sets [B, N]`` bool, NumPy.
+@jit
+def close_row(keep: Any, up_child: Any, up_parent: Any) -> None:
+    """Add to the boolean node set ``keep`` every ancestor of its nodes, in place: every edge once, children in
+    decreasing id order (``up_child``, ``up_parent``), so each node is final before its parents read it."""
+    for e in range(up_child.shape[0]):
+        if keep[up_child[e]]:
+            keep[up_parent[e]] = True
 
-    On a tree a node is kept when its id range ``[n, end[n])`` (its subtree, ids being the depth-first
-    pre-order) holds a kept node, i.e. when the running count of kept nodes grows over that range: one
-    cumulative sum and one gather per row, O(N) whatever the depth (a 10,000-deep chain costs what a bushy tree
-    of the same size does). On a DAG, ``S @ A > 0`` with the sparse ancestor matrix.
+
+@jit
+def close_rows(sets: Any, up_child: Any, up_parent: Any) -> None:
+    """:func:`close_row` on every row of ``sets [B, N]``."""
+    for b in range(sets.shape[0]):
+        close_row(sets[b], up_child, up_parent)
+
+
+def ancestor_closure(sets: Any, taxonomy: Taxonomy) -> Any:
+    """Boolean node sets ``[B, N]`` (NumPy or torch) with every ancestor of their nodes added (every parent on a
+    DAG), in the input's framework and device; computed on the host by the kernel of :func:`chmcnn`.
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> ancestor_closure(np.array([[False, False, False, True, False], [False] * 5]), tax).astype(int).tolist()
+        [[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]]
     """
-    if not taxonomy.is_tree:
-        # Row d of the ancestor matrix lists d's ancestors-or-self: S @ A marks every ancestor of a kept node.
-        return (sp.csr_matrix(sets, dtype=np.int32) @ taxonomy.ancestors_sparse.astype(np.int32)).toarray() > 0
-    end = subtree_ends(taxonomy)
-    if sets.shape[0] > 1 and sets.strides[0] < sets.strides[1]:  # node-major (e.g. a row block of Fortran order)
-        counts = prefix_sums_t(sets.T, dtype=np.int32)
-        return (counts[end] > counts[:-1]).T
-    counts = np.zeros((sets.shape[0], sets.shape[1] + 1), dtype=np.int32)
-    np.cumsum(sets, axis=1, dtype=np.int32, out=counts[:, 1:])
-    return np.take(counts, end, axis=1) > counts[:, :-1]
+    device = sets.device if isinstance(sets, torch.Tensor) else None
+    host = sets.detach().cpu().numpy() if device is not None else np.asarray(sets)
+    out = np.array(host, dtype=bool, order="C", ndmin=2)
+    close_rows(out, *_closure_edges(taxonomy))
+    return torch.from_numpy(out).to(device) if device is not None else out
 
 
-def ancestor_closure_torch(sets: Any, taxonomy: Taxonomy) -> Any:
-    """:func:`_ancestor_closure` on the tensor's device (trees: the running count; DAGs: a sparse product)."""
-    import torch
-
-    if not sets.shape[0]:
-        return sets
-    if taxonomy.is_tree:
-        end = subtree_ends_tensor(taxonomy, sets.device)
-        counts = sets.new_zeros(sets.shape[0], sets.shape[1] + 1, dtype=torch.int32)
-        torch.cumsum(sets, 1, dtype=torch.int32, out=counts[:, 1:])
-        return counts.index_select(1, end) > counts[:, :-1]
+def _closure_edges(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
     cache = taxonomy.namespace_cache(__name__)
-    key = ("ancestors_t", str(sets.device))
-    if key not in cache:
-        a = taxonomy.ancestors_sparse.tocoo()  # a[d, u] = 1 when u is an ancestor-or-self of d
-        idx = torch.as_tensor(np.stack([a.col, a.row]).astype(np.int64), device=sets.device)
-        n = taxonomy.num_nodes
-        # A^T [u, d]: times S^T [d, B] it counts the kept descendants-or-self of each u (exact in float32).
-        cache[key] = torch.sparse_coo_tensor(
-            idx, torch.ones(idx.shape[1], device=sets.device), (n, n), check_invariants=False
-        ).coalesce()
-    at = cache[key]
-    return (torch.sparse.mm(at, sets.T.float()) > 0).T.contiguous()
+    if "up" not in cache:
+        child, parent = edges(taxonomy)
+        order = np.argsort(-child, kind="stable")
+        cache["up"] = (np.ascontiguousarray(child[order]), np.ascontiguousarray(parent[order]))
+    return cache["up"]
 
 
-def _above_rows(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool, close: bool) -> Any:
-    """:func:`_above` (``close``: and its ancestor closure) by the compiled kernel, or ``None`` (see ``_rows``)."""
-    rows = kernel_rows(probs, taxonomy, leaf_probs=leaf_probs, scores=True)
-    return rows and rows.sets("above_rows", rows.value(_unit(threshold, "threshold")), close)
-
-
-def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool) -> tuple[np.ndarray, Any]:
+def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool, close: bool) -> Any:
     t = _unit(threshold, "threshold")
-    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False, scores=True)
-    sets = batch.node > t
-    sets[:, 0] = True  # every set holds the root
-    return sets, batch
+    batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, scores=True, check=False)
+    none = np.zeros(0, dtype=np.int64)
+    up = _closure_edges(batch.taxonomy) if close else (none, none)
+    out = np.zeros(batch.x.shape, dtype=bool)
+    err = np.zeros(3, dtype=np.int64)
+    if out.size:
+        above_rows(batch.x, *batch.check_args(scores=True), t, *up, out, err)
+    batch.raise_if(err, scores=True)
+    return restore_sets(out, batch)
 
 
-@chunked
+@register_decoder("threshold_set", returns="set", multilabel=True, optimal_for="a threshold per node (multi-label)")
 def threshold_set(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
     """The set of nodes whose probability exceeds ``threshold`` (plus the root).
 
@@ -124,15 +127,10 @@ def threshold_set(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, lea
         >>> threshold_set(p, tax, threshold=0.65).astype(int).tolist()
         [[1, 1, 1, 0, 0]]
     """
-    if torch_kernels(probs):
-        return _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs)
-    if (sets := _above_rows(probs, taxonomy, threshold, leaf_probs, close=False)) is not None:
-        return sets
-    sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
-    return restore_sets(sets, batch)
+    return _above(probs, taxonomy, threshold, leaf_probs, close=False)
 
 
-@chunked
+@register_decoder("chmcnn", returns="set", multilabel=True, optimal_for="coherent multi-label sets (C-HMCNN)")
 def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs: bool = False) -> Any:
     """C-HMCNN's coherent decoding: threshold the max-constraint ``max(P(d), d descendant-or-self)``.
 
@@ -146,11 +144,4 @@ def chmcnn(probs: Any, taxonomy: Taxonomy, *, threshold: float = 0.5, leaf_probs
         >>> threshold_set(raw, tax).astype(int).tolist(), chmcnn(raw, tax).astype(int).tolist()
         ([[1, 0, 1, 0, 0]], [[1, 1, 1, 0, 0]])
     """
-    if torch_kernels(probs):
-        return ancestor_closure_torch(
-            _above_torch(probs, taxonomy, _unit(threshold, "threshold"), leaf_probs), taxonomy
-        )
-    if (sets := _above_rows(probs, taxonomy, threshold, leaf_probs, close=True)) is not None:
-        return sets
-    sets, batch = _above(probs, taxonomy, threshold, leaf_probs)
-    return restore_sets(_ancestor_closure(sets, taxonomy), batch)
+    return _above(probs, taxonomy, threshold, leaf_probs, close=True)

@@ -1,10 +1,12 @@
 """Decoder specs: one parser for ``"rule:key=value,..."``, used by recipes, the CLI and the Python API.
 
-The registry :data:`RULES` holds every rule; a spec names one of them and its options, e.g. ``optimal_hfbeta:beta=2`` or
-``threshold:threshold=0.6``. Option names are checked against the rule function's signature, values are typed
-(numbers, booleans, names) and β goes through the one β check (:func:`hiercls._checks.check_beta`). Aliases
-stand for a rule with options (``optimal_hf1`` is ``optimal_hfbeta:beta=1``). Every spelling of the same
-decoder gets the same :attr:`DecoderSpec.label`, the name its results are reported under.
+The registry :data:`RULES` holds every rule (each registers itself with
+:func:`~hiercls.decode.registry.register_decoder`); a spec names one of them and its options, e.g.
+``optimal_hfbeta:beta=2`` or ``threshold:threshold=0.6``. Option names are checked against the rule function's
+signature (each at most once), values are typed (numbers, booleans, names) and β goes through the one β check
+(:func:`hiercls._checks.check_beta`). Aliases stand for a rule with options (``optimal_hf1`` is
+``optimal_hfbeta:beta=1``). Every spelling of the same decoder gets the same :attr:`DecoderSpec.label`, the name
+its results are reported under.
 
 Example:
     >>> parse_decoder("optimal_hfbeta:beta=2")
@@ -30,42 +32,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hiercls._checks import check_beta, did_you_mean, probability_checks
-from hiercls._registry import Registry
-from hiercls.decode import bayes, hfbeta, rules, sets
+from hiercls._checks import check_beta, did_you_mean
+from hiercls.decode import bayes, hfbeta, rules, sets  # noqa: F401  (importing a rule's module registers it)
+from hiercls.decode.checks import probability_checks
+from hiercls.decode.registry import DECODER_ALIASES, DECODERS, RULES, SET_RULES
 
 __all__ = ["DECODER_ALIASES", "RULES", "SET_RULES", "DecoderSpec", "format_number", "parse_decoder", "rule_options"]
-
-RULES: Registry[Callable[..., Any]] = Registry("decoder")
-"""Every rule by name (iterable of names, ``RULES[name]``); each is also importable from :mod:`hiercls.decode`."""
-for _fn in (
-    rules.argmax_leaf,
-    rules.top_down,
-    rules.threshold,
-    rules.majority,
-    rules.plurality,
-    rules.max_info,
-    rules.info_gain,
-    rules.hie,
-    bayes.bayes_node,
-    bayes.crm,
-    hfbeta.optimal_hfbeta,
-    sets.threshold_set,
-    sets.chmcnn,
-):
-    RULES.register(_fn.__name__, _fn)
-del _fn
-
-SET_RULES = frozenset({"optimal_hfbeta", "threshold_set", "chmcnn"})
-"""Rules that return boolean node sets ``[B, N]`` instead of node ids ``[B]``."""
-
-_MULTILABEL_RULES = frozenset({"threshold_set", "chmcnn"})
-
-DECODER_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "optimal_hf1": ("optimal_hfbeta", {"beta": 1.0}),
-    "optimal_hfbeta1": ("optimal_hfbeta", {"beta": 1.0}),
-}
-"""Names that stand for a rule with options (``optimal_hf1`` = ``optimal_hfbeta`` with ``beta=1``)."""
 
 # Parameters of the rule functions that are not decoder options: the data, its layout, and return-type switches.
 _NOT_OPTIONS = frozenset({"probs", "taxonomy", "leaf_probs"})
@@ -108,18 +80,18 @@ class DecoderSpec:
     @property
     def beta(self) -> float | None:
         """The β of an hF-β decoder (its option, else the rule's default), ``None`` for other rules."""
-        if self.rule != "optimal_hfbeta":
+        if "beta" not in _parameters(self.rule):
             return None
         return float(self.options.get("beta", _parameters(self.rule)["beta"].default))
 
     @property
     def judged_on(self) -> str:
-        """The metric key this decoder is judged on: ``hF{β}_samples`` for hF-β decoders, the node Micro-F1 of
-        multi-label text classification (``node_micro_f1``) for the label-set thresholds, else ``hF1_micro``."""
+        """The metric key this decoder is judged on, from its registration: ``hF{β}_samples`` for hF-β decoders,
+        the node Micro-F1 of multi-label text classification (``node_micro_f1``) for the label-set thresholds,
+        else ``hF1_micro``."""
+        key = DECODERS[self.rule].judged_on
         beta = self.beta
-        if beta is not None:
-            return f"hF{format_number(beta)}_samples"
-        return "node_micro_f1" if self.rule in _MULTILABEL_RULES else "hF1_micro"
+        return key.format(beta=format_number(beta)) if beta is not None else key
 
     def __call__(self, probs: Any, taxonomy: Any, *, check: bool = True, **options: Any) -> Any:
         """Decode ``probs`` with this rule; ``options`` are added (rule options validated as in the spec, others
@@ -255,7 +227,7 @@ optimal_hf1, optimal_hfbeta1
         if name not in RULES:
             known = [*RULES, *DECODER_ALIASES]
             raise ValueError(f"unknown decoder {name!r}{did_you_mean(name, known)}; valid: {', '.join(known)}")
-        rule = name
+        rule, seen = name, set()
         for item in filter(None, (s.strip() for s in rest.split(","))):
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
@@ -263,6 +235,9 @@ optimal_hf1, optimal_hfbeta1
                     f"decoder {where!r}: options must be key=value after ':' (e.g. "
                     f"'optimal_hfbeta:beta=2'); got {item!r}"
                 )
+            if key.strip() in seen:
+                raise ValueError(f"decoder {where!r}: option {key.strip()!r} is given twice")
+            seen.add(key.strip())
             given[key.strip()] = _parse_value(value)
     given.update(options)
     params = _parameters(rule)

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls._checks import check_beta, check_probabilities, probabilities_named, to_numpy
-from hiercls.decode import DecoderSpec, parse_decoder
+from hiercls._checks import check_beta, to_numpy
+from hiercls.decode import DecoderSpec, check_probabilities, parse_decoder, probabilities_named
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import load_labels, load_probabilities
 from hiercls.metrics import ConstrainedF1, HierarchicalFBeta, HierarchicalMetrics, Metric, NestedDice

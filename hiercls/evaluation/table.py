@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hiercls._checks import check_beta, did_you_mean, probability_checks_enabled, to_numpy
+from hiercls._checks import check_beta, did_you_mean, to_numpy
 from hiercls.decode import (
     COST_KINDS,
     DecoderSpec,
@@ -62,6 +62,7 @@ from hiercls.decode import (
     expected_hfbeta,
     parse_decoder,
 )
+from hiercls.decode.checks import probability_checks_enabled
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import label_ids, load_labels, load_probabilities
 from hiercls.evaluation.report import format_table
