@@ -43,7 +43,7 @@ from hiercls.decode._common import (
     value_dtype_torch,
 )
 from hiercls.decode._rows import bottom_up_order, kernel_rows
-from hiercls.decode.hfbeta import lane_kernels, lane_tables, tree_tables
+from hiercls.decode.hfbeta import tree_tables
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.core import DISTANCE_KINDS
 
@@ -220,18 +220,6 @@ def _fast_tree_rows(probs: Any, taxonomy: Taxonomy, kind: str, mask: np.ndarray,
     if rows is None:
         return None
     tol = _TIE_TOL * max(1.0, float(taxonomy.height))
-    lanes = lane_tables(taxonomy)
-    if (
-        lanes is not None and lane_kernels() is not None
-    ):  # eight rows per pass in vector registers (trees that _tree_block decodes)
-        order, fam_parent, fam_first, fam_size, cstart, cend, mtol, bs, parent_pos, depth_pos, pos = lanes
-        cand_pos = pos[np.flatnonzero(mask)]
-        ids = np.empty(rows.x.shape[0], dtype=np.int64)
-        args = (order, fam_parent, fam_first, fam_size, cstart, cend, mtol, bs, parent_pos, depth_pos, cand_pos)
-        flags = (kind == "lca_height", bool(mask.all()), float(taxonomy.height), tol)
-        if lane_kernels().bayes_lane_rows(rows.x, *rows.check, *args, *flags, ids) >= 0:
-            return None
-        return rows.restore(ids)
     return rows.ids(
         "bayes_tree_rows",
         bottom_up_order(taxonomy),
