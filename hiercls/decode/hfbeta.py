@@ -462,44 +462,86 @@ def _evaluate(k, ne, best, b2, prof, count, first, tau, coef, w, buf, ev):
 
 
 @_jit
-def _search(kg, kmax, v0, r, b2, tol, prof, count, first, tau, coef, w, buf, ev, stack):
-    """Branch and bound over the sizes ``1..kmax``, from ``1`` and the guess ``kg``: ``(best value, number of
-    evaluations in ev, certified)``; the stack holds intervals of sizes as pairs of rows of ``ev`` (``-1``: the
-    tail past the largest size evaluated)."""
-    one, ne, top = np.int64(1), np.int64(0), 0  # typed alike at every call: one compiled _evaluate
-    best = _evaluate(one, ne, v0, b2, prof, count, first, tau, coef, w, buf, ev)
-    ne += 1
-    if kg > 1:
-        best = _evaluate(kg, ne, best, b2, prof, count, first, tau, coef, w, buf, ev)
-        ne += 1
-        stack[0, 0], stack[0, 1], top = 0, 1, int(kg > 2)
-    if kg < kmax:
-        stack[top, 0], stack[top, 1], top = ne - 1, -1, top + 1
-    while top > 0:
-        top -= 1
-        ia, ib = stack[top, 0], stack[top, 1]
-        a = int(ev[ia, 0])
-        b = int(ev[ib, 0]) if ib >= 0 else kmax + 1
-        bound = _upper(a + 1, r, b2)
-        if ib >= 0:
-            quad, t = _interval(ev[ia], ev[ib])
-            bound = min(bound, quad)
-            margin = max(1, (b - a) // 8)
-            k = a + min(max(int(t + 0.5), margin), b - a - margin)
-        else:
-            k = min(max(2 * a, a + 1), kmax)
-        if bound < best - tol:
-            continue
-        best = _evaluate(k, ne, best, b2, prof, count, first, tau, coef, w, buf, ev)
-        if k - a >= 2:
-            stack[top, 0], stack[top, 1], top = ia, ne, top + 1
-        if b - k >= 2 or (ib < 0 and k < kmax):
-            stack[top, 0], stack[top, 1], top = ne, ib, top + 1
-        ne += 1
-    certified = True
+def _scaled(ea, k, hi, b2):
+    """Bound on ``V_k``, ``k > a``, from the evaluation at ``a``: ``w_k <= w_a (b2 hi + a) / (b2 hi + k)`` for every
+    node, ``hi`` the largest label size with mass, and the top-``k`` sum of ``w_a`` is at most
+    ``R_a + (k - a) nxt_a``. Its sign of growth in ``k`` is constant, so over a range it peaks at an end."""
+    a = ea[0]
+    return (b2 * hi + a) * (ea[1] + (k - a) * ea[3]) / (b2 * hi + k)
+
+
+@_jit
+def _winner(ev, ne, best, tol, v0):
+    """Row of ``ev`` of the smallest exact size tied with ``best`` (``-1``: the empty prediction)."""
+    win = -1
+    if v0 >= best - tol:
+        return win
     for e in range(ne):
-        certified &= ev[e, 4] > 0.0 or ev[e, 1] < best - tol
-    return best, ne, certified
+        if ev[e, 4] > 0.0 and ev[e, 1] >= best - tol and (win < 0 or ev[e, 0] < ev[win, 0]):
+            win = e
+    return win
+
+
+@_jit
+def _bound(ev, ia, ib, kmax, hi, r, b2):
+    """Upper bound on ``V_k`` over the open interval of sizes between rows ``ia`` and ``ib`` of ``ev`` (``ib = -1``:
+    every size above), and the size to evaluate next there."""
+    a = int(ev[ia, 0])
+    b = int(ev[ib, 0]) if ib >= 0 else kmax + 1
+    near, far = _scaled(ev[ia], a + 1, hi, b2), _scaled(ev[ia], b - 1, hi, b2)
+    bound = min(_upper(a + 1, r, b2), max(near, far))
+    if ib < 0:  # the tail: doubling
+        return bound, min(max(2 * a, a + 1), kmax)
+    quad, t = _interval(ev[ia], ev[ib])
+    margin = max(1, (b - a) // 8)
+    return min(bound, quad), a + min(max(int(t + 0.5), margin), b - a - margin)
+
+
+@_jit
+def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf, ev, stack):
+    """Branch and bound over the sizes ``1..kmax``, from ``1`` and the guess ``kg``: ``(best value, number of
+    evaluations in ev, certified)``. The stack holds intervals of sizes as pairs of rows of ``ev`` (``-1``: every
+    size above). An interval is dropped when its bound is below the best by more than the tie margin, or, above
+    the smallest tied size, when it cannot beat the best. A size the candidates cannot settle (not exact, and its
+    relaxed value could tie or win) ends the search uncertified."""
+    ne, top, kw = np.int64(0), 0, 0  # kw: the winning size so far (0: the empty prediction)
+    best = v0
+    k = np.int64(1)
+    ia, ib = 0, 0
+    while True:
+        best_before = best
+        best = _evaluate(k, ne, best, b2, prof, count, first, tau, coef, w, buf, ev)
+        val = ev[ne, 1]
+        if ev[ne, 4] == 0.0 and ((k < kw and val >= best - tol) or val > best):
+            return best, ne + 1, False
+        if best > best_before or (ev[ne, 4] > 0.0 and val >= best - tol and k < kw):
+            win = _winner(ev, ne + 1, best, tol, v0)
+            kw = int(ev[win, 0]) if win >= 0 else 0
+        if ne == 0:  # the first size: then the guess, and everything above the larger of the two
+            if kg > 1:
+                k, ne = kg, ne + 1
+                continue
+            stack[0, 0], stack[0, 1], top = 0, -1, int(kmax > 1)
+        elif ne == 1 and kg > 1:
+            stack[0, 0], stack[0, 1], top = 0, 1, int(kg > 2)
+            stack[top, 0], stack[top, 1], top = 1, -1, top + int(kg < kmax)
+        else:
+            b = int(ev[ib, 0]) if ib >= 0 else kmax + 1
+            if k - int(ev[ia, 0]) >= 2:
+                stack[top, 0], stack[top, 1], top = ia, ne, top + 1
+            if b - k >= 2 or (ib < 0 and k < kmax):
+                stack[top, 0], stack[top, 1], top = ne, ib, top + 1
+        ne += 1
+        k = 0
+        while top > 0 and k == 0:
+            top -= 1
+            ia, ib = stack[top, 0], stack[top, 1]
+            bound, k = _bound(ev, ia, ib, kmax, hi, r, b2)
+            above = int(ev[ia, 0]) >= kw
+            if bound < best - tol or (above and bound <= best):
+                k = 0
+        if k == 0:
+            return best, ne, True
 
 
 @_jit
@@ -529,14 +571,16 @@ def _solve_rows(lp, tables, work, b2, first, cap0, fractions, sets, values):
             for m in range(tau.size):
                 outside |= tau[m] > 0.0
             kmax = n - first if outside else count - first
-            kg = 0
+            hi, kg = 0, 0
+            for m in range(r.size):
+                hi = m if r[m] > 0.0 else hi
             for i in range(first, count):
                 kg += ptil[cand[i]] > 0.5 * ptil[0]
             best, ne, certified = v0, 0, True
             if kmax > 0:
                 kg = min(max(kg, 1), kmax)
                 best, ne, certified = _search(
-                    kg, kmax, v0, r, b2, tol, prof, count, first, tau, coef, w, buf, ev, stack
+                    kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf, ev, stack
                 )
             if certified or last:
                 values[row] = _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, sets[row])
@@ -550,12 +594,9 @@ def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, o
     """Pick the smallest size tied with ``best`` (the empty prediction first), mark its top-``k`` candidates in
     ``out`` and return their weight sum. Weights within ``tolw`` of the ``k``-th are tied: the smaller ids are taken
     (an ancestor in the tie band before its descendants)."""
-    if v0 >= best - tol:
+    win = _winner(ev, ne, best, tol, v0)
+    if win < 0:
         return v0
-    win = -1  # the smallest exact size tied with the best
-    for e in range(ne):
-        if ev[e, 4] > 0.0 and ev[e, 1] >= best - tol and (win < 0 or ev[e, 0] < ev[win, 0]):
-            win = e
     k, kth = int(ev[win, 0]), ev[win, 2]
     seg, ent_m, ent_q, cpar = prof
     _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w)
