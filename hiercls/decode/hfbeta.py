@@ -219,9 +219,9 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
 def _jit(fn: Any) -> Any:
     """``numba.njit`` with the on-disk cache, or without it where no cache directory is writable."""
     try:
-        return numba.njit(cache=True, nogil=True)(fn)
+        return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
     except RuntimeError:  # "cannot cache function ...: no locator available" (read-only install)
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, error_model="numpy")(fn)
 
 
 @_jit
@@ -556,12 +556,18 @@ def _solve_rows(lp, tables, work, b2, first, cap0, fractions, sets, values):
         v0 = r[0] if first == 1 else -np.inf  # the empty prediction scores the root label only
         tol = TIE_RTOL * max(1.0, ptil[0])  # expected hF-beta is at most the row's mass
         sets[row, 0] = True
+        left_out = np.inf  # the largest P~ the last grown round left out: lower thresholds above it change nothing
         for ri in range(fractions.size):
             last = ri == fractions.size - 1
+            if not last and fractions[ri] * ptil[0] >= left_out:
+                continue
             cap = n if last else cap0 * _CAP_GROWTH**ri
             count = _grow(ptil, fractions[ri] * ptil[0], cap, ch_ptr, ch_idx, lsz, pos, cand, tau)
             if count < 0:
                 continue
+            left_out = 0.0
+            for m in range(tau.size):
+                left_out = max(left_out, tau[m])
             if is_tree:
                 _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar)
             else:
