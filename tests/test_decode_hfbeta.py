@@ -522,3 +522,19 @@ def test_block_path_pruning_matches_per_size_reference() -> None:
             np.testing.assert_array_equal(
                 optimal_hfbeta(torch.tensor(arr), tax, beta, include_root=include_root).numpy(), sets, err_msg=ctx
             )
+
+
+def test_children_heavier_than_their_parent_are_refused_naming_the_row() -> None:
+    """Every edge passes (no child above its parent) but two children sum past their parent: the label mass check
+    names the row, in a later row block too; with the checks off the negative label mass is clipped to 0."""
+    from hiercls._checks import ProbabilityError, probability_checks
+
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+    good = np.array([1.0, 0.9, 0.6, 0.3, 0.1])
+    bad = np.array([1.0, 0.6, 0.5, 0.4, 0.4])  # x + y = 0.9 > a = 0.6
+    probs = np.stack([good, good, bad]).astype(np.float32)
+    with pytest.raises(ProbabilityError, match="row 2"):
+        optimal_hfbeta(probs, tax)
+    with probability_checks(False):
+        sets, value = optimal_hfbeta(probs, tax, return_value=True)
+    assert sets.shape == (3, 5) and np.isfinite(value).all()

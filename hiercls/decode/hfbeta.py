@@ -76,8 +76,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from hiercls._checks import check_beta
-from hiercls.decode._common import Batch, chunked, prepare, restore_sets, restore_values
+from hiercls._checks import PROBABILITY_ATOL, check_beta
+from hiercls.decode._common import Batch, chunked, label_distribution, prepare, restore_sets, restore_values
 from hiercls.taxonomy import Taxonomy
 
 __all__ = ["expected_hfbeta", "optimal_hfbeta"]
@@ -86,6 +86,7 @@ __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 # TIE_RTOL * max(1, |best|) of the best are tied, and the smaller set wins.
 TIE_RTOL = 1e-9
 _FRACTIONS = np.array([0.1, 0.01, 0.001, 0.0])  # candidate thresholds, as fractions of the row's mass
+_SORT_BELOW = 64  # candidate sets up to this size are sorted by id, larger ones collected in one pass
 _CAP_GROWTH = 16  # a threshold round may hold initial_candidates * 16**round candidates before it is skipped
 
 
@@ -225,6 +226,29 @@ def _jit(fn: Any) -> Any:
 
 
 @_jit
+def _tree_masses(x, parent, lsz, atol, p, ptil, r, kids):
+    """Trees, from one row of node probabilities ``x``: the label probabilities ``p = P(n) - sum of P(children)``
+    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass. ``False`` when a label probability is
+    below ``-atol`` (stricter than ``check_label_mass``, which then decides)."""
+    for v in range(x.shape[0]):
+        kids[v] = 0.0
+        ptil[v] = 0.0
+    for m in range(r.size):
+        r[m] = 0.0
+    ok = True
+    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes before its parent
+        s = x[v] - kids[v]
+        ok &= s >= -atol
+        p[v] = max(s, 0.0)
+        ptil[v] += p[v]
+        r[lsz[v]] += p[v]
+        if v > 0:
+            kids[parent[v]] += x[v]
+            ptil[parent[v]] += ptil[v]
+    return ok
+
+
+@_jit
 def _masses(p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
     """``P~`` of every node (``ptil``) and the label mass by label size (``r``) of one row."""
     n = p.shape[0]
@@ -271,12 +295,21 @@ def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
                 count += 1
             elif ptil[c] > tau[lsz[c]]:
                 tau[lsz[c]] = ptil[c]
-    count = 0
-    for v in range(pos.size):  # in id order (no sort: one pass, as the other passes over the nodes)
-        if pos[v] >= 0:
-            cand[count] = v
-            pos[v] = count
-            count += 1
+    if count <= _SORT_BELOW:  # few candidates: insertion sort by id
+        for i in range(1, count):
+            v, j = cand[i], i
+            while j > 0 and cand[j - 1] > v:
+                cand[j] = cand[j - 1]
+                j -= 1
+            cand[j] = v
+    else:  # many: collect them in id order in one pass over the nodes
+        count = 0
+        for v in range(pos.size):
+            if pos[v] >= 0:
+                cand[count] = v
+                count += 1
+    for i in range(count):
+        pos[cand[i]] = i
     return count
 
 
@@ -324,27 +357,32 @@ def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, s
 
 
 @_jit
-def _dag_profiles(p, anc_ptr, anc_idx, lsz, pos, count, dense, seg, ent_m, ent_q, cpar):
-    """DAGs: each candidate's whole label mass by size (every descendant's), as entries in ascending size."""
-    nsizes = dense.shape[1]
+def _dense_profiles(p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar):
+    """Each candidate's label mass by size in ``dense[:count]``, then as entries in ascending size: on a tree its
+    own (itself and the subtrees left out below it; ``cpar`` adds the child candidates' weights), on a DAG every
+    descendant's. One pass over the nodes (trees) or the ancestor lists (DAGs)."""
     for i in range(count):
-        for m in range(nsizes):
+        for m in range(dense.shape[1]):
             dense[i, m] = 0.0
+        cpar[i] = -1
     for y in range(p.shape[0]):
-        if p[y] > 0.0 and lsz[y] > 0:
+        if is_tree:
+            owner[y] = pos[y] if pos[y] >= 0 else owner[parent[y]]
+            if p[y] > 0.0 and lsz[y] > 0:
+                dense[owner[y], lsz[y]] += p[y]
+        elif p[y] > 0.0 and lsz[y] > 0:
             for j in range(anc_ptr[y], anc_ptr[y + 1]):
-                i = pos[anc_idx[j]]
-                if i >= 0:
-                    dense[i, lsz[y]] += p[y]
+                if pos[anc_idx[j]] >= 0:
+                    dense[pos[anc_idx[j]], lsz[y]] += p[y]
     out = 0
     for i in range(count):
         seg[i] = out
-        for m in range(nsizes):
+        for m in range(dense.shape[1]):
             if dense[i, m] > 0.0:
-                ent_m[out] = m
-                ent_q[out] = dense[i, m]
+                ent_m[out], ent_q[out] = m, dense[i, m]
                 out += 1
-        cpar[i] = -1
+        if is_tree and i > 0:
+            cpar[i] = owner[parent[cand[i]]]
     seg[count] = out
 
 
@@ -545,14 +583,20 @@ def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf,
 
 
 @_jit
-def _solve_rows(lp, tables, work, b2, first, cap0, fractions, sets, values):
-    """The optimal set and value of every row of label probabilities ``lp`` (see the module docstring)."""
+def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, sets, values):
+    """The optimal set and value of every row of label probabilities ``lp`` (node probabilities of a tree with
+    ``from_nodes``); returns ``-1``, or the first row whose label probabilities fall below ``-atol``."""
     is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz = tables
-    ptil, w, buf, ent_q, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack = work
+    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack = work
     n = lp.shape[1]
+    p = lab
     for row in range(lp.shape[0]):
-        p = lp[row]
-        _masses(p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
+        if from_nodes:
+            if not _tree_masses(lp[row], parent, lsz, atol, lab, ptil, r, buf):
+                return row
+        else:
+            lab[:] = lp[row]
+            _masses(p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
         v0 = r[0] if first == 1 else -np.inf  # the empty prediction scores the root label only
         tol = TIE_RTOL * max(1.0, ptil[0])  # expected hF-beta is at most the row's mass
         sets[row, 0] = True
@@ -568,10 +612,12 @@ def _solve_rows(lp, tables, work, b2, first, cap0, fractions, sets, values):
             left_out = 0.0
             for m in range(tau.size):
                 left_out = max(left_out, tau[m])
-            if is_tree:
+            if is_tree and count > dense.shape[0]:  # too many candidates for the dense table: sparse entries
                 _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar)
             else:
-                _dag_profiles(p, anc_ptr, anc_idx, lsz, pos, count, dense, seg, ent_m, ent_q, cpar)
+                _dense_profiles(
+                    p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar
+                )
             prof = (seg, ent_m, ent_q, cpar)
             outside = False
             for m in range(tau.size):
@@ -593,6 +639,7 @@ def _solve_rows(lp, tables, work, b2, first, cap0, fractions, sets, values):
             _unmark(pos, cand, count)
             if certified or last:
                 break
+    return -1
 
 
 @_jit
@@ -646,14 +693,14 @@ def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
 
 def _workspace(n: int, nsizes: int, is_tree: bool) -> tuple[np.ndarray, ...]:
     """The work arrays of :func:`_solve_rows`, allocated once per block of rows (see its unpacking for names)."""
-    floats = [np.empty(n) for _ in range(4)]  # ptil, w, buf, ent_q (one entry per node on trees)
+    floats = [np.empty(n) for _ in range(5)]  # ptil, w, buf, ent_q (one entry per node on trees), lab
     if not is_tree:  # a DAG candidate holds its whole profile: up to nsizes entries each
         floats[3] = np.empty(n * nsizes)
     sizes = [np.empty(nsizes) for _ in range(3)]  # r, tau, coef
     ints = [np.full(n, -1, dtype=np.int64)] + [np.empty(n, dtype=np.int64) for _ in range(2)]  # pos, cand, owner
     ent_m = np.empty(n if is_tree else n * nsizes, dtype=np.int64)
     seg, slot, cpar = np.empty(n + 1, dtype=np.int64), np.full(nsizes, -1, dtype=np.int64), np.empty(n, dtype=np.int64)
-    dense = np.empty((0 if is_tree else n, nsizes))
+    dense = np.empty((max(1, n // nsizes) if is_tree else n, nsizes))  # trees: candidates x sizes <= n
     ev, stack = np.empty((n + 2, 5)), np.empty((n + 2, 2), dtype=np.int64)
     return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack)
 
@@ -727,14 +774,20 @@ def _optimal_hfbeta_blocks(
     initial_candidates: int,
 ) -> Any:
     """:func:`optimal_hfbeta` on one block of rows."""
-    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
-    label = np.ascontiguousarray(batch.label, dtype=np.float64)
-    sets = np.zeros(label.shape, dtype=bool)
-    values = np.zeros(label.shape[0])
-    if label.shape[0]:
+    # The input check only; float32 stays float32. On trees the kernel takes the label probabilities from the
+    # node probabilities itself (one read of each row); DAGs and leaf probabilities come as label probabilities.
+    batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
+    from_nodes = taxonomy.is_tree and batch.leaf is None
+    x = np.ascontiguousarray(batch.node) if from_nodes else np.ascontiguousarray(batch.label, dtype=np.float64)
+    sets = np.zeros(x.shape, dtype=bool)
+    values = np.zeros(x.shape[0])
+    if x.shape[0]:
         first = 0 if include_root else 1
         tables = _tables(taxonomy, include_root)
         work = _workspace(taxonomy.num_nodes, int(tables[-1].max()) + 1, tables[0])
-        _solve_rows(label, tables, work, float(b2), first, initial_candidates, _FRACTIONS, sets, values)
+        args = (tables, work, float(b2), first, initial_candidates, _FRACTIONS, sets, values)
+        if _solve_rows(x, from_nodes, PROBABILITY_ATOL, *args) >= 0:
+            label_distribution(batch.node, taxonomy)  # check_label_mass raises, naming the row ...
+            _solve_rows(x, from_nodes, np.inf, *args)  # ... unless the checks are off: clip, as it does
     out_sets = restore_sets(sets, batch)
     return (out_sets, restore_values(values, batch)) if return_value else out_sets
