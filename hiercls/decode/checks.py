@@ -62,10 +62,11 @@ _CHECK_PROBS: contextvars.ContextVar[bool] = contextvars.ContextVar("hiercls_che
 def jit(fn: Callable[..., Any]) -> Any:
     """``numba.njit`` with the on-disk cache (``cache=True``); where no cache can be written (a read-only install
     without a user cache folder) numba refuses the cache, and the function is compiled in each process instead."""
+    options = {"nogil": True, "error_model": "numpy"}  # NumPy's inf/nan on division: no exception paths to compile
     try:
-        return numba.njit(cache=True)(fn)
+        return numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(fn)
+        return numba.njit(**options)(fn)
 
 
 class ProbabilityError(ValueError):
