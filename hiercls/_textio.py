@@ -40,6 +40,8 @@ from json.scanner import py_make_scanner
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
 __all__ = [
     "MAX_JSON_DEPTH",
     "LinedDict",
@@ -316,18 +318,15 @@ _END = object()
 
 
 # ---------------------------------------------------------------------------------------------- YAML
-def _yaml_loader() -> Any:
-    import yaml  # only recipes need it
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last)."""
 
-    class UniqueKeyLoader(yaml.SafeLoader):
-        """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last)."""
-
-    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *defaults`` may be overridden on purpose
                 continue
-            key = loader.construct_object(key_node, deep=True)
+            key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.get(key)
             except TypeError:  # an unhashable key: SafeLoader reports it below
@@ -336,14 +335,11 @@ def _yaml_loader() -> Any:
             if first is not None:
                 raise TextFileError(
                     f"duplicate key {key!r} (first at line {first}); each key may appear once",
-                    source=loader.name,
+                    source=self.name,
                     line=line,
                 )
             seen[key] = line
-        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-    UniqueKeyLoader.add_constructor("tag:yaml.org,2002:map", construct_mapping)
-    return UniqueKeyLoader
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(text: str, source: str = "<yaml>") -> Any:
@@ -353,7 +349,7 @@ def load_yaml(text: str, source: str = "<yaml>") -> Any:
         TextFileError: a duplicate key.
         yaml.YAMLError: invalid YAML (with PyYAML's own position).
     """
-    loader = _yaml_loader()(text)
+    loader = _UniqueKeyLoader(text)
     loader.name = source
     try:
         return loader.get_single_data()
