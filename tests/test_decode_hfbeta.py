@@ -8,69 +8,16 @@ from __future__ import annotations
 
 import itertools
 
-import networkx as nx
 import numpy as np
 import pytest
 import torch
+from _generators import ancestor_indicator, random_label_distribution, random_taxonomy
 
 from hiercls.decode import expected_hfbeta, optimal_hfbeta
 from hiercls.taxonomy import Taxonomy
 
 
 # ------------------------------------------------------------------------------------------ references
-def random_taxonomy(rng: np.random.Generator, n: int, *, dag: bool = False) -> Taxonomy:
-    shape = rng.choice(["random", "chain", "star", "caterpillar"], p=[0.7, 0.1, 0.1, 0.1])
-    edges = []
-    for i in range(1, n):
-        if shape == "chain":
-            ps = [i - 1]
-        elif shape == "star":
-            ps = [0]
-        elif shape == "caterpillar":  # very unbalanced: a spine with leaves hanging off it
-            ps = [max(0, i - 2) if i % 2 == 0 else max(0, i - 1)]
-        else:
-            ps = [int(rng.integers(0, i))]
-        if dag and i > 1 and rng.random() < 0.4:
-            extra = int(rng.integers(0, i))
-            if extra not in ps:
-                ps.append(extra)
-        edges += [(f"n{p}", f"n{i}") for p in ps]
-    names = [f"n{i}" for i in range(n)]
-    order = [names[0], *rng.permutation(names[1:]).tolist()]  # sibling order shuffles the ids
-    return Taxonomy(edges, nodes=order)
-
-
-def ancestor_indicator(tax: Taxonomy) -> np.ndarray:
-    """``A[y, n] = 1`` iff ``n`` is an ancestor-or-self of ``y``, from networkx (independent of core)."""
-    g = nx.DiGraph([(tax.index(p), tax.index(c)) for p, c in tax.edge_list(names=True)])
-    g.add_nodes_from(range(tax.num_nodes))
-    a = np.eye(tax.num_nodes)
-    for y in range(tax.num_nodes):
-        a[y, list(nx.ancestors(g, y))] = 1
-    return a
-
-
-def random_label_distribution(rng: np.random.Generator, n: int, leaves: np.ndarray, batch: int) -> np.ndarray:
-    out = np.zeros((batch, n))
-    for b in range(batch):
-        kind = rng.integers(0, 5)
-        support = np.arange(n) if rng.random() < 0.6 else leaves
-        p = np.zeros(n)
-        if kind == 0:  # ties: a few equal masses
-            k = int(rng.integers(1, len(support) + 1))
-            p[rng.choice(support, size=k, replace=False)] = 1.0
-        elif kind == 1:  # exact zeros and quantised (tie-prone) values
-            p[support] = rng.integers(0, 4, size=len(support)).astype(float)
-        elif kind == 2:  # one-hot
-            p[rng.choice(support)] = 1.0
-        else:
-            p[support] = rng.dirichlet(np.full(len(support), float(rng.choice([0.1, 0.5, 2.0]))))
-        if p.sum() == 0:
-            p[rng.choice(support)] = 1.0
-        out[b] = p / p.sum()
-    return out
-
-
 def closed_subsets(a: np.ndarray, include_root: bool) -> np.ndarray:
     """Every ancestor-closed set as a boolean matrix; the root is always in the set."""
     n = a.shape[0]
@@ -527,7 +474,7 @@ def test_block_path_pruning_matches_per_size_reference() -> None:
 def test_children_heavier_than_their_parent_are_refused_naming_the_row() -> None:
     """Every edge passes (no child above its parent) but two children sum past their parent: the label mass check
     names the row, in a later row block too; with the checks off the negative label mass is clipped to 0."""
-    from hiercls._checks import ProbabilityError, probability_checks
+    from hiercls.decode import ProbabilityError, probability_checks
 
     tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
     good = np.array([1.0, 0.9, 0.6, 0.3, 0.1])

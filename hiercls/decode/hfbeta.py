@@ -794,7 +794,9 @@ def _optimal_hfbeta_blocks(
         work = _workspace(taxonomy.num_nodes, int(tables[-1].max()) + 1, tables[0])
         args = (tables, work, float(b2), first, initial_candidates, _FRACTIONS, sets, values)
         if _solve_rows(x, from_nodes, PROBABILITY_ATOL, *args) >= 0:
-            label_distribution(batch.node, taxonomy)  # check_label_mass raises, naming the row ...
+            label_distribution(
+                batch.node, taxonomy, eps=batch.eps, row_offset=batch.row_offset
+            )  # raises, naming the row ...
             _solve_rows(x, from_nodes, np.inf, *args)  # ... unless the checks are off: clip, as it does
     out_sets = restore_sets(sets, batch)
     return (out_sets, restore_values(values, batch)) if return_value else out_sets
