@@ -283,14 +283,14 @@ class ChainedSoftmax(nn.Module):
         for k in range(self._steps):
             # The gather copies the old values before the add overwrites any of them.
             t.index_add_(0, self._buffers[f"jump_to_{k}"], t.index_select(0, self._buffers[f"jump_from_{k}"]))
-        return t.t()
+        return t.t().contiguous()  # the callers broadcast it over [B, P]: strided, that costs a transpose
 
     def subtree_sums(self, per_group: torch.Tensor) -> torch.Tensor:
         """``[B, G]``: sums over each group's descendants-or-self (the transpose of :meth:`ancestor_sums`)."""
         d = per_group.t().clone(memory_format=torch.contiguous_format)
         for k in reversed(range(self._steps)):
             d.index_add_(0, self._buffers[f"jump_from_{k}"], d.index_select(0, self._buffers[f"jump_to_{k}"]))
-        return d.t()
+        return d.t().contiguous()
 
     def output_map(self, k: int, lead: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index, inverse)``: the slot read by each of ``lead + k`` output columns (any slot for the lead
