@@ -4,8 +4,9 @@ conditional softmaxes (probabilities, log-probabilities and per-group log-sum-ex
 Layout. The logits are gathered once into a padded ``[B, P]`` tensor where groups of similar size sit side by
 side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common width ``w_k`` (padding is ``-inf``, which
 a softmax gives 0), so it is a view ``[B, n_k, w_k]`` (or ``[B, w_k, n_k]`` when it holds more groups than
-members per group) and each group's softmax is one fused ``torch.softmax`` per bucket; indexed scatters along a
-row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass. The widths are
+members per group) and each group's reduction (max, sum, softmax) is one call per bucket; indexed scatters
+along a row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass, and
+the gathers take a broadcast index (``gather``; ``index_select`` along a row is slower). The widths are
 chosen once per tree by dynamic programming over the group sizes (padding against the number of buckets; about
 fifteen buckets and 9 % padding on ImageNet-21K).
 
