@@ -4,8 +4,9 @@ conditional softmaxes (probabilities, log-probabilities and per-group log-sum-ex
 Layout. The logits are gathered once into a padded ``[B, P]`` tensor where groups of similar size sit side by
 side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common width ``w_k`` (padding is ``-inf``, which
 a softmax gives 0), so it is a view ``[B, n_k, w_k]`` (or ``[B, w_k, n_k]`` when it holds more groups than
-members per group) and each group's softmax is one fused ``torch.softmax`` per bucket; indexed scatters along a
-row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass. The widths are
+members per group) and each group's reduction (max, sum, softmax) is one call per bucket; indexed scatters
+along a row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass, and
+the gathers take a broadcast index (``gather``; ``index_select`` along a row is slower). The widths are
 chosen once per tree by dynamic programming over the group sizes (padding against the number of buckets; about
 fifteen buckets and 9 % padding on ImageNet-21K).
 
@@ -89,31 +90,36 @@ def _gather_or_zero(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 class _ChainedProbs(torch.autograd.Function):
     """:meth:`ChainedSoftmax.probs` with its gradient by hand (autograd's would scatter along rows).
 
-    With ``u = dL/dlog P`` (so ``u = g * P``), ``U_g`` its sum over group ``g`` and ``D_g`` the sum of ``U`` over
-    the groups below-or-at ``g``: ``dL/dz_j = u_j - D_g softmax_g(j) + D_h`` for ``j`` in group ``g``, where
-    ``D_h`` is summed over the groups ``h`` that output ``j`` conditions.
+    Forward: per group, ``e = exp(z - max)`` and its sum ``s`` (so ``q = e / s``, the group's softmax), then one
+    factor per group ``f = P(parent) / s`` and ``P = e * f``: one pass of exponentials over the padded logits and
+    one of products, the rest on ``[B, G]``. Backward, with ``u = dL/dlog P = g * P``, ``U_g`` its sum over group
+    ``g`` and ``D_g`` the sum of ``U`` over the groups below-or-at ``g``: ``dL/dz_j = u_j - D_g q_j + D_h`` for
+    ``j`` in group ``g``, where ``D_h`` is summed over the groups ``h`` that output ``j`` conditions; so
+    ``dL/dz_j = e_j (g_j f_g - D_g / s_g) + D_h``.
     """
 
     @staticmethod
     def forward(ctx, z, cs, k, lead):  # type: ignore[override]
-        q = cs.group_softmax(z.index_select(1, cs.slot_input).index_fill_(1, cs.pad_slots, -math.inf))
-        parent_q = torch.where(cs.has_parent, q.index_select(1, cs.parent_slot), 1.0)
-        parent_p = cs.ancestor_sums(parent_q.log()).exp()  # P(parent of each group)
+        e, lse, log_s = cs.group_exp(cs.inputs_to_slots(z))
+        parent_lq = cs.gather_columns(z, cs.parent_input).sub_(cs.gather_columns(lse, cs.parent_group))
+        parent_lq = torch.where(cs.has_parent, parent_lq, 0.0)
+        f = cs.ancestor_sums(parent_lq).sub_(log_s).exp_()  # P(parent) / s per group
         keep = ctx.needs_input_grad[0]
-        p = cs.scale_groups(q, parent_p, out=torch.empty_like(q) if keep else q)
+        p = cs.scale_groups(e, f, out=torch.empty_like(e) if keep else e)
         if keep:
-            ctx.save_for_backward(q, p)
+            ctx.save_for_backward(e, f, log_s)
         ctx.cs, ctx.k, ctx.lead = cs, k, lead
         return cs.slots_to_outputs(p, k, lead, 1.0)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
-        q, p = ctx.saved_tensors
+        e, f, log_s = ctx.saved_tensors
         cs = ctx.cs
-        u = cs.outputs_to_slots(grad, ctx.k, ctx.lead).mul_(p)
-        d = cs.subtree_sums(cs.group_sums(u))
-        g = cs.slots_to_inputs(u.sub_(cs.scale_groups(q, d)))
+        gf = cs.scale_groups(cs.outputs_to_slots(grad, ctx.k, ctx.lead), f)
+        d = cs.subtree_sums(cs.group_sums(gf.mul_(e)))  # the sums of u = g * P
+        gf.sub_(cs.scale_groups(e, d.mul((-log_s).exp_())))
+        g = cs.slots_to_inputs(gf)
         return g.index_add_(1, cs.parent_input, torch.where(cs.has_parent, d, 0.0)), None, None, None
 
 
@@ -204,6 +210,7 @@ class ChainedSoftmax(nn.Module):
         slot_group[slot] = group
         self.register_buffer("slot_group", as_tensor(slot_group), persistent=False)
         self.register_buffer("parent_slot", as_tensor(slot[np.maximum(self.parent.numpy(), 0)]), persistent=False)
+        self.register_buffer("parent_group", as_tensor(group[np.maximum(self.parent.numpy(), 0)]), persistent=False)
         slot_input = np.where(slot_output >= 0, reads[slot_output], 0)
         self.register_buffer("slot_input", as_tensor(slot_input), persistent=False)
         self.register_buffer("pad_slots", as_tensor(np.flatnonzero(slot_output < 0)), persistent=False)
@@ -244,6 +251,19 @@ class ChainedSoftmax(nn.Module):
         fn = torch.log_softmax if log else torch.softmax
         return torch.cat([fn(v, axis).flatten(1) for v, axis in self._views(padded)], 1)
 
+    def group_exp(self, padded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(e, lse, log s)``: ``e = exp(z - max)`` over each group's slots ``[B, P]`` (pads 0; written over
+        ``padded``, which allocating would cost as much on the CPU), the group's log-sum-exp and ``log s`` with
+        ``s`` the sum of ``e`` (``[B, G]`` each; ``lse = max + log s``)."""
+        shifts = []
+        for v, axis in self._views(padded):
+            m = v.amax(axis, keepdim=True)
+            v.sub_(m)
+            shifts.append(m.squeeze(axis))
+        # exp as 2^(x log2 e): torch's exp2 is the vectorised kernel on CPU, exp is not.
+        log_s = self.group_sums(padded.mul_(_LOG2E).exp2_()).log_()
+        return padded, torch.cat(shifts, 1).add_(log_s), log_s
+
     def group_sums(self, padded: torch.Tensor) -> torch.Tensor:
         """``[B, P]`` -> ``[B, G]``: each group's sum over its slots."""
         return torch.cat([v.sum(axis) for v, axis in self._views(padded)], 1)
@@ -264,14 +284,14 @@ class ChainedSoftmax(nn.Module):
         for k in range(self._steps):
             # The gather copies the old values before the add overwrites any of them.
             t.index_add_(0, self._buffers[f"jump_to_{k}"], t.index_select(0, self._buffers[f"jump_from_{k}"]))
-        return t.t()
+        return t.t().contiguous()  # the callers broadcast it over [B, P]: strided, that costs a transpose
 
     def subtree_sums(self, per_group: torch.Tensor) -> torch.Tensor:
         """``[B, G]``: sums over each group's descendants-or-self (the transpose of :meth:`ancestor_sums`)."""
         d = per_group.t().clone(memory_format=torch.contiguous_format)
         for k in reversed(range(self._steps)):
             d.index_add_(0, self._buffers[f"jump_from_{k}"], d.index_select(0, self._buffers[f"jump_to_{k}"]))
-        return d.t()
+        return d.t().contiguous()
 
     def output_map(self, k: int, lead: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index, inverse)``: the slot read by each of ``lead + k`` output columns (any slot for the lead
@@ -282,13 +302,23 @@ class ChainedSoftmax(nn.Module):
 
     def slots_to_outputs(self, padded: torch.Tensor, k: int, lead: int, fill: float) -> torch.Tensor:
         """``[B, P]`` -> ``[B, lead + k]``: outputs ``0 .. k - 1`` after ``lead`` columns of ``fill``."""
-        out = padded.index_select(1, self.output_map(k, lead)[0])
+        index = self.output_map(k, lead)[0]
+        out = self.gather_columns(padded, index)
         out[:, :lead] = fill
         return out
 
     def outputs_to_slots(self, grad: torch.Tensor, k: int, lead: int) -> torch.Tensor:
         """The transpose of :meth:`slots_to_outputs` (lead columns dropped, slots without an output 0)."""
         return _gather_or_zero(grad, self.output_map(k, lead)[1])
+
+    @staticmethod
+    def gather_columns(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``x[:, index]`` (a gather with a broadcast index: faster on the CPU than ``index_select`` along rows)."""
+        return x.gather(1, index.expand(x.shape[0], -1))
+
+    def inputs_to_slots(self, z: torch.Tensor) -> torch.Tensor:
+        """``[B, num_inputs]`` -> ``[B, P]``: the logit of each slot, ``-inf`` in the pads (no autograd)."""
+        return self.gather_columns(z, self.slot_input).index_fill_(1, self.pad_slots, -math.inf)
 
     def slots_to_inputs(self, padded: torch.Tensor) -> torch.Tensor:
         """``[B, P]`` -> ``[B, num_inputs]``: each logit's slot (0 for logits no output reads)."""

@@ -153,10 +153,11 @@ class _LevelSmoothedCE(torch.autograd.Function):
         levels = z.split(sizes, 1)
         shift = torch.stack([v.amax(1) for v in levels], 1)
         e = torch.empty_like(z)
-        for out, v, m in zip(e.split(sizes, 1), levels, shift.unbind(1), strict=True):
-            torch.sub(v, m[:, None], out=out)
-        # exp as 2^(x log2 e): torch's exp2 is the vectorised kernel on CPU, exp is not.
-        e.mul_(_LOG2E).exp2_()
+        # exp as 2^((z - max) log2 e), the scaling folded into the shift: torch's exp2 is the vectorised kernel
+        # on CPU, exp is not.
+        for out, v, m in zip(e.split(sizes, 1), levels, shift.mul(-_LOG2E).unbind(1), strict=True):
+            torch.add(m[:, None], v, alpha=_LOG2E, out=out)
+        e.exp2_()
         sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
         per = (shift + sums.log()).sub_(z.gather(1, tpos), alpha=1.0 - eps)
         if eps:  # the smoothing term -eps * mean_l(z)
@@ -179,7 +180,7 @@ class _LevelSmoothedCE(torch.autograd.Function):
         if eps:
             floor = (g * eps / torch.tensor(sizes, dtype=e.dtype, device=e.device)).split(1, 1)
             for o, v, s, f in zip(out.split(sizes, 1), e.split(sizes, 1), scale, floor, strict=True):
-                torch.mul(v, s, out=o).sub_(f)
+                torch.addcmul(f.neg(), v, s, out=o)
         else:
             for o, v, s in zip(out.split(sizes, 1), e.split(sizes, 1), scale, strict=True):
                 torch.mul(v, s, out=o)
