@@ -12,13 +12,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from _generators import random_group_forest, random_tree
 
 from hiercls.heads import ConditionalSoftmaxHead, SemanticSoftmaxHead
 from hiercls.losses import ChainedSoftmax
 from hiercls.losses.chained_softmax import bucket_widths
 from hiercls.taxonomy import Taxonomy
-from tests._generators import random_group_forest
-from tests._trees import random_tree
 
 
 def _softmax(values: list[float]) -> list[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _generators import random_tree
+from _generators import random_dag, random_tree
 
 import hiercls.decode as D
 from hiercls.decode import ProbabilityError
@@ -17,21 +17,6 @@ from hiercls.decode.inputs import label_distribution
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _random_dag(n: int, seed: int) -> Taxonomy:
-    """A random tree plus extra parents: each picked node gains an earlier node that is not its ancestor."""
-    base = random_tree(n, seed)
-    rng = np.random.default_rng(seed)
-    edges = [(base.name_of(int(base.parents(c)[0])), base.name_of(c)) for c in range(1, base.num_nodes)]
-    anc = base.ancestors_sparse.toarray().astype(bool)
-    for c in rng.choice(np.arange(2, base.num_nodes), base.num_nodes // 4, replace=False):
-        options = [a for a in range(1, c) if not anc[c, a] and not anc[a, c]]
-        if options:
-            edges.append((base.name_of(int(rng.choice(options))), base.name_of(int(c))))
-    dag = Taxonomy(edges)
-    assert not dag.is_tree
-    return dag
 
 
 def _probs(tax: Taxonomy, rows: int, seed: int, internal: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +37,7 @@ def _brute_expected(tax: Taxonomy, p: np.ndarray, cost: object) -> np.ndarray:
     return p[:, tax.leaves] @ mat.T if mat.shape[1] == tax.num_leaves else p @ mat.T
 
 
-TREES = [random_tree(25, 1), random_tree(40, 2), _random_dag(30, 3)]
+TREES = [random_tree(25, 1), random_tree(40, 2), random_dag(30, 3, extra=30 // 4)]
 COSTS = [*D.COST_KINDS, "node_to_label", "node_to_leaf"]
 
 

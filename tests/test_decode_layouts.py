@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _generators import sample_case
+from _generators import random_tree, sample_case
 
 from hiercls.decode import RULES, ProbabilityError, check_probabilities, decode
 from hiercls.taxonomy import Taxonomy
-
-
-def _tree(n: int, rng: np.random.Generator) -> Taxonomy:
-    return Taxonomy([(f"n{int(rng.integers(0, i))}", f"n{i}") for i in range(1, n)])
-
 
 OPTIONS = [
     ("bayes_node", {"cost": "lca_height"}),
@@ -37,7 +32,7 @@ def test_fortran_order_input_decodes_as_row_major(rule: str) -> None:
             got = decode(np.asfortranarray(arr), tax, rule)
             np.testing.assert_array_equal(got, want)
     # big enough for several blocks of the chunked decoders and of the check
-    tax = _tree(300, rng)
+    tax = random_tree(300, rng)
     node = np.asarray(tax.marginals(rng.dirichlet(np.full(tax.num_leaves, 0.2), size=2500)), dtype=np.float32)
     assert node.flags.f_contiguous
     np.testing.assert_array_equal(decode(node, tax, rule), decode(np.ascontiguousarray(node), tax, rule))
@@ -46,7 +41,7 @@ def test_fortran_order_input_decodes_as_row_major(rule: str) -> None:
 @pytest.mark.parametrize(("rule", "options"), OPTIONS)
 def test_fortran_order_with_options(rule: str, options: dict) -> None:
     rng = np.random.default_rng(22)
-    tax = _tree(120, rng)
+    tax = random_tree(120, rng)
     node = np.asarray(tax.marginals(rng.dirichlet(np.full(tax.num_leaves, 0.3), size=300)))
     np.testing.assert_array_equal(
         decode(node, tax, rule, **options), decode(np.ascontiguousarray(node), tax, rule, **options)
@@ -70,7 +65,7 @@ def _broken(kind: str, node: np.ndarray, row: int) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["nan", "range", "root", "edge"])
 def test_refusals_name_the_same_culprit_in_every_layout(kind: str) -> None:
     rng = np.random.default_rng(23)
-    tax = _tree(200, rng)
+    tax = random_tree(200, rng)
     node = np.asarray(tax.marginals(rng.dirichlet(np.full(tax.num_leaves, 0.3), size=3000)), dtype=np.float32)
     for row in (0, 1700, 2999):
         bad = _broken(kind, np.ascontiguousarray(node), row)
@@ -89,7 +84,7 @@ def test_refusals_name_the_same_culprit_in_every_layout(kind: str) -> None:
 
 def test_checks_off_still_refuse_nan_and_negatives_in_every_layout() -> None:
     rng = np.random.default_rng(24)
-    tax = _tree(50, rng)
+    tax = random_tree(50, rng)
     node = np.asarray(tax.marginals(rng.dirichlet(np.full(tax.num_leaves, 0.3), size=40)))
     for arr in (node, np.ascontiguousarray(node)):
         bad = arr.copy()

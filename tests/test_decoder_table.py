@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from _trees import random_tree
+from _generators import random_tree
 
 from hiercls.cli import main
 from hiercls.evaluation import TABLE_METRICS, decoder_metric_table

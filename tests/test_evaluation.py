@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _trees import random_tree
+from _generators import random_tree
 
 from hiercls.cli import main
 from hiercls.decode import decode, optimal_hfbeta

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _trees import random_tree
+from _generators import random_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

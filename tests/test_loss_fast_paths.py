@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _generators import random_tree
 
 from hiercls.losses import HXELoss, SemanticSoftmaxLoss
 from hiercls.losses.leaf import _block_size, _path_masses, _spread_path_weights
-from tests._trees import random_tree
 
 
 def _labels(tax, rng, batch):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _trees import random_tree
+from _generators import random_tree
 
 from hiercls.losses import (
     ConditionalSoftmax,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import timm
 import torch
+from _generators import random_tree
 from _tiny import build_tiny_bert
-from _trees import random_tree
 
 from hiercls.models import (
     HierarchicalPromptPool,

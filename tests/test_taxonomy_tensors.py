@@ -5,27 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _generators import random_dag, random_tree
 
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.tensors import TreeOps, leaf_marginals, leaf_ranges, node_probs_from_leaves, tree_ops
-from tests._trees import random_tree
 
 DAG = Taxonomy(
     [("r", "a"), ("r", "b"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "w"), ("x", "x1"), ("x", "x2"), ("y", "x2")]
 )
-
-
-def random_dag(n: int, seed: int) -> Taxonomy:
-    """A random tree plus extra parent edges to earlier (non-descendant, hence acyclic) nodes."""
-    rng = np.random.default_rng(seed)
-    tree = random_tree(n, rng)
-    edges = tree.edge_list(names=True)
-    names = tree.names
-    for c in rng.choice(np.arange(2, tree.num_nodes), size=max(1, n // 4), replace=False):
-        p = int(rng.integers(1, c))
-        if p not in tree.ancestors(int(c)) and p != tree.parent[c]:
-            edges.append((names[p], names[c]))
-    return Taxonomy(edges, nodes=names)
 
 
 def brute(tax: Taxonomy, leaf: np.ndarray) -> np.ndarray:
