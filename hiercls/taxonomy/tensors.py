@@ -331,36 +331,25 @@ def tree_ops(taxonomy: Taxonomy, device: torch.device | str | None = None) -> Tr
 
 
 def leaf_marginals(taxonomy: Taxonomy, leaf_probs: Any) -> Any:
-    """:meth:`TreeOps.marginals` of ``[..., num_leaves]`` leaf probabilities: numpy in, numpy out; torch in,
-    torch out on the same device.
-
-    Torch results are float32 (float64 input stays float64), even under fp16/bf16 autocast; numpy results have
-    ``np.result_type(leaf_probs, np.float32)``.
+    """:meth:`TreeOps.marginals` of ``[..., num_leaves]`` leaf probabilities: torch in, torch out on the same device
+    (float32; float64 stays float64, also under fp16/bf16 autocast; differentiable); NumPy in goes to
+    :meth:`Taxonomy.marginals`, the NumPy form of the same sums.
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
-        >>> leaf_marginals(tax, np.array([0.5, 0.2, 0.3])).round(3).tolist()
-        [1.0, 0.7, 0.5, 0.2, 0.3]
+        >>> leaf_marginals(tax, torch.tensor([0.5, 0.25, 0.25])).tolist()
+        [1.0, 0.75, 0.5, 0.25, 0.25]
     """
-    is_torch = isinstance(leaf_probs, torch.Tensor)
-    if is_torch:
-        x = leaf_probs.to(torch.float64 if leaf_probs.dtype == torch.float64 else torch.float32)
-    else:
-        arr = np.asarray(leaf_probs)
-        out_dtype = np.result_type(arr, np.float32)
-        work = np.float32 if out_dtype == np.float32 else np.float64
-        x = torch.from_numpy(np.ascontiguousarray(arr, dtype=work))
+    if not isinstance(leaf_probs, torch.Tensor):
+        return taxonomy.marginals(leaf_probs)
+    x = leaf_probs.to(torch.float64 if leaf_probs.dtype == torch.float64 else torch.float32)
     if x.dim() < 1 or x.shape[-1] != taxonomy.num_leaves:
         raise ValueError(
             f"leaf_probs must have shape [..., {taxonomy.num_leaves}] (one entry per leaf of taxonomy "
             f"{taxonomy.name!r}, in taxonomy.leaves order); got {list(x.shape)}"
         )
     lead, ops = x.shape[:-1], tree_ops(taxonomy, x.device)
-    if is_torch:
-        return ops.marginals(x.reshape(-1, taxonomy.num_leaves)).reshape(*lead, taxonomy.num_nodes)
-    # NumPy: a transposed (Fortran-order) view of the node-major result saves a copy as large as the output.
-    out = ops._marginals_node_major(x.reshape(-1, taxonomy.num_leaves)).numpy().T
-    return out.reshape(*lead, taxonomy.num_nodes).astype(out_dtype, copy=False)
+    return ops.marginals(x.reshape(-1, taxonomy.num_leaves)).reshape(*lead, taxonomy.num_nodes)
 
 
 def node_probs_from_leaves(taxonomy: Taxonomy, leaf_probs: torch.Tensor) -> torch.Tensor:
