@@ -226,25 +226,24 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------------------------------------- the compiled search
 @jit
-def _tree_masses(x, parent, lsz, atol, p, ptil, r, kids):
+def _tree_masses(x, ch_ptr, ch_idx, lsz, atol, p, ptil, r):
     """Trees, from one row of node probabilities ``x``: the label probabilities ``p = P(n) - sum of P(children)``
-    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass. ``False`` when a label probability is
-    below ``-atol`` (stricter than ``check_label_mass``, which then decides)."""
-    for v in range(x.shape[0]):
-        kids[v] = 0.0
-        ptil[v] = 0.0
+    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass that gathers from the children (no
+    scattered sums, nothing to clear). ``False`` when a label probability is below ``-atol`` (stricter than
+    ``check_label_mass``, which then decides)."""
     for m in range(r.size):
         r[m] = 0.0
     ok = True
-    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes before its parent
-        s = x[v] - kids[v]
+    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes after its parent
+        kids, below = 0.0, 0.0
+        for j in range(ch_ptr[v], ch_ptr[v + 1]):
+            kids += x[ch_idx[j]]
+            below += ptil[ch_idx[j]]
+        s = x[v] - kids
         ok &= s >= -atol
         p[v] = max(s, 0.0)
-        ptil[v] += p[v]
+        ptil[v] = p[v] + below
         r[lsz[v]] += p[v]
-        if v > 0:
-            kids[parent[v]] += x[v]
-            ptil[parent[v]] += ptil[v]
     return ok
 
 
@@ -554,7 +553,7 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
     p = lab
     for row in range(lp.shape[0]):
         if from_nodes:
-            if not _tree_masses(lp[row], parent, lsz, atol, lab, ptil, r, buf):
+            if not _tree_masses(lp[row], ch_ptr, ch_idx, lsz, atol, lab, ptil, r):
                 return row
         else:
             _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
