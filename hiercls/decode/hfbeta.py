@@ -226,34 +226,35 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------------------------------------- the compiled search
 @jit
-def _tree_masses(x, parent, lsz, atol, p, ptil, r, kids):
+def _tree_masses(x, ch_ptr, ch_idx, lsz, atol, p, ptil, r):
     """Trees, from one row of node probabilities ``x``: the label probabilities ``p = P(n) - sum of P(children)``
-    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass. ``False`` when a label probability is
-    below ``-atol`` (stricter than ``check_label_mass``, which then decides)."""
-    for v in range(x.shape[0]):
-        kids[v] = 0.0
-        ptil[v] = 0.0
+    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass that gathers from the children (no
+    scattered sums, nothing to clear). ``False`` when a label probability is below ``-atol`` (stricter than
+    ``check_label_mass``, which then decides)."""
     for m in range(r.size):
         r[m] = 0.0
     ok = True
-    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes before its parent
-        s = x[v] - kids[v]
+    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes after its parent
+        kids, below = 0.0, 0.0
+        for j in range(ch_ptr[v], ch_ptr[v + 1]):
+            kids += x[ch_idx[j]]
+            below += ptil[ch_idx[j]]
+        s = x[v] - kids
         ok &= s >= -atol
         p[v] = max(s, 0.0)
-        ptil[v] += p[v]
+        ptil[v] = p[v] + below
         r[lsz[v]] += p[v]
-        if v > 0:
-            kids[parent[v]] += x[v]
-            ptil[parent[v]] += ptil[v]
     return ok
 
 
 @jit
-def _masses(p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
-    """``P~`` of every node (``ptil``) and the label mass by label size (``r``) of one row."""
+def _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
+    """Row ``row`` of ``lp`` into ``p``, ``P~`` of every node (``ptil``) and the label mass by label size (``r``)."""
     n = p.shape[0]
     for m in range(r.size):
         r[m] = 0.0
+    for v in range(n):
+        p[v] = lp[row, v]
     if is_tree:
         for v in range(n):
             ptil[v] = p[v]
@@ -288,7 +289,8 @@ def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
                 continue
             if ptil[c] > thr:
                 if count >= cap:
-                    _unmark(pos, cand, count)
+                    for i in range(count):
+                        pos[cand[i]] = -1
                     return -1
                 pos[c] = count
                 cand[count] = c
@@ -318,7 +320,8 @@ def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, s
     """Trees: each candidate's own label mass by size (itself and the subtrees left out below it) as entries
     ``ent_m/ent_q[seg[i]:seg[i+1]]``, and ``cpar``, the parent's candidate index (its weight adds the child's)."""
     n = p.shape[0]
-    seg[: count + 1] = 0
+    for i in range(count + 1):
+        seg[i] = 0
     for v in range(n):
         o = pos[v] if pos[v] >= 0 else owner[parent[v]]
         owner[v] = o
@@ -387,12 +390,6 @@ def _dense_profiles(p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count,
 
 
 @jit
-def _unmark(pos, cand, count):
-    for i in range(count):
-        pos[cand[i]] = -1
-
-
-@jit
 def _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w):
     """``w_k`` of the candidates into ``w``; returns ``u_k``, the bound on every node outside."""
     for m in range(coef.size):
@@ -413,38 +410,11 @@ def _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w):
 
 
 @jit
-def _select(a, j):
-    """Reorder ``a`` so that ``a[j]`` is its ``j``-th smallest value, smaller or equal ones before, larger or equal
-    ones after (Hoare's quickselect, median-of-three pivots; numba's ``np.partition`` takes 20 s to compile)."""
-    lo, hi = 0, a.size - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        x, y, z = a[lo], a[mid], a[hi]
-        pivot = max(min(x, y), min(max(x, y), z))
-        i, k = lo, hi
-        while i <= k:
-            while a[i] < pivot:
-                i += 1
-            while a[k] > pivot:
-                k -= 1
-            if i <= k:
-                a[i], a[k] = a[k], a[i]
-                i += 1
-                k -= 1
-        if j <= k:
-            hi = k
-        elif j >= i:
-            lo = i
-        else:
-            return
-    return
-
-
-@jit
 def _relaxed_top(k, w, count, first, u, tolw, buf):
-    """``(R_k, kth, nxt, exact)`` of the relaxed problem: candidates plus unboundedly many nodes of weight ``u``."""
-    na = 0
-    sure = 0
+    """``(R_k, kth, nxt, exact)`` of the relaxed problem: candidates plus unboundedly many nodes of weight ``u``.
+    The ``k`` largest weights above ``u`` are moved to the end of ``buf[:na]`` by Hoare's quickselect
+    (median-of-three pivots; numba's ``np.partition`` takes 20 s to compile)."""
+    na, sure = 0, 0
     for i in range(first, count):
         if w[i] > u:
             buf[na] = w[i]
@@ -456,56 +426,32 @@ def _relaxed_top(k, w, count, first, u, tolw, buf):
         for i in range(na):
             total += buf[i]
         return total, u, u, exact
-    part = buf[:na]
-    _select(part, na - k)
-    nxt = u
-    for i in range(na - k):
-        nxt = max(nxt, part[i])
-    total = 0.0
-    for i in range(na - k, na):
-        total += part[i]
-    return total, part[na - k], nxt, exact
-
-
-@jit
-def _upper(k, r, b2):
-    """:math:`\\bar U(k)`: a bound on ``V_{k'}`` for every ``k' >= k``."""
-    s = 0.0
-    for m in range(1, r.size):
-        if r[m] > 0.0:
-            s += r[m] * m / (b2 * m + max(k, m))
-    return (1.0 + b2) * s
-
-
-@jit
-def _interval(ea, eb):
-    """Bound on ``V_k`` for ``a < k < b`` from the evaluations ``(k, R, kth, nxt, exact)`` at both ends, and the
-    offset from ``a`` where it peaks (see the module docstring)."""
-    length = eb[0] - ea[0]
-    dv = eb[1] - ea[1]
-    d = max(ea[3] - eb[2], 0.0)
-    t = (dv + d * length) / (2.0 * d) if d > 0.0 else (length - 1.0 if dv > 0.0 else 1.0)
-    t = min(max(t, 1.0), length - 1.0)
-    return ea[1] + dv * t / length + d * t * (length - t) / length, t
-
-
-@jit
-def _evaluate(k, ne, best, b2, prof, count, first, tau, coef, w, buf, ev):
-    """Evaluate size ``k`` into row ``ne`` of ``ev`` as ``(k, R_k, kth, nxt, exact)``; returns the best exact value."""
-    seg, ent_m, ent_q, cpar = prof
-    u = _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w)
-    val, kth, nxt, exact = _relaxed_top(k, w, count, first, u, TIE_RTOL / (2 * k), buf)
-    ev[ne, 0], ev[ne, 1], ev[ne, 2], ev[ne, 3], ev[ne, 4] = k, val, kth, nxt, 1.0 if exact else 0.0
-    return max(best, val) if exact else best
-
-
-@jit
-def _scaled(ea, k, hi, b2):
-    """Bound on ``V_k``, ``k > a``, from the evaluation at ``a``: ``w_k <= w_a (b2 hi + a) / (b2 hi + k)`` for every
-    node, ``hi`` the largest label size with mass, and the top-``k`` sum of ``w_a`` is at most
-    ``R_a + (k - a) nxt_a``. Its sign of growth in ``k`` is constant, so over a range it peaks at an end."""
-    a = ea[0]
-    return (b2 * hi + a) * (ea[1] + (k - a) * ea[3]) / (b2 * hi + k)
+    lo, hi, j = 0, na - 1, na - k
+    while lo < hi:
+        x, y, z = buf[lo], buf[(lo + hi) // 2], buf[hi]
+        pivot = max(min(x, y), min(max(x, y), z))
+        i, e = lo, hi
+        while i <= e:
+            while buf[i] < pivot:
+                i += 1
+            while buf[e] > pivot:
+                e -= 1
+            if i <= e:
+                buf[i], buf[e] = buf[e], buf[i]
+                i += 1
+                e -= 1
+        if j <= e:
+            hi = e
+        elif j >= i:
+            lo = i
+        else:
+            break
+    nxt, total = u, 0.0
+    for i in range(j):
+        nxt = max(nxt, buf[i])
+    for i in range(j, na):
+        total += buf[i]
+    return total, buf[j], nxt, exact
 
 
 @jit
@@ -523,16 +469,28 @@ def _winner(ev, ne, best, tol, v0):
 @jit
 def _bound(ev, ia, ib, kmax, hi, r, b2):
     """Upper bound on ``V_k`` over the open interval of sizes between rows ``ia`` and ``ib`` of ``ev`` (``ib = -1``:
-    every size above), and the size to evaluate next there."""
-    a = int(ev[ia, 0])
-    b = int(ev[ib, 0]) if ib >= 0 else kmax + 1
-    near, far = _scaled(ev[ia], a + 1, hi, b2), _scaled(ev[ia], b - 1, hi, b2)
-    bound = min(_upper(a + 1, r, b2), max(near, far))
+    every size above), and the size to evaluate next there. Three bounds (module docstring): :math:`\\bar U(a+1)`;
+    the scaled one, ``w_k <= w_a (b2 hi + a) / (b2 hi + k)`` for every node (``hi`` the largest label size with
+    mass) with the top-``k`` sum of ``w_a`` at most ``R_a + (k - a) nxt_a``, whose sign of growth in ``k`` is
+    constant, so that it peaks at an end of the interval; and, between two evaluations, the concave quadratic."""
+    a, va, na = ev[ia, 0], ev[ia, 1], ev[ia, 3]
+    b = ev[ib, 0] if ib >= 0 else kmax + 1.0
+    s = 0.0
+    for m in range(1, r.size):
+        if r[m] > 0.0:
+            s += r[m] * m / (b2 * m + max(a + 1.0, m))
+    near = (b2 * hi + a) * (va + na) / (b2 * hi + a + 1.0)
+    far = (b2 * hi + a) * (va + (b - 1.0 - a) * na) / (b2 * hi + b - 1.0)
+    bound = min((1.0 + b2) * s, max(near, far))
     if ib < 0:  # the tail: doubling
-        return bound, min(max(2 * a, a + 1), kmax)
-    quad, t = _interval(ev[ia], ev[ib])
-    margin = max(1, (b - a) // 8)
-    return min(bound, quad), a + min(max(int(t + 0.5), margin), b - a - margin)
+        return bound, min(max(2 * int(a), int(a) + 1), kmax)
+    length, dv = b - a, ev[ib, 1] - va
+    d = max(na - ev[ib, 2], 0.0)  # the interval's bound: module docstring
+    t = (dv + d * length) / (2.0 * d) if d > 0.0 else (length - 1.0 if dv > 0.0 else 1.0)
+    t = min(max(t, 1.0), length - 1.0)
+    quad = va + dv * t / length + d * t * (length - t) / length
+    margin = max(1, int(length) // 8)
+    return min(bound, quad), int(a) + min(max(int(t + 0.5), margin), int(length) - margin)
 
 
 @jit
@@ -546,10 +504,13 @@ def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf,
     best = v0
     k = np.int64(1)
     ia, ib = 0, 0
-    while True:
+    seg, ent_m, ent_q, cpar = prof
+    while True:  # evaluate size k into row ne of ev as (k, R_k, kth, nxt, exact)
+        u = _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w)
+        val, kth, nxt, exact = _relaxed_top(k, w, count, first, u, TIE_RTOL / (2 * k), buf)
+        ev[ne, 0], ev[ne, 1], ev[ne, 2], ev[ne, 3], ev[ne, 4] = k, val, kth, nxt, 1.0 if exact else 0.0
         best_before = best
-        best = _evaluate(k, ne, best, b2, prof, count, first, tau, coef, w, buf, ev)
-        val = ev[ne, 1]
+        best = max(best, val) if exact else best
         if ev[ne, 4] == 0.0 and ((k < kw and val >= best - tol) or val > best):
             return best, ne + 1, False
         if best > best_before or (ev[ne, 4] > 0.0 and val >= best - tol and k < kw):
@@ -592,11 +553,10 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
     p = lab
     for row in range(lp.shape[0]):
         if from_nodes:
-            if not _tree_masses(lp[row], parent, lsz, atol, lab, ptil, r, buf):
+            if not _tree_masses(lp[row], ch_ptr, ch_idx, lsz, atol, lab, ptil, r):
                 return row
         else:
-            lab[:] = lp[row]
-            _masses(p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
+            _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
         v0 = r[0] if first == 1 else -np.inf  # the empty prediction scores the root label only
         tol = TIE_RTOL * max(1.0, ptil[0])  # expected hF-beta is at most the row's mass
         sets[row, 0] = True
@@ -619,11 +579,8 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
                     p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar
                 )
             prof = (seg, ent_m, ent_q, cpar)
-            outside = False
-            for m in range(tau.size):
-                outside |= tau[m] > 0.0
-            kmax = n - first if outside else count - first
-            hi, kg = 0, 0
+            kmax = n - first if left_out > 0.0 else count - first  # left_out > 0: nodes outside may matter
+            hi, kg = np.int64(0), np.int64(0)
             for m in range(r.size):
                 hi = m if r[m] > 0.0 else hi
             for i in range(first, count):
@@ -636,7 +593,8 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
                 )
             if certified or last:
                 values[row] = _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, sets[row])
-            _unmark(pos, cand, count)
+            for i in range(count):
+                pos[cand[i]] = -1
             if certified or last:
                 break
     return -1
