@@ -253,7 +253,8 @@ class Metric(torchmetrics.Metric):
             incoming[k] = v.to(want.device, torch.float64)
         if self.config_state is not None:
             incoming[self.config_state] = torch.zeros((), dtype=torch.float64, device=self.updates.device)
-        super().merge_state(incoming)
+        for k, v in incoming.items():  # every state is a sum: what Metric.merge_state (torchmetrics >= 1.6) does
+            setattr(self, k, getattr(self, k) + v)
 
     def merge(self, other: Metric) -> Metric:
         """:meth:`merge_state` with another metric (e.g. from another worker); returns ``self``."""
