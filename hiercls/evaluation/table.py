@@ -61,8 +61,10 @@ from hiercls.decode import (
     expected_cost,
     expected_hfbeta,
     parse_decoder,
+    probability_checks,
 )
 from hiercls.decode.checks import probability_checks_enabled
+from hiercls.decode.inputs import label_distribution
 from hiercls.decode.spec import format_number
 from hiercls.evaluation.files import label_ids, load_labels, load_probabilities
 from hiercls.evaluation.report import format_table
@@ -400,13 +402,11 @@ def _scored_rows(probs: Any, labels: Any, tax: Taxonomy, leaf_probs: bool) -> tu
 
 
 def _label_mass(node: np.ndarray, tax: Taxonomy) -> np.ndarray:
-    """Probability that the label is exactly each node, ``[B, N]``: on a tree ``P(n)`` minus its children's ``P``.
-
-    Round-off negatives are clipped to 0.
-    """
-    child = np.flatnonzero(tax.parent >= 0)
-    to_parent = sp.csr_matrix((np.ones(len(child)), (child, tax.parent[child])), shape=(tax.num_nodes,) * 2)
-    return np.maximum(node - np.asarray((to_parent.T @ node.T).T), 0.0)
+    """Probability that the label is exactly each node, ``[B, N]``, round-off negatives clipped to 0: the decoders'
+    :func:`~hiercls.decode.inputs.label_distribution`, without its label-mass check (the table has always clipped;
+    the decoders it runs check their own input)."""
+    with probability_checks(False):
+        return label_distribution(node, tax)
 
 
 def _table_decoders(
