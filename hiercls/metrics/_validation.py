@@ -135,7 +135,7 @@ def _check_ids(ids: np.ndarray, taxonomy: Taxonomy, name: str, low: int) -> np.n
     bad = (ids < low) | (ids >= n)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        hint = " (-1 marks ignored samples only in y_true)" if ids[i] == -1 else ""
+        hint = " (-1 marks ignored samples only in the true labels)" if ids[i] == -1 else ""
         raise ValueError(
             f"{name}[{i}] = {int(ids[i])} is not a node id of taxonomy {taxonomy.name!r}; expected "
             f"ids in [{low}, {n}){hint}"
@@ -334,11 +334,13 @@ def prepare_pair(
     close: bool = True,
     close_pred: bool | None = None,
     return_keep: bool = False,
+    names: tuple[str, str] = ("y_true", "y_pred"),
 ) -> Any:
     """Validate a ``(y_true, y_pred)`` pair, drop samples whose target is ``-1``, return weights aligned.
 
     Returns ``(t, p, w)`` (host :class:`Labels` and float64 weights or ``None``); with ``return_keep`` also the
-    boolean mask of the samples kept (to align other per-sample inputs).
+    boolean mask of the samples kept (to align other per-sample inputs). ``names`` are the parameter names the
+    errors use (the stateful metrics' ``("target", "preds")``).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -348,10 +350,10 @@ def prepare_pair(
         ([1, 2], [1, 2], None)
     """
     check_taxonomy(taxonomy)
-    t = to_labels(y_true, taxonomy, name="y_true", close=close, allow_ignore=True)
-    p = to_labels(y_pred, taxonomy, name="y_pred", close=close if close_pred is None else close_pred)
+    t = to_labels(y_true, taxonomy, name=names[0], close=close, allow_ignore=True)
+    p = to_labels(y_pred, taxonomy, name=names[1], close=close if close_pred is None else close_pred)
     if len(t) != len(p):
-        raise ValueError(f"y_true has {len(t)} samples but y_pred has {len(p)}")
+        raise ValueError(f"{names[0]} has {len(t)} samples but {names[1]} has {len(p)}")
     w = check_weights(sample_weight, len(t))
     keep = t.ids >= 0 if t.is_ids else np.ones(len(t), dtype=bool)
     if not keep.all():

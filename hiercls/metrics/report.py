@@ -97,8 +97,8 @@ def hierarchical_report(
         candidates=candidates,
         sync_on_compute=False,
     )
-    metrics.update(y_true, y_pred, y_score=y_score, sample_weight=sample_weight)
-    out = metrics.compute()
+    metrics.update(y_pred, y_true, y_score=y_score, sample_weight=sample_weight)
+    out = metrics.results()
     if output_dict:
         return out
     total = float(len(t) if w is None else w.sum())

@@ -1,4 +1,5 @@
-"""Stateful metrics (``update`` / ``compute`` / ``reset``) whose states are sums, so DDP results are exact.
+"""Stateful metrics (``update(preds, target)`` / ``compute`` / ``reset``) whose states are sums, so DDP results are
+exact (the base class and its conventions: :mod:`hiercls.metrics.base`).
 
 Every state is a float64 torch tensor of sums on the metric's device: counts, weighted numerators and denominators,
 per-node ``tp/fp/fn`` vectors. Sums commute, so adding the states of all ranks (one ``all_reduce(SUM)``)
@@ -13,15 +14,11 @@ can be called repeatedly. ``sync()`` returns the reduced state explicitly.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import torch
-import torchmetrics
 
 from hiercls._checks import check_beta, check_choice, to_numpy
 from hiercls.metrics._validation import (
@@ -33,6 +30,7 @@ from hiercls.metrics._validation import (
     weight_total,
     weighted_sum,
 )
+from hiercls.metrics.base import Metric, all_reduce_states, config_digest, flatten_results, output_direction
 from hiercls.metrics.distance import (
     DISTANCES,
     mistake_stats,
@@ -61,6 +59,8 @@ __all__ = [
     "ConstrainedF1",
     "HierarchicalFBeta",
     "HierarchicalMetrics",
+    "HierarchicalPrecision",
+    "HierarchicalRecall",
     "LevelAccuracy",
     "Metric",
     "MistakeSeverity",
@@ -69,237 +69,32 @@ __all__ = [
     "TopKMetrics",
     "all_reduce_states",
     "flatten_results",
+    "output_direction",
 ]
 
 
-def _dist_world(group: Any = None) -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(group)
-    return 1
-
-
-def all_reduce_states(states: Sequence[dict[str, torch.Tensor]], group: Any = None) -> list[dict[str, torch.Tensor]]:
-    """Sum state dicts over all ranks (``all_reduce(SUM)``); returns reduced copies.
-
-    Without an initialised process group (or with one process) the copies are the local values.
-    """
-    out = [{k: v.clone() for k, v in s.items()} for s in states]
-    if _dist_world(group) > 1:
-        for s in out:
-            for v in s.values():
-                torch.distributed.all_reduce(v, op=torch.distributed.ReduceOp.SUM, group=group)
-    return out
-
-
-def flatten_results(results: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """The numbers of a ``compute()`` result as one flat ``{name: float}``, ready for a logger.
-
-    Lists become one entry per position, numbered from 1 (``per_level_accuracy/1`` is depth 1, as in
-    :func:`~hiercls.evaluation.format_results`); strings (``mistake_severity_distance``) are left out; NaN
-    stays NaN. Lightning's ``self.log_dict`` takes the result (log it with ``sync_dist=False``: ``compute()``
-    already summed the ranks).
-
-    Example:
-        >>> flatten_results({"accuracy": 0.5, "per_level_accuracy": [1.0, 0.25], "mistake_severity_distance": "x"})
-        {'accuracy': 0.5, 'per_level_accuracy/1': 1.0, 'per_level_accuracy/2': 0.25}
-    """
-    out: dict[str, float] = {}
-    for key, value in results.items():
-        if isinstance(value, str):
-            continue
-        if isinstance(value, (list, tuple, np.ndarray)):
-            for i, v in enumerate(value, start=1):
-                out[f"{prefix}{key}/{i}"] = float(v)
-        else:
-            out[f"{prefix}{key}"] = float(value)
-    return out
-
-
-class Metric(torchmetrics.Metric):
-    """Base class: a :class:`torchmetrics.Metric` whose every state is a float64 sum (``dist_reduce_fx="sum"``).
-
-    It is an ``nn.Module``: ``.to(device)`` moves it with the module that holds it, ``MetricCollection`` takes
-    it, and ``state_dict``/``load_state_dict``/``merge_state``/``sync``/``unsync`` are torchmetrics's (only its
-    public API is used). The states live on the metric's device; the counts of a batch are computed on the host
-    (from the host copy of the labels, see :func:`~hiercls.metrics._validation.to_labels`) and added with one
-    host-to-device copy per update. Under ``torch.distributed`` torchmetrics sums the states over the ranks, so
-    every rank gets the single-process result. ``compute()`` returns plain Python numbers and lists and raises (on
-    every rank) when no rank has called ``update`` since the last reset.
-
-    Subclasses declare states with :meth:`add_sum_state` in ``__init__``, end it with :meth:`set_config`,
-    add to the states in ``update`` with :meth:`accumulate`, and turn a state dict into results in ``_compute``.
-    Each call of a subclass's ``update`` adds one to the ``updates`` state.
-    """
-
-    is_differentiable = False
-    full_state_update = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        update = cls.__dict__.get("update")
-        if update is not None:
-
-            @functools.wraps(update)
-            def counted(self: Metric, *args: Any, **kw: Any) -> None:
-                update(self, *args, **kw)
-                self.updates.add_(1.0)  # summed over ranks: "never updated" is told apart from "updated with empty"
-
-            cls.update = counted  # type: ignore[method-assign]
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("compute_with_cache", False)  # a cached result would outlive load_state_dict
-        super().__init__(**kwargs)
-        self.state_shapes: dict[str, tuple[int, ...]] = {}
-        self.add_sum_state("updates")
-        self.config_state: str | None = None
-        self.sink: tuple[Metric, str] = (self, "")  # where accumulate adds (HierarchicalMetrics holds its parts')
-        self.register_load_state_dict_post_hook(_check_loaded_states)
-
-    def add_sum_state(self, name: str, shape: int | tuple[int, ...] = ()) -> None:
-        """Declare a float64 sum state (zeros of ``shape``), saved in ``state_dict``."""
-        self.state_shapes[name] = (shape,) if isinstance(shape, int) else tuple(shape)
-        self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum", persistent=True)
-
-    def set_config(self, **config: Any) -> None:
-        """Record the settings that change what ``update`` adds or what ``compute`` returns (once, in ``__init__``).
-
-        ``MetricCollection`` shares one state among metrics whose states are equal after the first batch;
-        two metrics of the same class but another configuration (say, two distances of
-        :class:`MistakeSeverity` on a batch without mistakes) would then be merged wrongly. A zero state
-        whose name carries a digest of the configuration keeps them apart, and :meth:`merge` refuses
-        metrics of another configuration.
-        """
-        tax = getattr(self, "taxonomy", None)
-        text = repr((type(self).__name__, None if tax is None else tax.fingerprint, sorted(config.items())))
-        self.config_state = "config_" + hashlib.sha1(text.encode()).hexdigest()[:12]
-        self.add_state(self.config_state, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
-
-    def state_names(self) -> list[str]:
-        """The names of the sum states (``updates`` included, the configuration marker left out)."""
-        return [k for k in self.metric_state if k != self.config_state]
-
-    def accumulate(self, **values: Any) -> None:
-        """Add ``values`` (NumPy arrays or Python numbers of the states' shapes) to the states of the same names.
-
-        The host values travel to the states' device as one float64 vector (one copy, whatever the number of
-        states). The states are added to in place: torchmetrics copies them wherever it keeps a snapshot
-        (``state_dict``, ``forward``, ``sync``), and ``reset`` gives fresh tensors.
-        """
-        owner, prefix = self.sink
-        states = [getattr(owner, prefix + name) for name in values]
-        flat = [np.asarray(to_numpy(v), dtype=np.float64).ravel() for v in values.values()]
-        for name, cur, a in zip(values, states, flat, strict=True):
-            if a.size != cur.numel():
-                raise ValueError(f"state {name!r} has {cur.numel()} entries; got {a.size} to add")
-        if not states:
-            return
-        moved = torch.from_numpy(np.concatenate(flat)).to(states[0].device)
-        for cur, part in zip(states, torch.split(moved, [a.size for a in flat]), strict=True):
-            cur.add_(part.view(cur.shape))
-
-    def states(self) -> dict[str, torch.Tensor]:
-        """The sum states by name (live tensors; :meth:`state_dict` gives copies)."""
-        return {k: getattr(self, k) for k in self.state_names()}
-
-    def update(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
-
-    def compute(self) -> Any:
-        """Results from the states (summed over all ranks with ``sync_on_compute``, the default)."""
-        if float(self.updates) == 0:  # after the reduction: the same answer on every rank
-            if self.sync_on_compute and _dist_world(self.process_group) > 1:
-                self.unsync()  # torchmetrics restores the local states only when compute returns
-            raise RuntimeError(
-                f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
-                "there is nothing to score; call update() with a batch first"
-            )
-        return self._compute({k: v.detach().cpu().numpy() for k, v in self.states().items()})
-
-    def _compute(self, state: dict[str, np.ndarray]) -> Any:
-        raise NotImplementedError
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """torchmetrics's, plus: with ``strict``, a missing state or a key that is no state raises ``ValueError``
-        naming it (inside a module's ``load_state_dict`` torchmetrics skips missing states; shapes are checked)."""
-        if strict:
-            extra = sorted(set(state_dict) - set(self.state_names()))
-            missing = [k for k in self.state_dict() if k not in state_dict]
-            if extra or missing:
-                raise ValueError(
-                    f"state_dict does not match {type(self).__name__}: missing {missing}, unexpected {extra} "
-                    f"(expected the states {self.state_names()})"
-                )
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def merge_state(self, incoming_state: dict[str, Any] | torchmetrics.Metric) -> None:
-        """Add another metric's states (same class, taxonomy and configuration) or a dict of states."""
-        if isinstance(incoming_state, torchmetrics.Metric):
-            other = incoming_state
-            if type(other) is not type(self):
-                raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
-            mine, theirs = getattr(self, "taxonomy", None), getattr(other, "taxonomy", None)
-            if mine is not None and theirs is not None and mine != theirs:
-                raise ValueError(f"cannot merge metrics of different taxonomies ({mine!r} vs {theirs!r})")
-            if other.config_state != self.config_state:
-                raise ValueError(f"cannot merge {type(self).__name__} metrics of different configurations")
-            incoming_state = other.states()
-        incoming = {}
-        for k, want in self.states().items():
-            if k not in incoming_state:
-                raise ValueError(f"cannot merge: state {k!r} is missing")
-            v = torch.as_tensor(incoming_state[k])
-            if tuple(v.shape) != tuple(want.shape):
-                raise ValueError(f"cannot merge: state {k!r} has shape {tuple(v.shape)}, expected {tuple(want.shape)}")
-            incoming[k] = v.to(want.device, torch.float64)
-        if self.config_state is not None:
-            incoming[self.config_state] = torch.zeros((), dtype=torch.float64, device=self.updates.device)
-        for k, v in incoming.items():  # every state is a sum: what Metric.merge_state (torchmetrics >= 1.6) does
-            setattr(self, k, getattr(self, k) + v)
-
-    def merge(self, other: Metric) -> Metric:
-        """:meth:`merge_state` with another metric (e.g. from another worker); returns ``self``."""
-        self.merge_state(other)
-        return self
-
-
-def _check_loaded_states(module: Metric, incompatible_keys: Any) -> None:
-    """``load_state_dict`` post-hook (nested loads too): every state of its shape, on the metric's device, float64."""
-    for k, shape in module.state_shapes.items():
-        v = getattr(module, k)
-        if tuple(v.shape) != shape:
-            raise ValueError(
-                f"state_dict[{k!r}] has shape {tuple(v.shape)}; {type(module).__name__} expects {shape} "
-                "(another taxonomy or configuration?)"
-            )
-        setattr(module, k, v.detach().to(dtype=torch.float64, device=module.device).clone())
-
-
-def _digest(x: Any) -> str | None:
-    """A short digest of an array-like setting (``None`` stays ``None``) for :meth:`Metric.set_config`."""
-    if x is None:
-        return None
-    if isinstance(x, np.ndarray) or type(x).__module__.startswith("torch"):
-        a = np.ascontiguousarray(to_numpy(x))
-        body = a.tobytes() if a.dtype != object else repr(a.tolist()).encode()
-        payload = repr((a.dtype.str, a.shape)).encode() + body
-    else:
-        payload = repr(x).encode()
-    return hashlib.sha1(payload).hexdigest()[:12]
+NAMES = ("target", "preds")  # the parameter names of the errors of prepare_pair(target, preds)
 
 
 class HierarchicalFBeta(Metric):
-    """Stateful :func:`~hiercls.metrics.hierarchical_precision_recall_fscore`.
+    """Stateful :func:`~hiercls.metrics.hierarchical_fbeta_score`: ``update(preds, target)``, ``compute()`` the
+    hF-beta tensor.
 
-    ``compute()`` returns ``{"precision", "recall", "fbeta"}``.
+    ``results()`` returns ``{"precision", "recall", "fbeta"}``; :class:`HierarchicalPrecision` and
+    :class:`HierarchicalRecall` compute the other two (``output=`` picks any of them).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = HierarchicalFBeta(tax)
-        >>> m.update(["x"], ["y"]); m.update(["x"], ["a"])
-        >>> m.compute()["fbeta"]  # the same as one call on both samples
+        >>> m.update(["y"], ["x"]); m.update(["a"], ["x"])  # preds, target
+        >>> m.compute().item()  # the same as one call on both samples
         0.5714285714285714
+        >>> m.results()["precision"], m.results()["recall"]
+        (0.6666666666666666, 0.5)
     """
+
+    default_output = "fbeta"
 
     def __init__(
         self,
@@ -336,13 +131,14 @@ class HierarchicalFBeta(Metric):
             average=average,
             include_root=include_root,
             zero_division=self.zero_division,
-            mask=_digest(self.mask),
-            labels=_digest(labels),
+            mask=config_digest(self.mask),
+            labels=config_digest(labels),
             close=close,
         )
 
-    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: predicted and true labels (torchmetrics' order), as the functions take them."""
+        t, p, w = prepare_pair(target, preds, self.taxonomy, sample_weight, close=self.close, names=NAMES)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -358,21 +154,54 @@ class HierarchicalFBeta(Metric):
         return dict(zip(("precision", "recall", "fbeta"), scores, strict=True))
 
 
+class HierarchicalPrecision(HierarchicalFBeta):
+    """:class:`HierarchicalFBeta` computing hP (it shares the states of an hF-beta of the same configuration).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = HierarchicalPrecision(tax)
+        >>> m.update(["a"], ["x"])  # preds, target: the parent predicted for its leaf
+        >>> m.compute().item(), m.higher_is_better
+        (1.0, True)
+    """
+
+    default_output = "precision"
+
+
+class HierarchicalRecall(HierarchicalFBeta):
+    """:class:`HierarchicalFBeta` computing hR (it shares the states of an hF-beta of the same configuration).
+
+    Example:
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> m = HierarchicalRecall(tax)
+        >>> m.update(["a"], ["x"])  # preds, target: the parent predicted for its leaf
+        >>> m.compute().item()
+        0.5
+    """
+
+    default_output = "recall"
+
+
 class NodeF1(Metric):
     """Per-node ``tp/fp/fn`` vectors: Micro-/Macro-F1 over nodes and the Hamming loss.
 
-    ``compute()`` returns ``{"micro_precision", "micro_recall", "micro_f1", "macro_precision", "macro_recall",
-    "macro_f1", "weighted_precision", "weighted_recall", "weighted_f1", "hamming_loss"}`` (``weighted``: the
-    per-node values weighted by their support, scikit-learn's ``average="weighted"``).
+    ``compute()`` returns the ``output`` (default ``"micro_f1"``) of ``results()``: ``{"micro_precision",
+    "micro_recall", "micro_f1", "macro_precision", "macro_recall", "macro_f1", "weighted_precision",
+    "weighted_recall", "weighted_f1", "hamming_loss"}`` (``weighted``: the per-node values weighted by their
+    support, scikit-learn's ``average="weighted"``).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = NodeF1(tax, zero_division=0.0)
-        >>> m.update(["x", "b"], ["y", "b"])
-        >>> m.compute()["macro_f1"], m.compute()["micro_f1"]
+        >>> m.update(["y", "b"], ["x", "b"])
+        >>> m.results()["macro_f1"], m.compute().item()
         (0.5, 0.6666666666666666)
     """
+
+    default_output = "micro_f1"
 
     def __init__(
         self,
@@ -394,15 +223,16 @@ class NodeF1(Metric):
             self.add_sum_state(name, taxonomy.num_nodes)
         self.add_sum_state("total")
         self.set_config(
-            mask=_digest(self.mask),
-            labels=_digest(labels),
+            mask=config_digest(self.mask),
+            labels=config_digest(labels),
             include_root=include_root,
             zero_division=self.zero_division,
             close=close,
         )
 
-    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=self.close)
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: predicted and true labels (torchmetrics' order), as the functions take them."""
+        t, p, w = prepare_pair(target, preds, self.taxonomy, sample_weight, close=self.close, names=NAMES)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -430,7 +260,8 @@ class NodeF1(Metric):
 class ConstrainedF1(Metric):
     """Stateful C-F1 and P-F1 (micro and macro over nodes) of *raw* predicted sets against closed true sets.
 
-    ``compute()`` returns ``{"C_micro_f1", "C_macro_f1", "P_micro_f1", "P_macro_f1"}``; the macro means run over
+    ``results()`` returns ``{"C_micro_f1", "C_macro_f1", "P_micro_f1", "P_macro_f1"}`` (``compute()`` the
+    ``output``, default ``"C_micro_f1"``); the macro means run over
     the nodes (root aside) that are true or predicted at least once, as ``node_macro_f1`` of
     :class:`HierarchicalMetrics` does. See :func:`~hiercls.metrics.constrained_f1_score` and
     :func:`~hiercls.metrics.path_constrained_f1_score`. On ancestor-closed predictions both equal the node F1.
@@ -439,11 +270,13 @@ class ConstrainedF1(Metric):
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = ConstrainedF1(tax)
-        >>> m.update([["x"], ["b"]], [["a", "y"], ["x"]])  # y kept (fp); x lacks its parent a
-        >>> r = m.compute()
+        >>> m.update([["a", "y"], ["x"]], [["x"], ["b"]])  # preds, target: y kept (fp); x lacks its parent a
+        >>> r = m.results()
         >>> r["C_micro_f1"], r["P_micro_f1"]
         (0.4, 0.3333333333333333)
     """
+
+    default_output = "C_micro_f1"
 
     def __init__(self, taxonomy: Taxonomy, *, zero_division: Any = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -455,8 +288,9 @@ class ConstrainedF1(Metric):
                 self.add_sum_state(f"{kind}_{name}", taxonomy.num_nodes)
         self.set_config(zero_division=self.zero_division)
 
-    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, close=True, close_pred=False)
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: raw predicted node sets and true labels (torchmetrics' order)."""
+        t, p, w = prepare_pair(target, preds, self.taxonomy, sample_weight, close=True, close_pred=False, names=NAMES)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -482,17 +316,19 @@ class ConstrainedF1(Metric):
 class MistakeSeverity(Metric):
     """Stateful :func:`~hiercls.metrics.mistake_severity` (plus the error rate).
 
-    ``compute()`` returns ``{"mistake_severity", "error_rate", "mean_distance"}`` (``mean_distance`` over all
-    samples, mistakes and correct ones).
+    ``results()`` returns ``{"mistake_severity", "error_rate", "mean_distance"}`` (``mean_distance`` over all
+    samples, mistakes and correct ones); ``compute()`` the ``output``, default ``"mistake_severity"``.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "z")])
         >>> m = MistakeSeverity(tax)
-        >>> m.update(["x", "x"], ["y", "x"]); m.update(["x"], ["z"])
-        >>> m.compute()["mistake_severity"]
+        >>> m.update(["y", "x"], ["x", "x"]); m.update(["z"], ["x"])  # preds, target
+        >>> m.compute().item()
         1.5
     """
+
+    default_output = "mistake_severity"
 
     def __init__(self, taxonomy: Taxonomy, *, distance: str = "lca_height", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -502,13 +338,14 @@ class MistakeSeverity(Metric):
             self.add_sum_state(name)
         self.set_config(distance=self.distance)
 
-    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: predicted and true node ids or names (torchmetrics' order)."""
+        t, p, w = prepare_pair(target, preds, self.taxonomy, sample_weight, names=NAMES)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
         if not (t.is_ids and p.is_ids):
-            raise ValueError("MistakeSeverity needs single node ids or names (not node sets) in y_true and y_pred")
+            raise ValueError("MistakeSeverity needs single node ids or names (not node sets) in preds and target")
         d, m, n = mistake_stats(t.ids, p.ids, w, self.taxonomy, self.distance)
         self.accumulate(dist_sum=d, mistakes=m, total=n)
 
@@ -524,16 +361,20 @@ class MistakeSeverity(Metric):
 class TopKMetrics(Metric):
     """Top-k accuracy and average hierarchical distance@k from scores ``[B, num_leaves | N | len(candidates)]``.
 
-    ``compute()`` returns ``{"top{k}_accuracy", "hdist@{k}"}`` for each ``k``.
+    ``results()`` returns ``{"top{k}_accuracy", "hdist@{k}"}`` for each ``k``; ``compute()`` the ``output``,
+    default the top-k accuracy of the first ``k``. ``update(preds, target)`` takes the scores first, as
+    torchmetrics' ``MulticlassAccuracy(top_k=...)``.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = TopKMetrics(tax, k=(1, 2))
-        >>> m.update(["x"], np.array([[0.2, 0.5, 0.3]]))
-        >>> m.compute()
+        >>> m.update(np.array([[0.2, 0.5, 0.3]]), ["x"])  # preds (scores), target
+        >>> m.results()
         {'top1_accuracy': 0.0, 'hdist@1': 1.0, 'top2_accuracy': 0.0, 'hdist@2': 1.5}
     """
+
+    old_keywords = ("y_true", "y_pred", "y_score", "scores")
 
     def __init__(
         self,
@@ -554,13 +395,19 @@ class TopKMetrics(Metric):
         self.add_sum_state("hits", len(self.k))
         self.add_sum_state("dist", len(self.k))
         self.add_sum_state("total")
-        self.set_config(k=self.k, distance=self.distance, candidates=_digest(candidates))
+        self.set_config(k=self.k, distance=self.distance, candidates=config_digest(candidates))
 
-    @renamed_keyword("scores", "y_score")
-    def update(self, y_true: Any, y_score: Any, sample_weight: Any = None) -> None:
-        """Add a batch; torch scores are ranked on their device, and only the top ids ``[B, max(k)]`` come to the
-        host."""
-        t, top, w = top_k_labels(y_true, self.top(y_score), self.taxonomy, sample_weight)
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: scores ``preds`` ``[B, C]`` and true labels ``target`` ``[B]`` (torchmetrics' order, as
+        ``MulticlassAccuracy(top_k=...)``); torch scores are ranked on their device, and only the top ids
+        ``[B, max(k)]`` come to the host."""
+        if np.ndim(target) == 2 and np.ndim(preds) < 2:
+            raise TypeError(
+                f"TopKMetrics.update(preds, target) got preds of shape {list(np.shape(preds))} and target of shape "
+                f"{list(np.shape(target))}: preds are the scores [B, C] and target the true labels [B] "
+                "(torchmetrics' order; (y_true, y_score) was the old one)"
+            )
+        t, top, w = top_k_labels(target, self.top(preds), self.taxonomy, sample_weight)
         self.update_top(t, top, w)
 
     def top(self, y_score: Any) -> Any:
@@ -584,18 +431,21 @@ class TopKMetrics(Metric):
 class LevelAccuracy(Metric):
     """Per-level accuracy and semantic accuracy (micro over valid ``(sample, level)`` pairs).
 
-    ``compute()`` returns ``{"per_level_accuracy": [...], "per_level_support": [...], "semantic_accuracy": float}``
+    ``results()`` returns ``{"per_level_accuracy": [...], "per_level_support": [...], "semantic_accuracy": float}``
     where ``levels="depth"`` indexes depths 1..height and ``levels="semantic"`` the semantic levels, and the
-    support of a level is the (weighted) number of samples whose truth reaches it.
+    support of a level is the (weighted) number of samples whose truth reaches it. ``compute()`` returns the
+    ``output``: ``"semantic_accuracy"`` by default, ``"per_level_accuracy/2"`` for depth 2.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = LevelAccuracy(tax)
-        >>> m.update(["x", "x"], ["y", "a"])
-        >>> m.compute()
+        >>> m.update(["y", "a"], ["x", "x"])  # preds, target
+        >>> m.results()
         {'per_level_accuracy': [1.0, 0.0], 'per_level_support': [2.0, 2.0], 'semantic_accuracy': 0.5}
     """
+
+    default_output = "semantic_accuracy"
 
     def __init__(self, taxonomy: Taxonomy, *, levels: str = "depth", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -606,8 +456,9 @@ class LevelAccuracy(Metric):
             self.add_sum_state(name, n)
         self.set_config(levels=self.levels)
 
-    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        t, p, w = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight)
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: predicted and true labels (torchmetrics' order), as the functions take them."""
+        t, p, w = prepare_pair(target, preds, self.taxonomy, sample_weight, names=NAMES)
         self.update_labels(t, p, w)
 
     def update_labels(self, t: Labels, p: Labels, w: np.ndarray | None) -> None:
@@ -628,14 +479,17 @@ class NestedDice(Metric):
     """Stateful :func:`~hiercls.metrics.nested_dice_score`: pooled and per-sample Dice per region.
 
     Give ``taxonomy`` (label maps; ``regions`` default every non-root node) or ``num_regions`` (masks).
-    ``compute()`` returns ``{"dice": [R], "dice_per_sample": [R], "mean_dice": float}``.
+    ``results()`` returns ``{"dice": [R], "dice_per_sample": [R], "mean_dice": float}``; ``compute()`` the
+    ``output``, default ``"mean_dice"``.
 
     Example:
         >>> m = NestedDice(num_regions=1)
-        >>> m.update(np.array([[[1, 1, 0, 0]]]), np.array([[[1, 0, 1, 0]]]))
-        >>> m.compute()["dice"]
-        [0.5]
+        >>> m.update(np.array([[[1, 0, 1, 0]]]), np.array([[[1, 1, 0, 0]]]))  # preds, target
+        >>> m.results()["dice"], m.compute().item()
+        ([0.5], 0.5)
     """
+
+    default_output = "mean_dice"
 
     def __init__(
         self,
@@ -660,11 +514,12 @@ class NestedDice(Metric):
             r = int(num_regions)
         for name in ("inter", "true", "pred", "sample_dice", "sample_count"):
             self.add_sum_state(name, r)
-        self.set_config(smooth=self.smooth, empty_score=self.empty_score, regions=_digest(self.regions), r=r)
+        self.set_config(smooth=self.smooth, empty_score=self.empty_score, regions=config_digest(self.regions), r=r)
 
-    def update(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+    def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add a batch: predicted and true label maps or masks (torchmetrics' order)."""
         inter, ts, ps = dice_counts(
-            y_true, y_pred, taxonomy=self.taxonomy, regions=None if self.taxonomy is None else self.regions
+            target, preds, taxonomy=self.taxonomy, regions=None if self.taxonomy is None else self.regions
         )
         if inter.shape[1] != self.inter.shape[0]:
             raise ValueError(f"got {inter.shape[1]} regions; this metric was built for {self.inter.shape[0]}")
@@ -690,7 +545,8 @@ class HierarchicalMetrics(Metric):
         candidates: candidate nodes of the score columns (see :func:`~hiercls.metrics.top_k_predictions`).
         sync_on_compute: all-reduce over ``torch.distributed`` in ``compute``.
 
-    ``compute()`` returns a flat dict: ``accuracy`` (exact match), ``hP/hR/hF1`` with ``_micro`` and
+    ``update(preds, target, y_score=None)``; ``compute()`` returns the ``output`` (default ``"hF1_micro"``)
+    and ``results()`` a flat dict: ``accuracy`` (exact match), ``hP/hR/hF1`` with ``_micro`` and
     ``_samples`` suffixes, ``hF1_macro`` (= ``node_macro_f1``: the mean F1 over the nodes that are true or
     predicted at least once), ``hF1_weighted`` (= ``node_weighted_f1``: the same weighted by node support),
     ``node_micro_f1``, ``hamming_loss`` (over all nodes),
@@ -698,17 +554,22 @@ class HierarchicalMetrics(Metric):
     ``per_semantic_level_accuracy`` (list), ``semantic_accuracy``, and for
     single-label ``mistake_severity`` (with ``mistake_severity_distance``, the name of its distance),
     ``error_rate``, ``mean_distance``, ``wu_palmer_loss``, ``zhao_loss``,
-    ``top{k}_accuracy``, ``hdist@{k}``.
+    ``top{k}_accuracy``, ``hdist@{k}``. ``HierarchicalMetrics.collection(tax)`` is the ``MetricCollection`` of
+    them all (one update per batch: its members share one state), for Lightning's ``self.log_dict``.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = HierarchicalMetrics(tax, k=(1,))
-        >>> m.update(["x", "b"], ["y", "b"], y_score=np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]))
-        >>> r = m.compute()
+        >>> m.update(["y", "b"], ["x", "b"], y_score=np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]))
+        >>> r = m.results()
         >>> r["accuracy"], r["hF1_micro"], r["mistake_severity"], r["top1_accuracy"]
         (0.5, 0.6666666666666666, 1.0, 0.5)
+        >>> m.compute().item()
+        0.6666666666666666
     """
+
+    default_output = "hF1_micro"
 
     def __init__(
         self,
@@ -758,10 +619,10 @@ class HierarchicalMetrics(Metric):
         return self._parts
 
     @renamed_keyword("scores", "y_score")
-    def update(self, y_true: Any, y_pred: Any, y_score: Any = None, sample_weight: Any = None) -> None:
-        """Add a batch: labels as the functions take them, optional scores ``y_score`` ``[B, C]`` for the top-k
-        metrics (``scores=`` is the deprecated name)."""
-        t, p, w, keep = prepare_pair(y_true, y_pred, self.taxonomy, sample_weight, return_keep=True)
+    def update(self, preds: Any, target: Any, y_score: Any = None, sample_weight: Any = None) -> None:
+        """Add a batch: predicted and true labels (torchmetrics' order) as the functions take them, optional
+        scores ``y_score`` ``[B, C]`` for the top-k metrics (``scores=`` is the deprecated name)."""
+        t, p, w, keep = prepare_pair(target, preds, self.taxonomy, sample_weight, return_keep=True, names=NAMES)
         if not self.multilabel and not (t.is_ids and p.is_ids):
             raise ValueError(
                 "HierarchicalMetrics(multilabel=False) needs single node ids or names; pass "
@@ -776,7 +637,7 @@ class HierarchicalMetrics(Metric):
             topk = self._parts["topk"]
             top = topk.top(y_score)  # ranked where the scores are; the top ids come to the host
             if len(top) != len(keep):
-                raise ValueError(f"y_true has {len(keep)} samples but y_score has {len(top)} rows")
+                raise ValueError(f"target has {len(keep)} samples but y_score has {len(top)} rows")
             topk.update_top(t.ids, to_numpy(top)[keep], w)
 
     def _compute(self, arr: dict[str, np.ndarray]) -> dict[str, Any]:
