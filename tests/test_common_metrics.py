@@ -18,9 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot
 import numpy as np
 import pytest
 import torch
+import torchmetrics
+import torchmetrics.classification
 from _generators import labels, random_dag, random_tree, raw_sets, tree_with_classes
 
 import hiercls.metrics as M
@@ -44,8 +48,9 @@ N_SAMPLES = 23
 
 @dataclass
 class Case:
-    """``make()`` builds a fresh metric; ``data`` holds whole-data arrays; ``reference(*data, w)`` is the
-    functional value of the whole data; ``update(metric, *arrays, w)`` feeds a slice."""
+    """``make(**kw)`` builds a fresh metric (``kw``: more constructor arguments, e.g. ``output=``); ``data`` holds
+    whole-data arrays; ``reference(*data, w)`` is the functional value of the whole data (a dict: some of the keys
+    of ``results()``); ``update(metric, *arrays, w)`` feeds a slice (through ``metric.update(preds, target, ...)``)."""
 
     make: Callable[[], stateful.Metric]
     data: tuple[np.ndarray, ...]
@@ -62,14 +67,14 @@ def _leaf_ids(tax: Taxonomy, rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _plain(m: stateful.Metric, t: Any, p: Any, w: Any = None) -> None:
-    m.update(t, p, sample_weight=w)
+    m.update(p, t, sample_weight=w)
 
 
 def case_for(cls: type, rng: np.random.Generator) -> Case:
     tax = random_tree(12, rng)
     n = N_SAMPLES
     name = cls.__name__
-    if name == "HierarchicalFBeta":
+    if name in ("HierarchicalFBeta", "HierarchicalPrecision", "HierarchicalRecall"):
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
 
         def ref(t: Any, p: Any, w: Any = None) -> dict[str, float]:
@@ -78,7 +83,7 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
             )
             return {"precision": pr, "recall": rc, "fbeta": f}
 
-        return Case(lambda: cls(tax, average="samples", zero_division=0.0), (t, p), ref, _plain)
+        return Case(lambda **kw: cls(tax, average="samples", zero_division=0.0, **kw), (t, p), ref, _plain)
     if name == "NodeF1":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
 
@@ -90,7 +95,7 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
                 "hamming_loss": M.hamming_loss(t, p, taxonomy=tax, sample_weight=w),
             }
 
-        return Case(lambda: cls(tax, zero_division=0.0), (t, p), ref, _plain)
+        return Case(lambda **kw: cls(tax, zero_division=0.0, **kw), (t, p), ref, _plain)
     if name == "ConstrainedF1":
         t = _ids(tax, rng, n)
         p = rng.random((n, tax.num_nodes)) < 0.3  # raw sets: a node may come without its parent
@@ -104,11 +109,11 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
                 "P_macro_f1": M.path_constrained_f1_score(t, p, average="macro", **kw),
             }
 
-        return Case(lambda: cls(tax), (t, p), ref, _plain)
+        return Case(lambda **kw: cls(tax, **kw), (t, p), ref, _plain)
     if name == "MistakeSeverity":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
         return Case(
-            lambda: cls(tax),
+            lambda **kw: cls(tax, **kw),
             (t, p),
             lambda t, p, w=None: {"mistake_severity": M.mistake_severity(t, p, taxonomy=tax, sample_weight=w)},
             _plain,
@@ -124,11 +129,11 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
                 out[f"hdist@{k}"] = M.average_hierarchical_distance_at_k(t, s, taxonomy=tax, k=k, sample_weight=w)
             return out
 
-        return Case(lambda: cls(tax, k=(1, 3)), (t, scores), ref, _plain)
+        return Case(lambda **kw: cls(tax, k=(1, 3), **kw), (t, scores), ref, _plain)
     if name == "LevelAccuracy":
         t, p = _ids(tax, rng, n), _ids(tax, rng, n)
         return Case(
-            lambda: cls(tax),
+            lambda **kw: cls(tax, **kw),
             (t, p),
             lambda t, p, w=None: {
                 "per_level_accuracy": M.per_level_accuracy_score(t, p, taxonomy=tax, levels="depth", sample_weight=w)
@@ -139,7 +144,7 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
         t = rng.integers(0, tax.num_nodes, (n, 5, 4))
         p = rng.integers(0, tax.num_nodes, (n, 5, 4))
         return Case(
-            lambda: cls(tax),
+            lambda **kw: cls(tax, **kw),
             (t, p),
             lambda t, p, w=None: {"dice": M.nested_dice_score(t, p, taxonomy=tax, sample_weight=w)},
             _plain,
@@ -149,10 +154,10 @@ def case_for(cls: type, rng: np.random.Generator) -> Case:
         scores = rng.random((n, len(tax.leaves)))
 
         def update(m: stateful.Metric, t: Any, p: Any, s: Any, w: Any = None) -> None:
-            m.update(t, p, y_score=s, sample_weight=w)
+            m.update(p, t, y_score=s, sample_weight=w)
 
         return Case(
-            lambda: cls(tax, k=(1, 2)),
+            lambda **kw: cls(tax, k=(1, 2), **kw),
             (t, p, scores),
             lambda t, p, s, w=None: M.hierarchical_report(
                 t, p, taxonomy=tax, y_score=s, k=(1, 2), sample_weight=w, output_dict=True
@@ -182,7 +187,7 @@ def run(case: Case, slices: list[np.ndarray], weights: np.ndarray | None = None)
     m = case.make()
     for idx in slices:
         case.update(m, *(d[idx] for d in case.data), None if weights is None else weights[idx])
-    return m.compute()
+    return m.results()
 
 
 def _all() -> list[np.ndarray]:
@@ -218,8 +223,8 @@ def test_compute_is_repeatable_and_does_not_change_state(case: Case) -> None:
     m = case.make()
     case.update(m, *case.data, None)
     before = m.state_dict()
-    first = m.compute()
-    assert_same(m.compute(), first)
+    first = m.results()
+    assert_same(m.results(), first)
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
 
@@ -233,7 +238,7 @@ def test_reset(case: Case) -> None:
         assert torch.equal(v, fresh.state_dict()[k]), k
     half = np.arange(N_SAMPLES // 2)
     case.update(m, *(d[half] for d in case.data), None)
-    assert_same(m.compute(), run(case, [half]))
+    assert_same(m.results(), run(case, [half]))
 
 
 def test_merge_and_state_dict_round_trip(case: Case) -> None:
@@ -247,10 +252,10 @@ def test_merge_and_state_dict_round_trip(case: Case) -> None:
     for other in metrics[1:]:
         merged.merge(other)
     whole = run(case, _all())
-    assert_same(merged.compute(), whole)
+    assert_same(merged.results(), whole)
     loaded = case.make()
     loaded.load_state_dict(merged.state_dict())
-    assert_same(loaded.compute(), whole)
+    assert_same(loaded.results(), whole)
 
 
 def test_unit_weights_equal_no_weights(case: Case) -> None:
@@ -264,7 +269,7 @@ def test_integer_weights_equal_repeated_samples(case: Case) -> None:
     m = case.make()
     rep = np.repeat(np.arange(N_SAMPLES), w)
     case.update(m, *(d[rep] for d in case.data), None)
-    assert_same(weighted, m.compute())
+    assert_same(weighted, m.results())
     assert_same(weighted, case.reference(*case.data, w.astype(float)))
 
 
@@ -277,10 +282,10 @@ def test_numpy_torch_and_list_inputs_agree(case: Case) -> None:
     ref = run(case, _all())
     m = case.make()
     case.update(m, *(torch.as_tensor(d) for d in case.data), None)
-    assert_same(m.compute(), ref)
+    assert_same(m.results(), ref)
     m = case.make()
     case.update(m, *(d.tolist() for d in case.data), torch.ones(N_SAMPLES, dtype=torch.float64))
-    assert_same(m.compute(), ref)
+    assert_same(m.results(), ref)
 
 
 def test_merge_refuses_another_kind(case: Case) -> None:
@@ -288,6 +293,74 @@ def test_merge_refuses_another_kind(case: Case) -> None:
     other = next(c for c in METRIC_CLASSES if c is not type(m))
     with pytest.raises(TypeError, match=type(m).__name__):
         m.merge(case_for(other, np.random.default_rng(0)).make())
+
+
+class _Forward:
+    """Feeds a case's batch through ``metric(...)`` (torchmetrics' ``forward``) instead of ``update``."""
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.values: list[torch.Tensor] = []
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.values.append(self.metric(*args, **kwargs))
+
+
+def _ids_data(case: Case) -> bool:
+    return all(np.ndim(d) == 1 and np.asarray(d).dtype.kind in "iu" for d in case.data[:2])
+
+
+def test_compute_is_one_scalar_tensor_equal_to_the_function(case: Case) -> None:
+    m = case.make()
+    case.update(m, *case.data, None)
+    value = m.compute()
+    assert isinstance(value, torch.Tensor) and value.ndim == 0 and value.dtype == torch.float64
+    assert_same(value.item(), M.flatten_results(m.results())[m.output])
+    assert m.higher_is_better in (True, False) and m.is_differentiable is False and m.full_state_update is False
+    for key, want in M.flatten_results(case.reference(*case.data)).items():  # every output against the function
+        one = case.make(output=key)
+        case.update(one, *case.data, None)
+        assert_same(one.compute().item(), want, key)
+    with pytest.raises(ValueError, match=r"output: .* computes"):
+        case.make(output="no_such_result")
+
+
+def test_torchmetrics_usage_patterns(case: Case) -> None:
+    """forward vs update, clone, state_dict round trip, a MetricCollection beside a flat metric, plot, and the
+    old keywords refused, each as torchmetrics' own metrics are used."""
+    batches = _batches(np.random.default_rng(8))
+    fwd = _Forward(case.make())
+    for idx in batches:
+        case.update(fwd, *(d[idx] for d in case.data), None)
+    for idx, got in zip(batches, fwd.values, strict=True):  # forward returns the batch's own value
+        alone = case.make()
+        case.update(alone, *(d[idx] for d in case.data), None)
+        assert_same(got.item(), alone.compute().item())
+    m = case.make()
+    case.update(m, *case.data, None)
+    assert_same(fwd.metric.compute().item(), m.compute().item())  # and accumulates as update does
+    twin = m.clone()
+    assert_same(twin.compute().item(), m.compute().item())
+    case.update(twin, *case.data, None)
+    assert_same(m.results(), run(case, _all()))  # the clone's updates leave the original alone
+    loaded = case.make()
+    loaded.load_state_dict(m.state_dict())
+    assert_same(loaded.compute().item(), m.compute().item())
+    members: dict[str, Any] = {"h": case.make()}
+    if _ids_data(case):  # node ids: a flat accuracy over node ids takes the same (preds, target)
+        members["acc"] = torchmetrics.classification.MulticlassAccuracy(num_classes=10_000, average="micro")
+    coll = torchmetrics.MetricCollection(members)
+    case.update(coll, *(torch.as_tensor(d) for d in case.data), None)  # torchmetrics needs tensors
+    res = coll.compute()
+    assert_same(res["h"].item(), m.compute().item())
+    if "acc" in res:
+        t, p = case.data[0], case.data[1]
+        assert res["acc"].item() == pytest.approx(np.mean(t == p))
+    fig, ax = m.plot()
+    assert ax.get_title() or fig is not None
+    matplotlib.pyplot.close(fig)
+    with pytest.raises(TypeError, match=r"update\(preds, target\)"):
+        m.update(y_true=case.data[0], y_pred=case.data[1])
 
 
 # ----------------------------------------------------------------------------- the functions

@@ -612,24 +612,24 @@ def test_stateful_batches_equal_functional():
     topk = M.TopKMetrics(tax, k=(1, 3))
     for chunk in np.array_split(np.arange(37), [5, 6, 20]):
         for m in metrics.values():
-            m.update(t[chunk], p[chunk], sample_weight=w[chunk])
-        topk.update(y[chunk], scores[chunk], sample_weight=w[chunk])
+            m.update(p[chunk], t[chunk], sample_weight=w[chunk])
+        topk.update(scores[chunk], y[chunk], sample_weight=w[chunk])
     kw = {"taxonomy": tax, "sample_weight": w}
     for avg in ("micro", "samples"):
-        assert tuple(metrics[avg].compute().values()) == pytest.approx(
+        assert tuple(metrics[avg].results().values()) == pytest.approx(
             M.hierarchical_precision_recall_fscore(t, p, average=avg, zero_division=0.0, **kw)
         )
-    assert tuple(metrics["macro"].compute().values()) == pytest.approx(
+    assert tuple(metrics["macro"].results().values()) == pytest.approx(
         M.hierarchical_precision_recall_fscore(t, p, average="macro", include_root=True, zero_division=0.0, **kw)
     )
-    node = metrics["node"].compute()
+    node = metrics["node"].results()
     assert node["macro_f1"] == pytest.approx(M.node_f1_score(t, p, average="macro", zero_division=0.0, **kw))
     assert node["hamming_loss"] == pytest.approx(M.hamming_loss(t, p, **kw))
-    assert metrics["sev"].compute()["mistake_severity"] == pytest.approx(M.mistake_severity(t, p, **kw))
-    lv = metrics["level"].compute()
+    assert metrics["sev"].results()["mistake_severity"] == pytest.approx(M.mistake_severity(t, p, **kw))
+    lv = metrics["level"].results()
     assert np.allclose(lv["per_level_accuracy"], M.per_level_accuracy_score(t, p, **kw), equal_nan=True)
     assert lv["semantic_accuracy"] == pytest.approx(M.semantic_accuracy_score(t, p, levels="depth", **kw))
-    tk = topk.compute()
+    tk = topk.results()
     assert tk["top3_accuracy"] == pytest.approx(M.top_k_accuracy_score(y, scores, k=3, **kw))
     assert tk["hdist@3"] == pytest.approx(M.average_hierarchical_distance_at_k(y, scores, k=3, **kw))
     # reset, state_dict round trip, merge
@@ -639,14 +639,14 @@ def test_stateful_batches_equal_functional():
     with pytest.raises(RuntimeError, match=r"HierarchicalFBeta.compute\(\) was called before any update\(\)"):
         m.compute()
     m.load_state_dict(saved)
-    assert m.compute()["fbeta"] == pytest.approx(M.hierarchical_fbeta_score(t, p, zero_division=0.0, **kw))
+    assert m.results()["fbeta"] == pytest.approx(M.hierarchical_fbeta_score(t, p, zero_division=0.0, **kw))
     a, b = M.NodeF1(tax, zero_division=0.0), M.NodeF1(tax, zero_division=0.0)
-    a.update(t[:10], p[:10])
-    b.update(t[10:], p[10:])
+    a.update(p[:10], t[:10])
+    b.update(p[10:], t[10:])
     a.merge(b)
     full = M.NodeF1(tax, zero_division=0.0)
-    full.update(t, p)
-    assert a.compute() == pytest.approx(full.compute())
+    full.update(p, t)
+    assert a.results() == pytest.approx(full.results())
     assert m.to("cpu") is m
     with pytest.raises(ValueError, match="missing"):
         m.load_state_dict({})
@@ -656,16 +656,16 @@ def test_empty_batches_and_taxonomy_mismatch_in_stateful_metrics():
     tax = animal_tree()
     m = M.HierarchicalMetrics(tax, k=(1,))
     m.update([], [], y_score=np.zeros((0, tax.num_leaves)))  # a rank or batch without samples
-    m.update(["cat"], ["dog"], y_score=np.array([[0.1, 0.8, 0.1]]))
+    m.update(["dog"], ["cat"], y_score=np.array([[0.1, 0.8, 0.1]]))
     m.update(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
-    assert m.compute()["mistake_severity"] == 2.0 and m.compute()["accuracy"] == 0.0
+    assert m.results()["mistake_severity"] == 2.0 and m.results()["accuracy"] == 0.0
     other = M.HierarchicalMetrics(diamond_dag(), k=(1,))
     with pytest.raises((ValueError, TypeError)):
         m.merge(other)
     with pytest.raises(ValueError, match="different taxonomies"):
         M.NodeF1(tax).merge(M.NodeF1(Taxonomy([("root", "a")])))
     with pytest.raises(ValueError, match="multilabel=True"):
-        M.HierarchicalMetrics(tax).update([["cat", "car"]], [["cat"]])
+        M.HierarchicalMetrics(tax).update([["cat"]], [["cat", "car"]])
 
 
 def test_report_and_collection_agree_with_functions():
@@ -691,9 +691,9 @@ def test_report_and_collection_agree_with_functions():
     assert r["semantic_accuracy"] == pytest.approx(M.semantic_accuracy_score(t, p, **kw))
     assert np.allclose(r["per_level_accuracy"], M.per_level_accuracy_score(t, p, **kw), equal_nan=True)
     coll = M.HierarchicalMetrics(tax, k=(1, 2))
-    coll.update(t[:13], p[:13], y_score=scores[:13])
-    coll.update(t[13:], p[13:], y_score=scores[13:])
-    got = coll.compute()
+    coll.update(p[:13], t[:13], y_score=scores[:13])
+    coll.update(p[13:], t[13:], y_score=scores[13:])
+    got = coll.results()
     assert got.keys() == r.keys()
     assert r["mistake_severity_distance"] == "lca_height"
     for key, val in r.items():
@@ -701,7 +701,7 @@ def test_report_and_collection_agree_with_functions():
     saved = coll.state_dict()
     coll.reset()
     coll.load_state_dict(saved)
-    assert coll.compute()["hF1_micro"] == pytest.approx(r["hF1_micro"])
+    assert coll.results()["hF1_micro"] == pytest.approx(r["hF1_micro"])
     # multi-label: node sets, distance metrics left out
     ml = M.hierarchical_report([[1, 5], [2]], [[1], [2, 6]], taxonomy=tax, output_dict=True)
     assert "mistake_severity" not in ml and ml["hF1_micro"] == pytest.approx(

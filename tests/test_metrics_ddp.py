@@ -63,12 +63,12 @@ SETUP = textwrap.dedent("""
     def update(metrics, data, rows):
         d = {k: v[rows] for k, v in data.items()}
         for name in ("hier_micro", "hier_samples", "node", "severity", "levels"):
-            metrics[name].update(d["t"], d["p"], sample_weight=d["w"])
-        metrics["hier_macro_dag"].update(d["dt"], d["dp"])
-        metrics["topk"].update(d["t"], d["scores"])
-        metrics["dice_map"].update(d["seg_t"], d["seg_p"])
-        metrics["dice_mask"].update(d["mask_t"], d["mask_p"])
-        metrics["collection"].update(d["t"], d["p"], y_score=d["scores"])
+            metrics[name].update(d["p"], d["t"], sample_weight=d["w"])
+        metrics["hier_macro_dag"].update(d["dp"], d["dt"])
+        metrics["topk"].update(d["scores"], d["t"])
+        metrics["dice_map"].update(d["seg_p"], d["seg_t"])
+        metrics["dice_mask"].update(d["mask_p"], d["mask_t"])
+        metrics["collection"].update(d["p"], d["t"], y_score=d["scores"])
 """)
 
 WORKER = textwrap.dedent("""
@@ -88,8 +88,8 @@ WORKER = textwrap.dedent("""
         update(metrics, data, rows[4:])
     else:
         update(metrics, data, rows)
-    first = {k: m.compute() for k, m in metrics.items()}
-    second = {k: m.compute() for k, m in metrics.items()}  # compute() must not double count
+    first = {k: m.results() for k, m in metrics.items()}
+    second = {k: m.results() for k, m in metrics.items()}  # compute() must not double count
     with metrics["node"].sync_context():  # torchmetrics: the reduced states in place, restored on exit
         synced = {k: v.tolist() for k, v in metrics["node"].states().items()}
     json.dump({"first": first, "second": second, "synced_node": synced}, open(out, "w"))
@@ -160,7 +160,7 @@ def test_two_gloo_ranks_with_uneven_shards_match_single_process(tmp_path):
     exec(compile(SETUP, "setup", "exec"), scope)
     metrics, data = scope["make"]()
     scope["update"](metrics, data, np.arange(10))
-    single = json.loads(json.dumps({k: m.compute() for k, m in metrics.items()}))
+    single = json.loads(json.dumps({k: m.results() for k, m in metrics.items()}))
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
     for out in outs:
         for run in ("first", "second"):

@@ -72,16 +72,16 @@ def test_node_averages_equal_sklearn_multilabel_on_random_trees() -> None:
             )
             assert got == pytest.approx(want)
         m = M.HierarchicalFBeta(tax, average="weighted", zero_division=0.0, labels="present")
-        m.update(t[:11], p[:11])
-        m.update(t[11:], p[11:])
-        assert m.compute()["fbeta"] == pytest.approx(skm.f1_score(yt[:, present], yp[:, present], average="weighted"))
+        m.update(p[:11], t[:11])
+        m.update(p[11:], t[11:])
+        assert m.results()["fbeta"] == pytest.approx(skm.f1_score(yt[:, present], yp[:, present], average="weighted"))
         node = M.NodeF1(tax, labels="present", zero_division=0.0)
-        node.update(t, p)
-        assert node.compute()["weighted_f1"] == pytest.approx(
+        node.update(p, t)
+        assert node.results()["weighted_f1"] == pytest.approx(
             skm.f1_score(yt[:, present], yp[:, present], average="weighted")
         )
         report = M.hierarchical_report(t, p, taxonomy=tax, k=(), output_dict=True)
-        assert report["hF1_weighted"] == pytest.approx(node.compute()["weighted_f1"])
+        assert report["hF1_weighted"] == pytest.approx(node.results()["weighted_f1"])
 
 
 def _count_undefined(fn, *args, **kwargs) -> int:
@@ -115,7 +115,7 @@ def test_one_warning_per_undefined_metric_per_call() -> None:
     assert _count_undefined(m.compute) == 3
     # results are not cached (a cache would outlive load_state_dict and merge): each compute() warns as a call does
     assert _count_undefined(m.compute) == 3
-    assert m.compute()["fbeta"] == pytest.approx(1 / 3)  # 0, 0 (warned), 1
+    assert m.results()["fbeta"] == pytest.approx(1 / 3)  # 0, 0 (warned), 1
 
 
 def test_y_score_and_the_deprecated_scores_keyword() -> None:
@@ -135,8 +135,8 @@ def test_y_score_and_the_deprecated_scores_keyword() -> None:
     assert old == M.hierarchical_report(y, ["y", "b"], taxonomy=TAX, y_score=s, k=(1,), output_dict=True)
     m = M.HierarchicalMetrics(TAX, k=(1,))
     with pytest.warns(FutureWarning):
-        m.update(y, ["y", "b"], scores=s)
-    assert m.compute()["top1_accuracy"] == want
+        m.update(["y", "b"], y, scores=s)
+    assert m.results()["top1_accuracy"] == want
 
 
 def test_text_report_by_hand() -> None:

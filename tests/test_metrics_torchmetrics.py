@@ -57,21 +57,21 @@ def test_metric_collection_matches_the_functions_and_keeps_other_configurations_
     # configuration marker keeps torchmetrics from merging "lca" and "zhao" into one compute group
     right = slice(0, 4)
     coll.update(t[right], t[right])
-    coll.update(t, p)
+    coll.update(p, t)
     res = coll.compute()
     both_t, both_p = np.concatenate([t[right], t]), np.concatenate([t[right], p])
     kw = {"taxonomy": tax}
-    # dict results are flattened, each key prefixed with the metric's name where two metrics share it
-    assert res["all_mistake_severity"] == pytest.approx(M.mistake_severity(both_t, both_p, **kw))
-    assert res["zhao_mean_distance"] == pytest.approx(M.zhao_loss(both_t, both_p, **kw))
+    # one scalar tensor per metric, under the metric's name
+    assert res["all"].item() == pytest.approx(M.hierarchical_f1_score(both_t, both_p, **kw))
+    assert res["lca"].item() == pytest.approx(M.mistake_severity(both_t, both_p, **kw))
     zhao_mean = M.zhao_loss(both_t, both_p, **kw)
-    assert coll["zhao"].compute()["mean_distance"] == pytest.approx(zhao_mean)
-    assert coll["lca"].compute()["mean_distance"] != pytest.approx(zhao_mean)
-    assert coll["hf2"].compute()["fbeta"] == pytest.approx(
+    assert coll["zhao"].results()["mean_distance"] == pytest.approx(zhao_mean)
+    assert coll["lca"].results()["mean_distance"] != pytest.approx(zhao_mean)
+    assert coll["hf2"].results()["fbeta"] == pytest.approx(
         M.hierarchical_fbeta_score(both_t, both_p, beta=2.0, zero_division=0.0, **kw)
     )
-    assert coll["hf1"].compute()["fbeta"] == pytest.approx(M.hierarchical_f1_score(both_t, both_p, **kw))
-    assert coll["same"].compute()["hF1_micro"] == pytest.approx(M.hierarchical_f1_score(both_t, both_p, **kw))
+    assert coll["hf1"].results()["fbeta"] == pytest.approx(M.hierarchical_f1_score(both_t, both_p, **kw))
+    assert coll["same"].results()["hF1_micro"] == pytest.approx(M.hierarchical_f1_score(both_t, both_p, **kw))
     groups = [sorted(g) for g in coll.compute_groups.values()]
     assert ["lca"] in groups and ["zhao"] in groups and ["hf1"] in groups and ["hf2"] in groups
     assert ["all", "same"] in groups
@@ -81,18 +81,18 @@ def test_hf1_equals_the_functional_call_over_batches():
     tax, t, p, _ = _data(1)
     m = M.HierarchicalFBeta(tax)
     for chunk in np.array_split(np.arange(len(t)), 4):
-        m.update(torch.as_tensor(t[chunk]), torch.as_tensor(p[chunk]))
-    assert m.compute()["fbeta"] == pytest.approx(M.hierarchical_f1_score(t, p, taxonomy=tax), rel=1e-12)
+        m.update(torch.as_tensor(p[chunk]), torch.as_tensor(t[chunk]))
+    assert m.results()["fbeta"] == pytest.approx(M.hierarchical_f1_score(t, p, taxonomy=tax), rel=1e-12)
 
 
 def test_merge_of_two_equals_one_over_concatenated_data():
     tax, t, p, scores = _data(2)
     a, b, whole = (M.HierarchicalMetrics(tax, k=(1, 3)) for _ in range(3))
-    a.update(t[:11], p[:11], y_score=scores[:11])
-    b.update(t[11:], p[11:], y_score=scores[11:])
-    whole.update(t, p, y_score=scores)
-    merged = a.merge(b).compute()
-    ref = whole.compute()
+    a.update(p[:11], t[:11], y_score=scores[:11])
+    b.update(p[11:], t[11:], y_score=scores[11:])
+    whole.update(p, t, y_score=scores)
+    merged = a.merge(b).results()
+    ref = whole.results()
     assert merged.keys() == ref.keys()
     for k, v in ref.items():
         assert merged[k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-12, nan_ok=True)), k
@@ -112,16 +112,16 @@ def test_state_dict_round_trip_inside_a_module():
             self.metrics = M.HierarchicalMetrics(tax, k=(1,))
 
     src = Holder()
-    src.metrics.update(t, p, y_score=scores)
+    src.metrics.update(p, t, y_score=scores)
     sd = src.state_dict()
     assert "metrics.hier.inter" in sd and "metrics.updates" in sd and "head.weight" in sd
     dst = Holder()
     dst.load_state_dict(sd)
-    assert dst.metrics.compute() == src.metrics.compute()
-    dst.metrics.update(t[:5], p[:5], y_score=scores[:5])  # accumulation goes on from the loaded sums
+    assert dst.metrics.results() == src.metrics.results()
+    dst.metrics.update(p[:5], t[:5], y_score=scores[:5])  # accumulation goes on from the loaded sums
     again = M.HierarchicalMetrics(tax, k=(1,))
-    again.update(np.concatenate([t, t[:5]]), np.concatenate([p, p[:5]]), y_score=np.concatenate([scores, scores[:5]]))
-    assert dst.metrics.compute()["hF1_micro"] == pytest.approx(again.compute()["hF1_micro"])
+    again.update(np.concatenate([p, p[:5]]), np.concatenate([t, t[:5]]), y_score=np.concatenate([scores, scores[:5]]))
+    assert dst.metrics.results()["hF1_micro"] == pytest.approx(again.results()["hF1_micro"])
     lean = Holder()
     lean.metrics.persistent(False)  # torchmetrics's switch: the sums stay out of the module's state_dict
     assert not any(k.startswith("metrics.") for k in lean.state_dict())
@@ -144,8 +144,8 @@ def test_states_follow_the_module_device_and_stay_float64():
     holder.float()  # torchmetrics keeps the float64 sums through dtype casts
     m = holder["m"]
     assert all(v.device.type == "cpu" and v.dtype == torch.float64 for v in m.states().values())
-    m.update(t, p)
-    assert m.compute()["macro_f1"] == pytest.approx(
+    m.update(p, t)
+    assert m.results()["macro_f1"] == pytest.approx(
         M.node_f1_score(t, p, taxonomy=tax, average="macro", zero_division=0.0)
     )
 
@@ -155,11 +155,11 @@ def test_update_and_compute_on_the_gpu():
     tax, t, p, scores = _data(5)
     m = M.HierarchicalMetrics(tax, k=(1,)).to("cuda")
     m.update(
-        torch.as_tensor(t, device="cuda"), torch.as_tensor(p, device="cuda"), y_score=torch.as_tensor(scores).cuda()
+        torch.as_tensor(p, device="cuda"), torch.as_tensor(t, device="cuda"), y_score=torch.as_tensor(scores).cuda()
     )
     assert m.exact.device.type == "cuda"
     ref = M.hierarchical_report(t, p, taxonomy=tax, y_score=scores, k=(1,), output_dict=True)
-    assert m.compute()["hF1_micro"] == pytest.approx(ref["hF1_micro"])
+    assert m.results()["hF1_micro"] == pytest.approx(ref["hF1_micro"])
 
 
 def test_compute_before_update_raises_and_forward_gives_the_batch_value():
@@ -168,15 +168,15 @@ def test_compute_before_update_raises_and_forward_gives_the_batch_value():
     with pytest.raises(RuntimeError, match=r"MistakeSeverity.compute\(\) was called before any update\(\)"):
         m.compute()
     m.update([], [])  # an empty batch is an update: the ratios are then undefined (NaN), not an error
-    assert np.isnan(m.compute()["mistake_severity"])
-    batch = m(t[:10], p[:10])  # forward: the batch's value, and the batch is added
-    assert batch["mistake_severity"] == pytest.approx(M.mistake_severity(t[:10], p[:10], taxonomy=tax))
-    m.update(t[10:], p[10:])
-    assert m.compute()["mistake_severity"] == pytest.approx(M.mistake_severity(t, p, taxonomy=tax))
+    assert np.isnan(m.results()["mistake_severity"])
+    batch = m(p[:10], t[:10])  # forward: the batch's value, and the batch is added
+    assert batch.item() == pytest.approx(M.mistake_severity(t[:10], p[:10], taxonomy=tax))
+    m.update(p[10:], t[10:])
+    assert m.results()["mistake_severity"] == pytest.approx(M.mistake_severity(t, p, taxonomy=tax))
     m.reset()
     with pytest.raises(RuntimeError, match="before any update"):
         m.compute()
-    m.update(t, p)  # the failed compute left the metric usable
+    m.update(p, t)  # the failed compute left the metric usable
     assert m.update_count == 1
 
 
