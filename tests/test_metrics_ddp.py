@@ -60,8 +60,12 @@ SETUP = textwrap.dedent("""
         }
         return metrics, data
 
-    def update(metrics, data, rows):
+    def make_collection(metrics):
+        return M.HierarchicalMetrics.collection(metrics["collection"].taxonomy, k=(1, 2))
+
+    def update(metrics, data, rows, coll):
         d = {k: v[rows] for k, v in data.items()}
+        coll.update(d["p"], d["t"], y_score=d["scores"])
         for name in ("hier_micro", "hier_samples", "node", "severity", "levels"):
             metrics[name].update(d["p"], d["t"], sample_weight=d["w"])
         metrics["hier_macro_dag"].update(d["dp"], d["dt"])
@@ -81,18 +85,24 @@ WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     metrics, data = make()
+    coll = make_collection(metrics)
     shards = [np.arange(0, 7), np.arange(7, 10)]  # uneven on purpose
     rows = shards[rank]
     if rank == 0:
-        update(metrics, data, rows[:4])  # several batches on one rank
-        update(metrics, data, rows[4:])
+        update(metrics, data, rows[:4], coll)  # several batches on one rank
+        update(metrics, data, rows[4:], coll)
     else:
-        update(metrics, data, rows)
+        update(metrics, data, rows, coll)
     first = {k: m.results() for k, m in metrics.items()}
+    scalars = {k: m.compute().item() for k, m in metrics.items()}  # one tensor each, summed over the ranks
+    collected = {k: v.item() for k, v in coll.compute().items()}
     second = {k: m.results() for k, m in metrics.items()}  # compute() must not double count
     with metrics["node"].sync_context():  # torchmetrics: the reduced states in place, restored on exit
         synced = {k: v.tolist() for k, v in metrics["node"].states().items()}
-    json.dump({"first": first, "second": second, "synced_node": synced}, open(out, "w"))
+    json.dump(
+        {"first": first, "second": second, "synced_node": synced, "scalars": scalars, "collected": collected},
+        open(out, "w"),
+    )
     dist.barrier()
     dist.destroy_process_group()
 """)
@@ -159,13 +169,18 @@ def test_two_gloo_ranks_with_uneven_shards_match_single_process(tmp_path):
     scope: dict = {}
     exec(compile(SETUP, "setup", "exec"), scope)
     metrics, data = scope["make"]()
-    scope["update"](metrics, data, np.arange(10))
+    coll = scope["make_collection"](metrics)
+    scope["update"](metrics, data, np.arange(10), coll)
     single = json.loads(json.dumps({k: m.results() for k, m in metrics.items()}))
+    single_scalars = {k: m.compute().item() for k, m in metrics.items()}
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
     for out in outs:
         for run in ("first", "second"):
             for name, value in out[run].items():
                 _same(value, single[name], f"{run}/{name}")
+        _same(out["scalars"], single_scalars, "scalars")
+        assert out["scalars"]["hier_micro"] == single["hier_micro"]["fbeta"]
+        _same(out["collected"], M.flatten_results(single["collection"]), "collected")
         synced = dict(out["synced_node"])
         assert synced.pop("updates") == 3.0  # update() calls summed over ranks: 2 on rank 0, 1 on rank 1
         single_states = {k: v.tolist() for k, v in metrics["node"].states().items() if k != "updates"}
