@@ -275,8 +275,8 @@ def bench_million(tax: Taxonomy, n: int, rng: np.random.Generator) -> dict[str, 
 def _collection(tax: Taxonomy, t: np.ndarray, p: np.ndarray) -> dict[str, Any]:
     m = M.HierarchicalMetrics(tax, k=())
     for s in range(0, len(t), 1 << 17):
-        m.update(t[s : s + (1 << 17)], p[s : s + (1 << 17)])
-    return m.compute()
+        m.update(p[s : s + (1 << 17)], t[s : s + (1 << 17)])
+    return m.results()
 
 
 def functional_report(t: Any, p: Any, tax: Taxonomy) -> dict[str, Any]:

@@ -148,8 +148,8 @@ def main(
     probs = predictions[-1] if isinstance(predictions, tuple) else predictions  # (logits, node_probs)
     labels = np.array([item["labels"] for item in data.items])
     metric = HierarchicalMetrics(model.taxonomy, k=(1,))
-    metric.update(labels, parse_decoder(decoder)(probs, model.taxonomy), y_score=probs)
-    results = metric.compute()
+    metric.update(parse_decoder(decoder)(probs, model.taxonomy), labels, y_score=probs)
+    results = metric.results()
     if out_dir is not None:
         hf_model.save_pretrained(work / "model", metrics={f"{decoder}/{k}": v for k, v in results.items()})
     return {"metrics": results, "model": model, "node_probs": probs}

@@ -82,11 +82,11 @@ class HierarchicalLitModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         probs = self.head.node_probs(self(x))
-        self.val_metrics.update(y, self.decoder(probs, self.taxonomy), y_score=probs)
+        self.val_metrics.update(self.decoder(probs, self.taxonomy), y, y_score=probs)
 
     def on_validation_epoch_end(self) -> None:
         # compute() already summed the ranks' states: no sync_dist here
-        self.log_dict(flatten_results(self.val_metrics.compute(), prefix="val/"))
+        self.log_dict(flatten_results(self.val_metrics.results(), prefix="val/"))
         self.val_metrics.reset()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

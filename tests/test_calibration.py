@@ -51,7 +51,7 @@ def test_level_ece_single_label_and_label_sets_by_hand() -> None:
     )
     m = LevelCalibration(TREE, n_bins=5)
     m.update(p, np.array([2, 6, 4]))
-    r = m.compute()
+    r = m.results()
     # Level 1, bins of 0.2: 0.7 and 0.6 share (0.6, 0.8]: |2 - 1.3| = 0.7; 0.9 in (0.8, 1]: 0.9. -> 1.6 / 3.
     # Level 2: 0.5 in (0.4, 0.6]: |1 - 0.5|; 0.3 in (0.2, 0.4]: 0.3. -> 0.8 / 2.
     assert r["ece_per_level"] == pytest.approx([1.6 / 3, 0.4])
@@ -63,8 +63,8 @@ def test_level_ece_single_label_and_label_sets_by_hand() -> None:
     m.update(p[:2], sets)
     levels = [np.flatnonzero(TREE.depth == d) for d in (1, 2)]
     want = [abs(sets[:, nodes].mean() - p[:2, nodes].mean()) for nodes in levels]  # one bin: |freq - mean p|
-    assert m.compute()["ece_per_level"] == pytest.approx(want)
-    assert m.compute()["pairs_per_level"] == [4, 10]
+    assert m.results()["ece_per_level"] == pytest.approx(want)
+    assert m.results()["pairs_per_level"] == [4, 10]
 
 
 def test_fit_temperature_recovers_a_known_temperature() -> None:

@@ -129,9 +129,9 @@ def test_htc_metrics_hand_computed() -> None:
     # P-F1: x stays a prediction but a false positive: a (1,0,1) x (0,1,1) y (1,0,0) b (0,1,1) -> 4/9.
     assert path_constrained_f1_score(truth, pred, taxonomy=tax) == pytest.approx(4 / 9)
     m = ConstrainedF1(tax)
-    m.update(truth[:1], pred[:1])
-    m.update(truth[1:], pred[1:])  # batched updates give the same sums
-    r = m.compute()
+    m.update(pred[:1], truth[:1])
+    m.update(pred[1:], truth[1:])  # batched updates give the same sums
+    r = m.results()
     assert r["C_micro_f1"] == pytest.approx(0.5) and r["P_micro_f1"] == pytest.approx(4 / 9)
     # Macro over the nodes true or predicted somewhere (a, x, y, b): a 2/3, x 0, y 1, b 0 for both.
     assert r["C_macro_f1"] == pytest.approx((2 / 3 + 1) / 4)

@@ -118,15 +118,16 @@ def expected_calibration_error(confidence: Any, correct: Any, *, n_bins: int = E
 class LevelCalibration(Metric):
     """Stateful ECE per depth level (bin sums, exact under DDP); see the module for the pairs of each level.
 
-    ``update(probs [B, N], labels)`` takes node ids ``[B]`` (``-1`` ignored) or node sets ``[B, N]``.
-    ``compute()`` returns ``{"ece_per_level": [...], "pairs_per_level": [...]}`` (``nan`` for a level with no
+    ``update(preds [B, N], target)`` (node probabilities, torchmetrics' order) takes node ids ``[B]`` (``-1``
+    ignored) or node sets ``[B, N]``. ``compute()`` returns the ECE of depth 1 (``output="ece_per_level/2"``: depth
+    2), ``results()`` ``{"ece_per_level": [...], "pairs_per_level": [...]}`` (``nan`` for a level with no
     pair).
 
     Example:
         >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
         >>> m = LevelCalibration(tax, n_bins=10)
         >>> m.update(np.array([[1, .8, .6, .2, .2], [1, .7, .4, .3, .3]]), np.array([2, 4]))
-        >>> [round(v, 3) for v in m.compute()["ece_per_level"]]  # level 1: (.8, hit), (.7, miss); level 2: (.6, hit)
+        >>> [round(v, 3) for v in m.results()["ece_per_level"]]  # level 1: (.8, hit), (.7, miss); level 2: (.6, hit)
         [0.45, 0.4]
     """
 
@@ -139,14 +140,14 @@ class LevelCalibration(Metric):
         self.levels = [np.flatnonzero(taxonomy.depth == d) for d in range(1, taxonomy.height + 1)]
         self.add_sum_state("sums", (len(self.levels), 3, n_bins))
 
-    def update(self, probs: Any, labels: Any) -> None:
-        p = np.asarray(to_numpy(probs), dtype=np.float64)
-        y = np.asarray(to_numpy(labels))
+    def update(self, preds: Any, target: Any) -> None:
+        p = np.asarray(to_numpy(preds), dtype=np.float64)
+        y = np.asarray(to_numpy(target))
         tax = self.taxonomy
         if p.ndim != 2 or p.shape[1] != tax.num_nodes:
-            raise ValueError(f"probs must be node probabilities [B, {tax.num_nodes}]; got shape {list(p.shape)}")
+            raise ValueError(f"preds must be node probabilities [B, {tax.num_nodes}]; got shape {list(p.shape)}")
         if len(y) != len(p):
-            raise ValueError(f"labels has {len(y)} entries but probs has {len(p)} rows")
+            raise ValueError(f"target has {len(y)} entries but preds has {len(p)} rows")
         p = np.clip(p, 0.0, 1.0)
         sums = np.zeros((len(self.levels), 3, self.n_bins))
         if y.ndim == 2:  # node sets: every (sample, node of the level) pair
@@ -302,7 +303,7 @@ def calibrate_outputs(
         f"{key.rsplit('/', 1)[0]}{CALIBRATED_SUFFIX}/{key.rsplit('/', 1)[1]}": v
         for key, v in evaluator.compute().items()
     }
-    b, a = before.compute(), after.compute()
+    b, a = before.results(), after.results()
     results["calibration"] = {
         "temperature": temperature,
         "nll_before": nll(1.0),

@@ -161,9 +161,9 @@ class Evaluator:
             scores = None if spec.is_set or not self.k else probs
             for name, metric in self.metrics[label].items():
                 if name:  # hF-beta, and C-F1 / P-F1 of the decoder's raw sets (their consistency)
-                    metric.update(truth, pred)
+                    metric.update(pred, truth)
                 else:
-                    metric.update(truth, pred, y_score=scores)
+                    metric.update(pred, truth, y_score=scores)
             preds[label] = to_numpy(pred)
         return preds
 
@@ -193,7 +193,7 @@ class Evaluator:
                     f"decoder {label!r} returns node sets; dense outputs need a single-node rule (e.g. threshold)"
                 )
             pred = to_numpy(spec(flat, self.taxonomy, leaf_probs=self.leaf_probs, check=self.check)).reshape(y.shape)
-            self.metrics[label][""].update(y, pred)
+            self.metrics[label][""].update(pred, y)
             preds[label] = pred
         return preds
 
@@ -202,7 +202,7 @@ class Evaluator:
         out: dict[str, Any] = {}
         for label, metrics in self.metrics.items():
             for name, metric in metrics.items():
-                values = metric.compute()
+                values = metric.results()
                 if name == "constrained":
                     out.update({f"{label}/{key}": to_plain(v) for key, v in values.items()})
                     continue

@@ -288,6 +288,7 @@ class Metric(torchmetrics.Metric):
         Lightning.
 
         Example:
+            >>> from hiercls.metrics import HierarchicalFBeta
             >>> from hiercls.taxonomy import Taxonomy
             >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
             >>> coll = HierarchicalFBeta.collection(tax, prefix="val/")
