@@ -321,8 +321,8 @@ def _stateful_case(tree: str, b: int, updates: int, rng: np.random.Generator) ->
         def stateful() -> dict[str, Any]:
             metric.reset()
             for s in range(0, len(t), b):
-                metric.update(t[s : s + b], p[s : s + b])
-            return metric.compute()
+                metric.update(p[s : s + b], t[s : s + b])
+            return metric.results()
 
         def functional() -> dict[str, Any]:
             return functional_report(t, p, tax)
