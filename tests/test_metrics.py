@@ -773,3 +773,49 @@ def test_zero_division_warn():
         warnings.simplefilter("error")
         assert M.hierarchical_precision_score([0], [0], taxonomy=tax, zero_division=1.0) == 1.0
         assert M.hierarchical_precision_score([0], [0], taxonomy=tax, include_root=True) == 1.0
+
+
+def _published_semantic_accuracy(tax: Taxonomy, logits: np.ndarray, y: np.ndarray) -> float:
+    """Ridnik et al.'s ``AccuracySemanticSoftmaxMet`` (Alibaba-MIIL/ImageNet21K) restated: the levels are the class
+    depths 0 .. max_depth - 1 (the deepest depth is left out) holding more than one class; each level predicts
+    the argmax of its classes' logits; micro accuracy over the (sample, level) pairs where the truth has a class."""
+    classes = np.arange(1, tax.num_nodes)  # every non-root node is a class
+    depth = tax.depth - 1  # class depth: 0 for the root's children
+    correct = valid = 0
+    for d in range(int(depth[classes].max())):
+        members = classes[depth[classes] == d]
+        if len(members) <= 1:
+            continue
+        pred = members[logits[:, members].argmax(1)]
+        for b, node in enumerate(y):
+            while node > 0 and depth[node] > d:
+                node = tax.parent[node]
+            if node > 0 and depth[node] == d:
+                valid += 1
+                correct += int(pred[b] == node)
+    return correct / valid
+
+
+def test_level_argmax_accuracy_drop_deepest_level_is_the_published_metric():
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "z")])
+    a, x, y, b, z = (tax.index(n) for n in "axybz")
+    lp = np.array([[a, y], [b, x], [b, z], [b, z]])
+    truth = ["x", "x", "b", "z"]
+    # by hand, levels (a|b, x|y|z): x -> (a ok, y wrong), x -> (b wrong, x ok), b -> (b ok, no level 2), z -> (ok, ok)
+    assert M.level_argmax_accuracy_score(truth, lp, taxonomy=tax) == pytest.approx(5 / 7)
+    assert M.level_argmax_accuracy_score(truth, lp, taxonomy=tax, drop_deepest_level=True) == pytest.approx(3 / 4)
+    assert M.level_argmax_accuracy_score(truth, lp[:, :1], taxonomy=tax, drop_deepest_level=True) == 0.75
+    with pytest.raises(ValueError, match="two semantic levels"):
+        M.level_argmax_accuracy_score(["a"], np.array([[1]]), taxonomy=Taxonomy([("r", "a")]), drop_deepest_level=True)
+    rng = np.random.default_rng(29)
+    for _ in range(5):
+        tax = random_tree(40, rng)
+        logits = rng.random((30, tax.num_nodes))
+        ids = rng.integers(1, tax.num_nodes, 30)
+        levels = tax.semantic_level
+        lp = np.stack(
+            [np.flatnonzero(levels == k)[logits[:, levels == k].argmax(1)] for k in range(int(levels.max()) + 1)], 1
+        )
+        want = _published_semantic_accuracy(tax, logits, ids)
+        got = M.level_argmax_accuracy_score(ids, lp, taxonomy=tax, drop_deepest_level=True)
+        assert got == pytest.approx(want, rel=1e-12)

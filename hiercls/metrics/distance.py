@@ -564,9 +564,14 @@ def semantic_level_table(taxonomy: Taxonomy) -> np.ndarray:
 
 
 def level_argmax_accuracy_score(
-    y_true: Any, level_pred: Any, *, taxonomy: Taxonomy, sample_weight: Any = None
+    y_true: Any,
+    level_pred: Any,
+    *,
+    taxonomy: Taxonomy,
+    sample_weight: Any = None,
+    drop_deepest_level: bool = False,
 ) -> float:
-    """Semantic accuracy of independent per-level predictions, as Ridnik et al. (2021) score them.
+    """Semantic accuracy of independent per-level predictions (Ridnik et al., 2021).
 
     ``level_pred[b, l]`` is the class predicted at semantic level ``l`` (e.g. the per-level argmax of
     :meth:`hiercls.heads.SemanticSoftmaxHead.predict_levels`); the predictions of different levels need not
@@ -574,11 +579,18 @@ def level_argmax_accuracy_score(
     pair at which the truth has a class, like :func:`semantic_accuracy_score` (which scores one node per
     sample, read as the whole chain of its class ancestors). Trees only.
 
+    **Which levels.** By default every semantic level counts, the deepest included: the levels that
+    :class:`~hiercls.losses.SemanticSoftmaxLoss` trains by default and :func:`semantic_accuracy_score` scores.
+    The authors' reference metric (``AccuracySemanticSoftmaxMet`` of Alibaba-MIIL/ImageNet21K) leaves the
+    deepest semantic level out, as their loss does: ``drop_deepest_level=True`` reproduces it (the pairs of the
+    deepest level are not counted; ``level_pred`` may then also have ``K - 1`` columns).
+
     Args:
         y_true: node ids or names ``[B]`` (``-1`` ignored).
         level_pred: node ids ``[B, K]``, ``K`` = the number of semantic levels (``-1`` = no prediction).
         taxonomy: the taxonomy.
         sample_weight: optional weight per sample.
+        drop_deepest_level: leave the deepest semantic level out, as the published metric (needs two levels).
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -586,16 +598,27 @@ def level_argmax_accuracy_score(
         >>> # truth x has level targets (a, x); the level argmaxes (b, x) disagree with each other
         >>> level_argmax_accuracy_score(["x"], np.array([[4, 2]]), taxonomy=tax)
         0.5
+        >>> level_argmax_accuracy_score(["x"], np.array([[4, 2]]), taxonomy=tax, drop_deepest_level=True)
+        0.0
     """
     check_taxonomy(taxonomy)
     table = semantic_level_table(taxonomy)
+    if drop_deepest_level:
+        if table.shape[1] < 2:
+            raise ValueError(
+                f"drop_deepest_level=True needs at least two semantic levels; taxonomy {taxonomy.name!r} has "
+                f"{table.shape[1]}"
+            )
+        table = table[:, :-1]
     t = to_labels(y_true, taxonomy, name="y_true", allow_ignore=True)
     ids = _ids(t, "y_true")
     lp = np.asarray(to_numpy(level_pred))
+    if drop_deepest_level and lp.ndim == 2 and lp.shape[1] == table.shape[1] + 1:
+        lp = lp[:, :-1]  # the deepest level's predictions, not scored
     if lp.ndim != 2 or lp.shape != (len(ids), table.shape[1]):
         raise ValueError(
             f"level_pred must be node ids [B, K] = [{len(ids)}, {table.shape[1]}] (one per semantic "
-            f"level); got shape {list(lp.shape)}"
+            f"level{', the deepest one optional' if drop_deepest_level else ''}); got shape {list(lp.shape)}"
         )
     if lp.dtype.kind not in "iu":
         raise TypeError(f"level_pred must hold integer node ids; got dtype {lp.dtype}")
