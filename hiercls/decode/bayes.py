@@ -352,7 +352,12 @@ def bayes_node(
         ids = first_best(exp, minimize=True, mask=mask)
         best = exp[np.arange(len(ids)), ids]
     out = restore_ids(ids, batch)
-    return (out, restore_values(best, batch)) if return_cost else out
+    if not return_cost:
+        return out
+    costs = restore_values(best, batch)
+    if not batch.is_torch and getattr(probs, "dtype", None) in (np.float16, np.float32):
+        costs = costs.astype(probs.dtype)  # the input's float dtype, as for tensors
+    return out, costs
 
 
 def prediction_expected_cost(

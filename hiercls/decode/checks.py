@@ -304,6 +304,11 @@ def check_label_mass(label: np.ndarray, taxonomy: Any, probs: Any, *, eps: float
     round-off (:func:`label_mass_tolerance`); ``probs`` are the node probabilities it came from, for the message.
     Skipped outside :func:`probability_checks`.
 
+    Only the rules that read the label distribution need single-label probabilities and call it: ``bayes_node``,
+    ``crm`` and ``optimal_hfbeta`` (and the expected costs and hF-beta values). The rules that compare node
+    probabilities only (``argmax_leaf``, ``top_down``, ``threshold``, ``majority``, ``plurality``,
+    ``max_info``, ``info_gain``, ``hie``) decode multi-label probabilities too.
+
     Raises:
         ProbabilityError: naming the row, the node and how much its children (descendants) exceed it.
     """

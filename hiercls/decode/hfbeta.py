@@ -757,4 +757,9 @@ def _optimal_hfbeta_blocks(
             )  # raises, naming the row ...
             _solve_rows(x, from_nodes, np.inf, *args)  # ... unless the checks are off: clip, as it does
     out_sets = restore_sets(sets, batch)
-    return (out_sets, restore_values(values, batch)) if return_value else out_sets
+    if not return_value:
+        return out_sets
+    out_values = restore_values(values, batch)
+    if not batch.is_torch and getattr(probs, "dtype", None) in (np.float16, np.float32):
+        out_values = out_values.astype(probs.dtype)  # the input's float dtype, as for tensors
+    return out_sets, out_values
