@@ -6,6 +6,10 @@ scipy sparse), with a keyword-only ``taxonomy=``. Node sets are closed under anc
 through every parent); pass ``close=False`` where offered to score raw sets. ``*_score`` is higher-better,
 ``*_loss`` lower-better. See ``docs/metrics.md`` for the exact definitions and their sources.
 
+The stateful classes (:class:`HierarchicalFBeta`, :class:`HierarchicalMetrics`, ...) are ``torchmetrics.Metric``
+subclasses with torchmetrics' conventions: ``update(preds, target)`` (predictions first), one scalar tensor from
+``compute()``, every value at once from ``results()``, and ``Class.collection(...)`` for a ``MetricCollection``.
+
 Each metric has one implementation, in NumPy: torch labels (any device) are copied to the host, where they are
 counted (a batch's labels are small); array results go back to the labels' device, and the stateful classes keep
 their summed states on the metric's device.

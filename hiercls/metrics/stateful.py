@@ -30,7 +30,7 @@ from hiercls.metrics._validation import (
     weight_total,
     weighted_sum,
 )
-from hiercls.metrics.base import Metric, all_reduce_states, config_digest, flatten_results, output_direction
+from hiercls.metrics.base import Metric, all_reduce_states, config_digest, flatten_results
 from hiercls.metrics.distance import (
     DISTANCES,
     mistake_stats,
@@ -69,7 +69,6 @@ __all__ = [
     "TopKMetrics",
     "all_reduce_states",
     "flatten_results",
-    "output_direction",
 ]
 
 
