@@ -119,5 +119,7 @@ def test_parent_for_its_leaf_the_torchmetrics_way() -> None:
         M.HierarchicalFBeta(tax).update(y_true=target, y_pred=preds)
     with pytest.raises(TypeError, match="old one"):
         M.TopKMetrics(tax, k=(1,)).update(["x"], np.array([[0.2, 0.5, 0.3]]))  # (y_true, y_score)
+    with pytest.raises(ValueError, match=r"preds\[0\] = -1 .*update\(\) takes \(preds, target\)"):
+        M.HierarchicalFBeta(tax).update(torch.tensor([-1]), preds)  # the old order: an ignored truth first
     with pytest.raises(ValueError, match=r"preds\[0, 1\] = 0\.5.*only 0/1"):
         M.HierarchicalFBeta(tax).update(np.array([[1.0, 0.5, 0.5, 0.0, 0.5]]), target)  # probabilities as preds

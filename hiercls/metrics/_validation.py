@@ -136,6 +136,8 @@ def _check_ids(ids: np.ndarray, taxonomy: Taxonomy, name: str, low: int) -> np.n
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         hint = " (-1 marks ignored samples only in the true labels)" if ids[i] == -1 else ""
+        if hint and name == "preds":
+            hint = hint[:-1] + "; update() takes (preds, target), the predictions first)"
         raise ValueError(
             f"{name}[{i}] = {int(ids[i])} is not a node id of taxonomy {taxonomy.name!r}; expected "
             f"ids in [{low}, {n}){hint}"
