@@ -3,6 +3,7 @@ forward, the never-updated error. References are the functional API on the same 
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
@@ -191,3 +192,22 @@ def test_flatten_results_for_loggers():
     assert all(isinstance(v, float) for v in flat.values())
     assert "val/mistake_severity_distance" not in flat
     assert stateful.flatten_results is M.flatten_results
+
+
+def test_higher_is_better_follows_the_output_and_the_collection_plots():
+    tax, t, p, scores = _data(8)
+    coll = M.HierarchicalMetrics.collection(tax, k=(1, 2))
+    for name, m in coll.items():
+        want = None if "support" in name else not any(s in name for s in ("loss", "hdist", "severity", "error_"))
+        if name == "mean_distance":
+            want = False
+        assert m.higher_is_better is want, name
+        assert m.output == name
+    coll.update(p, t, y_score=scores)
+    fig, ax = coll["hF1_micro"].plot()
+    assert ax.get_ylim()[1] >= 1.0  # a ratio: plotted up to 1
+    plt.close(fig)
+    small = M.HierarchicalFBeta.collection(tax)
+    small.update(p, t)
+    fig, _ = small.plot(together=True)  # the collection's own plot: hP, hR and hF in one figure
+    plt.close(fig)
