@@ -85,7 +85,7 @@ class HierarchicalLitModule(L.LightningModule):
         self.val_metrics.update(self.decoder(probs, self.taxonomy), y, y_score=probs)
 
     def on_validation_epoch_end(self) -> None:
-        # compute() already summed the ranks' states: no sync_dist here
+        # results() already summed the ranks' states: no sync_dist here
         self.log_dict(flatten_results(self.val_metrics.results(), prefix="val/"))
         self.val_metrics.reset()
 
