@@ -12,8 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +34,7 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "cleanup_distributed",
+    "die_with_launcher",
     "eval_loader",
     "init_distributed",
     "is_main_process",
@@ -115,12 +119,38 @@ def init_distributed(device: str = "auto", backend: str | None = None) -> DistIn
     dev = resolve_device(device, local_rank)
     if world == 1:
         return DistInfo(0, 1, 0, dev)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: never outlive the launcher
+        die_with_launcher()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
     dist.init_process_group(backend=backend, rank=rank, world_size=world, device_id=dev if dev.type == "cuda" else None)
     logger.info("joined process group: rank %d of %d (%s, %s)", rank, world, backend, dev)
     return DistInfo(rank, world, local_rank, dev, initialized_here=True)
+
+
+#: ``prctl`` option: the signal the kernel sends this process when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent (the torchrun launcher) dies; ``True`` if armed.
+
+    Without it, the workers of a killed launcher train on (and write) while a new run starts in their folder.
+    Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere ``False``.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        armed = False
+    if not armed:
+        logger.warning("cannot arrange to stop with the launcher (prctl failed): kill the workers yourself if it dies")
+    elif os.getppid() != parent:  # pragma: no cover - the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return armed
 
 
 def cleanup_distributed(info: DistInfo) -> None:
