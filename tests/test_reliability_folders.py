@@ -355,13 +355,9 @@ def test_ctrl_c_stops_with_one_line_and_the_run_resumes_exactly(base: dict[str, 
 
 
 ABSURD = [
-    ("lr-1e300", ["--set", "optim.lr=1e300"], "--set: optim.lr: must be in (0, 1e+06], got 1e+300"),
-    ("head-lr", ["--set", "optim.head_lr=1e300"], "--set: optim.head_lr: must be in (0, 1e+06] or null, got 1e+300"),
-    (
-        "weight-decay",
-        ["--set", "optim.weight_decay=1e300"],
-        "--set: optim.weight_decay: must be in [0, 1e+06], got 1e+300",
-    ),
+    ("lr-1e300", ["--set", "optim.lr=1e300"], "--set: optim.lr: must be <= 1e+06 (a weight moves by about lr per"),
+    ("head-lr", ["--set", "optim.head_lr=1e300"], "--set: optim.head_lr: must be <= 1e+06 (a weight moves by"),
+    ("weight-decay", ["--set", "optim.weight_decay=1e300"], "--set: optim.weight_decay: must be <= 1e+06, got 1e+300"),
 ]
 
 
@@ -371,7 +367,8 @@ def test_absurd_optimizer_values_are_one_clear_line(
 ) -> None:
     recipe_file = write_recipe(tmp_path / "recipe.yaml", recipe(base["tax"], tmp_path / "run"))
     assert main(["train", str(recipe_file), *args]) == 2
-    assert capsys.readouterr().err.strip() == f"hiercls train: error: {message}"
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hiercls train: error: {message}") and err.endswith("got 1e+300") and "\n" not in err
     assert not (tmp_path / "run").exists()
 
 

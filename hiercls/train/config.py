@@ -643,13 +643,16 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     for key in ("max_train_samples", "max_eval_samples"):
         v = getattr(cfg.data, key)
         need(v is None or v >= 1, f"data.{key}", f"must be >= 1 or null, got {v}")
-    need(0 < cfg.optim.lr <= MAX_LR, "optim.lr", f"must be in (0, {MAX_LR:g}], got {cfg.optim.lr}")
-    head_lr = cfg.optim.head_lr
-    need(
-        head_lr is None or 0 < head_lr <= MAX_LR, "optim.head_lr", f"must be in (0, {MAX_LR:g}] or null, got {head_lr}"
-    )
+    for key, lr in (("lr", cfg.optim.lr), ("head_lr", cfg.optim.head_lr)):
+        need(lr is None or lr > 0, f"optim.{key}", f"must be > 0{' or null' if key == 'head_lr' else ''}, got {lr}")
+        need(
+            lr is None or lr <= MAX_LR,
+            f"optim.{key}",
+            f"must be <= {MAX_LR:g} (a weight moves by about lr per step), got {lr}",
+        )
     wd = cfg.optim.weight_decay
-    need(0 <= wd <= MAX_LR, "optim.weight_decay", f"must be in [0, {MAX_LR:g}], got {wd}")
+    need(wd >= 0, "optim.weight_decay", f"must be >= 0, got {wd}")
+    need(wd <= MAX_LR, "optim.weight_decay", f"must be <= {MAX_LR:g}, got {wd}")
     need(all(0 <= b < 1 for b in cfg.optim.betas), "optim.betas", f"must be in [0, 1), got {cfg.optim.betas}")
     need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
     need(0 <= cfg.optim.warmup_ratio < 1, "optim.warmup_ratio", f"must be in [0, 1), got {cfg.optim.warmup_ratio}")
