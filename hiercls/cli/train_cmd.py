@@ -26,9 +26,12 @@ def run(args: argparse.Namespace) -> int:
         return _train(args, cfg)
     except KeyboardInterrupt:
         if is_main_process():
+            again = "the same command again"
+            if cfg.run.resume is False:  # the same command would start over
+                again = "the command again with --set run.resume=auto"
             print(
-                f"hiercls train: interrupted (Ctrl-C); run the same command again to resume from the last "
-                f"checkpoint in {str(cfg.out_dir)!r}",
+                f"hiercls train: interrupted (Ctrl-C); run {again} to resume from the last checkpoint in "
+                f"{str(cfg.out_dir)!r}",
                 file=sys.stderr,
             )
         return INTERRUPTED
