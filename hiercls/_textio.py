@@ -318,8 +318,55 @@ _END = object()
 
 
 # ---------------------------------------------------------------------------------------------- YAML
+#: How many nodes the aliases of one YAML document may add when expanded (a billion-laughs document adds 10^9).
+MAX_YAML_ALIAS_NODES = 1_000_000
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last) and aliases that
+    expand to more than :data:`MAX_YAML_ALIAS_NODES` nodes (an alias is shared when loaded, but every reader that
+    walks the result, and every copy of it, expands it)."""
+
+    def compose_document(self) -> Any:
+        self._alias_nodes, self._sizes, self._open_anchors = 0, {}, []
+        return super().compose_document()
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if not isinstance(event, yaml.AliasEvent):
+            self._open_anchors.append(getattr(event, "anchor", None))
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._open_anchors.pop()
+        line = event.start_mark.line + 1
+        if event.anchor in self._open_anchors:
+            raise TextFileError(
+                f"alias *{event.anchor} refers to the node that contains it", source=self.name, line=line
+            )
+        node = self.anchors.get(event.anchor)
+        if node is not None:
+            self._alias_nodes += self._expanded_size(node)
+            if self._alias_nodes > MAX_YAML_ALIAS_NODES:
+                raise TextFileError(
+                    f"its aliases (*{event.anchor} and others) expand to more than {MAX_YAML_ALIAS_NODES:,} "
+                    "nodes; write the values out, or use fewer nested aliases",
+                    source=self.name,
+                    line=line,
+                )
+        return super().compose_node(parent, index)
+
+    def _expanded_size(self, node: Any) -> int:
+        """The number of nodes ``node`` stands for once every alias in it is expanded (memoised per node)."""
+        known = self._sizes.get(id(node))
+        if known is None:
+            if isinstance(node, yaml.MappingNode):
+                children = [n for pair in node.value for n in pair]
+            else:
+                children = node.value if isinstance(node, yaml.SequenceNode) else []
+            known = min(1 + sum(self._expanded_size(child) for child in children), MAX_YAML_ALIAS_NODES + 1)
+            self._sizes[id(node)] = known
+        return known
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen: dict[Any, int] = {}

@@ -10,19 +10,43 @@ import sys
 import yaml
 
 from hiercls.evaluation import format_calibration, format_results
-from hiercls.train.config import config_to_dict, load_config
+from hiercls.train.config import TrainConfig, config_to_dict, load_config
 from hiercls.train.distributed import is_main_process
 from hiercls.train.report import run_recipe
 from hiercls.train.study import format_study, run_study
 
+#: The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
+
 
 def run(args: argparse.Namespace) -> int:
+    """``hiercls train``: Ctrl-C stops it with one line saying how to resume (exit status 130), no traceback."""
+    cfg = load_config(args.recipe, _overrides(args))
+    try:
+        return _train(args, cfg)
+    except KeyboardInterrupt:
+        if is_main_process():
+            again = "the same command again"
+            if cfg.run.resume is False:  # the same command would start over
+                again = "the command again with --set run.resume=auto"
+            print(
+                f"hiercls train: interrupted (Ctrl-C); run {again} to resume from the last checkpoint in "
+                f"{str(cfg.out_dir)!r}",
+                file=sys.stderr,
+            )
+        return INTERRUPTED
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
     overrides = list(args.overrides)
     if args.out_dir:
         overrides.append(f"run.out_dir={args.out_dir}")
     if args.no_compare:
         overrides += ["compare_heads=[]", "study.seeds=[]"]
-    cfg = load_config(args.recipe, overrides)
+    return overrides
+
+
+def _train(args: argparse.Namespace, cfg: TrainConfig) -> int:
     if args.print_config:
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0

@@ -11,10 +11,16 @@ The decision, made before anything is built (every rank reads the folder after r
 
 Then, in the order a run meets them (docs/reliability.md states them as promises; rank 0 writes every file):
 
-* ``run.out_dir`` must be a writable folder (created if missing); anything else is refused with its reason.
-* ``<out_dir>/.lock`` is held (``fcntl.flock``) for the whole run and names its holder (pid, host, start
-  time): a second training into the same folder is refused at once with those facts. The kernel drops the
-  lock when the holder dies, so a killed run never leaves a stale lock.
+* ``run.out_dir`` must be a writable folder of the run's own, checked before anything is written: new (created),
+  empty, or one hiercls created (its :data:`MARKER` file ``.hiercls``, written when the folder is first used).
+  An empty value, the current folder (``.``), its parents, the home folder (``~``) and a folder holding files
+  hiercls did not write are refused, so a new run can never delete a user's files. (A run folder of an older
+  hiercls, recognised by its ``config.yaml`` and ``metrics.jsonl``, is marked and used.)
+* ``<out_dir>/.lock`` is held (``fcntl.flock``, taken atomically) for the whole run and names its holder (pid,
+  host, start time): a second training into the same folder is refused at once with those facts. The kernel
+  drops the lock when the holder dies, so a killed run never leaves a stale lock. Every rank of a DDP run also
+  holds ``.lock-ranks`` (shared) until it ends, and the workers die with their launcher
+  (:func:`hiercls.train.distributed.die_with_launcher`): no run starts while a worker of an earlier one lives.
 * Files and checkpoint folders are written by :func:`hiercls._textio.atomic_write` / ``atomic_dir`` (a
   temporary sibling renamed into place); at start, what a killed run left of them is removed or put back
   (:func:`hiercls._textio.recover_atomic`).
@@ -23,6 +29,8 @@ Then, in the order a run meets them (docs/reliability.md states them as promises
   every start writes ``config.yaml``.
 * ``resume.pt`` holds tensors and plain values only and is read with ``weights_only=True``; one that holds
   anything else (a crafted pickle, the NumPy objects an older hiercls pickled) is refused, naming the file.
+  It names the SHA-256 of the ``model.safetensors`` it was saved with: a ``resume.pt`` next to other weights (a
+  copied or restored folder) is refused, and so is one without the digest in a folder of the current format.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from safetensors.torch import load_model
 from hiercls._textio import atomic_dir, atomic_write, recover_atomic
 from hiercls.models import HierarchicalClassifier
 from hiercls.models.classifier import verify_model_files
-from hiercls.models.files import CheckpointError, folder_size, read_json_file, writing
+from hiercls.models.files import CheckpointError, folder_size, read_json_file, sha256_file, writing
 from hiercls.taxonomy import Taxonomy
 from hiercls.train.config import ConfigError, TrainConfig, config_to_dict, save_config
 from hiercls.train.distributed import DistInfo, all_gather_object, barrier
@@ -67,6 +75,7 @@ __all__ = [
     "RunFolder",
     "TrainState",
     "lock_folder",
+    "own_folder",
     "seed_everything",
 ]
 
@@ -99,6 +108,12 @@ PREVIOUS_RUN_OUTPUTS = (
     "eval_labels.npy",
     "curves.png",
 )
+#: The file that marks a folder as hiercls's own: ``{"kind": "run" | "study", "created", "format"}``.
+MARKER = ".hiercls"
+#: The format of the run folders this hiercls writes (2: resume.pt names the digest of its weights).
+RUN_FORMAT = 2
+#: Held (shared) by every rank of a DDP run for its whole life, so that no new run starts while one lives.
+RANKS_LOCK = ".lock-ranks"
 #: Keys every ``resume.pt`` holds (written by :meth:`RunFolder.save_last`).
 RESUME_KEYS = ("optimizer", "scheduler", "scaler", "data", "step", "rng")
 #: Dict-valued config fields compared as one value (their keys are the user's, not the recipe's).
@@ -137,6 +152,7 @@ class RunFolder:
     def __init__(self, cfg: TrainConfig, info: DistInfo) -> None:
         self.cfg, self.info, self.path = cfg, info, cfg.out_dir
         self.lock: int | None = None  # the descriptor holding the flock (rank 0)
+        self.ranks_lock: int | None = None  # every rank of a DDP run: a shared flock of .lock-ranks
         self.results: dict[str, Any] | None = None
         self.fresh_reason: str | None = None  # why the run starts fresh (None: it resumes or has finished)
         self.resume_state: dict[str, Any] | None = None
@@ -167,9 +183,10 @@ class RunFolder:
 
     def close(self) -> None:
         """Release the lock."""
-        if self.lock is not None:
-            os.close(self.lock)  # closing the descriptor releases the flock; the file keeps the holder's facts
-            self.lock = None
+        for fd in (self.ranks_lock, self.lock):
+            if fd is not None:
+                os.close(fd)  # closing the descriptor releases the flock; the file keeps the holder's facts
+        self.lock = self.ranks_lock = None
 
     @property
     def resuming(self) -> bool:
@@ -180,8 +197,8 @@ class RunFolder:
         problem = None
         if self.info.is_main:
             try:
-                check_out_dir(self.path)
-                self.lock = lock_folder(self.path)
+                self.lock = own_folder(self.path)
+                check_no_workers(self.path)
                 for folder in (self.path, self.path / "checkpoints"):
                     if folder.is_dir():
                         recover_atomic(folder, others_are_gone=fcntl is not None)  # the lock proves it
@@ -192,6 +209,13 @@ class RunFolder:
             raise problem
         if verdicts[0] is not None:
             raise ConfigError(verdicts[0])
+        if self.info.distributed and fcntl is not None:
+            # Every rank holds .lock-ranks until it ends: a run started while any of them lives is refused.
+            self.ranks_lock = hold_shared(self.path / RANKS_LOCK)
+            pids = all_gather_object(f"{socket.gethostname()}:{os.getpid()}")
+            if self.info.is_main:
+                os.ftruncate(self.ranks_lock, 0)
+                os.write(self.ranks_lock, (json.dumps({"ranks": pids}) + "\n").encode())
 
     def _decide(self) -> None:
         """Finished, resume or fresh (see the module docstring)."""
@@ -211,6 +235,7 @@ class RunFolder:
         saved = self._saved_results()
         if state_file.is_file():
             state = read_resume_state(state_file)
+            check_state_weights(state, last, int(folder_marker(self.path).get("format", RUN_FORMAT)))
             finished = saved is not None and saved.get("step") == int(state["step"])
             self.results, self.resume_state = (saved, None) if finished else (None, state)
         elif saved is None:
@@ -333,6 +358,7 @@ class RunFolder:
             with writing(last), atomic_dir(last) as d:
                 if not (s.best_step == s.step and best.is_dir() and link_tree(best, d)):
                     s.model.save_pretrained(d)
+                state["weights_sha256"] = sha256_file(d / "model.safetensors")  # ties the state to these weights
                 with writing(d / "resume.pt"):
                     torch.save(state, d / "resume.pt")
         self.saved_step = s.step
@@ -391,14 +417,55 @@ class RunFolder:
 
 
 # ------------------------------------------------------------------------------------------- the folder
-def check_out_dir(out_dir: Path) -> None:
-    """Create ``out_dir`` if needed; refuse a file, an uncreatable path or a read-only folder.
+def own_folder(out_dir: Path, kind: str = "run") -> int:
+    """Check, create and lock ``out_dir`` for a ``kind`` (``run`` or ``study``) before any work; returns the lock.
+
+    The folder must be new, empty, or one hiercls created (its :data:`MARKER` file, written here on first use,
+    says so); the current folder, its parents, the home folder and a folder of someone else's files are refused
+    before anything is written into them. The lock is taken atomically (``flock``), then the marker is written.
+
+    Raises:
+        ConfigError: naming ``run.out_dir``, the path and what was expected.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "notes.txt").write_text("mine")
+        >>> own_folder(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hiercls.train.config.ConfigError: run.out_dir: ... already holds files hiercls did not write (notes.txt) ...
+        >>> fd = own_folder(d / "run")
+        >>> sorted(p.name for p in (d / "run").iterdir())
+        ['.hiercls', '.lock']
+        >>> os.close(fd)
+    """
+    run_format = check_out_dir(out_dir, kind)
+    fd = lock_folder(out_dir)
+    try:
+        marker = out_dir / MARKER
+        if not marker.is_file():
+            created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            with atomic_write(marker, encoding="utf-8") as f:
+                f.write(json.dumps({"kind": kind, "created": created, "format": run_format}) + "\n")
+    except OSError as err:
+        os.close(fd)
+        raise ConfigError(f"run.out_dir: cannot write {str(marker)!r} ({err.strerror or err})") from None
+    return fd
+
+
+def check_out_dir(out_dir: Path, kind: str = "run") -> int:
+    """Create ``out_dir`` if needed; refuse a shared folder, someone else's folder, a file or a read-only path.
+
+    Returns the folder's format: :data:`RUN_FORMAT`, or 1 for a run folder of a hiercls that wrote no marker.
 
     Raises:
         ConfigError: naming ``run.out_dir``, the path and the reason.
     """
+    _refuse_shared(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"run.out_dir: {str(out_dir)!r} is a file, not a folder; choose another run.out_dir")
+    run_format = _check_owner(out_dir, kind) if out_dir.is_dir() else RUN_FORMAT
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -407,6 +474,72 @@ def check_out_dir(out_dir: Path) -> None:
         ) from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"run.out_dir: {str(out_dir)!r} is not writable (permission denied); choose another one")
+    return run_format
+
+
+def _refuse_shared(out_dir: Path) -> None:
+    """The current folder, a parent of it, the home folder or a file system root is nobody's run folder."""
+    if not str(out_dir).strip() or str(out_dir) == ".":
+        where = "empty (an unset variable?)" if not str(out_dir).strip() else "'.'"
+        raise ConfigError(
+            f"run.out_dir: {where} is the current folder {str(Path.cwd())!r}; a run needs a folder of its own, "
+            "e.g. runs/{name}"
+        )
+    target, cwd = out_dir.expanduser().resolve(), Path.cwd().resolve()
+    shared = {cwd: "the current folder", Path.home().resolve(): "your home folder", Path(target.anchor): "a root"}
+    shared.update({parent: "a parent of the current folder" for parent in cwd.parents if parent not in shared})
+    if target in shared:
+        raise ConfigError(
+            f"run.out_dir: {str(out_dir)!r} is {shared[target]} ({str(target)!r}); a run needs a folder of its "
+            "own, e.g. runs/{name}"
+        )
+
+
+def _check_owner(folder: Path, kind: str) -> int:
+    """An existing folder: hiercls's own (its marker, of the same kind), empty, or an older hiercls's run folder."""
+    marker = folder / MARKER
+    if marker.is_file():
+        made = folder_marker(folder)
+        if made.get("kind") != kind:
+            raise ConfigError(
+                f"run.out_dir: {str(folder)!r} is not a {kind} folder ({MARKER} says {made.get('kind')!r}); choose "
+                "another run.out_dir"
+            )
+        return int(made.get("format", RUN_FORMAT))
+    # A starting run's lock and marker may already be there (it is then refused as "in use").
+    others = sorted(p.name for p in folder.iterdir() if not p.name.startswith((".lock", MARKER, f".{MARKER}")))
+    if not others:
+        return RUN_FORMAT
+    if kind == "run" and _older_run_folder(folder):
+        logger.info("%s: a run folder of an older hiercls; marking it as hiercls's (%s)", folder, MARKER)
+        return 1
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    raise ConfigError(
+        f"run.out_dir: {str(folder)!r} already holds files hiercls did not write ({shown}) and no {MARKER} "
+        f"marker; expected a new or empty folder, or a {kind} folder hiercls created. Choose another run.out_dir "
+        "(nothing was written)"
+    )
+
+
+def folder_marker(folder: Path) -> dict[str, Any]:
+    """The facts of ``folder``'s :data:`MARKER` (``{}`` when it is missing or unreadable)."""
+    try:
+        made = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return made if isinstance(made, dict) else {}
+
+
+def _older_run_folder(folder: Path) -> bool:
+    """A run folder of a hiercls that wrote no marker: its config.yaml (a recipe) and metrics.jsonl."""
+    config, log = folder / "config.yaml", folder / "metrics.jsonl"
+    if not (config.is_file() and log.is_file()) or config.stat().st_size > 1_000_000:
+        return False
+    try:
+        saved = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(saved, dict) and {"model", "data", "run"} <= saved.keys()
 
 
 def lock_folder(out_dir: Path) -> int:
@@ -451,6 +584,42 @@ def lock_folder(out_dir: Path) -> int:
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
     os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n").encode())
+    return fd
+
+
+def check_no_workers(out_dir: Path) -> None:
+    """Refuse ``out_dir`` while a process of an earlier DDP run still holds its ``.lock-ranks`` (call under the lock).
+
+    Raises:
+        ConfigError: naming the folder and the processes (host:pid of every rank).
+    """
+    path = out_dir / RANKS_LOCK
+    if fcntl is None or not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            ranks = ", ".join(json.loads(path.read_text(encoding="utf-8"))["ranks"])
+        except (OSError, ValueError, KeyError, TypeError):
+            ranks = "unknown pids"
+        raise ConfigError(
+            f"run.out_dir: {str(out_dir)!r} is still in use by workers of an earlier DDP run ({ranks}; their "
+            "launcher is gone); stop them first, or choose another run.out_dir"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def hold_shared(path: Path) -> int:
+    """A shared ``flock`` of ``path`` (created if missing), held until the returned descriptor is closed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # only a starting run's check holds it exclusively, for an instant
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -525,6 +694,36 @@ def read_resume_state(path: Path) -> dict[str, Any]:
             f"{path}: not a hiercls resume state (missing {', '.join(missing)}); start over with --set run.resume=false"
         )
     return state
+
+
+def check_state_weights(state: dict[str, Any], last: Path, run_format: int) -> None:
+    """Refuse a ``resume.pt`` that does not belong to the ``model.safetensors`` next to it (its SHA-256 differs).
+
+    A folder of the current format must name the digest; only a run folder of an older hiercls (``run_format``
+    1) may lack it, and is then resumed with a warning.
+
+    Raises:
+        CheckpointError: naming ``resume.pt``, its step and both digests.
+    """
+    path, weights = last / "resume.pt", last / "model.safetensors"
+    if (last / "config.json").is_file():  # damaged weights are named as such first (their own digest)
+        verify_model_files(last, read_json_file(last / "config.json", "checkpoint's config"))
+    want = state.get("weights_sha256")
+    if want is None and run_format < RUN_FORMAT:
+        logger.warning("%s: written by an older hiercls (no weights_sha256); not checked against %s", path, weights)
+        return
+    if not isinstance(want, str):
+        raise CheckpointError(
+            f"{path}: no weights_sha256 (a current run folder's resume state always names the digest of its "
+            "weights); start over with --set run.resume=false"
+        )
+    have = sha256_file(weights) if weights.is_file() else "missing"
+    if have != want:
+        raise CheckpointError(
+            f"{path}: the resume state of step {state.get('step')} belongs to other weights than {str(weights)!r} "
+            f"(SHA-256 {want[:16]} saved, {have[:16]} found: a copied or restored folder?); start over with --set "
+            "run.resume=false, or put back the checkpoint it came with"
+        )
 
 
 def _load_failure(err: Exception) -> str:

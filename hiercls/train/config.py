@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+#: The largest ``optim.lr`` / ``optim.head_lr`` / ``optim.weight_decay`` accepted: far above any useful value (a
+#: run diverges with a clear message), far below what overflows float32 optimizer arithmetic (``1e300`` does).
+MAX_LR = 1e6
 
 
 class ConfigError(ValueError):
@@ -299,8 +302,8 @@ class TrainConfig:
 
     @property
     def out_dir(self) -> Path:
-        """``run.out_dir`` with ``{name}`` filled in."""
-        return Path(self.run.out_dir.replace("{name}", self.name))
+        """``run.out_dir`` with ``{name}`` filled in and a leading ``~`` expanded to the home folder."""
+        return Path(self.run.out_dir.replace("{name}", self.name)).expanduser()
 
 
 # ---------------------------------------------------------------------------------------------- coercion
@@ -640,9 +643,16 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     for key in ("max_train_samples", "max_eval_samples"):
         v = getattr(cfg.data, key)
         need(v is None or v >= 1, f"data.{key}", f"must be >= 1 or null, got {v}")
-    need(cfg.optim.lr > 0, "optim.lr", f"must be > 0, got {cfg.optim.lr}")
-    need(cfg.optim.head_lr is None or cfg.optim.head_lr > 0, "optim.head_lr", "must be > 0 or null")
-    need(cfg.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    for key, lr in (("lr", cfg.optim.lr), ("head_lr", cfg.optim.head_lr)):
+        need(lr is None or lr > 0, f"optim.{key}", f"must be > 0{' or null' if key == 'head_lr' else ''}, got {lr}")
+        need(
+            lr is None or lr <= MAX_LR,
+            f"optim.{key}",
+            f"must be <= {MAX_LR:g} (a weight moves by about lr per step), got {lr}",
+        )
+    wd = cfg.optim.weight_decay
+    need(wd >= 0, "optim.weight_decay", f"must be >= 0, got {wd}")
+    need(wd <= MAX_LR, "optim.weight_decay", f"must be <= {MAX_LR:g}, got {wd}")
     need(all(0 <= b < 1 for b in cfg.optim.betas), "optim.betas", f"must be in [0, 1), got {cfg.optim.betas}")
     need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
     need(0 <= cfg.optim.warmup_ratio < 1, "optim.warmup_ratio", f"must be in [0, 1), got {cfg.optim.warmup_ratio}")
@@ -669,6 +679,11 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         labels[label] = spec
     need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
     need(cfg.eval.ece_bins >= 1, "eval.ece_bins", f"must be >= 1, got {cfg.eval.ece_bins}")
+    need(
+        bool(cfg.run.out_dir.strip()),
+        "run.out_dir",
+        f"must name a folder for the run, e.g. runs/{{name}}, got {cfg.run.out_dir!r} (an unset variable?)",
+    )
     need(cfg.run.log_every >= 1, "run.log_every", "must be >= 1")
     need(cfg.run.save_every_steps is None or cfg.run.save_every_steps >= 1, "run.save_every_steps", "must be >= 1")
     need(cfg.run.threads is None or cfg.run.threads >= 1, "run.threads", "must be >= 1")

@@ -50,7 +50,14 @@ from hiercls.models import HierarchicalClassifier, create_model, move_to_device
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.checkpoint import RunFolder, TrainState, seed_everything
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict
-from hiercls.train.distributed import DistInfo, all_reduce_sum, cleanup_distributed, eval_loader, init_distributed
+from hiercls.train.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    cleanup_distributed,
+    eval_loader,
+    init_distributed,
+    rank_local_layers,
+)
 from hiercls.train.plots import plot_run
 
 logger = logging.getLogger(__name__)
@@ -302,6 +309,9 @@ class _Run:
         """``model`` itself in one process; under torchrun a ``DistributedDataParallel`` of it."""
         if not self.info.distributed:
             return model
+        local = rank_local_layers(model)
+        if local and self.main:
+            logger.warning("DDP: the model has %s; the result differs from one process's by more than rounding", local)
         # Sparse index tables (tree operators) are the same on every rank and DDP cannot broadcast them.
         sparse = [n for n, b in model.named_buffers() if b.layout != torch.strided]
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sparse)

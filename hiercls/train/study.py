@@ -21,6 +21,7 @@ import copy
 import json
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ from hiercls.evaluation import Evaluator, format_table
 from hiercls.evaluation.model import evaluate_model, split_loader
 from hiercls.metrics import hierarchical_counts, level_counts
 from hiercls.taxonomy import Taxonomy
+from hiercls.train.checkpoint import own_folder
 from hiercls.train.config import StudyConfig, TrainConfig, apply_overrides
-from hiercls.train.distributed import cleanup_distributed, init_distributed
+from hiercls.train.distributed import DistInfo, cleanup_distributed, init_distributed
 from hiercls.train.inference import load_trained_model
 from hiercls.train.loop import train
 
@@ -193,7 +195,18 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
     if info.distributed:
         cleanup_distributed(info)
         raise ValueError("run_study runs in one process (the runs are small); launch it without torchrun")
-    device = info.device
+    lock = own_folder(out_dir, "study")  # one study per folder, before any work; each run locks its own folder
+    try:
+        return _study(cfg, heads, seeds, specs, info)
+    finally:
+        os.close(lock)
+
+
+def _study(
+    cfg: TrainConfig, heads: list[str], seeds: list[int], specs: list[DecoderSpec], info: DistInfo
+) -> dict[str, Any]:
+    """The runs, their scores and the report files of :func:`run_study` (the study folder is locked)."""
+    study, out_dir, device = cfg.study, cfg.out_dir, info.device
     scores: dict[str, dict[str, list[dict[str, Any]]]] = {h: {s.label: [] for s in specs} for h in heads}
     results: dict[str, list[dict[str, Any]]] = {h: [] for h in heads}
     taxonomy: Taxonomy | None = None
