@@ -1,0 +1,3 @@
+"""Placeholder replaced below."""
+
+__all__: list[str] = []
