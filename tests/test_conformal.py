@@ -20,9 +20,9 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-
 from _generators import node_probs as dirichlet_node_probs
 from _generators import random_dag, random_tree, star
+
 from hiercls.conformal import (
     NodeConformal,
     RiskConformal,
@@ -393,7 +393,7 @@ def test_two_gloo_ranks_match_single_process(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for r in range(2)
     ]
     for p in procs:

@@ -28,8 +28,15 @@ import torch
 from hiercls.decode.inputs import CHUNK_ELEMENTS, tie_floor
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
-__all__ = ["RANK_SLACK", "check_alpha", "chain_cover_depth", "conformal_quantile", "conformal_rank", "greedy_chain",
-           "label_array"]  # fmt: skip
+__all__ = [
+    "RANK_SLACK",
+    "chain_cover_depth",
+    "check_alpha",
+    "conformal_quantile",
+    "conformal_rank",
+    "greedy_chain",
+    "label_array",
+]
 
 RANK_SLACK = 1e-9
 """Subtracted from ``(n + 1)(1 - alpha)`` before rounding up, so that float round-off of an exact integer (e.g.
@@ -72,13 +79,11 @@ def conformal_quantile(scores: Any, alpha: float) -> float:
 
 def label_array(labels: Any, taxonomy: Taxonomy, rows: int, name: str = "labels") -> np.ndarray:
     """Node ids ``[B]`` int64 from ids (NumPy, torch on any device, lists) or node names; ``-1`` kept (ignored)."""
-    if isinstance(labels, torch.Tensor):
-        arr = labels.detach().cpu().numpy()
-    else:
-        arr = np.asarray(labels)
+    arr = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     if arr.ndim != 1 or arr.shape[0] != rows:
-        raise ValueError(f"{name} must hold one node id or name per row of the probabilities ([{rows}]); "
-                         f"got shape {list(arr.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{name} must hold one node id or name per row of the probabilities ([{rows}]); got shape {list(arr.shape)}"
+        )
     if arr.dtype.kind in "USO":
         return np.asarray(taxonomy.ids([str(v) for v in arr.tolist()]), dtype=np.int64)
     if not np.issubdtype(arr.dtype, np.integer):
@@ -86,8 +91,10 @@ def label_array(labels: Any, taxonomy: Taxonomy, rows: int, name: str = "labels"
     ids = arr.astype(np.int64)
     bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
     if bad.size:
-        raise TaxonomyError(f"{name}[{bad[0]}] = {ids[bad[0]]} is not a node id of taxonomy {taxonomy.name!r} "
-                            f"(0..{taxonomy.num_nodes - 1}, or -1 to leave the row out)")  # fmt: skip
+        raise TaxonomyError(
+            f"{name}[{bad[0]}] = {ids[bad[0]]} is not a node id of taxonomy {taxonomy.name!r} "
+            f"(0..{taxonomy.num_nodes - 1}, or -1 to leave the row out)"
+        )
     return ids
 
 
