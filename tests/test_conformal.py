@@ -23,6 +23,7 @@ import torch
 from _generators import node_probs as dirichlet_node_probs
 from _generators import random_dag, random_tree, star
 
+from hiercls.cli import main
 from hiercls.conformal import (
     NodeConformal,
     RiskConformal,
@@ -34,7 +35,7 @@ from hiercls.conformal import (
     greedy_chain,
 )
 from hiercls.decode import threshold as threshold_decoder
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy import Taxonomy, TaxonomyError, write_taxonomy
 
 SPLITS, N_CAL, N_TEST, POOL, Z = 500, 250, 500, 4000, 4.0
 ALPHAS = (0.05, 0.1, 0.2)
@@ -408,3 +409,48 @@ def test_two_gloo_ranks_match_single_process(tmp_path):
         out = json.loads((tmp_path / f"out{r}.json").read_text())
         assert {k: v[0] for k, v in out.items()} == single
         assert all(v[1] == 100 for v in out.values())
+
+
+# ---------------------------------------------------------------------------------------------- CLI and table
+def test_cli_evaluate_conformal_rows(tmp_path, capsys):
+    tax = _tree()
+    _, probs, labels = _pool(tax, sharpen=3.0)
+    probs, labels = probs[:600], labels[:600].copy()
+    labels[3] = -1  # ignored, then split
+    write_taxonomy(tax, tmp_path / "tax.json")
+    np.save(tmp_path / "p.npy", probs)
+    np.save(tmp_path / "y.npy", labels)
+    np.savetxt(tmp_path / "cal.txt", np.arange(0, 599, 2), fmt="%d")
+    common = ["evaluate", "--probs", str(tmp_path / "p.npy"), "--labels", str(tmp_path / "y.npy"), "--conformal", "0.1"]
+    assert (
+        main(
+            [
+                *common,
+                "--taxonomy",
+                str(tmp_path / "tax.json"),
+                "--calibration-split",
+                str(tmp_path / "cal.txt"),
+                "--table",
+                "--decoder",
+                "argmax_leaf",
+                "--out",
+                str(tmp_path / "t.json"),
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "conformal rows: alpha = 0.1" in text and "set:r=2" in text
+    out = json.loads((tmp_path / "t.json").read_text())
+    assert out["samples"] == 299 and out["conformal"]["n_calibration"] == 300 and out["conformal"]["n_test"] == 299
+    # the same numbers from the API: calibrate on the listed rows of the labelled rows, score the others
+    kept = labels >= 0
+    p, y = probs[kept], labels[kept]
+    cal, test = np.arange(0, 599, 2), np.arange(1, 599, 2)
+    pred = NodeConformal(tax, 0.1).fit(p[cal], y[cal]).predict(p[test])
+    assert out["conformal"]["rows"]["node"]["coverage"] == coverage_summary(pred, y[test], tax)["coverage"]
+    pred = threshold_decoder(p[test], tax, threshold=0.9)
+    assert out["conformal"]["rows"]["threshold"]["coverage"] == coverage_summary(pred, y[test], tax)["coverage"]
+    capsys.readouterr()
+    assert main([*common, "--taxonomy", str(tmp_path / "tax.json"), "--calibration-split", "1.5"]) != 0
+    assert "a fraction must be in (0, 1); got '1.5'" in capsys.readouterr().err

@@ -17,7 +17,8 @@ from hiercls.evaluation import (
     load_labels,
     load_probabilities,
 )
-from hiercls.taxonomy import load_taxonomy
+from hiercls.evaluation.table import conformal_rows
+from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import apply_overrides, load_config
 from hiercls.train.distributed import resolve_device
 from hiercls.train.inference import load_trained_model
@@ -27,6 +28,8 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
     if not args.labels or not args.taxonomy:
         raise ValueError("--probs needs --labels FILE and --taxonomy NAME_OR_PATH")
     taxonomy = load_taxonomy(args.taxonomy)
+    if args.conformal is not None:
+        return _evaluate_conformal(args, taxonomy)
     if args.table:
         probs = load_probabilities(args.probs)
         labels = load_labels(args.labels, taxonomy)
@@ -57,11 +60,52 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_conformal(args: argparse.Namespace, taxonomy: Taxonomy) -> int:
+    """``--conformal``: calibrate on the calibration rows, report on the others (and the table on them)."""
+    probs = load_probabilities(args.probs)
+    labels = load_labels(args.labels, taxonomy)
+    if args.check:
+        check_probabilities(probs, taxonomy, kind="leaf" if args.leaf_probs else "node", name=args.probs)
+    rows, test = conformal_rows(
+        probs,
+        labels,
+        taxonomy,
+        args.conformal,
+        calibration=args.calibration_split,
+        r=args.conformal_r,
+        loss=args.conformal_loss,
+        seed=args.calibration_seed,
+        leaf_probs=args.leaf_probs,
+    )
+    print(f"{args.probs}: {len(labels)} samples ({int((labels < 0).sum())} ignored)")
+    out = {"conformal": rows.to_dict()}
+    if args.table:
+        kept = labels >= 0
+        table = decoder_metric_table(
+            probs[kept][test], labels[kept][test], taxonomy, args.decoder, cost=args.cost, leaf_probs=args.leaf_probs
+        )
+        table.conformal = rows
+        print(table.format())
+        out = table.to_dict()
+    else:
+        print(rows.format())
+    if args.out:
+        with atomic_write(args.out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(out, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out)
     if args.probs:
         return _evaluate_probs(args)
+    if args.conformal is not None:
+        raise ValueError(
+            "--conformal calibrates on saved probabilities: use it with --probs FILE --labels FILE --taxonomy T "
+            "(evaluate --model --conformal is not implemented yet)"
+        )
     if args.table:
         raise ValueError("--table scores saved probabilities: use it with --probs FILE --labels FILE --taxonomy T")
     device = resolve_device(args.device)
