@@ -36,28 +36,32 @@ def _row_sequence(p: np.ndarray, ptr: np.ndarray, idx: np.ndarray, r: int) -> tu
     subtrees: list[tuple[int, int]] = []
     mu = [float(p[0])]
     reps = [0]
+    ranked: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # node -> children by probability, their running sums
     step = 0
     while True:
-        best = None  # (cost, node, kind, kept children, dropped children)
+        best = None  # (cost, node, kind, number of children kept)
         for v in sorted(reps):
-            kids = idx[ptr[v] : ptr[v + 1]]
-            if kids.size:
-                order = kids[np.argsort(-p[kids], kind="stable")]
-                j = min(kids.size, r - len(reps) + 1)
-                cost = max(float(p[v]) - float(p[order[:j]].sum()), 0.0)
+            if ptr[v + 1] > ptr[v]:
+                if v not in ranked:
+                    kids = idx[ptr[v] : ptr[v + 1]]
+                    order = kids[np.argsort(-p[kids], kind="stable")]
+                    ranked[v] = (order, np.cumsum(p[order]))
+                j = min(len(ranked[v][0]), r - len(reps) + 1)
+                cost = max(float(p[v]) - float(ranked[v][1][j - 1]), 0.0)
                 if best is None or cost < best[0]:
-                    best = (cost, v, 0, order[:j], order[j:])
+                    best = (cost, v, 0, j)
             if len(reps) > 1 and (best is None or float(p[v]) < best[0]):
-                best = (float(p[v]), v, 1, None, None)
+                best = (float(p[v]), v, 1, 0)
         if best is None:
             return points, subtrees, mu
         step += 1
-        cost, v, kind, kept, dropped = best
+        cost, v, kind, j = best
         reps.remove(v)
         if kind == 0:
+            order = ranked[v][0]
             points.append((v, step))
-            subtrees.extend((int(c), step) for c in dropped)
-            reps.extend(int(c) for c in kept)
+            subtrees.extend((int(c), step) for c in order[j:])
+            reps.extend(int(c) for c in order[:j])
         else:
             subtrees.append((v, step))
         mu.append(min(mu[-1], mu[-1] - cost))

@@ -224,6 +224,7 @@ class DecoderMetricTable:
         taxonomy: the taxonomy's name.
         notes: remarks on the marks (e.g. why a column has none).
         predictions: ``predictions[decoder]``: node ids ``[B]`` or boolean node sets ``[B, N]`` of the scored rows.
+        conformal: the conformal rows (:func:`conformal_rows`), when the table was computed on their test rows.
     """
 
     decoders: list[str]
