@@ -98,21 +98,23 @@ def label_array(labels: Any, taxonomy: Taxonomy, rows: int, name: str = "labels"
     return ids
 
 
-def _best_children(node: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
-    """``[B, N]``: each node's most probable child per row (ties: the smaller id, the decoders' tie rule); -1 at
-    leaves."""
+def _best_child(x: np.ndarray, cur: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
+    """Per row of ``x``, the most probable child of node ``cur`` (ties: the smaller id, the decoders' tie rule);
+    -1 where ``cur`` is -1 or a leaf. Only the families on the chains are read."""
     ptr, idx = taxonomy.child_ptr, taxonomy.child_idx
-    counts = np.diff(ptr)
-    inner = np.flatnonzero(counts > 0)
-    out = np.full(node.shape, -1, dtype=np.int64)
-    if inner.size == 0:
+    out = np.full(len(cur), -1, dtype=np.int64)
+    rows = np.flatnonzero(cur >= 0)
+    rows = rows[ptr[cur[rows] + 1] > ptr[cur[rows]]]
+    if rows.size == 0:
         return out
-    starts = ptr[inner]
-    vals = node[:, idx]  # child_idx follows child_ptr: the children of inner[i] are one run, ids ascending
-    best = np.maximum.reduceat(vals, starts, axis=1)
-    owner = np.repeat(np.arange(inner.size), counts[inner])
-    pos = np.where(vals >= tie_floor(best)[:, owner], np.arange(idx.size), idx.size)
-    out[:, inner] = idx[np.minimum.reduceat(pos, starts, axis=1)]
+    first, count = ptr[cur[rows]], np.diff(ptr)[cur[rows]]
+    seg = np.concatenate([[0], np.cumsum(count)[:-1]])
+    pos = np.arange(int(count.sum()))
+    kids = idx[np.repeat(first - seg, count) + pos]  # every child of each row's node, one run per row
+    vals = x[np.repeat(rows, count), kids]
+    best = np.maximum.reduceat(vals, seg)
+    tied = vals >= np.repeat(tie_floor(best), count)  # child_idx runs are ascending: the first tied is the smallest
+    out[rows] = kids[np.minimum.reduceat(np.where(tied, pos, pos.size), seg)]
     return out
 
 
@@ -127,23 +129,17 @@ def greedy_chain(node: np.ndarray, taxonomy: Taxonomy) -> tuple[np.ndarray, np.n
         ``path [B, H + 1]`` int64 (``-1`` past the chain's leaf) and ``mass [B, H + 1]`` float64, the running
         minimum of the chain's probabilities (``0`` past the leaf); ``H`` is the taxonomy's height.
     """
-    b, n = node.shape
+    b = node.shape[0]
     height = taxonomy.height
     path = np.full((b, height + 1), -1, dtype=np.int64)
     mass = np.zeros((b, height + 1))
-    step = max(1, CHUNK_ELEMENTS // max(1, n))
-    for lo in range(0, b, step):
-        x = node[lo : lo + step]
-        rows = np.arange(x.shape[0])
-        best = _best_children(x, taxonomy)
-        cur = np.zeros(x.shape[0], dtype=np.int64)
-        path[lo : lo + step, 0] = 0
-        mass[lo : lo + step, 0] = x[:, 0]
-        for k in range(1, height + 1):
-            nxt = np.where(cur >= 0, best[rows, np.maximum(cur, 0)], -1)
-            path[lo : lo + step, k] = nxt
-            mass[lo : lo + step, k] = np.where(nxt >= 0, x[rows, np.maximum(nxt, 0)], 0.0)
-            cur = nxt
+    rows = np.arange(b)
+    path[:, 0] = 0
+    mass[:, 0] = node[:, 0]
+    for k in range(1, height + 1):
+        nxt = _best_child(node, path[:, k - 1], taxonomy)
+        path[:, k] = nxt
+        mass[:, k] = np.where(nxt >= 0, node[rows, np.maximum(nxt, 0)], 0.0)
     np.minimum.accumulate(mass, axis=1, out=mass)
     return path, mass
 
