@@ -33,9 +33,10 @@ from hiercls.conformal import (
     coverage_summary,
     create_conformal,
     greedy_chain,
+    load_conformal,
 )
 from hiercls.decode import threshold as threshold_decoder
-from hiercls.taxonomy import Taxonomy, TaxonomyError, write_taxonomy
+from hiercls.taxonomy import Taxonomy, TaxonomyError, load_taxonomy, write_taxonomy
 
 SPLITS, N_CAL, N_TEST, POOL, Z = 500, 250, 500, 4000, 4.0
 ALPHAS = (0.05, 0.1, 0.2)
@@ -367,6 +368,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two worker processes import torch and hiercls (~10 s of CPU each)
 @pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(), reason="gloo needed"
 )
@@ -454,3 +456,42 @@ def test_cli_evaluate_conformal_rows(tmp_path, capsys):
     capsys.readouterr()
     assert main([*common, "--taxonomy", str(tmp_path / "tax.json"), "--calibration-split", "1.5"]) != 0
     assert "a fraction must be in (0, 1); got '1.5'" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # trains a tiny model (~15 s of CPU)
+def test_cli_evaluate_model_conformal_stores_the_calibration(tmp_path, capsys):
+    """``evaluate --model RUN --conformal``: calibrate on val, check on test, store ``RUN/conformal.json``; the
+    stored calibrators reload and predict, and refuse another taxonomy."""
+    (tmp_path / "tax.txt").write_text("root animal\nroot vehicle\nanimal cat\nanimal dog\nvehicle car\nvehicle bike\n")
+    recipe = {
+        "name": "tiny",
+        "taxonomy": str(tmp_path / "tax.txt"),
+        "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "image_size": 16,
+            "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 40, "test_samples": 30},
+        },
+        "schedule": {"epochs": 1},
+        "run": {"out_dir": str(tmp_path / "run"), "progress": False},
+    }
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
+    assert main(["train", str(tmp_path / "recipe.yaml"), "--no-compare"]) == 0
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(run), "--conformal", "0.2", "--out", str(tmp_path / "c.json")]) == 0
+    text = capsys.readouterr().out
+    assert "calibrated on split 'val', checked on split 'test'" in text and "set:r=2" in text
+    out = json.loads((tmp_path / "c.json").read_text())["conformal"]
+    assert out["n_calibration"] == 40 and out["n_test"] == 30
+    tax = load_taxonomy(str(tmp_path / "tax.txt"))
+    stored = load_conformal(run / "conformal.json", tax)
+    assert [c.method for c in stored] == ["node", "set", "risk"]
+    for cal, name in zip(stored, ["node", "set:r=2", "risk:overshoot"], strict=True):
+        assert cal.threshold_ == out["rows"][name]["threshold"] and cal.n_calibration_ == 40
+        cal.predict(np.tile(tax.marginals(np.full(tax.num_leaves, 1 / tax.num_leaves)), (2, 1)))
+    with pytest.raises(TaxonomyError, match="was calibrated on taxonomy"):
+        load_conformal(run / "conformal.json", star(3))
+    assert main(["evaluate", "--model", str(run), "--conformal", "0.2", "--data", "val"]) != 0
+    assert "both 'val'" in capsys.readouterr().err

@@ -8,6 +8,7 @@ Examples::
         --decoder argmax_leaf --decoder optimal_hfbeta:beta=2                  # reports hF2 too
     hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --table --cost wu_palmer --out t.json
     hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --conformal 0.1 --calibration-split 0.5
+    hiercls evaluate --model runs/quickstart --conformal 0.1 --calibration-data val --data test
 
 Both modes decode with the same decoder specs (``name`` or ``name:key=value,...``) and print the same metrics
 as training (``hiercls.evaluation.Evaluator``). ``--table`` prints instead the decoder x metric table of Plaud et
@@ -97,6 +98,12 @@ def add_conformal_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FRACTION_OR_FILE",
         help="with --conformal: the calibration rows, a random fraction (default 0.5, --calibration-seed) or a file "
         "of row indices (.npy, or text with one index per line); the other rows are the test rows",
+    )
+    parser.add_argument(
+        "--calibration-data",
+        metavar="SPLIT",
+        help="with --model and --conformal: the split that calibrates (default: the recipe's data.eval_split); "
+        "--data is the split that checks (default: test); the calibration is stored in <model>/conformal.json",
     )
     parser.add_argument("--calibration-seed", type=int, default=0, help="with --conformal: seed of the random split")
     parser.add_argument("--conformal-r", type=int, default=2, help="with --conformal: most nodes per set (method set)")

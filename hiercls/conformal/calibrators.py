@@ -33,13 +33,18 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from hiercls._checks import check_choice
+from hiercls._textio import atomic_write
 from hiercls.conformal.chain import (
     RANK_SLACK,
     chain_cover_depth,
@@ -61,6 +66,8 @@ __all__ = [
     "SetConformal",
     "coverage_summary",
     "create_conformal",
+    "load_conformal",
+    "save_conformal",
 ]
 
 CONFORMAL_METHODS = ("node", "set", "risk")
@@ -106,6 +113,24 @@ class ConformalCalibrator:
 
     def _extra_repr(self) -> str:
         return ""
+
+    def options(self) -> dict[str, Any]:
+        """The constructor's options beyond ``taxonomy`` and ``alpha`` (``{"r": 2}``, ``{"loss": ...}``)."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibrated state, JSON-ready: method, alpha, options, threshold (``None`` for ``inf``), sample count
+        and the taxonomy's fingerprint (:func:`load_conformal` refuses another taxonomy)."""
+        q = self._check_fitted()
+        return {
+            "method": self.method,
+            "alpha": self.alpha,
+            "options": self.options(),
+            "threshold": None if math.isinf(q) else q,
+            "n_calibration": self.n_calibration_,
+            "taxonomy": self.taxonomy.name,
+            "taxonomy_fingerprint": self.taxonomy.fingerprint,
+        }
 
     def reset(self) -> ConformalCalibrator:
         """Forget the accumulated calibration statistics (``threshold_`` stays until the next ``calibrate``)."""
@@ -260,6 +285,9 @@ class SetConformal(ConformalCalibrator):
     def _extra_repr(self) -> str:
         return f", r={self.r}"
 
+    def options(self) -> dict[str, Any]:
+        return {"r": self.r}
+
     def _scores(self, node: np.ndarray, y: np.ndarray) -> np.ndarray:
         drop, mu = refine_sequence(node, self.taxonomy, self.r)
         step = drop[np.arange(len(y)), y]
@@ -312,6 +340,9 @@ class RiskConformal(NodeConformal):
 
     def _extra_repr(self) -> str:
         return f", loss={self.loss!r}"
+
+    def options(self) -> dict[str, Any]:
+        return {"loss": self.loss}
 
     def _statistic_keys(self) -> tuple[str, ...]:
         return ("mass", "cover", "label_depth")
@@ -370,6 +401,59 @@ def create_conformal(method: str, taxonomy: Taxonomy, alpha: float = 0.1, **opti
     kind = check_choice(method, CONFORMAL_METHODS, "method")
     cls = {"node": NodeConformal, "set": SetConformal, "risk": RiskConformal}[kind]
     return cls(taxonomy, alpha, **options)
+
+
+def save_conformal(path: str | os.PathLike[str], calibrators: Sequence[ConformalCalibrator]) -> None:
+    """Write calibrated calibrators to a JSON file (atomically), e.g. ``<run>/conformal.json``.
+
+    Example:
+        >>> import os, tempfile
+        >>> import numpy as np
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> p = np.array([[1.0, 0.9, 0.6, 0.3, 0.1]] * 4)
+        >>> cal = NodeConformal(tax, alpha=0.25).fit(p, ["x", "x", "x", "y"])
+        >>> path = os.path.join(tempfile.mkdtemp(), "conformal.json")
+        >>> save_conformal(path, [cal])
+        >>> [again] = load_conformal(path, tax)
+        >>> again.threshold_ == cal.threshold_, again.predict(p[:1]).tolist()
+        (True, [1])
+    """
+    states = [c.to_dict() for c in calibrators]
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"format": "hiercls-conformal", "version": 1, "calibrators": states}, indent=2))
+
+
+def load_conformal(path: str | os.PathLike[str], taxonomy: Taxonomy) -> list[ConformalCalibrator]:
+    """The calibrators :func:`save_conformal` wrote, ready to ``predict``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a file of calibrators, or an entry that cannot be read (its index named).
+        TaxonomyError: calibrated on another taxonomy (the fingerprints differ).
+    """
+    tax = check_taxonomy(taxonomy)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{os.fspath(path)}: not a JSON file of conformal calibrators ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != "hiercls-conformal":
+        raise ValueError(f"{os.fspath(path)}: not a file of conformal calibrators (no format 'hiercls-conformal')")
+    out = []
+    for i, state in enumerate(data.get("calibrators", [])):
+        where = f"{os.fspath(path)}: calibrators[{i}]"
+        try:
+            cal = create_conformal(state["method"], tax, state["alpha"], **state.get("options", {}))
+            threshold, n = state["threshold"], int(state["n_calibration"])
+            fingerprint = state["taxonomy_fingerprint"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: unreadable calibrator ({e})") from None
+        if fingerprint != tax.fingerprint:
+            raise TaxonomyError(f"{where} was calibrated on taxonomy {state.get('taxonomy')!r}, not on {tax.name!r}")
+        cal.threshold_ = math.inf if threshold is None else float(threshold)
+        cal.n_calibration_ = n
+        out.append(cal)
+    return out
 
 
 def coverage_summary(predictions: Any, labels: Any, taxonomy: Taxonomy) -> dict[str, float]:

@@ -54,8 +54,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import check_beta, did_you_mean, to_numpy
+from hiercls.conformal import ConformalCalibrator, create_conformal
 from hiercls.conformal import coverage_summary as conformal_coverage
-from hiercls.conformal import create_conformal
 from hiercls.decode import (
     COST_KINDS,
     DecoderSpec,
@@ -568,6 +568,8 @@ class ConformalRows:
             covered; a node set's depth is the mean depth of its nodes).
         n_calibration, n_test: rows behind the thresholds and behind the scores.
         predictions: ``predictions[method]``: node ids ``[n_test]`` or node sets ``[n_test, N]``.
+        calibrators: ``calibrators[method]``: the fitted calibrator (:func:`hiercls.conformal.save_conformal`
+            stores them).
     """
 
     alpha: float
@@ -575,6 +577,7 @@ class ConformalRows:
     n_calibration: int
     n_test: int
     predictions: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    calibrators: dict[str, ConformalCalibrator] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "n_calibration": self.n_calibration, "n_test": self.n_test, "rows": self.rows}
@@ -590,10 +593,10 @@ class ConformalRows:
 
 
 def calibration_rows(spec: Any, n: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Calibration and test row indices from a fraction in ``(0, 1)`` (a random split, ``seed``) or a file.
+    """Calibration and test row indices from a fraction in ``(0, 1)`` (a random split, ``seed``), a file or an array.
 
-    A file (``.npy`` or text, one index per line) lists the calibration rows; a ``.npy`` of booleans ``[n]`` marks
-    them. Every other row is a test row.
+    A file (``.npy`` or text, one index per line) or an integer array lists the calibration rows; booleans ``[n]``
+    (a ``.npy`` file or an array) mark them. Every other row is a test row.
 
     Raises:
         ValueError: a fraction outside ``(0, 1)``, an index outside ``0..n-1``, or no calibration / test rows.
@@ -604,7 +607,7 @@ def calibration_rows(spec: Any, n: int, *, seed: int = 0) -> tuple[np.ndarray, n
         (5, 5, True)
     """
     try:
-        fraction = float(spec)
+        fraction = None if isinstance(spec, np.ndarray) else float(spec)
     except (TypeError, ValueError):
         fraction = None
     if fraction is not None:
@@ -614,9 +617,11 @@ def calibration_rows(spec: Any, n: int, *, seed: int = 0) -> tuple[np.ndarray, n
         k = round(n * fraction)
         cal = np.sort(order[:k])
     else:
-        path = os.fspath(spec)
-        arr = np.load(path) if path.endswith(".npy") else np.loadtxt(path, dtype=np.int64, ndmin=1, comments="#")
-        arr = np.asarray(arr)
+        path = "array" if isinstance(spec, np.ndarray) else os.fspath(spec)
+        if isinstance(spec, np.ndarray):
+            arr = spec
+        else:
+            arr = np.load(path) if path.endswith(".npy") else np.loadtxt(path, dtype=np.int64, ndmin=1, comments="#")
         cal = np.flatnonzero(arr) if arr.dtype == bool else np.unique(arr.astype(np.int64))
         if arr.dtype == bool and arr.shape != (n,):
             raise ValueError(f"calibration split {path}: a boolean mask must have {n} entries; got {arr.shape}")
@@ -677,13 +682,15 @@ def conformal_rows(
     names = {"node": "node", "set": f"set:r={r}", "risk": f"risk:{loss}"}
     rows: dict[str, dict[str, float]] = {}
     predictions: dict[str, np.ndarray] = {}
+    fitted: dict[str, ConformalCalibrator] = {}
     for method in methods:
         if method == "set" and not tax.is_tree:
             continue
-        model = create_conformal(method, tax, alpha, **options.get(method, {})).fit(node[cal], y[cal])
+        fitted[names[method]] = model = create_conformal(method, tax, alpha, **options.get(method, {}))
+        model.fit(node[cal], y[cal])
         predictions[names[method]] = pred = np.asarray(model.predict(node[test]))
         rows[names[method]] = {"threshold": float(model.threshold_), **conformal_coverage(pred, y[test], tax)}
     base = parse_decoder("threshold", threshold=1.0 - float(alpha))
     predictions["threshold"] = pred = np.asarray(to_numpy(base(node[test], tax)))
     rows["threshold"] = {"threshold": 1.0 - float(alpha), **conformal_coverage(pred, y[test], tax)}
-    return ConformalRows(float(alpha), rows, len(cal), len(test), predictions), test
+    return ConformalRows(float(alpha), rows, len(cal), len(test), predictions, fitted), test
