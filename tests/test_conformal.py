@@ -24,7 +24,9 @@ from _generators import node_probs as dirichlet_node_probs
 from _generators import random_dag, random_tree, star
 
 from hiercls.cli import main
+from hiercls.cli.names import CONFORMAL_LOSSES
 from hiercls.conformal import (
+    RISK_LOSSES,
     NodeConformal,
     RiskConformal,
     SetConformal,
@@ -456,6 +458,10 @@ def test_cli_evaluate_conformal_rows(tmp_path, capsys):
     capsys.readouterr()
     assert main([*common, "--taxonomy", str(tmp_path / "tax.json"), "--calibration-split", "1.5"]) != 0
     assert "a fraction must be in (0, 1); got '1.5'" in capsys.readouterr().err
+
+
+def test_cli_offers_the_risk_losses():
+    assert CONFORMAL_LOSSES == RISK_LOSSES  # the parser's copy (hiercls.cli.names) of the owner's list
 
 
 @pytest.mark.slow  # trains a tiny model (~15 s of CPU)

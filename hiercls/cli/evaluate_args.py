@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from hiercls.cli.names import COST_KINDS
+from hiercls.cli.names import CONFORMAL_LOSSES, COST_KINDS
 
 HELP = "hierarchical metrics for a saved model or saved probabilities"
 
@@ -110,6 +110,6 @@ def add_conformal_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--conformal-loss",
         default="overshoot",
-        choices=["overshoot", "distance", "miscoverage"],
+        choices=CONFORMAL_LOSSES,
         help="with --conformal: the loss whose risk the risk method controls",
     )
