@@ -22,6 +22,7 @@ import pytest
 import torch
 from _generators import node_probs as dirichlet_node_probs
 from _generators import random_dag, random_tree, star
+from PIL import Image
 
 from hiercls.cli import main
 from hiercls.cli.names import CONFORMAL_LOSSES
@@ -460,6 +461,23 @@ def test_cli_evaluate_conformal_rows(tmp_path, capsys):
     assert "a fraction must be in (0, 1); got '1.5'" in capsys.readouterr().err
 
 
+def test_as_decoder_gives_ids_or_closed_sets():
+    tax = random_tree(20, 6)
+    rng = np.random.default_rng(6)
+    probs = dirichlet_node_probs(tax, rng, 60)
+    labels = _draw(probs, tax, rng)
+    node = NodeConformal(tax, 0.2).fit(probs, labels)
+    np.testing.assert_array_equal(node.as_decoder()(probs, tax), node.predict(probs))
+    sets = SetConformal(tax, 0.2, r=3).fit(probs, labels)
+    chosen = sets.predict(probs)
+    closed = sets.as_decoder()(torch.as_tensor(probs), tax)
+    assert isinstance(closed, torch.Tensor)
+    anc = tax.ancestors_sparse.toarray().astype(bool)
+    np.testing.assert_array_equal(closed.numpy(), (chosen[:, :, None] & anc[None, :, :]).any(1))
+    with pytest.raises(TaxonomyError, match="fitted on taxonomy"):
+        node.as_decoder()(probs, random_tree(20, 7))
+
+
 def test_cli_offers_the_risk_losses():
     assert CONFORMAL_LOSSES == RISK_LOSSES  # the parser's copy (hiercls.cli.names) of the owner's list
 
@@ -501,3 +519,16 @@ def test_cli_evaluate_model_conformal_stores_the_calibration(tmp_path, capsys):
         load_conformal(run / "conformal.json", star(3))
     assert main(["evaluate", "--model", str(run), "--conformal", "0.2", "--data", "val"]) != 0
     assert "both 'val'" in capsys.readouterr().err
+    # predict with the stored calibration
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(3):
+        images.append(tmp_path / f"x{i}.png")
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(images[-1])
+    for method in ("node", "set"):
+        out_json = tmp_path / f"pred_{method}.json"
+        argv = ["predict", "--model", str(run), *map(str, images), "--conformal", method, "--out", str(out_json)]
+        assert main(argv) == 0
+        written = json.loads(out_json.read_text())
+        assert written["decoder"].startswith(f"conformal:{method} alpha=0.2") and len(written["predictions"]) == 3
+    assert main(["predict", "--model", str(tmp_path), str(images[0]), "--conformal"]) != 0

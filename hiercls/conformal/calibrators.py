@@ -36,11 +36,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from hiercls._checks import check_choice
@@ -131,6 +132,30 @@ class ConformalCalibrator:
             "taxonomy": self.taxonomy.name,
             "taxonomy_fingerprint": self.taxonomy.fingerprint,
         }
+
+    def as_decoder(self) -> Callable[[Any, Taxonomy], Any]:
+        """The calibrated prediction as a decoder ``fn(node_probs, taxonomy)``, for code that takes one (e.g.
+        :func:`hiercls.models.inference.predict`): node ids ``[B]``, or for :class:`SetConformal` the *closed* node
+        sets ``[B, N]`` (the chosen nodes and their ancestors; the chosen nodes are the sets' tips).
+
+        Raises:
+            TaxonomyError: called with another taxonomy than the calibrator's.
+        """
+        self._check_fitted()
+
+        def decode(node_probs: Any, taxonomy: Taxonomy) -> Any:
+            if taxonomy is not self.taxonomy and taxonomy != self.taxonomy:
+                raise TaxonomyError(
+                    f"this calibrator was fitted on taxonomy {self.taxonomy.name!r}, not on {taxonomy.name!r}"
+                )
+            pred = self.predict(node_probs)
+            if self.returns != "sets":
+                return pred
+            host = pred.cpu().numpy() if isinstance(pred, torch.Tensor) else pred
+            closed = np.asarray((sp.csr_matrix(host.astype(np.int32)) @ self.taxonomy.ancestors_sparse).todense()) > 0
+            return torch.from_numpy(closed).to(pred.device) if isinstance(pred, torch.Tensor) else closed
+
+        return decode
 
     def reset(self) -> ConformalCalibrator:
         """Forget the accumulated calibration statistics (``threshold_`` stays until the next ``calibrate``)."""
