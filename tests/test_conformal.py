@@ -141,6 +141,17 @@ def test_fit_predict_agree_with_scores(pools):
             assert pred.sum(1).max() <= 3
 
 
+def test_node_method_is_the_threshold_decoder_above_one_half(pools):
+    tax, data = pools
+    _, probs, labels = data["calibrated"]
+    for alpha in ALPHAS:  # q >= 1/2 on this data
+        cal = NodeConformal(tax, alpha).fit(probs[:300], labels[:300])
+        assert cal.threshold_ >= 0.5
+        np.testing.assert_array_equal(
+            cal.predict(probs[300:]), threshold_decoder(probs[300:], tax, threshold=cal.threshold_)
+        )
+
+
 def test_risk_control_over_random_splits(pools):
     """E[overshoot / H] <= alpha: the loss of the test rows at each split's lambda (chain positions from one
     greedy chain of the pool; losses from LCA depths)."""

@@ -236,9 +236,9 @@ class NodeConformal(ConformalCalibrator):
     Score of a labelled sample: the chain mass ``m[d + 1]`` of the first greedy-chain node that is *not* above the
     label (``0`` when the whole chain is). Prediction: the deepest chain node with mass ``> threshold_`` (the root
     when none). The label is under that node iff its score is ``<= threshold_``, so split conformal gives
-    ``P(covered) >= 1 - alpha`` for exchangeable data (``docs/conformal.md``). On a tree and for
-    ``threshold_ >= 1/2`` the prediction is the ``threshold`` decoder's at ``threshold_``: the conformal step only
-    picks the threshold.
+    ``P(covered) >= 1 - alpha`` for exchangeable data (``docs/conformal.md``). On a tree whose posterior is
+    consistent (children add up to at most their parent) and for ``threshold_ >= 1/2`` the prediction is the
+    ``threshold`` decoder's at ``threshold_``: the conformal step only picks the threshold.
 
     Works on trees and DAGs. ``predict`` returns node ids ``[B]``.
 
