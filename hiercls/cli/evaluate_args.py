@@ -7,18 +7,23 @@ Examples::
     hiercls evaluate --probs runs/x/eval_probs.npy --labels runs/x/eval_labels.npy --taxonomy imagenet1k_tree \\
         --decoder argmax_leaf --decoder optimal_hfbeta:beta=2                  # reports hF2 too
     hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --table --cost wu_palmer --out t.json
+    hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --conformal 0.1 --calibration-split 0.5
+    hiercls evaluate --model runs/quickstart --conformal 0.1 --calibration-data val --data test
 
 Both modes decode with the same decoder specs (``name`` or ``name:key=value,...``) and print the same metrics
 as training (``hiercls.evaluation.Evaluator``). ``--table`` prints instead the decoder x metric table of Plaud et
 al. (``hiercls.evaluation.decoder_metric_table``): every decoder (default: every rule, and each column's
 Bayes-optimal one) under every metric, realised against the labels and expected under the model's posterior.
+``--conformal ALPHA`` calibrates the conformal predictors of ``hiercls.conformal`` on part of the rows
+(``--calibration-split``: a fraction, or a file of row indices) and prints their coverage, mean set size and mean
+depth on the other rows (with ``--table``, the table is computed on those rows and gains the conformal rows).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from hiercls.cli.names import COST_KINDS
+from hiercls.cli.names import CONFORMAL_LOSSES, COST_KINDS
 
 HELP = "hierarchical metrics for a saved model or saved probabilities"
 
@@ -67,10 +72,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cost", default="lca_height", choices=COST_KINDS, help="with --table: the cost of its 'cost' column"
     )
+    add_conformal_arguments(parser)
     parser.add_argument("--out", metavar="FILE.json", help="write the metrics as JSON")
     parser.add_argument(
         "--no-check",
         dest="check",
         action="store_false",
         help="with --probs: skip the probability checks (values in [0, 1], root 1, child <= parent, leaf sums 1)",
+    )
+
+
+def add_conformal_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--conformal`` and its options (``hiercls.conformal``; with ``--probs``)."""
+    parser.add_argument(
+        "--conformal",
+        type=float,
+        default=None,
+        metavar="ALPHA",
+        help="with --probs: calibrate conformal predictors for miscoverage ALPHA (e.g. 0.1) and report their "
+        "coverage, mean set size and mean depth on the rows not used to calibrate",
+    )
+    parser.add_argument(
+        "--calibration-split",
+        default="0.5",
+        metavar="FRACTION_OR_FILE",
+        help="with --conformal: the calibration rows, a random fraction (default 0.5, --calibration-seed) or a file "
+        "of row indices (.npy, or text with one index per line); the other rows are the test rows",
+    )
+    parser.add_argument(
+        "--calibration-data",
+        metavar="SPLIT",
+        help="with --model and --conformal: the split that calibrates (default: the recipe's data.eval_split); "
+        "--data is the split that checks (default: test); the calibration is stored in <model>/conformal.json",
+    )
+    parser.add_argument("--calibration-seed", type=int, default=0, help="with --conformal: seed of the random split")
+    parser.add_argument("--conformal-r", type=int, default=2, help="with --conformal: most nodes per set (method set)")
+    parser.add_argument(
+        "--conformal-loss",
+        default="overshoot",
+        choices=CONFORMAL_LOSSES,
+        help="with --conformal: the loss whose risk the risk method controls",
     )

@@ -8,7 +8,7 @@ decoder, a cost or a format is added there.
 
 from __future__ import annotations
 
-__all__ = ["COST_KINDS", "PREDICTION_FORMATS", "RULES", "TAXONOMY_FORMATS"]
+__all__ = ["CONFORMAL_LOSSES", "COST_KINDS", "PREDICTION_FORMATS", "RULES", "TAXONOMY_FORMATS"]
 
 #: The decoder rules, sorted (:data:`hiercls.decode.RULES`).
 RULES = (
@@ -32,3 +32,5 @@ COST_KINDS = ("shortest_path", "lca_height", "wu_palmer", "wu_palmer_root1", "zh
 TAXONOMY_FORMATS = ("json", "edges", "tsv", "children", "nested", "nodelink", "paths", "folders")
 #: The suffixes ``hiercls predict --out`` writes (``PREDICTION_FORMATS`` of the prediction writer).
 PREDICTION_FORMATS = (".json", ".jsonl", ".csv")
+#: The losses of ``evaluate --conformal-loss`` (:data:`hiercls.conformal.RISK_LOSSES`; tests/test_conformal.py).
+CONFORMAL_LOSSES = ("overshoot", "distance", "miscoverage")

@@ -7,6 +7,7 @@ Examples::
     hiercls predict --model runs/quickstart reviews.csv --text-column body --out preds.csv
     hiercls predict --model runs/fashion_mnist_efficientnet photos/ --out preds.csv
     hiercls predict --model runs/fashion_mnist_efficientnet shoe.png shirt.jpg --top-k 3
+    hiercls predict --model runs/quickstart sentences.txt --conformal set   # after evaluate --model ... --conformal
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="decoder spec (default argmax_leaf; optimal_hf1 or optimal_hfbeta:beta=2 give node sets)",
     )
+    add_conformal_argument(parser)
     parser.add_argument("--top-k", type=int, default=5, help="also list the k most probable leaves (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
@@ -42,3 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", metavar="FILE", help=f"write the predictions to a file ({', '.join(PREDICTION_FORMATS)}, by suffix)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_conformal_argument(parser: argparse.ArgumentParser) -> None:
+    """``--conformal [METHOD]``: the calibration ``hiercls evaluate --model ... --conformal`` stored."""
+    parser.add_argument(
+        "--conformal",
+        nargs="?",
+        const="node",
+        choices=["node", "set", "risk"],
+        default=None,
+        metavar="METHOD",
+        help="predict with the conformal calibration stored in <model>/conformal.json by 'hiercls evaluate --model "
+        "... --conformal ALPHA' (node, set or risk; default node) instead of --decoder",
+    )

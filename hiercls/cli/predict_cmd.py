@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from hiercls._textio import check_writable
+from hiercls.conformal import load_conformal
 from hiercls.evaluation import format_table
 from hiercls.models.inference import (
     check_prediction_path,
@@ -14,6 +16,7 @@ from hiercls.models.inference import (
     read_inputs,
     write_predictions,
 )
+from hiercls.taxonomy import Taxonomy
 from hiercls.train.distributed import resolve_device
 from hiercls.train.inference import load_trained_model
 
@@ -29,6 +32,21 @@ def _label(prediction: dict) -> tuple[str, str]:
     return prediction["display_name"], f"{prediction['prob']:.3f}"
 
 
+def _conformal(args: argparse.Namespace, taxonomy: Taxonomy) -> tuple[Any, str]:
+    """``--conformal METHOD``: the stored calibrator of that method as a decoder, and its name for the output."""
+    path = Path(args.model) / "conformal.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--conformal: {path} does not exist; calibrate first with "
+            f"'hiercls evaluate --model {args.model} --conformal ALPHA'"
+        )
+    found = [c for c in load_conformal(path, taxonomy) if c.method == args.conformal]
+    if not found:
+        raise ValueError(f"--conformal {args.conformal}: {path} holds no calibrator of that method")
+    cal = found[0]
+    return cal.as_decoder(), f"conformal:{cal.method} alpha={cal.alpha:g} threshold={cal.threshold_:.6g}"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out:  # before any work: a mistyped --out fails at once
         check_prediction_path(args.out)
@@ -39,12 +57,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
+    decoder, decoder_name = (args.decoder, args.decoder) if not args.conformal else _conformal(args, taxonomy)
     inputs, shown, kind = read_inputs(args.inputs, text_column=args.text_column)
     preds = predict(
         model,
         taxonomy,
         inputs,
-        decoder=args.decoder,
+        decoder=decoder,
         top_k=args.top_k,
         batch_size=args.batch_size,
         device=device,
@@ -63,6 +82,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         if len(preds) > limit:
             print(f"... {len(preds) - limit} more")
-        write_predictions(args.out, shown, preds, model=str(args.model), decoder=args.decoder)
+        write_predictions(args.out, shown, preds, model=str(args.model), decoder=decoder_name)
         print(f"wrote {len(preds)} predictions to {args.out}")
     return 0

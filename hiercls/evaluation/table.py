@@ -54,6 +54,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import check_beta, did_you_mean, to_numpy
+from hiercls.conformal import ConformalCalibrator, create_conformal
+from hiercls.conformal import coverage_summary as conformal_coverage
 from hiercls.decode import (
     COST_KINDS,
     DecoderSpec,
@@ -78,7 +80,15 @@ from hiercls.metrics import (
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.core import check_taxonomy
 
-__all__ = ["TABLE_DECODERS", "TABLE_METRICS", "DecoderMetricTable", "decoder_metric_table"]
+__all__ = [
+    "TABLE_DECODERS",
+    "TABLE_METRICS",
+    "ConformalRows",
+    "DecoderMetricTable",
+    "calibration_rows",
+    "conformal_rows",
+    "decoder_metric_table",
+]
 
 TABLE_METRICS: tuple[str, ...] = (
     "accuracy",
@@ -214,6 +224,7 @@ class DecoderMetricTable:
         taxonomy: the taxonomy's name.
         notes: remarks on the marks (e.g. why a column has none).
         predictions: ``predictions[decoder]``: node ids ``[B]`` or boolean node sets ``[B, N]`` of the scored rows.
+        conformal: the conformal rows (:func:`conformal_rows`), when the table was computed on their test rows.
     """
 
     decoders: list[str]
@@ -227,6 +238,7 @@ class DecoderMetricTable:
     taxonomy: str
     notes: list[str] = field(default_factory=list)
     predictions: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    conformal: ConformalRows | None = None
 
     def best(self, metric: str, which: str = "expected") -> list[str]:
         """The decoders with the best ``which`` (``"expected"`` or ``"realised"``) value of ``metric``
@@ -252,6 +264,7 @@ class DecoderMetricTable:
             "realised": {d: dict(v) for d, v in self.realised.items()},
             "expected": {d: dict(v) for d, v in self.expected.items()},
             "notes": list(self.notes),
+            **({"conformal": self.conformal.to_dict()} if self.conformal is not None else {}),
         }
 
     def format(self, digits: int = 3) -> str:
@@ -280,6 +293,8 @@ class DecoderMetricTable:
                 continue
             rows = [[d, *[cell(values[d][m], self.optimal[m] == d) for m in self.metrics]] for d in self.decoders]
             blocks.append(f"{title}\n{format_table(header, rows)}")
+        if self.conformal is not None:
+            blocks.append(self.conformal.format(digits))
         blocks += [f"note: {n}" for n in self.notes]
         return "\n\n".join(blocks)
 
@@ -536,3 +551,146 @@ def _expected_per_set(
     # hamming: E|S Δ Y| = sum of P(n) over the nodes, plus 1 - 2 P(n) over the nodes of S (root aside).
     marg = np.asarray(anc.T @ pl.T).T[:, 1:][row_of]  # P(n in the closed label set)
     return (marg.sum(1) + (stack[:, 1:] * (1.0 - 2.0 * marg)).sum(1)) / (tax.num_nodes - 1)
+
+
+# ------------------------------------------------------------------------------------------------ conformal rows
+CONFORMAL_COLUMNS = ("threshold", "coverage", "mean_set_size", "mean_depth")
+
+
+@dataclass
+class ConformalRows:
+    """The conformal rows of the table (:func:`conformal_rows`): each method calibrated on the calibration rows and
+    scored on the test rows, beside the non-conformal ``threshold`` decoder at ``1 - alpha`` on the same rows.
+
+    Attributes:
+        alpha: the target miscoverage (for ``risk:<loss>``: the target risk).
+        rows: ``rows[method] = {"threshold", "coverage", "mean_set_size", "mean_depth"}`` (set size in leaves
+            covered; a node set's depth is the mean depth of its nodes).
+        n_calibration, n_test: rows behind the thresholds and behind the scores.
+        predictions: ``predictions[method]``: node ids ``[n_test]`` or node sets ``[n_test, N]``.
+        calibrators: ``calibrators[method]``: the fitted calibrator (:func:`hiercls.conformal.save_conformal`
+            stores them).
+    """
+
+    alpha: float
+    rows: dict[str, dict[str, float]]
+    n_calibration: int
+    n_test: int
+    predictions: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    calibrators: dict[str, ConformalCalibrator] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "n_calibration": self.n_calibration, "n_test": self.n_test, "rows": self.rows}
+
+    def format(self, digits: int = 3) -> str:
+        header = ["conformal", "threshold", "coverage", "mean set size", "mean depth"]
+        rows = [[m, *[f"{v[c]:.{digits}f}" for c in CONFORMAL_COLUMNS]] for m, v in self.rows.items()]
+        return (
+            f"conformal rows: alpha = {self.alpha:g} (target coverage {1 - self.alpha:g}; risk:<loss> targets "
+            f"E[loss] <= {self.alpha:g}), calibrated on {self.n_calibration} rows, scored on {self.n_test} other "
+            f"rows; threshold = the posterior rule at 1 - alpha, not conformal\n{format_table(header, rows)}"
+        )
+
+
+def calibration_rows(spec: Any, n: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Calibration and test row indices from a fraction in ``(0, 1)`` (a random split, ``seed``), a file or an array.
+
+    A file (``.npy`` or text, one index per line) or an integer array lists the calibration rows; booleans ``[n]``
+    (a ``.npy`` file or an array) mark them. Every other row is a test row.
+
+    Raises:
+        ValueError: a fraction outside ``(0, 1)``, an index outside ``0..n-1``, or no calibration / test rows.
+
+    Example:
+        >>> cal, test = calibration_rows(0.5, 10)
+        >>> len(cal), len(test), sorted([*cal, *test]) == list(range(10))
+        (5, 5, True)
+    """
+    try:
+        fraction = None if isinstance(spec, np.ndarray) else float(spec)
+    except (TypeError, ValueError):
+        fraction = None
+    if fraction is not None:
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"calibration split: a fraction must be in (0, 1); got {spec!r}")
+        order = np.random.default_rng(seed).permutation(n)
+        k = round(n * fraction)
+        cal = np.sort(order[:k])
+    else:
+        path = "array" if isinstance(spec, np.ndarray) else os.fspath(spec)
+        if isinstance(spec, np.ndarray):
+            arr = spec
+        else:
+            arr = np.load(path) if path.endswith(".npy") else np.loadtxt(path, dtype=np.int64, ndmin=1, comments="#")
+        cal = np.flatnonzero(arr) if arr.dtype == bool else np.unique(arr.astype(np.int64))
+        if arr.dtype == bool and arr.shape != (n,):
+            raise ValueError(f"calibration split {path}: a boolean mask must have {n} entries; got {arr.shape}")
+        if cal.size and (cal.min() < 0 or cal.max() >= n):
+            raise ValueError(f"calibration split {path}: row indices must be in 0..{n - 1}")
+    test = np.setdiff1d(np.arange(n), cal)
+    if cal.size == 0 or test.size == 0:
+        raise ValueError(
+            f"calibration split {spec!r}: needs both calibration and test rows (got {cal.size} / {test.size} of {n})"
+        )
+    return cal, test
+
+
+def conformal_rows(
+    probs: Any,
+    labels: Any,
+    taxonomy: Taxonomy,
+    alpha: float,
+    *,
+    calibration: Any = 0.5,
+    methods: Sequence[str] = ("node", "set", "risk"),
+    r: int = 2,
+    loss: str = "overshoot",
+    seed: int = 0,
+    leaf_probs: bool = False,
+) -> tuple[ConformalRows, np.ndarray]:
+    """Calibrate each conformal method (:mod:`hiercls.conformal`) on part of the rows and score it on the rest.
+
+    Args:
+        probs, labels: as :func:`decoder_metric_table` (rows labelled ``-1`` are left out first).
+        taxonomy: the taxonomy (``set`` is skipped on a DAG).
+        alpha: the target miscoverage.
+        calibration: a fraction of the rows (random, ``seed``) or a file of calibration row indices
+            (:func:`calibration_rows`).
+        methods: ``"node"``, ``"set"`` (``r`` nodes at most), ``"risk"`` (conformal risk control of ``loss``).
+
+    Returns:
+        The :class:`ConformalRows` and the test rows' indices (among the labelled rows), so that the decoder x
+        metric table can be computed on the same rows.
+
+    Example:
+        >>> import numpy as np
+        >>> from hiercls.taxonomy import Taxonomy
+        >>> tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
+        >>> rng = np.random.default_rng(0)
+        >>> leaf = rng.dirichlet([1.0, 1.0, 1.0], size=400)
+        >>> y = tax.leaves[[rng.choice(3, p=q) for q in leaf]]
+        >>> rows, test = conformal_rows(leaf, y, tax, 0.1, leaf_probs=True)
+        >>> list(rows.rows), len(test), rows.rows["node"]["coverage"] > 0.8
+        (['node', 'set:r=2', 'risk:overshoot', 'threshold'], 200, True)
+    """
+    tax = check_taxonomy(taxonomy)
+    node, y = _scored_rows(probs, labels, tax, leaf_probs)
+    if y is None:
+        raise ValueError("conformal rows need labels: the calibration rows calibrate, the test rows check")
+    cal, test = calibration_rows(calibration, len(y), seed=seed)
+    options = {"set": {"r": r}, "risk": {"loss": loss}}
+    names = {"node": "node", "set": f"set:r={r}", "risk": f"risk:{loss}"}
+    rows: dict[str, dict[str, float]] = {}
+    predictions: dict[str, np.ndarray] = {}
+    fitted: dict[str, ConformalCalibrator] = {}
+    for method in methods:
+        if method == "set" and not tax.is_tree:
+            continue
+        fitted[names[method]] = model = create_conformal(method, tax, alpha, **options.get(method, {}))
+        model.fit(node[cal], y[cal])
+        predictions[names[method]] = pred = np.asarray(model.predict(node[test]))
+        rows[names[method]] = {"threshold": float(model.threshold_), **conformal_coverage(pred, y[test], tax)}
+    base = parse_decoder("threshold", threshold=1.0 - float(alpha))
+    predictions["threshold"] = pred = np.asarray(to_numpy(base(node[test], tax)))
+    rows["threshold"] = {"threshold": 1.0 - float(alpha), **conformal_coverage(pred, y[test], tax)}
+    return ConformalRows(float(alpha), rows, len(cal), len(test), predictions, fitted), test

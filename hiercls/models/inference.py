@@ -13,7 +13,7 @@ import functools
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,7 @@ def predict(
     taxonomy: Taxonomy,
     inputs: Sequence[Any],
     *,
-    decoder: str | DecoderSpec = DEFAULT_DECODER,
+    decoder: str | DecoderSpec | Callable[[Any, Taxonomy], Any] = DEFAULT_DECODER,
     top_k: int = 5,
     batch_size: int = 32,
     device: str | torch.device = "cpu",
@@ -206,7 +206,8 @@ def predict(
         taxonomy: its taxonomy.
         inputs: texts for a text model; PIL images or image paths for an image model.
         decoder: a decoder spec (:func:`hiercls.decode.parse_decoder`); set-valued decoders (``optimal_hf1``)
-            give node sets.
+            give node sets. Or a function ``fn(node_probs, taxonomy)`` returning node ids or closed node sets,
+            e.g. a fitted conformal calibrator's :meth:`~hiercls.conformal.ConformalCalibrator.as_decoder`.
         top_k: how many of the most probable leaves to list.
         batch_size: inputs per forward pass.
         device: where the model runs.
@@ -230,7 +231,7 @@ def predict(
         >>> sorted(p), p["path"][0], len(p["top_k"])
         (['path', 'prediction', 'top_k'], 'r', 2)
     """
-    spec = parse_decoder(decoder)
+    spec = parse_decoder(decoder) if isinstance(decoder, (str, DecoderSpec)) else decoder
     modality = _check_inputs(model, inputs)
     transform = image_transform(model, train=False, image_size=image_size) if modality == "image" else None
     dev = torch.device(device)
