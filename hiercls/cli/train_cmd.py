@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from hiercls.cli.recipes_cmd import resolve_recipe
 from hiercls.evaluation import format_calibration, format_results
 from hiercls.train.config import config_to_dict, load_config
 from hiercls.train.distributed import is_main_process
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"run.out_dir={args.out_dir}")
     if args.no_compare:
         overrides += ["compare_heads=[]", "study.seeds=[]"]
-    cfg = load_config(args.recipe, overrides)
+    cfg = load_config(resolve_recipe(args.recipe), overrides)
     if args.print_config:
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         return 0
