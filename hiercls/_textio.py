@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from importlib.resources import files
 from json.decoder import JSONArray, JSONObject
 from json.scanner import py_make_scanner
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
     "decode_text",
     "dump_json",
     "load_yaml",
+    "package_data_dirs",
     "parse_json",
     "read_text",
     "recover_atomic",
@@ -412,6 +414,30 @@ os.umask(_UMASK)
 # naming rule, so that :func:`recover_atomic` knows what a killed writer left behind and whose it was.
 _TEMP = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[^.]+")
 _FAULT_SEEN: dict[str, int] = {}
+
+
+def package_data_dirs(package: str, checkout_folder: str) -> list[Path]:
+    """Folders holding a data package's files: the installed package ``package`` (e.g. ``hiercls.recipes``), then
+    the checkout's top-level ``checkout_folder`` that pyproject.toml maps to it (an editable install or a source
+    tree), each once, existing folders only.
+
+    Example:
+        >>> [d.name for d in package_data_dirs("hiercls.recipes", "recipes")][-1:]
+        ['recipes']
+    """
+    dirs: list[Path] = []
+    try:
+        res = files(package)
+        # A data package has no __init__.py: a namespace package, which may span several folders.
+        dirs += [Path(str(p)) for p in getattr(res, "_paths", None) or [res]]
+    except (ModuleNotFoundError, TypeError, ValueError):
+        pass
+    dirs.append(Path(__file__).resolve().parents[1] / checkout_folder)
+    out: dict[str, Path] = {}
+    for d in dirs:
+        if d.is_dir():
+            out.setdefault(os.path.realpath(d), d)
+    return list(out.values())
 
 
 def umask() -> int:

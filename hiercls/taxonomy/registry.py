@@ -17,10 +17,10 @@ import json
 import logging
 import os
 from functools import lru_cache
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from hiercls._textio import package_data_dirs
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import read_json, read_taxonomy
 
@@ -34,24 +34,7 @@ _SUFFIXES = (".json.gz", ".json")
 def shipped_taxonomy_dirs() -> list[Path]:
     """Folders searched for shipped taxonomies: the installed ``hiercls.taxonomies`` package, then the checkout's
     ``taxonomies/`` folder (for an editable install or a source tree), without duplicates."""
-    dirs: list[Path] = []
-    try:
-        res = files("hiercls.taxonomies")
-        # Namespace packages (no __init__.py, as here) may span several folders.
-        for p in getattr(res, "_paths", None) or [res]:
-            dirs.append(Path(str(p)))
-    except (ModuleNotFoundError, TypeError, ValueError):
-        pass
-    checkout = Path(__file__).resolve().parents[2] / "taxonomies"
-    dirs.append(checkout)
-    seen: set[str] = set()
-    out = []
-    for d in dirs:
-        key = os.path.realpath(d)
-        if key not in seen and d.is_dir():
-            seen.add(key)
-            out.append(d)
-    return out
+    return package_data_dirs("hiercls.taxonomies", "taxonomies")
 
 
 def _shipped_files() -> dict[str, Path]:
