@@ -65,7 +65,7 @@ def test_save_pretrained_writes_hiercls_files_and_refuses_foreign_weights(text_d
     with torch.no_grad():
         next(model.head.parameters()).add_(0.5)  # a changed weight must be what is saved
     model.save_pretrained(tmp_path, state_dict=model.state_dict(), metrics={"argmax_leaf/accuracy": 0.25})
-    assert {"config.json", "model.safetensors", "taxonomy.json.gz", "README.md", "tokenizer", "backbone"} <= {
+    assert {"config.json", "model.safetensors", "taxonomy.json.gz", "README.md", "tokenizer.json", "backbone"} <= {
         p.name for p in tmp_path.iterdir()
     }
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "hiercls"

@@ -438,7 +438,7 @@ def test_save_and_load_round_trip_text(tax: Taxonomy, tiny_bert: Path, tmp_path:
     torch.manual_seed(6)
     model = create_model(f"hf:{tiny_bert}", tax, head="flat", pooling="cls", max_length=9).eval()
     d = model.save_pretrained(tmp_path / "t")
-    assert (d / "tokenizer").is_dir() and (d / "backbone" / "config.json").is_file()
+    assert (d / "tokenizer_config.json").is_file() and (d / "backbone" / "config.json").is_file()
     back = HierarchicalClassifier.from_pretrained(d).eval()
     assert back.backbone.pooling == "cls" and back.backbone.max_length == 9
     texts = ["the dog barks", "boat sails on the sea"]

@@ -179,6 +179,7 @@ class HierclsModel(PreTrainedModel):
         *model_args: Any,
         config: Any = None,
         taxonomy: Taxonomy | None = None,
+        trust_edits: bool = False,
         subfolder: str = "",
         device_map: Any = None,
         dtype: Any = None,
@@ -191,6 +192,8 @@ class HierclsModel(PreTrainedModel):
             pretrained_model_name_or_path: a local folder; nothing is downloaded.
             config: ignored beyond a consistency check (the folder's ``config.json`` is read).
             taxonomy: the expected taxonomy (refused unless its fingerprint matches the saved one).
+            trust_edits: load a folder whose files were edited since it was saved, with a warning naming them
+                (see :meth:`HierarchicalClassifier.from_pretrained`).
             subfolder: a folder inside ``pretrained_model_name_or_path``.
             device_map: one device (``"cpu"``, ``"cuda:0"``, a ``torch.device``); dict maps are refused.
             dtype, torch_dtype: a floating dtype to cast the weights to (``"auto"``/``None``: as saved).
@@ -214,7 +217,7 @@ class HierclsModel(PreTrainedModel):
             raise ValueError("device_map: hiercls models load onto one device; pass a device, not a map")
         device = torch.device("cpu" if device_map in (None, "auto") else device_map)
         d, _ = resolve_model_dir(path)
-        clf = HierarchicalClassifier.from_pretrained(d, taxonomy, map_location=device)
+        clf = HierarchicalClassifier.from_pretrained(d, taxonomy, map_location=device, trust_edits=trust_edits)
         cast = dtype if dtype is not None else torch_dtype
         if cast not in (None, "auto"):
             clf = clf.to(getattr(torch, cast) if isinstance(cast, str) else cast)
