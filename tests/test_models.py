@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from hiercls.data import nested_blobs_taxonomy
 from hiercls.heads import list_heads
@@ -629,6 +630,8 @@ def test_old_dense_conv_classifier_folders_still_load(tmp_path: Path) -> None:
         "taxonomy_fingerprint": chain.fingerprint,
     }
     (d / "config.json").write_text(json.dumps(old, indent=2))
+    # its weights header carried no hiercls identity (that is what tells an old folder from an edited one)
+    save_file(load_file(d / "model.safetensors"), d / "model.safetensors", metadata={"format": "pt"})
     back, taxonomy, cfg = load_trained_model(run)
     assert taxonomy == chain and cfg is None and back.dense and back.head_options == {"loss": "bce"}
     x = torch.randn(2, 2, 8, 8, 8)

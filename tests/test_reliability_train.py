@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hiercls.cli import main
 from hiercls.heads.registry import HeadOptionError
@@ -216,6 +216,8 @@ def test_old_model_folder_without_hash_loads_with_a_warning(
     d = tmp_path / "m"
     shutil.copytree(base["model"], d)
     _edit_config(weights_sha256=None)(d)
+    # an older hiercls wrote no identity into the weights header (with one, a removed hash is refused)
+    save_file(load_file(d / "model.safetensors"), d / "model.safetensors", metadata={"format": "pt"})
     with caplog.at_level(logging.WARNING):
         back = HierarchicalClassifier.from_pretrained(d)
     assert "no weights_sha256" in caplog.text and "config.json" in caplog.text

@@ -30,7 +30,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,10 +354,12 @@ class HierarchicalClassificationPipeline(Pipeline):
         return {}, forward, {}
 
     def preprocess(self, inputs: Any) -> dict[str, Any]:
-        # Image files are opened by predict, as for ``hiercls predict``.
-        if self.model.hiercls_model.modality == "text" and not isinstance(inputs, str):
-            raise TypeError(f"this is a text model: give strings, not {type(inputs).__name__}")
-        return {"inputs": inputs}
+        # Image files are opened by predict, as for ``hiercls predict``; a _Batch is a group of inputs.
+        items = list(inputs) if isinstance(inputs, _Batch) else [inputs]
+        if self.model.hiercls_model.modality == "text" and not all(isinstance(x, str) for x in items):
+            bad = next(x for x in items if not isinstance(x, str))
+            raise TypeError(f"this is a text model: give strings, not {type(bad).__name__}")
+        return {"inputs": items, "batched": isinstance(inputs, _Batch)}
 
     def _forward(
         self,
@@ -365,18 +369,70 @@ class HierarchicalClassificationPipeline(Pipeline):
         image_size: int | None = None,
     ) -> dict[str, Any]:
         clf = self.model.hiercls_model
-        return predict(
+        items = model_inputs["inputs"]
+        results = predict(
             clf,
             clf.taxonomy,
-            [model_inputs["inputs"]],
+            items,
             decoder=decoder,
             top_k=top_k,
+            batch_size=len(items),
             device=self.device,
             image_size=image_size,
-        )[0]
+        )
+        return {"results": results, "batched": model_inputs["batched"]}
 
-    def postprocess(self, model_outputs: dict[str, Any]) -> dict[str, Any]:
-        return model_outputs
+    def postprocess(self, model_outputs: dict[str, Any]) -> Any:
+        return model_outputs["results"] if model_outputs["batched"] else model_outputs["results"][0]
+
+    def get_iterator(
+        self,
+        inputs: Any,
+        num_workers: int,
+        batch_size: int,
+        preprocess_params: dict[str, Any],
+        forward_params: dict[str, Any],
+        postprocess_params: dict[str, Any],
+    ) -> Iterator[dict[str, Any]]:
+        """``pipe(inputs, batch_size=n)``: groups of ``n`` raw inputs, each decoded by one :func:`predict` call.
+
+        transformers' batching pads tokenizer or image-processor tensors; here the model tokenises and transforms
+        inside ``predict``, so the grouping happens before (one group per step of transformers' loop) and the
+        results are unrolled after, in input order.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        groups = _Groups(inputs, batch_size) if isinstance(inputs, Sized) else _group(inputs, batch_size)
+        results = super().get_iterator(groups, num_workers, 1, preprocess_params, forward_params, postprocess_params)
+        return itertools.chain.from_iterable(results)
+
+
+class _Batch(tuple):
+    """A group of raw pipeline inputs (one :func:`predict` call)."""
+
+    __slots__ = ()
+
+
+class _Groups(Sequence):
+    """``inputs`` (a list or a map-style dataset) in consecutive groups of ``size``, read lazily."""
+
+    def __init__(self, inputs: Any, size: int) -> None:
+        self.inputs, self.size = inputs, size
+
+    def __len__(self) -> int:
+        return -(-len(self.inputs) // self.size)
+
+    def __getitem__(self, i: int) -> _Batch:  # type: ignore[override]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        stop = min(len(self.inputs), (i + 1) * self.size)
+        return _Batch(self.inputs[j] for j in range(i * self.size, stop))
+
+
+def _group(inputs: Iterable[Any], size: int) -> Iterator[_Batch]:
+    it = iter(inputs)
+    while chunk := _Batch(itertools.islice(it, size)):
+        yield chunk
 
 
 def pipeline(
