@@ -9,9 +9,10 @@ timm-style interface: :meth:`~HierarchicalClassifier.forward_features`, :meth:`~
 :meth:`~HierarchicalClassifier.transform`).
 
 A saved model is a folder: ``model.safetensors`` (all weights), ``config.json`` (backbone spec, head name and
-options, taxonomy name and fingerprint), ``taxonomy.json.gz`` (the taxonomy itself) and, for text models,
-``backbone/config.json`` + ``tokenizer/``. It needs nothing else to load. Folders written by the former
-``hiercls.train.synthetic.DenseConvClassifier`` (``conv3d`` run checkpoints) load too.
+options, taxonomy name and fingerprint, the SHA-256 of every other file), ``taxonomy.json.gz`` (the taxonomy
+itself) and, for text models, ``backbone/config.json`` and the tokenizer files. It needs nothing else to load.
+Folders written by the former ``hiercls.train.synthetic.DenseConvClassifier`` (``conv3d`` run checkpoints) load
+too.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 and the ``hierarchical-classification`` pipeline.
 
 Importing this module registers ``model_type="hiercls"`` with ``AutoConfig`` and ``AutoModel`` and the pipeline
-task with ``transformers.pipeline``; ``transformers`` is imported only here, so ``import hiercls`` stays light.
+task with ``transformers.pipeline``; ``transformers`` is imported only here, so ``import hiercls`` stays light
+(it imports this module once ``transformers`` loads its Auto classes: :mod:`hiercls._autoregister`).
 There is one persistence format, hiercls's own (:meth:`HierarchicalClassifier.save_pretrained`): its
 ``config.json`` carries ``"model_type": "hiercls"``, and these classes read and write exactly those files. Loading
 is from a local folder only and never runs code from it (no ``trust_remote_code``).
