@@ -132,8 +132,9 @@ def _timm_filter(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[
 def _timm_model_args(model: nn.Module) -> tuple[dict[str, Any], str | None]:
     """The keyword arguments that rebuild a timm model object, and why they cannot be saved (``None``: they can).
 
-    timm (>= 1.0.20) records them: ``get_model_args`` gives the architecture's (the current pooling, channels,
-    image size...); the drop rates it leaves out are taken from the same record, as its docstring asks.
+    timm releases with ``timm.models.get_model_args`` record them: it gives the architecture's (the current
+    pooling, channels, image size...); the drop rates it leaves out are taken from the same record, as its
+    docstring asks.
     """
     try:
         from timm.models import get_model_args
@@ -142,14 +143,13 @@ def _timm_model_args(model: nn.Module) -> tuple[dict[str, Any], str | None]:
     recorded = getattr(model, "_model_args", {}) or {}
     drops = {k: v for k, v in recorded.items() if k.startswith("drop") or k.endswith("_drop_rate")}
     args = {k: v for k, v in get_model_args(model, drops).items() if k != "num_classes"}
-    try:
-        return jsonable(args, "timm model arguments"), None
-    except TypeError:
-        bad = sorted(k for k, v in args.items() if not _is_json(v))
+    bad = sorted(k for k, v in args.items() if not _is_json(v))
+    if bad:
+        shown = ", ".join(f"{k}={args[k]!r}" for k in bad)
         return {k: v for k, v in args.items() if k not in bad}, (
-            f"its timm constructor argument(s) {', '.join(f'{k}={args[k]!r}' for k in bad)} cannot be written "
-            "to config.json"
+            f"its timm constructor argument(s) {shown} cannot be written to config.json"
         )
+    return jsonable(args, "timm model arguments"), None
 
 
 def _is_json(value: Any) -> bool:
@@ -262,11 +262,9 @@ class TimmBackbone(nn.Module):
 
         Example:
             >>> import timm
-            >>> bb = TimmBackbone.from_model(timm.create_model("resnet10t", num_classes=7, global_pool="max"))
+            >>> bb = TimmBackbone.from_model(timm.create_model("resnet10t", num_classes=7, global_pool="max")).eval()
             >>> bb.model_name, bb.num_classes, bb(torch.zeros(1, 3, 32, 32)).shape[1] == bb.num_features
             ('resnet10t', 0, True)
-            >>> bb.create_kwargs["global_pool"]
-            'max'
         """
         if not (callable(getattr(model, "reset_classifier", None)) and hasattr(model, "num_features")):
             raise TypeError(f"{type(model).__name__} is not a timm model (no reset_classifier / num_features)")
