@@ -120,6 +120,19 @@ def move_to_device(x: Any, device: torch.device | str) -> Any:
 IDENTITY_KEY = "hiercls_identity"
 #: ``config.json`` fields that are provenance, not identity (changing them does not change what the weights mean).
 _NOT_IDENTITY = frozenset({"format", "version", "hiercls_version", "taxonomy_name", "weights_source", "weights_sha256"})
+#: Names of files that transformers' tokenizer and processor loaders read from a folder (besides vocab files).
+_HF_FILE_PREFIXES = (
+    "tokenizer",
+    "special_tokens_map",
+    "added_tokens",
+    "vocab",
+    "merges",
+    "spiece",
+    "sentencepiece",
+    "chat_template",
+    "preprocessor_config",
+    "processor_config",
+)
 _RECOPY = "copy the model folder again from where it came from, or retrain it"
 _HOW = (
     "Build a reloadable model from a spec with the options that make the network, e.g. "
@@ -163,20 +176,13 @@ def _short(value: Any) -> str:
 
 
 def _edits(d: Path, cfg: Mapping[str, Any], saved: dict[str, Any] | None) -> list[str]:
-    """What differs between the folder's files and what was saved, one line per file (empty: nothing)."""
+    """What differs between ``config.json``, the weights header and the other files, one line per file."""
     weights, cfg_path = d / "model.safetensors", d / "config.json"
     found = []
-    want = cfg.get("weights_sha256")
-    if want is None:
+    if cfg.get("weights_sha256") is None:
         found.append(
             f"{cfg_path}: has no weights_sha256, yet {weights.name} was saved by a hiercls that records one "
             "(the integrity field was removed)"
-        )
-    elif (got := sha256_file(weights)) != want:
-        found.append(
-            f"{weights}: content hash {got[:16]} differs from the {str(want)[:16]} recorded in {cfg_path} "
-            f"({weights.stat().st_size} bytes): the file is damaged (truncated copy, flipped bits), was edited or "
-            "belongs to another model"
         )
     if saved is None:
         found.append(f"{weights}: no hiercls identity in its header, yet {cfg_path} has a hash")
@@ -188,12 +194,19 @@ def _edits(d: Path, cfg: Mapping[str, Any], saved: dict[str, Any] | None) -> lis
                 found.append(f"{cfg_path}: {k!r} is {_short(now.get(k))} but {was}")
     files = cfg.get("files_sha256")
     for rel, digest in sorted(files.items() if isinstance(files, dict) else []):
-        path = d / rel
-        if not path.is_file():
-            found.append(f"{path}: missing (it defines the model)")
-        elif (got := sha256_file(path)) != digest:
-            found.append(f"{path}: edited (content hash {got[:16]}, saved {str(digest)[:16]})")
+        if (got := sha256_file(d / rel)) != digest:
+            found.append(f"{d / rel}: edited (content hash {got[:16]}, saved {str(digest)[:16]})")
+    if isinstance(files, dict) and cfg.get("modality") == "text":
+        # a file added where the tokenizer or the encoder config would read it changes the model as well
+        near = [*d.iterdir(), *(d / "backbone").glob("*")]
+        added = [p for p in near if p.is_file() and p.relative_to(d).as_posix() not in files and _read_by_hf(d, p)]
+        found += [f"{p}: added after the model was saved (the tokenizer or encoder would read it)" for p in added]
     return found
+
+
+def _read_by_hf(d: Path, path: Path) -> bool:
+    """Whether transformers' loaders could read ``path`` of model folder ``d`` (tokenizer or encoder files)."""
+    return path.parent != d or path.name.startswith(_HF_FILE_PREFIXES) or path.suffix == ".model"
 
 
 def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any], *, trust_edits: bool = False) -> None:
@@ -213,12 +226,22 @@ def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]
         trust_edits: load an edited folder anyway, with a warning that lists each edited file.
 
     Raises:
-        CheckpointError: naming each edited or missing file, what differs and what to do.
+        CheckpointError: naming each edited file, what differs and what to do (a damaged weights file is refused
+            even with ``trust_edits``: it cannot be loaded).
+        FileNotFoundError: a file that defines the model is missing.
     """
     d = Path(directory)
     weights, cfg_path = d / "model.safetensors", d / "config.json"
+    want = cfg.get("weights_sha256")
+    if want is not None and (got := sha256_file(weights)) != want:
+        # a damaged weights file cannot be loaded, edits trusted or not
+        raise CheckpointError(
+            f"{weights}: content hash {got[:16]} differs from the {str(want)[:16]} recorded in {cfg_path} "
+            f"({weights.stat().st_size} bytes): the file is damaged (truncated copy, flipped bits) or "
+            f"belongs to another model; {_RECOPY}"
+        )
     saved = _saved_identity(weights)
-    if saved is None and cfg.get("weights_sha256") is None:
+    if saved is None and want is None:
         # Folders of older hiercls versions (and their config.json forms) carry neither hash nor identity.
         logger.warning(
             "%s has no weights_sha256 (saved by an older hiercls): %s is loaded without an integrity check; "
@@ -227,6 +250,14 @@ def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]
             weights.name,
         )
         return
+    files = cfg.get("files_sha256")
+    missing = [rel for rel in (files if isinstance(files, dict) else {}) if not (d / rel).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{d / missing[0]}: missing from the saved model {str(d)!r} (it defines the model"
+            + (f"; {len(missing) - 1} more file(s) are missing too" if len(missing) > 1 else "")
+            + f"); {_RECOPY}"
+        )
     found = _edits(d, cfg, saved)
     if not found and "files_sha256" not in cfg:
         logger.warning(

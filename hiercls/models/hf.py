@@ -440,9 +440,12 @@ def pipeline(
     model: str | os.PathLike[str] | HierarchicalClassifier | HierclsModel,
     *,
     device: str | torch.device = "cpu",
+    trust_edits: bool = False,
     **kwargs: Any,
 ) -> HierarchicalClassificationPipeline:
     """The ``hierarchical-classification`` pipeline for a saved folder or a model in memory.
+
+    ``trust_edits``: load a folder whose files were edited since it was saved (with a warning naming them).
 
     Example:
         >>> import tempfile
@@ -456,7 +459,7 @@ def pipeline(
         (['path', 'prediction', 'top_k'], True, 2)
     """
     if isinstance(model, (str, os.PathLike)):
-        model = HierclsModel.from_pretrained(model)
+        model = HierclsModel.from_pretrained(model, trust_edits=trust_edits)
     return HierarchicalClassificationPipeline(model, device=device, task=PIPELINE_TASK, **kwargs)
 
 
