@@ -92,6 +92,7 @@ def test_timm_object_that_cannot_be_rebuilt_is_refused_at_save(tax: Taxonomy, tm
     assert not (tmp_path / "a" / "config.json").exists()
     # a network changed after it was built: the saved arguments would rebuild another one
     changed = create_model("timm:resnet10t", tax, head="flat")
+    changed.save_pretrained(tmp_path / "first")  # saved once (its check passed), then changed in place
     changed.network.reset_classifier(0, global_pool="max")
     with pytest.raises(ValueError, match=r"would rebuild backbone 'timm:resnet10t'.*pool_type=max"):
         changed.save_pretrained(tmp_path / "b")
