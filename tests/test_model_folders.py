@@ -196,6 +196,12 @@ EDITS = [
     ("no_weights_sha256", lambda d: _set_json(d / "config.json", weights_sha256=None), "config.json", "weights_sha256"),
     ("no_files_sha256", lambda d: _set_json(d / "config.json", files_sha256=None), "config.json", "files_sha256"),
     ("temperature", lambda d: _set_json(d / "config.json", temperature=2.0), "config.json", "temperature"),
+    (
+        "digest_outside",
+        lambda d: _set_json(d / "config.json", files_sha256={"../x": "0" * 64}),
+        "config.json",
+        "outside the folder",
+    ),
 ]
 
 
@@ -219,7 +225,7 @@ def test_an_edited_model_folder_is_refused_naming_the_file(
         HierarchicalClassifier.from_pretrained(d)
     msg = str(info.value)
     assert str(d / culprit) in msg and says in msg, msg
-    assert error is FileNotFoundError or "trust_edits=True" in msg
+    assert error is FileNotFoundError or "trust_edits=True" in msg or "outside" in msg
     with pytest.raises(error, match=culprit.replace(".", r"\.")):
         AutoModel.from_pretrained(d)  # every loader verifies
 

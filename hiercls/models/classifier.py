@@ -251,7 +251,11 @@ def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]
         )
         return
     files = cfg.get("files_sha256")
-    missing = [rel for rel in (files if isinstance(files, dict) else {}) if not (d / rel).is_file()]
+    files = files if isinstance(files, dict) else {}  # another type: the identity check names the edit
+    outside = [rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts]
+    if outside:
+        raise CheckpointError(f"{cfg_path}: files_sha256 names {outside[0]!r}, outside the folder; {_RECOPY}")
+    missing = [rel for rel in files if not (d / rel).is_file()]
     if missing:
         raise FileNotFoundError(
             f"{d / missing[0]}: missing from the saved model {str(d)!r} (it defines the model"
