@@ -21,7 +21,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tiny_bert")
     vocab = [*SPECIAL_TOKENS, *TINY_BERT_WORDS]
     (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    BertTokenizerFast(vocab_file=str(d / "vocab.txt"), do_lower_case=True).save_pretrained(str(d))
+    BertTokenizerFast(vocab=str(d / "vocab.txt"), do_lower_case=True).save_pretrained(str(d))
     build_tiny_bert(0, vocab_size=len(vocab), max_positions=64).save_pretrained(str(d))
     return d
 

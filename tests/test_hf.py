@@ -5,12 +5,15 @@ the model card states taxonomy, head, decoder and metrics."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 from transformers import pipeline as hf_pipeline
 
 from hiercls.models import HierarchicalClassifier, create_model
@@ -65,7 +68,7 @@ def test_save_pretrained_writes_hiercls_files_and_refuses_foreign_weights(text_d
     with torch.no_grad():
         next(model.head.parameters()).add_(0.5)  # a changed weight must be what is saved
     model.save_pretrained(tmp_path, state_dict=model.state_dict(), metrics={"argmax_leaf/accuracy": 0.25})
-    assert {"config.json", "model.safetensors", "taxonomy.json.gz", "README.md", "tokenizer", "backbone"} <= {
+    assert {"config.json", "model.safetensors", "taxonomy.json.gz", "README.md", "tokenizer.json", "backbone"} <= {
         p.name for p in tmp_path.iterdir()
     }
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "hiercls"
@@ -110,6 +113,61 @@ def test_pipeline_equals_hiercls_predict(text_dir: Path) -> None:
     one = pipeline(ref)(TEXTS[0])
     assert one == predict(ref, ref.taxonomy, TEXTS[:1])[0]
     assert one["path"][0] == "root" and one["prediction"]["name"] in ref.taxonomy.names
+
+
+def test_pipeline_batches_texts_and_images_in_input_order(text_dir: Path, tmp_path: Path) -> None:
+    """``pipe(inputs, batch_size=n)`` as transformers users call it (it raised: no tokenizer to pad with)."""
+    ref = HierarchicalClassifier.from_pretrained(text_dir).eval()
+    texts = TEXTS + TEXTS[:1]  # 5 inputs: groups of 2, 2 and 1
+    want = predict(ref, ref.taxonomy, texts, top_k=3)
+    pipe = hf_pipeline("hierarchical-classification", model=str(text_dir), device="cpu")
+    for batch_size in (1, 2, 4, 8):
+        assert _rounded(pipe(texts, batch_size=batch_size, top_k=3)) == _rounded(want), batch_size
+    streamed = pipe((t for t in texts), batch_size=2, top_k=3)  # a generator streams, as transformers does
+    assert _rounded(list(streamed)) == _rounded(want)
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        pipe(texts, batch_size=0)
+    tax = ref.taxonomy
+    images = [Image.new("RGB", (32, 32), color) for color in ("red", "blue", "green", "white", "black")]
+    image_dir = create_model("timm:resnet10t", tax, head="flat").save_pretrained(tmp_path / "img")
+    image_pipe = pipeline(image_dir)
+    one_by_one = [image_pipe(im) for im in images]
+    batched = image_pipe(images, batch_size=2)
+    # the same decisions; probabilities to float32 round-off (a batch of 2 runs other conv kernels than 1)
+    assert [p["prediction"]["name"] for p in batched] == [p["prediction"]["name"] for p in one_by_one]
+    assert _rounded(batched) == _rounded(one_by_one)
+
+
+# import hiercls loads nothing heavy (no numpy, torch, transformers, not even typing)
+LIGHT = """import hiercls
+heavy = sorted(m for m in ("numpy", "torch", "transformers", "typing", "hiercls.models") if m in sys.modules)
+assert not heavy, heavy"""
+PLAIN_IMPORT = """
+import sys
+{imports}
+print(type(AutoModel.from_pretrained(sys.argv[1])).__name__)
+print(AutoTokenizer.from_pretrained(sys.argv[1])(["the cat purrs"])["input_ids"])
+"""
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        LIGHT + "\nfrom transformers import AutoModel, AutoTokenizer",
+        LIGHT + "\nfrom transformers import Trainer\nfrom transformers import AutoModel, AutoTokenizer",
+        "from transformers import AutoModel, AutoTokenizer\nimport hiercls",
+    ],
+    ids=["auto", "after-trainer", "transformers-first"],
+)
+def test_auto_model_works_after_a_plain_import_hiercls(text_dir: Path, imports: str) -> None:
+    """No ``import hiercls.models.hf``: hiercls registers once transformers loads its Auto classes."""
+    code = PLAIN_IMPORT.format(imports=imports)
+    run = subprocess.run([sys.executable, "-c", code, str(text_dir)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    name, ids = run.stdout.strip().splitlines()[-2:]
+    want = AutoTokenizer.from_pretrained(str(text_dir))(["the cat purrs"])["input_ids"]
+    assert name == "HierclsModel" and ids == str(want)
+    assert "model of type `hiercls`" not in run.stderr  # AutoTokenizer read the folder's config as hiercls's
 
 
 def test_run_folder_loads_through_auto_model_and_its_card_has_the_metrics(tiny_bert: Path, tmp_path: Path) -> None:

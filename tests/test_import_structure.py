@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "hiercls"
 
 LAYERS: list[set[str]] = [
-    {"_textio", "_registry", "_checks"},
+    {"_textio", "_registry", "_checks", "_autoregister"},
     {"taxonomy"},
     {"losses", "decode", "metrics", "data"},
     {"conformal"},

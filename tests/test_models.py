@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from hiercls.data import nested_blobs_taxonomy
 from hiercls.heads import list_heads
@@ -438,7 +439,7 @@ def test_save_and_load_round_trip_text(tax: Taxonomy, tiny_bert: Path, tmp_path:
     torch.manual_seed(6)
     model = create_model(f"hf:{tiny_bert}", tax, head="flat", pooling="cls", max_length=9).eval()
     d = model.save_pretrained(tmp_path / "t")
-    assert (d / "tokenizer").is_dir() and (d / "backbone" / "config.json").is_file()
+    assert (d / "tokenizer_config.json").is_file() and (d / "backbone" / "config.json").is_file()
     back = HierarchicalClassifier.from_pretrained(d).eval()
     assert back.backbone.pooling == "cls" and back.backbone.max_length == 9
     texts = ["the dog barks", "boat sails on the sea"]
@@ -629,6 +630,8 @@ def test_old_dense_conv_classifier_folders_still_load(tmp_path: Path) -> None:
         "taxonomy_fingerprint": chain.fingerprint,
     }
     (d / "config.json").write_text(json.dumps(old, indent=2))
+    # its weights header carried no hiercls identity (that is what tells an old folder from an edited one)
+    save_file(load_file(d / "model.safetensors"), d / "model.safetensors", metadata={"format": "pt"})
     back, taxonomy, cfg = load_trained_model(run)
     assert taxonomy == chain and cfg is None and back.dense and back.head_options == {"loss": "bce"}
     x = torch.randn(2, 2, 8, 8, 8)

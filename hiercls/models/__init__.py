@@ -6,7 +6,7 @@ training loop, evaluation and the CLI rely on. Hierarchical prompting (TransHP, 
 wraps a ViT or a text encoder, so it is a model too. :func:`predict` runs a saved model on raw inputs
 (:mod:`hiercls.models.inference`). The ``transformers`` classes (``AutoModel``, the pipeline) are in
 :mod:`hiercls.models.hf`: importing it registers them (it loads ``transformers``' modelling and pipeline code, so
-``import hiercls.models`` leaves it out).
+``import hiercls.models`` leaves it out; ``import hiercls`` imports it once ``transformers`` loads its Auto classes).
 
 Example:
     >>> from hiercls.taxonomy import Taxonomy

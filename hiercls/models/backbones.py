@@ -129,6 +129,37 @@ def _timm_filter(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[
         return state_dict
 
 
+def _timm_model_args(model: nn.Module) -> tuple[dict[str, Any], str | None]:
+    """The keyword arguments that rebuild a timm model object, and why they cannot be saved (``None``: they can).
+
+    timm releases with ``timm.models.get_model_args`` record them: it gives the architecture's (the current
+    pooling, channels, image size...); the drop rates it leaves out are taken from the same record, as its
+    docstring asks.
+    """
+    try:
+        from timm.models import get_model_args
+    except ImportError:  # older timm records nothing: save_pretrained's rebuild check decides
+        return {}, None
+    recorded = getattr(model, "_model_args", {}) or {}
+    drops = {k: v for k, v in recorded.items() if k.startswith("drop") or k.endswith("_drop_rate")}
+    args = {k: v for k, v in get_model_args(model, drops).items() if k != "num_classes"}
+    bad = sorted(k for k, v in args.items() if not _is_json(v))
+    if bad:
+        shown = ", ".join(f"{k}={args[k]!r}" for k in bad)
+        return {k: v for k, v in args.items() if k not in bad}, (
+            f"its timm constructor argument(s) {shown} cannot be written to config.json"
+        )
+    return jsonable(args, "timm model arguments"), None
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 class TimmBackbone(nn.Module):
     """A timm model without its classifier: ``forward(images [B, 3, H, W]) -> features [B, D]``.
 
@@ -173,6 +204,7 @@ class TimmBackbone(nn.Module):
             raise ValueError(f"unknown timm model {model_name!r}{did_you_mean(model_name, timm.list_models())}")
         self.model_name = model_name
         self.weights_source: str | None = None
+        self.rebuild_problem: str | None = None
         package = None
         if isinstance(weights, str) and weights == "package":
             package = resolve_package_weights(model_name)
@@ -218,17 +250,19 @@ class TimmBackbone(nn.Module):
     def from_model(cls, model: nn.Module) -> TimmBackbone:
         """Wrap an existing timm model (used as it is, not copied; its classifier is removed in place).
 
-        Its ``pretrained_cfg`` (mean, std, input size...) is kept, so preprocessing follows the model. The saved
-        config records ``pretrained_cfg["architecture"]``; a model built with non-default options
-        (``img_size``, ``depth``...) saves, but ``from_pretrained`` then refuses the weights as not fitting the
-        default architecture: build such models with ``create_model("timm:<name>", ..., **options)`` instead.
+        Its ``pretrained_cfg`` (mean, std, input size...) is kept, so preprocessing follows the model, and saved.
+        The constructor's keyword arguments that timm records (``timm.models.get_model_args``: ``in_chans``,
+        ``global_pool``, ``img_size``, ``depth``..., plus the drop rates it was built with) are saved too, so
+        ``from_pretrained`` rebuilds the same network. Where they cannot be known (a timm without
+        ``get_model_args``, an argument that is not JSON such as a layer class) ``save_pretrained`` refuses the
+        model and says how to build a reloadable one: ``create_model("timm:<name>", ..., **options)``.
 
         Raises:
             TypeError: ``model`` is not a timm model (no ``reset_classifier`` / ``num_features``).
 
         Example:
             >>> import timm
-            >>> bb = TimmBackbone.from_model(timm.create_model("resnet10t", num_classes=7)).eval()
+            >>> bb = TimmBackbone.from_model(timm.create_model("resnet10t", num_classes=7, global_pool="max")).eval()
             >>> bb.model_name, bb.num_classes, bb(torch.zeros(1, 3, 32, 32)).shape[1] == bb.num_features
             ('resnet10t', 0, True)
         """
@@ -241,7 +275,7 @@ class TimmBackbone(nn.Module):
         cfg = getattr(model, "pretrained_cfg", None) or {}
         bb.model_name = str(cfg.get("architecture") or type(model).__name__.lower())
         bb.weights_source = "object"
-        bb.create_kwargs = {}
+        bb.create_kwargs, bb.rebuild_problem = _timm_model_args(model)
         bb._adopt(model, 0)
         size = getattr(getattr(model, "patch_embed", None), "img_size", None)
         if size is not None:  # ViT-like models are built for one size; pretrained_cfg keeps the family default
@@ -361,6 +395,9 @@ class HFBackbone(nn.Module):
             ``max_seq_length``, else ``min(tokenizer.model_max_length, 512)``).
         weights: an optional state dict file loaded into the encoder after it is built (by name).
         random_init: build from ``config.json`` only, with random weights (used by ``from_pretrained``).
+        tokenizer_path: the tokenizer's folder (default: ``path``).
+        attn_implementation: transformers' attention kernel (``"eager"``, ``"sdpa"``...; default: transformers'
+            choice); saved with the model, since kernels differ in the last bits.
 
     Raises:
         FileNotFoundError: missing folder, package or tokenizer.
@@ -387,6 +424,7 @@ class HFBackbone(nn.Module):
         weights: str | os.PathLike[str] | None = None,
         random_init: bool = False,
         tokenizer_path: str | os.PathLike[str] | None = None,
+        attn_implementation: str | None = None,
     ) -> None:
         super().__init__()
         _hf_offline()
@@ -396,17 +434,19 @@ class HFBackbone(nn.Module):
             raise ValueError(f"pooling must be 'mean', 'cls' or 'pooler'; got {pooling!r}")
         self.name = str(path)
         folder = _resolve_hf_path(str(path))
+        attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
         if random_init:
             config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-            model = AutoModel.from_config(config)
+            model = AutoModel.from_config(config, **attn)
         else:
             try:
-                model = AutoModel.from_pretrained(str(folder), local_files_only=True)
+                model = AutoModel.from_pretrained(str(folder), local_files_only=True, **attn)
             except OSError as err:
                 raise FileNotFoundError(f"cannot load Hugging Face weights from {str(folder)!r}: {err}") from None
         tok_folder = Path(tokenizer_path) if tokenizer_path is not None else folder
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(tok_folder), local_files_only=True)
+            # config=: the encoder's, not whatever config.json sits beside the tokenizer (a hiercls model's own)
+            self.tokenizer = AutoTokenizer.from_pretrained(str(tok_folder), config=model.config, local_files_only=True)
         except (OSError, ValueError) as err:
             raise FileNotFoundError(
                 f"no tokenizer in {str(tok_folder)!r} (text models need tokenizer files next to config.json): {err}"
@@ -430,6 +470,8 @@ class HFBackbone(nn.Module):
         self.model = model
         self.pooling = pooling
         self.normalize = bool(normalize)
+        # eager, sdpa...: kernels that differ in the last bits; saved so that a reload computes the same
+        self.attn_implementation: str | None = getattr(model.config, "_attn_implementation", None)
         if max_length is None:
             max_length = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512)
         self.max_length = int(max_length)
@@ -511,15 +553,28 @@ class HFBackbone(nn.Module):
     def spec(self) -> dict[str, Any]:
         return {
             "backbone": f"hf:{self.name}",
-            "backbone_kwargs": {"pooling": self.pooling, "normalize": self.normalize, "max_length": self.max_length},
+            "backbone_kwargs": {
+                "pooling": self.pooling,
+                "normalize": self.normalize,
+                "max_length": self.max_length,
+                "attn_implementation": self.attn_implementation,
+            },
             "weights_source": self.weights_source,
+            "tokenizer_folder": ".",
         }
 
-    def save_files(self, directory: Path, model: nn.Module | None = None) -> None:
-        """Write the encoder's ``config.json`` to ``directory/backbone``, the tokenizer to ``directory/tokenizer``."""
+    def save_files(self, directory: Path, model: nn.Module | None = None) -> list[str]:
+        """Write the encoder's ``config.json`` to ``directory/backbone`` and the tokenizer files to ``directory``
+        itself (so that ``AutoTokenizer.from_pretrained(directory)`` reads them); returns the files written,
+        relative to ``directory``."""
         enc = model if model is not None else self.model
         enc.config.save_pretrained(str(directory / "backbone"))
-        self.tokenizer.save_pretrained(str(directory / "tokenizer"))
+        written = self.tokenizer.save_pretrained(str(directory))
+        files = {
+            "backbone/config.json",
+            *(Path(f).resolve().relative_to(directory.resolve()).as_posix() for f in written),
+        }
+        return sorted(f for f in files if (directory / f).is_file())
 
     @classmethod
     def create(cls, name: str, *, weights: str | os.PathLike[str] | None = None, **options: Any) -> HFBackbone:
@@ -540,7 +595,9 @@ class HFBackbone(nn.Module):
     @classmethod
     def rebuild(cls, spec: Mapping[str, Any], directory: Path) -> HFBackbone:
         kwargs = dict(spec.get("backbone_kwargs", {}))
-        bb = cls(directory / "backbone", random_init=True, tokenizer_path=directory / "tokenizer", **kwargs)
+        # folders saved before tokenizer files moved to the top (config version 1) keep them in tokenizer/
+        tokenizer = directory / str(spec.get("tokenizer_folder", "tokenizer"))
+        bb = cls(directory / "backbone", random_init=True, tokenizer_path=tokenizer, **kwargs)
         bb.name = parse_backbone(spec["backbone"])[1]
         bb.weights_source = spec.get("weights_source")
         return bb

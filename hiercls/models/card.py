@@ -81,13 +81,13 @@ def model_card(config: Mapping[str, Any], taxonomy: Any, metrics: Mapping[str, A
         "```python",
         "from hiercls.models import HierarchicalClassifier",
         'model = HierarchicalClassifier.from_pretrained("path/to/this/folder").eval()',
-        "# or, with transformers (offline; no remote code): import hiercls.models.hf, then",
+        "# or, with transformers (offline; no remote code): import hiercls, then",
         '# transformers.AutoModel.from_pretrained("path/to/this/folder")',
         "```",
         "",
         "Files: `model.safetensors` (weights), `config.json` (backbone, head, taxonomy fingerprint), "
         "`taxonomy.json.gz` (the taxonomy)"
-        + (", `backbone/` and `tokenizer/` (the text encoder)" if config.get("modality") == "text" else "")
+        + (", `backbone/` and the tokenizer files (the text encoder)" if config.get("modality") == "text" else "")
         + ".",
         "",
     ]

@@ -9,16 +9,19 @@ timm-style interface: :meth:`~HierarchicalClassifier.forward_features`, :meth:`~
 :meth:`~HierarchicalClassifier.transform`).
 
 A saved model is a folder: ``model.safetensors`` (all weights), ``config.json`` (backbone spec, head name and
-options, taxonomy name and fingerprint), ``taxonomy.json.gz`` (the taxonomy itself) and, for text models,
-``backbone/config.json`` + ``tokenizer/``. It needs nothing else to load. Folders written by the former
-``hiercls.train.synthetic.DenseConvClassifier`` (``conv3d`` run checkpoints) load too.
+options, taxonomy name and fingerprint, the SHA-256 of every other file), ``taxonomy.json.gz`` (the taxonomy
+itself) and, for text models, ``backbone/config.json`` and the tokenizer files. It needs nothing else to load.
+Folders written by the former ``hiercls.train.synthetic.DenseConvClassifier`` (``conv3d`` run checkpoints) load
+too.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -65,7 +68,7 @@ except PackageNotFoundError:  # a source tree used without installing it
     HIERCLS_VERSION = None
 
 CONFIG_FORMAT = "hiercls.model"
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2  # 2: tokenizer files at the top of the folder, files_sha256 over every defining file
 MODEL_TYPE = "hiercls"
 #: Heads that are prompting models: ``name -> builder(network, taxonomy, **options)``. The builder takes the
 #: backbone's network (a timm ViT or a Hugging Face encoder) and the model's head then contains it.
@@ -117,7 +120,26 @@ def move_to_device(x: Any, device: torch.device | str) -> Any:
 IDENTITY_KEY = "hiercls_identity"
 #: ``config.json`` fields that are provenance, not identity (changing them does not change what the weights mean).
 _NOT_IDENTITY = frozenset({"format", "version", "hiercls_version", "taxonomy_name", "weights_source", "weights_sha256"})
+#: Names of files that transformers' tokenizer and processor loaders read from a folder (besides vocab files).
+_HF_FILE_PREFIXES = (
+    "tokenizer",
+    "special_tokens_map",
+    "added_tokens",
+    "vocab",
+    "merges",
+    "spiece",
+    "sentencepiece",
+    "chat_template",
+    "preprocessor_config",
+    "processor_config",
+)
 _RECOPY = "copy the model folder again from where it came from, or retrain it"
+_HOW = (
+    "Build a reloadable model from a spec with the options that make the network, e.g. "
+    "create_model('timm:resnet10t', taxonomy, in_chans=1, global_pool='max') or "
+    "create_model('hf:<folder>', taxonomy), rather than from a network object (or upgrade timm: newer releases "
+    "record the constructor arguments), or save model.state_dict() yourself"
+)
 
 
 def _identity(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,36 +150,8 @@ def _identity_json(cfg: Mapping[str, Any]) -> str:
     return json.dumps(_identity(cfg), sort_keys=True, ensure_ascii=False)
 
 
-def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]) -> None:
-    """Check that ``model.safetensors`` in ``directory`` is the file its ``config.json`` (``cfg``) describes.
-
-    The file's SHA-256 must equal ``cfg["weights_sha256"]`` (a flipped bit, a truncated copy, another model's
-    file) and the identity stored in its header must equal ``cfg``'s backbone / head / options / taxonomy
-    (an edited ``config.json``). Folders saved before hashes existed (no ``weights_sha256``) load with a
-    warning and without these checks.
-
-    Raises:
-        CheckpointError: naming the file, what differs and what to do.
-    """
-    d = Path(directory)
-    weights, cfg_path = d / "model.safetensors", d / "config.json"
-    want = cfg.get("weights_sha256")
-    if want is None:
-        # Folders of older hiercls versions (and their config.json forms) carry neither hash nor identity.
-        logger.warning(
-            "%s has no weights_sha256 (saved by an older hiercls): %s is loaded without an integrity check; "
-            "save the model again to add one",
-            cfg_path,
-            weights.name,
-        )
-        return
-    got = sha256_file(weights)
-    if got != want:
-        raise CheckpointError(
-            f"{weights}: content hash {got[:16]} differs from the {str(want)[:16]} recorded in {cfg_path} "
-            f"({weights.stat().st_size} bytes): the file is damaged (truncated copy, flipped bits) or "
-            f"belongs to another model; {_RECOPY}"
-        )
+def _saved_identity(weights: Path) -> dict[str, Any] | None:
+    """The identity stored in the header of ``weights`` (``None``: a file saved before identities existed)."""
     try:
         with safe_open(str(weights), "pt") as f:
             meta = f.metadata() or {}
@@ -166,21 +160,125 @@ def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]
             raise
         raise CheckpointError(f"{weights}: not a readable safetensors file ({err}); {_RECOPY}") from None
     if IDENTITY_KEY not in meta:
-        raise CheckpointError(f"{weights}: no hiercls identity in its header, yet {cfg_path} has a hash; {_RECOPY}")
+        return None
     try:
         saved = json.loads(meta[IDENTITY_KEY])
     except json.JSONDecodeError:
         raise CheckpointError(f"{weights}: its hiercls identity header is not JSON; {_RECOPY}") from None
-    now = _identity(cfg)
-    diffs = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-    if diffs:
-        shown = "; ".join(
-            f"{k!r} is {now.get(k)!r} but the weights were saved with {saved.get(k)!r}" for k in diffs[:3]
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{weights}: its hiercls identity header is not a JSON object; {_RECOPY}")
+    return saved
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _edits(d: Path, cfg: Mapping[str, Any], saved: dict[str, Any] | None) -> list[str]:
+    """What differs between ``config.json``, the weights header and the other files, one line per file."""
+    weights, cfg_path = d / "model.safetensors", d / "config.json"
+    found = []
+    if cfg.get("weights_sha256") is None:
+        found.append(
+            f"{cfg_path}: has no weights_sha256, yet {weights.name} was saved by a hiercls that records one "
+            "(the integrity field was removed)"
         )
+    if saved is None:
+        found.append(f"{weights}: no hiercls identity in its header, yet {cfg_path} has a hash")
+    else:
+        now = _identity(cfg)
+        for k in sorted(set(saved) | set(now)):
+            if saved.get(k) != now.get(k):
+                was = f"{weights.name} was saved with {_short(saved.get(k))}"
+                found.append(f"{cfg_path}: {k!r} is {_short(now.get(k))} but {was}")
+    files = cfg.get("files_sha256")
+    for rel, digest in sorted(files.items() if isinstance(files, dict) else []):
+        if (got := sha256_file(d / rel)) != digest:
+            found.append(f"{d / rel}: edited (content hash {got[:16]}, saved {str(digest)[:16]})")
+    if isinstance(files, dict) and cfg.get("modality") == "text":
+        # a file added where the tokenizer or the encoder config would read it changes the model as well
+        near = [*d.iterdir(), *(d / "backbone").glob("*")]
+        added = [p for p in near if p.is_file() and p.relative_to(d).as_posix() not in files and _read_by_hf(d, p)]
+        found += [f"{p}: added after the model was saved (the tokenizer or encoder would read it)" for p in added]
+    return found
+
+
+def _read_by_hf(d: Path, path: Path) -> bool:
+    """Whether transformers' loaders could read ``path`` of model folder ``d`` (tokenizer or encoder files)."""
+    return path.parent != d or path.name.startswith(_HF_FILE_PREFIXES) or path.suffix == ".model"
+
+
+def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any], *, trust_edits: bool = False) -> None:
+    """Check that the model folder ``directory`` holds the files its ``config.json`` (``cfg``) was saved with.
+
+    The whole folder is verified: ``model.safetensors`` against ``cfg["weights_sha256"]`` (a flipped bit, a
+    truncated copy, another model's file), the identity stored in its header against ``cfg``'s backbone / head
+    / options / taxonomy / file digests (an edited ``config.json``), and every other file that defines the model
+    (the taxonomy, the backbone's ``config.json``, the tokenizer files) against ``cfg["files_sha256"]``. A digest
+    removed from a folder whose weights header says it was written is refused too. Folders saved before hashes
+    existed (no identity in the weights header) load with a warning and without these checks; folders saved
+    before ``files_sha256`` existed have their weights verified and a warning for the rest.
+
+    Args:
+        directory: the model folder.
+        cfg: its parsed ``config.json``.
+        trust_edits: load an edited folder anyway, with a warning that lists each edited file.
+
+    Raises:
+        CheckpointError: naming each edited file, what differs and what to do (a damaged weights file is refused
+            even with ``trust_edits``: it cannot be loaded).
+        FileNotFoundError: a file that defines the model is missing.
+    """
+    d = Path(directory)
+    weights, cfg_path = d / "model.safetensors", d / "config.json"
+    want = cfg.get("weights_sha256")
+    if want is not None and (got := sha256_file(weights)) != want:
+        # a damaged weights file cannot be loaded, edits trusted or not
         raise CheckpointError(
-            f"{cfg_path}: does not describe {weights.name} ({shown}); the config was edited or the two files "
-            "come from different models. Restore the original config.json, or load the weights into a new "
-            "model with hiercls.models.read_state_dict"
+            f"{weights}: content hash {got[:16]} differs from the {str(want)[:16]} recorded in {cfg_path} "
+            f"({weights.stat().st_size} bytes): the file is damaged (truncated copy, flipped bits) or "
+            f"belongs to another model; {_RECOPY}"
+        )
+    saved = _saved_identity(weights)
+    if saved is None and want is None:
+        # Folders of older hiercls versions (and their config.json forms) carry neither hash nor identity.
+        logger.warning(
+            "%s has no weights_sha256 (saved by an older hiercls): %s is loaded without an integrity check; "
+            "save the model again to add one",
+            cfg_path,
+            weights.name,
+        )
+        return
+    files = cfg.get("files_sha256")
+    files = files if isinstance(files, dict) else {}  # another type: the identity check names the edit
+    outside = [rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts]
+    if outside:
+        raise CheckpointError(f"{cfg_path}: files_sha256 names {outside[0]!r}, outside the folder; {_RECOPY}")
+    missing = [rel for rel in files if not (d / rel).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{d / missing[0]}: missing from the saved model {str(d)!r} (it defines the model"
+            + (f"; {len(missing) - 1} more file(s) are missing too" if len(missing) > 1 else "")
+            + f"); {_RECOPY}"
+        )
+    found = _edits(d, cfg, saved)
+    if not found and "files_sha256" not in cfg:
+        logger.warning(
+            "%s has no files_sha256 (saved by an older hiercls): only %s is verified, not the taxonomy or "
+            "tokenizer files; save the model again to cover them",
+            cfg_path,
+            weights.name,
+        )
+    if found and trust_edits:
+        warnings.warn(
+            f"loading the edited model folder {d} (trust_edits=True): " + "; ".join(found), UserWarning, stacklevel=3
+        )
+    elif found:
+        more = f" (and {len(found) - 1} more: {'; '.join(found[1:4])})" if len(found) > 1 else ""
+        raise CheckpointError(
+            f"{found[0]}{more}. The folder is not the model that was saved: {_RECOPY}, or load it as it is now "
+            "with trust_edits=True"
         )
 
 
@@ -221,6 +319,7 @@ class HierarchicalClassifier(nn.Module):
         self.head_name = ""
         self.head_options: dict[str, Any] = {}
         self.temperature = 1.0
+        self._rebuild_verified: tuple[Any, ...] | None = None  # what save_pretrained's rebuild check last passed
         self._build_head(head, taxonomy, dict(head_options or {}))
         if self.dense and not getattr(self.head, "supports_dense", False):
             why = f"backbone {spec!r} gives per-voxel features" if backbone.always_dense else "dense=True"
@@ -489,6 +588,46 @@ class HierarchicalClassifier(nn.Module):
         return self.backbone.transform(train=train, image_size=image_size, **overrides)
 
     # ------------------------------------------------------------------ persistence
+    @property
+    def network(self) -> nn.Module:
+        """The backbone's network: the timm / Hugging Face model (inside the head for prompting heads)."""
+        if self.is_prompted:
+            return self.head.vit if self.modality == "image" else self.head.encoder
+        return getattr(self.backbone, "model", self.backbone)
+
+    def _check_rebuild(self, cfg: Mapping[str, Any], directory: Path) -> None:
+        """Refuse to save a backbone that the folder would rebuild as another network.
+
+        The saved config is rebuilt on the meta device (no memory, no initialisation) and compared with this
+        model's network: module structure (``repr``: layer types, pooling, activations, drop rates) and every
+        parameter's name and shape. A timm object whose constructor arguments are not recorded, or a network
+        changed after it was built, differs here instead of reloading as another model.
+        """
+        mine = self.network
+        a, text = [(k, tuple(v.shape)) for k, v in mine.state_dict().items()], repr(mine)
+        hf_config = getattr(getattr(mine, "config", None), "to_json_string", None)
+        key = (json.dumps([cfg.get(k) for k in self.backbone.spec()], sort_keys=True), hf_config and hf_config())
+        if getattr(self, "_rebuild_verified", None) == (key, text, a):
+            return  # a run saves checkpoints again and again: the twin is built once per architecture
+        with torch.device("meta"):
+            twin = rebuild_backbone(cfg, directory)
+        theirs = getattr(twin, "model", twin)
+        b = [(k, tuple(v.shape)) for k, v in theirs.state_dict().items()]
+        if a == b and text == repr(theirs):
+            self._rebuild_verified = (key, text, a)
+            return
+        if a != b:
+            first = next((f"{x} here but {y} rebuilt" for x, y in zip(a, b, strict=False) if x != y), None)
+            what = first or f"{len(a)} tensors here but {len(b)} rebuilt"
+        else:
+            lines = difflib.unified_diff(text.splitlines(), repr(theirs).splitlines(), n=0, lineterm="")
+            what = " / ".join(x.strip() for x in list(lines)[2:4])
+        raise ValueError(
+            f"save_pretrained: the saved config would rebuild backbone {cfg['backbone']!r} with "
+            f"{cfg.get('backbone_kwargs') or 'no options'} as another network ({what}), so the folder would not "
+            f"reload this model. {_HOW}"
+        )
+
     def config(self) -> dict[str, Any]:
         """The JSON config written by :meth:`save_pretrained`."""
         return {
@@ -538,19 +677,27 @@ class HierarchicalClassifier(nn.Module):
                 "folder could not rebuild; save model.state_dict() yourself, or build the model from a timm or "
                 "Hugging Face model"
             )
+        cfg = self.config()
+        problem = getattr(self.backbone, "rebuild_problem", None)
+        if problem:
+            raise ValueError(
+                f"save_pretrained: the backbone could not be rebuilt from the saved folder: {problem}. {_HOW}"
+            )
         out = Path(directory)
         with writing(out):
             out.mkdir(parents=True, exist_ok=True)
-        cfg = self.config()
+        defining = [cfg["taxonomy_file"]]
         with writing(out / cfg["taxonomy_file"]):
             write_json(self.taxonomy, out / cfg["taxonomy_file"])
         if isinstance(self.backbone, HFBackbone):
-            encoder = self.head.encoder if self.is_prompted else self.backbone.model
             with writing(out / "backbone"):
-                self.backbone.save_files(out, encoder)
+                defining += self.backbone.save_files(out, self.network)
+        self._check_rebuild(cfg, out)
+        # config.json records the hash of every file that defines the model; the weights file carries the
+        # identity of the model it belongs to (the config, those hashes included): an edited config, taxonomy
+        # or tokenizer file, or a damaged / swapped weights file, is refused on load.
+        cfg["files_sha256"] = {rel: sha256_file(out / rel) for rel in sorted(set(defining))}
         weights = out / "model.safetensors"
-        # The weights file carries the identity of the model it belongs to, config.json the hash of the file:
-        # an edited config or a damaged / swapped weights file is refused on load.
         metadata = {"format": "pt", "hiercls": CONFIG_FORMAT, IDENTITY_KEY: _identity_json(cfg)}
         with writing(weights):
             save_model(self, str(weights), metadata=metadata)
@@ -569,6 +716,7 @@ class HierarchicalClassifier(nn.Module):
         taxonomy: Taxonomy | None = None,
         *,
         map_location: str | torch.device = "cpu",
+        trust_edits: bool = False,
     ) -> HierarchicalClassifier:
         """Load a model written by :meth:`save_pretrained`.
 
@@ -578,6 +726,8 @@ class HierarchicalClassifier(nn.Module):
                 (node ids index every output, so another taxonomy would silently mislabel). ``None`` uses the
                 saved copy.
             map_location: device for the weights.
+            trust_edits: load a folder whose files were edited since it was saved (an edited tokenizer, taxonomy
+                display names, backbone config), with a warning naming each edited file; by default it is refused.
 
         Raises:
             FileNotFoundError: a file of the saved model is missing.
@@ -609,7 +759,7 @@ class HierarchicalClassifier(nn.Module):
         weights = d / "model.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"saved model {str(d)!r} lacks model.safetensors")
-        verify_model_files(d, cfg)
+        verify_model_files(d, cfg, trust_edits=trust_edits)
         want = cfg["taxonomy_fingerprint"]
         if taxonomy is not None and taxonomy.fingerprint != want:
             raise TaxonomyError(

@@ -2,7 +2,8 @@
 and the ``hierarchical-classification`` pipeline.
 
 Importing this module registers ``model_type="hiercls"`` with ``AutoConfig`` and ``AutoModel`` and the pipeline
-task with ``transformers.pipeline``; ``transformers`` is imported only here, so ``import hiercls`` stays light.
+task with ``transformers.pipeline``; ``transformers`` is imported only here, so ``import hiercls`` stays light
+(it imports this module once ``transformers`` loads its Auto classes: :mod:`hiercls._autoregister`).
 There is one persistence format, hiercls's own (:meth:`HierarchicalClassifier.save_pretrained`): its
 ``config.json`` carries ``"model_type": "hiercls"``, and these classes read and write exactly those files. Loading
 is from a local folder only and never runs code from it (no ``trust_remote_code``).
@@ -30,7 +31,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +182,7 @@ class HierclsModel(PreTrainedModel):
         *model_args: Any,
         config: Any = None,
         taxonomy: Taxonomy | None = None,
+        trust_edits: bool = False,
         subfolder: str = "",
         device_map: Any = None,
         dtype: Any = None,
@@ -191,6 +195,8 @@ class HierclsModel(PreTrainedModel):
             pretrained_model_name_or_path: a local folder; nothing is downloaded.
             config: ignored beyond a consistency check (the folder's ``config.json`` is read).
             taxonomy: the expected taxonomy (refused unless its fingerprint matches the saved one).
+            trust_edits: load a folder whose files were edited since it was saved, with a warning naming them
+                (see :meth:`HierarchicalClassifier.from_pretrained`).
             subfolder: a folder inside ``pretrained_model_name_or_path``.
             device_map: one device (``"cpu"``, ``"cuda:0"``, a ``torch.device``); dict maps are refused.
             dtype, torch_dtype: a floating dtype to cast the weights to (``"auto"``/``None``: as saved).
@@ -214,7 +220,7 @@ class HierclsModel(PreTrainedModel):
             raise ValueError("device_map: hiercls models load onto one device; pass a device, not a map")
         device = torch.device("cpu" if device_map in (None, "auto") else device_map)
         d, _ = resolve_model_dir(path)
-        clf = HierarchicalClassifier.from_pretrained(d, taxonomy, map_location=device)
+        clf = HierarchicalClassifier.from_pretrained(d, taxonomy, map_location=device, trust_edits=trust_edits)
         cast = dtype if dtype is not None else torch_dtype
         if cast not in (None, "auto"):
             clf = clf.to(getattr(torch, cast) if isinstance(cast, str) else cast)
@@ -349,10 +355,12 @@ class HierarchicalClassificationPipeline(Pipeline):
         return {}, forward, {}
 
     def preprocess(self, inputs: Any) -> dict[str, Any]:
-        # Image files are opened by predict, as for ``hiercls predict``.
-        if self.model.hiercls_model.modality == "text" and not isinstance(inputs, str):
-            raise TypeError(f"this is a text model: give strings, not {type(inputs).__name__}")
-        return {"inputs": inputs}
+        # Image files are opened by predict, as for ``hiercls predict``; a _Batch is a group of inputs.
+        items = list(inputs) if isinstance(inputs, _Batch) else [inputs]
+        if self.model.hiercls_model.modality == "text" and not all(isinstance(x, str) for x in items):
+            bad = next(x for x in items if not isinstance(x, str))
+            raise TypeError(f"this is a text model: give strings, not {type(bad).__name__}")
+        return {"inputs": items, "batched": isinstance(inputs, _Batch)}
 
     def _forward(
         self,
@@ -362,27 +370,82 @@ class HierarchicalClassificationPipeline(Pipeline):
         image_size: int | None = None,
     ) -> dict[str, Any]:
         clf = self.model.hiercls_model
-        return predict(
+        items = model_inputs["inputs"]
+        results = predict(
             clf,
             clf.taxonomy,
-            [model_inputs["inputs"]],
+            items,
             decoder=decoder,
             top_k=top_k,
+            batch_size=len(items),
             device=self.device,
             image_size=image_size,
-        )[0]
+        )
+        return {"results": results, "batched": model_inputs["batched"]}
 
-    def postprocess(self, model_outputs: dict[str, Any]) -> dict[str, Any]:
-        return model_outputs
+    def postprocess(self, model_outputs: dict[str, Any]) -> Any:
+        return model_outputs["results"] if model_outputs["batched"] else model_outputs["results"][0]
+
+    def get_iterator(
+        self,
+        inputs: Any,
+        num_workers: int,
+        batch_size: int,
+        preprocess_params: dict[str, Any],
+        forward_params: dict[str, Any],
+        postprocess_params: dict[str, Any],
+    ) -> Iterator[dict[str, Any]]:
+        """``pipe(inputs, batch_size=n)``: groups of ``n`` raw inputs, each decoded by one :func:`predict` call.
+
+        transformers' batching pads tokenizer or image-processor tensors; here the model tokenises and transforms
+        inside ``predict``, so the grouping happens before (one group per step of transformers' loop) and the
+        results are unrolled after, in input order.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        groups = _Groups(inputs, batch_size) if isinstance(inputs, Sized) else _group(inputs, batch_size)
+        results = super().get_iterator(groups, num_workers, 1, preprocess_params, forward_params, postprocess_params)
+        return itertools.chain.from_iterable(results)
+
+
+class _Batch(tuple):
+    """A group of raw pipeline inputs (one :func:`predict` call)."""
+
+    __slots__ = ()
+
+
+class _Groups(Sequence):
+    """``inputs`` (a list or a map-style dataset) in consecutive groups of ``size``, read lazily."""
+
+    def __init__(self, inputs: Any, size: int) -> None:
+        self.inputs, self.size = inputs, size
+
+    def __len__(self) -> int:
+        return -(-len(self.inputs) // self.size)
+
+    def __getitem__(self, i: int) -> _Batch:  # type: ignore[override]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        stop = min(len(self.inputs), (i + 1) * self.size)
+        return _Batch(self.inputs[j] for j in range(i * self.size, stop))
+
+
+def _group(inputs: Iterable[Any], size: int) -> Iterator[_Batch]:
+    it = iter(inputs)
+    while chunk := _Batch(itertools.islice(it, size)):
+        yield chunk
 
 
 def pipeline(
     model: str | os.PathLike[str] | HierarchicalClassifier | HierclsModel,
     *,
     device: str | torch.device = "cpu",
+    trust_edits: bool = False,
     **kwargs: Any,
 ) -> HierarchicalClassificationPipeline:
     """The ``hierarchical-classification`` pipeline for a saved folder or a model in memory.
+
+    ``trust_edits``: load a folder whose files were edited since it was saved (with a warning naming them).
 
     Example:
         >>> import tempfile
@@ -396,7 +459,7 @@ def pipeline(
         (['path', 'prediction', 'top_k'], True, 2)
     """
     if isinstance(model, (str, os.PathLike)):
-        model = HierclsModel.from_pretrained(model)
+        model = HierclsModel.from_pretrained(model, trust_edits=trust_edits)
     return HierarchicalClassificationPipeline(model, device=device, task=PIPELINE_TASK, **kwargs)
 
 
