@@ -560,6 +560,10 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
         v0 = r[0] if first == 1 else -np.inf  # the empty prediction scores the root label only
         tol = TIE_RTOL * max(1.0, ptil[0])  # expected hF-beta is at most the row's mass
         sets[row, 0] = True
+        size = _one_size(r)
+        if size:
+            values[row] = _single_size(ptil, n, first, b2 * size, b2, tol, v0, buf, cand, sets[row])
+            continue
         left_out = np.inf  # the largest P~ the last grown round left out: lower thresholds above it change nothing
         for ri in range(fractions.size):
             last = ri == fractions.size - 1
@@ -580,11 +584,7 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
                 )
             prof = (seg, ent_m, ent_q, cpar)
             kmax = n - first if left_out > 0.0 else count - first  # left_out > 0: nodes outside may matter
-            hi, kg = np.int64(0), np.int64(0)
-            for m in range(r.size):
-                hi = m if r[m] > 0.0 else hi
-            for i in range(first, count):
-                kg += ptil[cand[i]] > 0.5 * ptil[0]
+            hi, kg = _start(r, ptil, cand, first, count)
             best, ne, certified = v0, 0, True
             if kmax > 0:
                 kg = min(max(kg, 1), kmax)
@@ -601,25 +601,124 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
 
 
 @jit
+def _start(r, ptil, cand, first, count):
+    """``(hi, kg)``: the largest label size with mass, and the size of the majority path (the search's guess)."""
+    hi, kg = np.int64(0), np.int64(0)
+    for m in range(r.size):
+        hi = m if r[m] > 0.0 else hi
+    for i in range(first, count):
+        kg += ptil[cand[i]] > 0.5 * ptil[0]
+    return hi, kg
+
+
+@jit
 def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, out):
     """Pick the smallest size tied with ``best`` (the empty prediction first), mark its top-``k`` candidates in
-    ``out`` and return their weight sum. Weights within ``tolw`` of the ``k``-th are tied: the smaller ids are taken
-    (an ancestor in the tie band before its descendants)."""
+    ``out`` and return their weight sum (:func:`_take`)."""
     win = _winner(ev, ne, best, tol, v0)
     if win < 0:
         return v0
-    k, kth = int(ev[win, 0]), ev[win, 2]
+    k = int(ev[win, 0])
     seg, ent_m, ent_q, cpar = prof
     _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w)
+    return _take(k, ev[win, 2], 1.0, w, first, count, cand, out)
+
+
+@jit
+def _take(k, kth, scale, w, first, count, cand, out):
+    """Mark in ``out`` the ``k`` candidates ``cand[first:count]`` of largest weight ``scale * w`` (``kth``: the
+    ``k``-th largest, unscaled) and return their weight sum. Weights within ``TIE_RTOL / (2k)`` of the ``k``-th
+    are tied: the smaller ids are taken (an ancestor in the tie band before its descendants)."""
     tolw = TIE_RTOL / (2 * k)
+    kw = scale * kth
     total, taken = 0.0, 0
     for band in (False, True):
         for i in range(first, count):
-            if (w[i] > kth + tolw and not band) or (band and taken < k and abs(w[i] - kth) <= tolw):
+            wi = scale * w[i]
+            if (wi > kw + tolw and not band) or (band and taken < k and abs(wi - kw) <= tolw):
                 out[cand[i]] = True
-                total += w[i]
+                total += wi
                 taken += 1
     return total
+
+
+@jit
+def _one_size(r):
+    """The one label size ``m >= 1`` that holds mass in ``r`` (the mass by size), else 0."""
+    size = 0
+    for m in range(1, r.size):
+        if r[m] > 0.0:
+            if size:
+                return 0
+            size = m
+    return size
+
+
+@jit
+def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
+    """The optimum of a row whose labels (the root's aside) all have one size ``m``, ``c = b2 m``: then
+    ``w_k(n) = (1 + b2) P~(n) / (c + k)`` orders the nodes alike for every ``k``, and ``V_k`` is that factor times
+    ``T_k``, the sum of the ``k`` largest ``P~``. Its maximum over ``k`` is Dinkelbach's fixed point ``l`` of
+    ``l = T / (c + |{P~ > l}|)`` over ``{P~ > l}`` (one pass per step, a few steps); the smallest tied size is
+    the shortest prefix, largest first, with ``sum (P~ - u) >= u c`` for ``u`` the tied value's ``T_k / (c + k)``
+    (:func:`_shortest_prefix`). ``O(N)`` per row, no sort; ``ids``/``buf`` are scratch of ``n`` entries."""
+    lam = 0.0
+    while True:
+        s, cnt = 0.0, 0
+        for v in range(first, n):
+            if ptil[v] > lam:
+                s += ptil[v]
+                cnt += 1
+        if cnt == 0 or not s / (c + cnt) > lam:
+            break
+        lam = s / (c + cnt)
+    best = max(v0, (1.0 + b2) * lam)
+    if v0 >= best - tol:
+        return v0
+    u = (best - tol) / (1.0 + b2)
+    na = 0
+    for v in range(first, n):
+        if ptil[v] > u:
+            buf[na] = ptil[v]
+            na += 1
+    k, kth = _shortest_prefix(buf, na, u, u * c)
+    for v in range(n):
+        ids[v] = v
+    return _take(k, kth, (1.0 + b2) / (c + k), ptil, first, n, ids, out)
+
+
+@jit
+def _shortest_prefix(buf, na, u, need):
+    """``(k, kth)``: the fewest of the values ``buf[:na]`` (all above ``u``), largest first, whose excesses over
+    ``u`` sum to ``need`` (at least one), and the smallest of them: a quickselect on three-way partitions that
+    recurses into the part holding the ``k``-th value (the values are reordered)."""
+    k, kth, lo, hi = 0, buf[0], 0, na
+    while lo < hi:  # the answer's k-th value is in buf[lo:hi]; k counts the values taken above it
+        x, y, z = buf[lo], buf[(lo + hi - 1) // 2], buf[hi - 1]
+        pivot = max(min(x, y), min(max(x, y), z))
+        g, i, e = lo, lo, hi  # [lo, g) > pivot, [g, e) == pivot, [e, hi) < pivot
+        while i < e:
+            if buf[i] > pivot:
+                buf[g], buf[i] = buf[i], buf[g]
+                g += 1
+                i += 1
+            elif buf[i] < pivot:
+                e -= 1
+                buf[e], buf[i] = buf[i], buf[e]
+            else:
+                i += 1
+        above = 0.0
+        for j in range(lo, g):
+            above += buf[j] - u
+        if above >= need and g > lo:
+            hi = g
+            continue
+        kth, step = pivot, pivot - u
+        if above + (e - g) * step >= need:
+            return k + (g - lo) + min(max(int(np.ceil((need - above) / step)), 1), e - g), kth
+        need -= above + (e - g) * step
+        k, lo = k + (e - lo), e
+    return max(k, 1), kth
 
 
 def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
