@@ -676,23 +676,23 @@ def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
     if v0 >= best - tol:
         return v0
     u = (best - tol) / (1.0 + b2)
-    na = 0
-    for v in range(first, n):
-        if ptil[v] > u:
-            buf[na] = ptil[v]
-            na += 1
-    k, kth = _shortest_prefix(buf, na, u, u * c)
+    k, kth = _shortest_prefix(ptil, first, n, u, u * c, buf)
     for v in range(n):
         ids[v] = v
     return _take(k, kth, (1.0 + b2) / (c + k), ptil, first, n, ids, out)
 
 
 @jit
-def _shortest_prefix(buf, na, u, need):
-    """``(k, kth)``: the fewest of the values ``buf[:na]`` (all above ``u``), largest first, whose excesses over
-    ``u`` sum to ``need`` (at least one), and the smallest of them: a quickselect on three-way partitions that
-    recurses into the part holding the ``k``-th value (the values are reordered)."""
-    k, kth, lo, hi = 0, buf[0], 0, na
+def _shortest_prefix(values, first, n, u, need, buf):
+    """``(k, kth)``: the fewest of ``values[first:n]``, largest first, whose excesses over ``u`` sum to ``need``
+    (at least one, and one value above ``u`` exists), and the smallest of them: a quickselect on three-way
+    partitions of the values above ``u`` (copied to ``buf``) that recurses into the part holding the ``k``-th."""
+    hi = 0
+    for v in range(first, n):
+        if values[v] > u:
+            buf[hi] = values[v]
+            hi += 1
+    k, kth, lo = 0, buf[0], 0
     while lo < hi:  # the answer's k-th value is in buf[lo:hi]; k counts the values taken above it
         x, y, z = buf[lo], buf[(lo + hi - 1) // 2], buf[hi - 1]
         pivot = max(min(x, y), min(max(x, y), z))
