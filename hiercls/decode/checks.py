@@ -184,12 +184,10 @@ def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int
     if mode == NODE:
         if abs(np.float64(x[0]) - 1.0) > tol[3]:
             return ROOT, 0
-        if child.shape[0] > 0 and child[0] == 1 and child[-1] == child.shape[0]:  # a tree: children 1..N-1
-            for e in range(parent.shape[0]):
-                bad |= np.float64(x[e + 1] - x[parent[e]]) > edge
-        else:
-            for e in range(parent.shape[0]):
-                bad |= np.float64(x[child[e]] - x[parent[e]]) > edge
+        tree = child.shape[0] > 0 and child[0] == 1 and child[-1] == child.shape[0]  # children 1..N-1 in order
+        for e in range(child.shape[0]):
+            c = e + 1 if tree else child[e]
+            bad |= np.float64(x[c] - x[parent[e]]) > edge
         if bad:
             for e in range(child.shape[0]):
                 if np.float64(x[child[e]] - x[parent[e]]) > edge:

@@ -44,8 +44,7 @@ settle this way are searched again with a lower threshold ``t``, the last time `
 on a balanced tree or a star, ``q_m(n) = P~(n)`` and ``w_k(n) = (1+\beta^2) P~(n) / (\beta^2 m + k)``: the nodes
 sort alike for every ``k`` and ``V_k`` is that factor times the sum of the ``k`` largest ``P~``. The row is
 then solved without the search: the best value is Dinkelbach's fixed point of ``T / (\beta^2 m + |T|)`` over
-``T = {P~ > l}``, and the smallest tied size the shortest prefix, largest ``P~`` first, that reaches it (a weighted
-quickselect), ``O(N)`` per row.
+``T = {P~ > l}``, ``O(N)`` per row, and a smaller tied size is found by bisection (top-``k`` sums by quickselect).
 
 *Branch and bound over the size.* ``V_k`` (or ``R_k``) is evaluated at a few sizes: ``1``, the majority path's
 size, then doubling. Two bounds prune the rest. For every ``k' >= k``, ``|S cap Y| <= min(k', m)`` gives
@@ -667,10 +666,10 @@ def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
     """The optimum of a row whose labels (the root's aside) all have one size ``m``, ``c = b2 m``: then
     ``w_k(n) = (1 + b2) P~(n) / (c + k)`` orders the nodes alike for every ``k``, and ``V_k`` is that factor times
     ``T_k``, the sum of the ``k`` largest ``P~``. Its maximum over ``k`` is Dinkelbach's fixed point ``l`` of
-    ``l = T / (c + |{P~ > l}|)`` over ``{P~ > l}`` (one pass per step, a few steps); the smallest tied size is
-    the shortest prefix, largest first, with ``sum (P~ - u) >= u c`` for ``u`` the tied value's ``T_k / (c + k)``
-    (:func:`_shortest_prefix`). ``O(N)`` per row, no sort; ``ids``/``buf`` are scratch of ``n`` entries."""
-    lam = 0.0
+    ``l = T / (c + |{P~ > l}|)`` over ``{P~ > l}`` (one pass per step, a few steps), reached at ``k* = |{P~ > l}|``;
+    ``V_k`` grows up to ``k*``, so the smallest tied size is found by bisection below it, each ``T_k`` by
+    :func:`_relaxed_top` (no nodes outside). ``O(N)`` per row without ties; ``ids``/``buf``: scratch of ``n``."""
+    lam, kstar = 0.0, 1
     while True:
         s, cnt = 0.0, 0
         for v in range(first, n):
@@ -679,54 +678,21 @@ def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
                 cnt += 1
         if cnt == 0 or not s / (c + cnt) > lam:
             break
-        lam = s / (c + cnt)
+        lam, kstar = s / (c + cnt), cnt
     best = max(v0, (1.0 + b2) * lam)
     if v0 >= best - tol:
         return v0
-    u = (best - tol) / (1.0 + b2)
-    k, kth = _shortest_prefix(ptil, first, n, u, u * c, buf)
+    lo, hi = 1, kstar
+    while lo < hi:  # the first probe is k* - 1: without a tie it ends the bisection at once
+        mid = kstar - 1 if hi == kstar else (lo + hi) // 2
+        if (1.0 + b2) * _relaxed_top(mid, ptil, n, first, 0.0, 0.0, buf)[0] / (c + mid) >= best - tol:
+            hi = mid
+        else:
+            lo = mid + 1
+    kth = _relaxed_top(lo, ptil, n, first, 0.0, 0.0, buf)[1]
     for v in range(n):
         ids[v] = v
-    return _take(k, kth, (1.0 + b2) / (c + k), ptil, first, n, ids, out)
-
-
-@jit
-def _shortest_prefix(values, first, n, u, need, buf):
-    """``(k, kth)``: the fewest of ``values[first:n]``, largest first, whose excesses over ``u`` sum to ``need``
-    (at least one, and one value above ``u`` exists), and the smallest of them: a quickselect on three-way
-    partitions of the values above ``u`` (copied to ``buf``) that recurses into the part holding the ``k``-th."""
-    hi = 0
-    for v in range(first, n):
-        if values[v] > u:
-            buf[hi] = values[v]
-            hi += 1
-    k, kth, lo = 0, buf[0], 0
-    while lo < hi:  # the answer's k-th value is in buf[lo:hi]; k counts the values taken above it
-        x, y, z = buf[lo], buf[(lo + hi - 1) // 2], buf[hi - 1]
-        pivot = max(min(x, y), min(max(x, y), z))
-        g, i, e = lo, lo, hi  # [lo, g) > pivot, [g, e) == pivot, [e, hi) < pivot
-        while i < e:
-            if buf[i] > pivot:
-                buf[g], buf[i] = buf[i], buf[g]
-                g += 1
-                i += 1
-            elif buf[i] < pivot:
-                e -= 1
-                buf[e], buf[i] = buf[i], buf[e]
-            else:
-                i += 1
-        above = 0.0
-        for j in range(lo, g):
-            above += buf[j] - u
-        if above >= need and g > lo:
-            hi = g
-            continue
-        kth, step = pivot, pivot - u
-        if above + (e - g) * step >= need:
-            return k + (g - lo) + min(max(int(np.ceil((need - above) / step)), 1), e - g), kth
-        need -= above + (e - g) * step
-        k, lo = k + (e - lo), e
-    return max(k, 1), kth
+    return _take(lo, kth, (1.0 + b2) / (c + lo), ptil, first, n, ids, out)
 
 
 def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
