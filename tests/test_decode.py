@@ -13,10 +13,12 @@ from _generators import ancestor_indicator, nx_tree_distance, random_label_distr
 from hiercls.decode import (
     RULES,
     SET_RULES,
+    ProbabilityError,
     argmax_leaf,
     bayes,
     bayes_node,
     calibrate_info_gain,
+    check_probabilities,
     crm,
     decode,
     expected_cost,
@@ -294,3 +296,25 @@ def test_inputs_are_never_modified() -> None:
                 before = arr.copy()
                 decode(arr, tax, rule, leaf_probs=lp)
                 np.testing.assert_array_equal(arr, before, err_msg=rule)
+
+
+def test_float32_edge_check_decides_as_float64_at_the_tolerance() -> None:
+    """The row check takes a float32 child's excess over its parent in float32: near the tolerance that
+    difference is exact or within 1e-11, so rows a hair inside the tolerance pass and rows a hair outside are
+    refused, as the float64 difference of the same values decides (parents from 1e-6 to 1, both sides)."""
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("r", "b")])
+    tol = 1e-4 + 2.0**-23  # atol plus float32's epsilon, one term
+    rng = np.random.default_rng(5)
+    for parent in np.concatenate([10.0 ** -rng.uniform(0, 6, size=300), [1.0 - tol, 0.5]]):
+        for side in (-1.0, 1.0):
+            p32 = np.float32(parent)
+            c32 = np.float32(float(p32) + tol + side * 1e-9)
+            excess = float(c32) - float(p32)
+            if abs(excess - tol) < 1e-10 or c32 > 1.0:
+                continue
+            row = np.array([[1.0, p32, c32, 1.0 - p32]], dtype=np.float32)
+            if excess > tol:
+                with pytest.raises(ProbabilityError, match="never more likely than its parent"):
+                    check_probabilities(row, tax)
+            else:
+                check_probabilities(row, tax)

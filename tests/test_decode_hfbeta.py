@@ -485,3 +485,51 @@ def test_children_heavier_than_their_parent_are_refused_naming_the_row() -> None
     with probability_checks(False):
         sets, value = optimal_hfbeta(probs, tax, return_value=True)
     assert sets.shape == (3, 5) and np.isfinite(value).all()
+
+
+def test_one_label_size_rows_match_the_per_size_optimum() -> None:
+    """Balanced trees with leaf labels only (every label one size: the rows the decoder solves in closed form,
+    without the search over sizes): random, peaked, uniform and quantised (tied) posteriors, with and without
+    the root, against the unpruned per-size maximum; the tied rows pick the smallest optimal set, and among
+    those of its size the smallest ids (brute force)."""
+    rng = np.random.default_rng(61)
+    for fanout in ((3, 2, 2), (5, 3), (12,), (3, 3), (2, 2, 2)):
+        edges, level = [], ["r"]
+        for width in fanout:
+            nxt = [f"{u}.{i}" for u in level for i in range(width)]
+            edges += [(u, f"{u}.{i}") for u in level for i in range(width)]
+            level = nxt
+        tax = Taxonomy(edges)
+        leaves = tax.num_leaves
+        leaf = np.concatenate(
+            [
+                rng.dirichlet(np.full(leaves, 0.3), size=6),
+                rng.dirichlet(np.full(leaves, 20.0), size=3),
+                np.full((1, leaves), 1.0 / leaves),
+                np.eye(leaves)[:2],
+                rng.integers(0, 3, size=(4, leaves)).astype(float) + np.eye(leaves)[:4],
+            ]
+        )
+        leaf /= leaf.sum(1, keepdims=True)
+        node = np.asarray(tax.marginals(leaf))
+        a = ancestor_indicator(tax)
+        for beta in (0.0, 0.5, 1.0, 3.0):
+            for include_root in (False, True):
+                want = _per_size_optimum(node, tax, beta, include_root)
+                sets, value = optimal_hfbeta(node, tax, beta, include_root=include_root, return_value=True)
+                ctx = f"fanout {fanout} beta={beta} include_root={include_root}"
+                np.testing.assert_allclose(value, want, atol=1e-9, err_msg=ctx)
+                achieved = expected_hfbeta(sets, node, tax, beta, include_root=include_root)
+                np.testing.assert_allclose(achieved, want, atol=1e-9, err_msg=ctx)
+                assert all(s[0] and np.all(a[s][:, ~s] == 0) for s in sets), ctx
+        if tax.num_nodes <= 15:  # brute force over every ancestor-closed set: the tie rule
+            p = node @ np.linalg.inv(a)
+            subsets = closed_subsets(a, False)
+            for beta in (0.5, 1.0, 2.0):
+                exp = brute_expected(subsets, p, a, beta, False)
+                got = optimal_hfbeta(node, tax, beta)
+                for row in range(len(node)):
+                    tied = subsets[exp[:, row] >= exp[:, row].max() - 1e-9]
+                    smallest = tied[tied.sum(1) == tied.sum(1).min()]
+                    want_set = min(smallest, key=lambda s: np.flatnonzero(s).tolist())
+                    np.testing.assert_array_equal(got[row], want_set, err_msg=f"{fanout} beta={beta} row {row}")

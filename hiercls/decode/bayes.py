@@ -85,17 +85,17 @@ def tree_cost_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, par: An
     """Per row of a tree's node probabilities: ``E(n) = a(n) mass + c_const sum_y p(y) f(y) - s2 S(n) - g(n) p(n)``
     with ``S(n)`` the sum of ``delta(u) P~(u)`` over the ancestors-or-self ``u`` of ``n``; the first candidate
     tied with the smallest ``E`` goes to ``ids``, its ``E`` to ``best`` and, when ``costs`` has rows, every
-    ``E(n)`` to ``costs``. Ids are a pre-order (``par[j] < j``), so one pass up the ids and one down suffice; four
-    rows go through each pass together, so that their sums into a parent are independent of each other."""
+    ``E(n)`` to ``costs``. Ids are a pre-order (``par[j] < j``), so one pass up the ids and one down suffice.
+    Four rows go through each pass together (``x`` has a multiple of four rows): their sums into a parent are
+    independent of each other, and with no branch in the four-row steps the compiler does them as one vector."""
     n, rows = x.shape[1], 4
     p = np.empty((n, rows))  # p(j) on the way up; E(j) on the way down
     sub = np.empty((n, rows))  # the children's P, added up on the way up
     big = np.empty((n, rows))  # P~: the children's P~, then j's own
     s = np.empty((n, rows))
-    moment, low = np.empty(rows), np.empty(rows)
+    moment, low, short = np.empty(rows), np.empty(rows), np.empty(rows)
     for b0 in range(0, x.shape[0], rows):
-        k = min(rows, x.shape[0] - b0)
-        for r in range(k):
+        for r in range(rows):
             code, pos = check_row(x[b0 + r], mode, child, parent, tol)
             if code:
                 err[0], err[1], err[2] = b0 + r, code, pos
@@ -106,36 +106,51 @@ def tree_cost_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, par: An
         low[:] = np.inf
         for j in range(n - 1, -1, -1):  # children first: sub[j] and big[j] are complete when j is reached
             u = par[j]
-            for r in range(k):
+            for r in range(rows):
                 v = np.float64(x[b0 + r, j])
                 pj = v - sub[j, r]
-                if mode == NODE and pj < -label_tol[j]:
-                    err[0], err[1], err[2] = b0 + r, 6, j
-                    return
+                short[r] = pj
                 pj = max(pj, 0.0)
                 p[j, r] = pj
                 big[j, r] += pj
                 moment[r] += pj * f[j]
-                if j:
-                    sub[u, r] += v
-                    big[u, r] += big[j, r]
-        for j in range(n):
-            u = par[j]
-            for r in range(k):
-                sj = (s[u, r] if j else 0.0) + delta[j] * big[j, r]
-                s[j, r] = sj
-                e = a[j] * big[0, r] + c_const * moment[r] - s2 * sj - g[j] * p[j, r]
-                if costs.shape[0]:
-                    costs[b0 + r, j] = e
-                if cand[j]:
-                    low[r] = min(low[r], e)
-                p[j, r] = e
-        for r in range(k):
+                sub[u, r] += v  # the root adds itself to sub[0], read no more
+                big[u, r] += big[j, r] if j else 0.0
+            if mode == NODE and min(short[0], short[1], short[2], short[3]) < -label_tol[j]:
+                for r in range(rows):
+                    if short[r] < -label_tol[j]:
+                        err[0], err[1], err[2] = b0 + r, 6, j
+                        return
+        if costs.shape[0]:
+            _costs_down(p, s, big, moment, low, par, a, delta, g, c_const, s2, cand, costs[b0 : b0 + rows])
+        else:
+            _costs_down(p, s, big, moment, low, par, a, delta, g, c_const, s2, cand, costs)
+        for r in range(rows):
             ceiling = low[r] + TIE_RTOL * max(1.0, abs(low[r]))
             for j in range(n):
                 if cand[j] and p[j, r] <= ceiling:
                     ids[b0 + r], best[b0 + r] = j, p[j, r]
                     break
+
+
+@jit
+def _costs_down(p, s, big, moment, low, par, a, delta, g, c_const, s2, cand, costs):  # type: ignore[no-untyped-def]
+    """The way down of :func:`tree_cost_rows` for four rows: ``S``, every ``E`` into ``p`` (and ``costs`` when it
+    has rows) and the smallest candidate ``E`` per row into ``low``."""
+    keep = costs.shape[0] > 0
+    for j in range(p.shape[0]):
+        u = par[j]
+        inf = 0.0 if cand[j] else np.inf
+        for r in range(4):
+            sj = (s[u, r] if j else 0.0) + delta[j] * big[j, r]
+            s[j, r] = sj
+            e = a[j] * big[0, r] + c_const * moment[r] - s2 * sj - g[j] * p[j, r]
+            p[j, r] = e
+            c = e + inf
+            low[r] = c if c < low[r] else low[r]
+        if keep:
+            for r in range(4):
+                costs[r, j] = p[j, r]
 
 
 def _kernel_tables(tax: Taxonomy, kind: str) -> tuple[Any, ...]:
@@ -167,7 +182,19 @@ def _kernel_costs(batch: Batch, kind: str, mask: np.ndarray, full: bool) -> tupl
     if b:
         tables = _kernel_tables(batch.taxonomy, kind)
         label_tol = label_mass_tolerance(batch.taxonomy, batch.eps)
-        tree_cost_rows(batch.x, *batch.check_args(), *tables, label_tol, mask, costs, ids, best, err)
+        whole = b - b % 4  # the kernel takes four rows at a time: the last rows go padded with copies of the last
+        args = (*batch.check_args(), *tables, label_tol, mask)
+        if whole:
+            tree_cost_rows(batch.x[:whole], *args, costs[:whole], ids[:whole], best[:whole], err)
+        if whole < b and not err[1]:
+            tail = np.concatenate([batch.x[whole:], np.repeat(batch.x[-1:], whole + 4 - b, axis=0)])
+            t_ids, t_best = np.zeros(4, dtype=np.int64), np.zeros(4)
+            t_costs = np.zeros((4, n) if full else (0, 0))
+            tree_cost_rows(tail, *args, t_costs, t_ids, t_best, err)
+            err[0] += whole
+            ids[whole:], best[whole:] = t_ids[: b - whole], t_best[: b - whole]
+            if full:
+                costs[whole:] = t_costs[: b - whole]
     batch.raise_if(err)
     return ids, best, costs if full else None
 

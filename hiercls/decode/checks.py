@@ -134,15 +134,16 @@ def dtype_eps(dtype: Any) -> float:
 
 
 def edges(taxonomy: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(child, parent)`` int64 of every edge, cached; children in increasing id order (on a tree ``1..N-1``)."""
+    """``(child, parent)`` int32 of every edge (half the index bytes of the row check), cached; children in
+    increasing id order (on a tree ``1..N-1``)."""
     cache = taxonomy.namespace_cache(__name__)
     if "edges" not in cache:
         if taxonomy.is_tree:
-            child = np.arange(1, taxonomy.num_nodes, dtype=np.int64)
-            parent = np.asarray(taxonomy.parent[1:], dtype=np.int64)
+            child = np.arange(1, taxonomy.num_nodes, dtype=np.int32)
+            parent = np.asarray(taxonomy.parent[1:], dtype=np.int32)
         else:
-            child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)).astype(np.int64)
-            parent = np.asarray(taxonomy.parent_idx, dtype=np.int64)
+            child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)).astype(np.int32)
+            parent = np.asarray(taxonomy.parent_idx, dtype=np.int32)
         cache["edges"] = (child, parent)
     return cache["edges"]
 
@@ -161,10 +162,12 @@ def row_tolerances(
 
 @jit
 def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int, int]:
-    """``(code, position)`` of the first fault of one row ``x`` (``(0, 0)`` when it passes), in float64.
+    """``(code, position)`` of the first fault of one row ``x`` (``(0, 0)`` when it passes).
 
-    The range first (NaN fails both comparisons), then by ``mode``: ``NODE`` the root and every edge
-    ``(child[e], parent[e])`` (position ``e``), ``LEAF`` the row sum, ``SCORES`` nothing more.
+    The range first, in float64 (NaN fails both comparisons), then by ``mode``: ``NODE`` the root and every edge
+    ``(child[e], parent[e])`` (position ``e``), ``LEAF`` the row sum, ``SCORES`` nothing more. An edge's excess
+    ``x[child] - x[parent]`` is taken in the row's dtype (float32 rows are read at half the bytes, and the
+    difference of two float32 values in ``[0, 1]`` near the tolerance is exact or within ``1e-11``).
     """
     lo, hi, edge = tol[0], tol[1], tol[2]
     bad = False
@@ -184,10 +187,10 @@ def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int
         tree = child.shape[0] > 0 and child[0] == 1 and child[-1] == child.shape[0]  # children 1..N-1 in order
         for e in range(child.shape[0]):
             c = e + 1 if tree else child[e]
-            bad |= np.float64(x[c]) - np.float64(x[parent[e]]) > edge
+            bad |= np.float64(x[c] - x[parent[e]]) > edge
         if bad:
             for e in range(child.shape[0]):
-                if np.float64(x[child[e]]) - np.float64(x[parent[e]]) > edge:
+                if np.float64(x[child[e]] - x[parent[e]]) > edge:
                     return EDGE, e
     elif mode == LEAF:
         s = 0.0
@@ -382,7 +385,7 @@ def check_probabilities(
     x = kernel_array(arr)
     tol = row_tolerances(taxonomy, mode, eps, atol)
     err = np.zeros(3, dtype=np.int64)
-    child, parent = edges(taxonomy) if mode == NODE else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    child, parent = edges(taxonomy) if mode == NODE else (np.zeros(0, np.int32), np.zeros(0, np.int32))
     check_rows(x, mode, child, parent, tol, err)
     raise_row_error(err, x, taxonomy, mode, tol, name, row_offset)
     return arr

@@ -40,6 +40,12 @@ tie margin). Nodes with ``P~ = 0`` have weight 0 and never matter. Rows whose se
 settle this way are searched again with a lower threshold ``t``, the last time ``t = 0``, where every node with
 ``P~ > 0`` is a candidate and nothing outside weighs anything: the result is exact on every input.
 
+*One label size.* When every label with mass (the root's aside) has the same size ``m``, as with leaf labels
+on a balanced tree or a star, ``q_m(n) = P~(n)`` and ``w_k(n) = (1+\beta^2) P~(n) / (\beta^2 m + k)``: the nodes
+sort alike for every ``k`` and ``V_k`` is that factor times the sum of the ``k`` largest ``P~``. The row is
+then solved without the search: the best value is Dinkelbach's fixed point of ``T / (\beta^2 m + |T|)`` over
+``T = {P~ > l}``, ``O(N)`` per row, and a smaller tied size is found by bisection (top-``k`` sums by quickselect).
+
 *Branch and bound over the size.* ``V_k`` (or ``R_k``) is evaluated at a few sizes: ``1``, the majority path's
 size, then doubling. Two bounds prune the rest. For every ``k' >= k``, ``|S cap Y| <= min(k', m)`` gives
 
@@ -65,8 +71,9 @@ Per row, one compiled pass (numba) over the nodes for the label probabilities, `
 size for ``c`` candidates and ``E <= N`` (candidate, label size) pairs: about five sizes for a peaked posterior,
 ``O(log K)`` more for flat ones, each threshold round at most once. A tensor is decoded on the host and the
 result moved back to its device. Measured (bench/bench_worstcase.py, 100 samples): a 10,000-node chain in 0.2-0.4 s,
-a 100,000-child star in 0.45 s for realistic posteriors and 3 s for the exactly uniform one (every size from a
-sixth of the children up is tied within the margin, so the search evaluates about 30 sizes over every child).
+a 100,000-child star (one label size: the closed form) in about 0.35 s for realistic posteriors and 0.8 s for
+the exactly uniform one, where every size from a sixth of the children up is tied within the margin and the
+bisection for the smallest takes about 17 quickselects per row (the search over sizes took 3 s).
 """
 
 from __future__ import annotations
@@ -560,6 +567,10 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
         v0 = r[0] if first == 1 else -np.inf  # the empty prediction scores the root label only
         tol = TIE_RTOL * max(1.0, ptil[0])  # expected hF-beta is at most the row's mass
         sets[row, 0] = True
+        size = _one_size(r)
+        if size:
+            values[row] = _single_size(ptil, n, first, b2 * size, b2, tol, v0, buf, cand, sets[row])
+            continue
         left_out = np.inf  # the largest P~ the last grown round left out: lower thresholds above it change nothing
         for ri in range(fractions.size):
             last = ri == fractions.size - 1
@@ -580,11 +591,7 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
                 )
             prof = (seg, ent_m, ent_q, cpar)
             kmax = n - first if left_out > 0.0 else count - first  # left_out > 0: nodes outside may matter
-            hi, kg = np.int64(0), np.int64(0)
-            for m in range(r.size):
-                hi = m if r[m] > 0.0 else hi
-            for i in range(first, count):
-                kg += ptil[cand[i]] > 0.5 * ptil[0]
+            hi, kg = _start(r, ptil, cand, first, count)
             best, ne, certified = v0, 0, True
             if kmax > 0:
                 kg = min(max(kg, 1), kmax)
@@ -601,25 +608,91 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
 
 
 @jit
+def _start(r, ptil, cand, first, count):
+    """``(hi, kg)``: the largest label size with mass, and the size of the majority path (the search's guess)."""
+    hi, kg = np.int64(0), np.int64(0)
+    for m in range(r.size):
+        hi = m if r[m] > 0.0 else hi
+    for i in range(first, count):
+        kg += ptil[cand[i]] > 0.5 * ptil[0]
+    return hi, kg
+
+
+@jit
 def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, out):
     """Pick the smallest size tied with ``best`` (the empty prediction first), mark its top-``k`` candidates in
-    ``out`` and return their weight sum. Weights within ``tolw`` of the ``k``-th are tied: the smaller ids are taken
-    (an ancestor in the tie band before its descendants)."""
+    ``out`` and return their weight sum (:func:`_take`)."""
     win = _winner(ev, ne, best, tol, v0)
     if win < 0:
         return v0
-    k, kth = int(ev[win, 0]), ev[win, 2]
+    k = int(ev[win, 0])
     seg, ent_m, ent_q, cpar = prof
     _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w)
+    return _take(k, ev[win, 2], 1.0, w, first, count, cand, out)
+
+
+@jit
+def _take(k, kth, scale, w, first, count, cand, out):
+    """Mark in ``out`` the ``k`` candidates ``cand[first:count]`` of largest weight ``scale * w`` (``kth``: the
+    ``k``-th largest, unscaled) and return their weight sum. Weights within ``TIE_RTOL / (2k)`` of the ``k``-th
+    are tied: the smaller ids are taken (an ancestor in the tie band before its descendants)."""
     tolw = TIE_RTOL / (2 * k)
+    kw = scale * kth
     total, taken = 0.0, 0
     for band in (False, True):
         for i in range(first, count):
-            if (w[i] > kth + tolw and not band) or (band and taken < k and abs(w[i] - kth) <= tolw):
+            wi = scale * w[i]
+            if (wi > kw + tolw and not band) or (band and taken < k and abs(wi - kw) <= tolw):
                 out[cand[i]] = True
-                total += w[i]
+                total += wi
                 taken += 1
     return total
+
+
+@jit
+def _one_size(r):
+    """The one label size ``m >= 1`` that holds mass in ``r`` (the mass by size), else 0."""
+    size = 0
+    for m in range(1, r.size):
+        if r[m] > 0.0:
+            if size:
+                return 0
+            size = m
+    return size
+
+
+@jit
+def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
+    """The optimum of a row whose labels (the root's aside) all have one size ``m``, ``c = b2 m``: then
+    ``w_k(n) = (1 + b2) P~(n) / (c + k)`` orders the nodes alike for every ``k``, and ``V_k`` is that factor times
+    ``T_k``, the sum of the ``k`` largest ``P~``. Its maximum over ``k`` is Dinkelbach's fixed point ``l`` of
+    ``l = T / (c + |{P~ > l}|)`` over ``{P~ > l}`` (one pass per step, a few steps), reached at ``k* = |{P~ > l}|``;
+    ``V_k`` grows up to ``k*``, so the smallest tied size is found by bisection below it, each ``T_k`` by
+    :func:`_relaxed_top` (no nodes outside). ``O(N)`` per row without ties; ``ids``/``buf``: scratch of ``n``."""
+    lam, kstar = 0.0, 1
+    while True:
+        s, cnt = 0.0, 0
+        for v in range(first, n):
+            if ptil[v] > lam:
+                s += ptil[v]
+                cnt += 1
+        if cnt == 0 or not s / (c + cnt) > lam:
+            break
+        lam, kstar = s / (c + cnt), cnt
+    best = max(v0, (1.0 + b2) * lam)
+    if v0 >= best - tol:
+        return v0
+    lo, hi = 1, kstar
+    while lo < hi:  # the first probe is k* - 1: without a tie it ends the bisection at once
+        mid = kstar - 1 if hi == kstar else (lo + hi) // 2
+        if (1.0 + b2) * _relaxed_top(mid, ptil, n, first, 0.0, 0.0, buf)[0] / (c + mid) >= best - tol:
+            hi = mid
+        else:
+            lo = mid + 1
+    kth = _relaxed_top(lo, ptil, n, first, 0.0, 0.0, buf)[1]
+    for v in range(n):
+        ids[v] = v
+    return _take(lo, kth, (1.0 + b2) / (c + lo), ptil, first, n, ids, out)
 
 
 def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:

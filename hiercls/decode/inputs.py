@@ -159,7 +159,7 @@ class Batch:
         self.raise_if(err, scores=scores)
 
 
-_NO_EDGES = np.zeros(0, dtype=np.int64)
+_NO_EDGES = np.zeros(0, dtype=np.int32)
 
 
 def _host_array(probs: Any, name: str) -> tuple[np.ndarray, Any, Any, float]:
