@@ -299,7 +299,9 @@ def predict(
     names, disp = taxonomy.names, taxonomy.display_names
     out: list[dict[str, Any]] = []
     model.eval()
-    bar = tqdm(total=len(inputs), desc="predict", unit="input", disable=not progress, leave=False)
+    bar = tqdm(
+        total=len(inputs), desc="predict", unit="input", disable=None if progress else True, leave=False
+    )  # None: a terminal only
     for start in range(0, len(inputs), batch_size):
         chunk = list(inputs[start : start + batch_size])
         x, _ = model.collate([(transform(_open_image(v)) if transform is not None else v, 0) for v in chunk])

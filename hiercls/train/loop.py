@@ -322,7 +322,9 @@ class _Run:
         s.model.train()
         self.steps_this_run, interrupted, results = 0, False, {}
         show = self.main and cfg.run.progress
-        self.bar = tqdm(total=self.total_steps, initial=s.step, desc="train", disable=not show, dynamic_ncols=True)
+        # disable=None: the bar only on a terminal, never written into a redirected log.
+        bar_off = None if show else True
+        self.bar = tqdm(total=self.total_steps, initial=s.step, desc="train", disable=bar_off, dynamic_ncols=True)
         self.log_acc = torch.zeros(2, dtype=torch.float64)
         self.t_log, self.samples_since_log = time.perf_counter(), 0
         if s.step >= self.total_steps and self.eval_loader is not None:
