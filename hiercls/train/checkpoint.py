@@ -82,6 +82,7 @@ RESUME_FREE_KEYS = frozenset(
         "run.threads",
         "run.save_every_steps",
         "run.device",
+        "run.loggers",
         "schedule.max_steps_this_run",
         "data.num_workers",
         "eval.save_probs",
@@ -98,6 +99,7 @@ PREVIOUS_RUN_OUTPUTS = (
     "eval_probs.npy",
     "eval_labels.npy",
     "curves.png",
+    "tensorboard",
 )
 #: Keys every ``resume.pt`` holds (written by :meth:`RunFolder.save_last`).
 RESUME_KEYS = ("optimizer", "scheduler", "scaler", "data", "step", "rng")
