@@ -7,10 +7,13 @@ TensorBoard's own ``EventAccumulator``.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import typing
 from pathlib import Path
 
 import pytest
+import torch
 
 from hiercls.train import loggers as loggers_module
 from hiercls.train.config import ConfigError, Logger, apply_overrides, config_from_dict
@@ -111,3 +114,31 @@ def test_logger_config_errors(tmp_path: Path):
         _recipe(tmp_path, "run", "run.loggers=[jsonl, tensorbord]")
     with pytest.raises(ConfigError, match="must be distinct"):
         _recipe(tmp_path, "run", "run.loggers=[jsonl, jsonl]")
+
+
+def _ddp_worker(rank: int, world: int, port: int, cfg) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    train(cfg)
+
+
+def test_under_ddp_only_rank_0_logs(tmp_path: Path):
+    """Two gloo processes: one event file, each step once in metrics.jsonl and in TensorBoard."""
+    pytest.importorskip("tensorboard")
+    cfg = _recipe(tmp_path, "ddp", "run.loggers=[jsonl, tensorboard]")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, port, cfg), nprocs=2, join=True)
+    assert len(list((tmp_path / "ddp" / "tensorboard").iterdir())) == 1  # rank 1 opened no writer
+    expected = _jsonl(tmp_path / "ddp")  # asserts each step once
+    got = _events(tmp_path / "ddp" / "tensorboard")
+    assert sorted(expected["train/loss"]) == [1, 2, 3, 4, 5, 6]
+    assert {tag: sorted(v) for tag, v in got.items()} == {tag: sorted(v) for tag, v in expected.items()}
