@@ -327,3 +327,68 @@ def test_predict_texts_from_csv_and_jsonl(tiny_bert, small_tree, tmp_path: Path,
     assert f"{jl}:2: expected a JSON object with key 'body'" in capsys.readouterr().err
     assert main(["predict", "--model", str(model_dir), str(data), "--text-column", "txt"]) == 2
     assert "no column 'txt'" in capsys.readouterr().err
+
+
+def test_evaluate_model_table_equals_the_table_of_the_saved_probabilities(
+    trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``evaluate --model RUN --table`` scores the model's probabilities on the split: the table that
+    ``evaluate --probs`` gives for the probabilities training saved of the same (last) checkpoint."""
+    run = trained["run"]
+    if not (run / "results.json").exists():
+        assert main(["train", str(trained["recipe"]), "--no-compare"]) == 0
+    model_json, probs_json = tmp_path / "m.json", tmp_path / "p.json"
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(run), "--checkpoint", "last", "--table", "--out", str(model_json)]) == 0
+    assert f"{run} (split 'val'): 10 samples (0 ignored)" in capsys.readouterr().out
+    files = ["--probs", str(run / "eval_probs.npy"), "--labels", str(run / "eval_labels.npy")]
+    files += ["--taxonomy", str(trained["dir"] / "tax.txt")]
+    assert main(["evaluate", *files, "--table", "--out", str(probs_json)]) == 0
+    a, b = json.loads(model_json.read_text()), json.loads(probs_json.read_text())
+    assert a.keys() == b.keys() and a["optimal"] == b["optimal"] and a["samples"] == b["samples"] == 10
+    for part in ("realised", "expected"):
+        for decoder, row in b[part].items():
+            for metric, value in row.items():  # None: a distance of a node-set decoder
+                got = a[part][decoder][metric]
+                assert got == value if value is None else got == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True)
+    assert main(["evaluate", "--model", str(run), "--labels", str(run / "eval_labels.npy")]) == 2
+    assert "--labels and --taxonomy go with --probs" in capsys.readouterr().err
+
+
+def test_training_off_a_terminal_writes_no_bars_and_one_line_per_eval(
+    trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redirected (stderr is no terminal), training writes no progress bar; each evaluation logs one line."""
+    caplog.set_level("INFO", logger="hiercls.train")
+    args = [
+        "--no-compare",
+        "--out-dir",
+        str(tmp_path / "q"),
+        "--set",
+        "schedule.epochs=2",
+        "--set",
+        "run.progress=true",
+    ]
+    assert main(["train", str(trained["recipe"]), *args]) == 0
+    err = capsys.readouterr().err
+    assert "it/s" not in err and "\r" not in err and "train:" not in err, err[-500:]
+    evals = [r for r in caplog.records if r.name == "hiercls.train.loop" and r.getMessage().startswith("eval after")]
+    assert [r.getMessage().split(":")[0] for r in evals] == ["eval after step 2", "eval after step 4"]
+
+
+def test_loading_a_text_model_shows_no_transformers_bars(tiny_bert, small_tree, capsys) -> None:
+    """hiercls silences transformers' "Loading weights" bar while it loads, and leaves the user's setting as it was."""
+    from transformers.utils import logging as hf_logging
+
+    from hiercls.models import create_model
+
+    assert hf_logging.is_progress_bar_enabled()
+    create_model(f"hf:{tiny_bert}", small_tree, head="flat")
+    assert "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # put back: a user's own transformers loads still show it
+    hf_logging.disable_progress_bar()
+    try:
+        create_model(f"hf:{tiny_bert}", small_tree, head="flat")
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()

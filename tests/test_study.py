@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +134,60 @@ def test_cli_quick_study(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 seed" in out and "CI [" in out
     assert not (tmp_path / "study" / "runs" / "flat-seed4").exists()
+
+
+def test_study_records_its_best_run_on_the_checkpoint_split(study):
+    """study.json's best run is the run whose best checkpoint scored highest on val (read back from results.json)."""
+    cfg, report = study
+    values = {}
+    for d in sorted((cfg.out_dir / "runs").iterdir()):
+        res = json.loads((d / "results.json").read_text(encoding="utf-8"))
+        assert res["best_key"] == "argmax_leaf/hF1_micro"  # the first decoder's
+        values[f"runs/{d.name}"] = res["best_value"]
+    top = max(values.values())
+    best = json.loads((cfg.out_dir / "study.json").read_text(encoding="utf-8"))["best_run"]
+    assert best == report["best_run"]
+    assert best["run"] == next(k for k in _run_order(report) if values[k] == top)  # ties: the first run trained
+    assert best["value"] == pytest.approx(top) and best["split"] == "val" and best["of"] == 4
+    assert f"best run (what evaluate/predict --model <this folder> load): {best['run']}" in format_study(report)
+
+
+def _run_order(report):
+    return [f"runs/{h}-seed{s}" for h in report["heads"] for s in report["seeds"]]
+
+
+def test_evaluate_and_predict_on_a_study_folder_use_its_best_run(study, tmp_path, capsys):
+    cfg, report = study
+    best = cfg.out_dir / report["best_run"]["run"]
+    capsys.readouterr()
+    args = ["--data", "test", "--decoder", "argmax_leaf"]
+    assert main(["evaluate", "--model", str(cfg.out_dir), *args, "--out", str(tmp_path / "s.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"is a study: using its best run {best}" in err
+    assert main(["evaluate", "--model", str(best), *args, "--out", str(tmp_path / "r.json")]) == 0
+    assert capsys.readouterr().err == ""  # a run folder is used as given, silently
+    assert json.loads((tmp_path / "s.json").read_text()) == json.loads((tmp_path / "r.json").read_text())
+
+    from PIL import Image
+
+    Image.new("RGB", (16, 16), "red").save(tmp_path / "x.png")
+    for model in (cfg.out_dir, best):
+        assert main(["predict", "--model", str(model), str(tmp_path / "x.png"), "--out", str(tmp_path / "p.json")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("using its best run") == 1
+
+
+def test_a_study_folder_without_a_best_run_lists_its_runs(study, tmp_path, capsys):
+    cfg, _ = study
+    copy = tmp_path / "old_study"
+    shutil.copytree(cfg.out_dir / "runs" / "flat-seed0", copy / "runs" / "flat-seed0")
+    shutil.copytree(cfg.out_dir / "runs" / "flat-seed1", copy / "runs" / "flat-seed1")
+    assert main(["evaluate", "--model", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "is a study folder that has no study.json (the study did not finish)" in err
+    assert f"{copy / 'runs' / 'flat-seed0'}, {copy / 'runs' / 'flat-seed1'}" in err
+    report = json.loads((cfg.out_dir / "study.json").read_text(encoding="utf-8"))
+    del report["best_run"]  # a study written before studies recorded one
+    (copy / "study.json").write_text(json.dumps(report), encoding="utf-8")
+    assert main(["predict", "--model", str(copy), "x"]) == 2
+    assert "is a study folder that has no best run recorded; give one of its runs:" in capsys.readouterr().err

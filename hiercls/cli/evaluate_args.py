@@ -2,18 +2,23 @@
 
 Examples::
 
-    hiercls evaluate --model runs/quickstart                       # best checkpoint, the recipe's eval split
+    hiercls evaluate --model runs/quickstart                       # a study: its best run, the recipe's eval split
     hiercls evaluate --model runs/quickstart --data test --decoder argmax_leaf --decoder optimal_hf1 --out m.json
+    hiercls evaluate --model runs/quickstart/runs/flat-seed0 --data test --table    # the model's probabilities
     hiercls evaluate --probs runs/x/eval_probs.npy --labels runs/x/eval_labels.npy --taxonomy imagenet1k_tree \\
         --decoder argmax_leaf --decoder optimal_hfbeta:beta=2                  # reports hF2 too
     hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --table --cost wu_palmer --out t.json
     hiercls evaluate --probs p.npy --labels y.npy --taxonomy tree.json --conformal 0.1 --calibration-split 0.5
     hiercls evaluate --model runs/quickstart --conformal 0.1 --calibration-data val --data test
 
-Both modes decode with the same decoder specs (``name`` or ``name:key=value,...``) and print the same metrics
-as training (``hiercls.evaluation.Evaluator``). ``--table`` prints instead the decoder x metric table of Plaud et
-al. (``hiercls.evaluation.decoder_metric_table``): every decoder (default: every rule, and each column's
-Bayes-optimal one) under every metric, realised against the labels and expected under the model's posterior.
+``--model`` takes a run folder (its best checkpoint), a study folder (the folder of a recipe with ``study.seeds``,
+e.g. runs/quickstart: its best run on the validation split, named on stderr) or a saved model folder. Both modes
+decode with the same decoder specs (``name`` or ``name:key=value,...``) and print the same metrics as training
+(``hiercls.evaluation.Evaluator``). ``--table`` prints instead the decoder x metric table of Plaud et al.
+(``hiercls.evaluation.decoder_metric_table``): every decoder (default: every rule, and each column's Bayes-optimal
+one) under every metric, realised against the labels and expected under the model's posterior; with ``--model``
+the probabilities are the model's on the split, computed on the spot (``eval.save_probs: true`` in a recipe also
+saves the eval split's as eval_probs.npy / eval_labels.npy for ``--probs``).
 ``--conformal ALPHA`` calibrates the conformal predictors of ``hiercls.conformal`` on part of the rows
 (``--calibration-split``: a fraction, or a file of row indices) and prints their coverage, mean set size and mean
 depth on the other rows (with ``--table``, the table is computed on those rows and gains the conformal rows).
@@ -32,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("Examples::", 1)[1]
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", help="a run folder (uses checkpoints/best) or a saved model folder")
+    src.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a run folder (uses checkpoints/best), a study folder (its best run) or a saved model folder",
+    )
     src.add_argument("--probs", metavar="FILE", help="saved node probabilities (.npy, .npz, .pt)")
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
     parser.add_argument("--recipe", metavar="YAML", help="recipe giving the data set (default: the run's config.yaml)")
@@ -67,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table",
         action="store_true",
-        help="with --probs: the decoder x metric table (realised and expected values, optimal decoders marked)",
+        help="the decoder x metric table (realised and expected values, optimal decoders marked) of --probs, "
+        "or of --model's probabilities on the split",
     )
     parser.add_argument(
         "--cost", default="lca_height", choices=COST_KINDS, help="with --table: the cost of its 'cost' column"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,31 @@ from hiercls.evaluation import (
     format_results,
     load_labels,
     load_probabilities,
+    run_probabilities,
 )
 from hiercls.evaluation.model import split_loader
 from hiercls.evaluation.table import conformal_rows
+from hiercls.models.inference import study_best_run
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.config import apply_overrides, load_config
 from hiercls.train.distributed import resolve_device
 from hiercls.train.inference import load_trained_model
+
+
+def _print_table(args: argparse.Namespace, probs: Any, labels: Any, taxonomy: Taxonomy, source: str) -> int:
+    """The decoder x metric table of probabilities and labels (``--table``), printed and written to ``--out``."""
+    table = decoder_metric_table(probs, labels, taxonomy, args.decoder, cost=args.cost, leaf_probs=args.leaf_probs)
+    print(f"{source}: {table.samples} samples ({int((np.asarray(labels) < 0).sum())} ignored)")
+    print(table.format())
+    _write_json(args.out, table.to_dict())
+    return 0
+
+
+def _write_json(out: str | None, data: Any) -> None:
+    if out:
+        with atomic_write(out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2))
+        print(f"wrote {out}")
 
 
 def _evaluate_probs(args: argparse.Namespace) -> int:
@@ -41,14 +60,7 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
         labels = load_labels(args.labels, taxonomy)
         if args.check:
             check_probabilities(probs, taxonomy, kind="leaf" if args.leaf_probs else "node", name=args.probs)
-        table = decoder_metric_table(probs, labels, taxonomy, args.decoder, cost=args.cost, leaf_probs=args.leaf_probs)
-        print(f"{args.probs}: {table.samples} samples ({int((labels < 0).sum())} ignored)")
-        print(table.format())
-        if args.out:
-            with atomic_write(args.out, "w", encoding="utf-8") as f:
-                f.write(json.dumps(table.to_dict(), indent=2))
-            print(f"wrote {args.out}")
-        return 0
+        return _print_table(args, probs, labels, taxonomy, args.probs)
     results = evaluate_probabilities(
         args.probs,
         args.labels,
@@ -59,10 +71,7 @@ def _evaluate_probs(args: argparse.Namespace) -> int:
     )
     print(f"{args.probs}: {results['samples']} samples ({results['ignored']} ignored)")
     print(format_results({Path(args.probs).name: results}, name="probs"))
-    if args.out:
-        with atomic_write(args.out, "w", encoding="utf-8") as f:
-            f.write(json.dumps(results, indent=2))
-        print(f"wrote {args.out}")
+    _write_json(args.out, results)
     return 0
 
 
@@ -146,10 +155,13 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.out)
     if args.probs:
         return _evaluate_probs(args)
-    if args.table:
-        raise ValueError("--table scores saved probabilities: use it with --probs FILE --labels FILE --taxonomy T")
+    if args.leaf_probs or args.labels or args.taxonomy:
+        raise ValueError("--leaf-probs, --labels and --taxonomy go with --probs; --model brings its own")
+    best = study_best_run(args.model)  # a study folder stands for its best run: say which
+    if best is not None:
+        print(best[1], file=sys.stderr)
     device = resolve_device(args.device)
-    model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
+    model, taxonomy, cfg = load_trained_model(best[0] if best else args.model, which=args.checkpoint, device=device)
     if args.recipe:
         cfg = load_config(args.recipe)
     if cfg is None:
@@ -159,6 +171,17 @@ def run(args: argparse.Namespace) -> int:
     cfg = apply_overrides(cfg, args.overrides)
     if args.conformal is not None:
         return _evaluate_model_conformal(args, model, taxonomy, cfg, device)
+    if args.table:
+        probs, labels, split = run_probabilities(
+            model,
+            taxonomy,
+            cfg,
+            split=args.data,
+            max_samples=args.max_samples,
+            batch_size=args.batch_size,
+            device=device,
+        )
+        return _print_table(args, probs, labels, taxonomy, f"{args.model} (split {split!r})")
     results = evaluate_run(
         model,
         taxonomy,
@@ -172,8 +195,5 @@ def run(args: argparse.Namespace) -> int:
     head = getattr(model, "head_name", cfg.model.head)
     print(f"{args.model}: {results['samples']} samples of split {results['split']!r}")
     print(format_results({head: results}))
-    if args.out:
-        with atomic_write(args.out, "w", encoding="utf-8") as f:
-            f.write(json.dumps(results, indent=2))
-        print(f"wrote {args.out}")
+    _write_json(args.out, results)
     return 0

@@ -2,7 +2,7 @@
 
 Examples::
 
-    hiercls predict --model runs/quickstart "a small domesticated feline" "a vehicle with two wheels"
+    hiercls predict --model runs/quickstart "a small domesticated feline" "a vehicle with two wheels"   # best run
     hiercls predict --model runs/quickstart sentences.txt --decoder optimal_hf1 --out preds.jsonl
     hiercls predict --model runs/quickstart reviews.csv --text-column body --out preds.csv
     hiercls predict --model runs/fashion_mnist_efficientnet photos/ --out preds.csv
@@ -22,7 +22,12 @@ HELP = "predictions of a saved model on new inputs"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("Examples::", 1)[1]
-    parser.add_argument("--model", required=True, metavar="DIR", help="a run folder or a saved model folder")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="a run folder, a study folder (its best run, named on stderr) or a saved model folder",
+    )
     parser.add_argument(
         "inputs",
         nargs="+",

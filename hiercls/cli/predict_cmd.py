@@ -14,6 +14,7 @@ from hiercls.models.inference import (
     check_prediction_path,
     predict,
     read_inputs,
+    study_best_run,
     write_predictions,
 )
 from hiercls.taxonomy import Taxonomy
@@ -55,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    best = study_best_run(args.model)  # a study folder stands for its best run: say which
+    if best is not None:
+        print(best[1], file=sys.stderr)
     device = resolve_device(args.device)
-    model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
+    model, taxonomy, cfg = load_trained_model(best[0] if best else args.model, which=args.checkpoint, device=device)
     decoder, decoder_name = (args.decoder, args.decoder) if not args.conformal else _conformal(args, taxonomy)
     inputs, shown, kind = read_inputs(args.inputs, text_column=args.text_column)
     preds = predict(

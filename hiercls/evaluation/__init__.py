@@ -7,7 +7,8 @@ and the CLI.
 * :func:`format_results`, the one result table;
 * :func:`decoder_metric_table`, the decoder x metric table of Plaud et al. (ICML 2025);
 * :func:`load_probabilities` / :func:`load_labels`, saved probabilities and labels from files;
-* :func:`evaluate_model` (a model on a data loader) and :func:`evaluate_run` (a trained run on its recipe's data);
+* :func:`evaluate_model` (a model on a data loader), :func:`evaluate_run` (a trained run on its recipe's data) and
+  :func:`run_probabilities` (its node probabilities and labels there, for :func:`decoder_metric_table`);
 * :mod:`hiercls.evaluation.calibration`: temperature scaling and the ECE per level (:func:`format_calibration`).
 """
 
@@ -20,7 +21,7 @@ from hiercls.evaluation.calibration import (
 )
 from hiercls.evaluation.evaluator import DEFAULT_DECODERS, Evaluator, evaluate_probabilities, to_plain
 from hiercls.evaluation.files import load_labels, load_probabilities
-from hiercls.evaluation.model import evaluate_model, evaluate_run
+from hiercls.evaluation.model import evaluate_model, evaluate_run, run_probabilities
 from hiercls.evaluation.report import decoders_in, format_results, format_table
 from hiercls.evaluation.table import TABLE_DECODERS, TABLE_METRICS, DecoderMetricTable, decoder_metric_table
 
@@ -44,5 +45,6 @@ __all__ = [
     "format_table",
     "load_labels",
     "load_probabilities",
+    "run_probabilities",
     "to_plain",
 ]

@@ -21,7 +21,7 @@ from hiercls.metrics import all_reduce_states
 from hiercls.models import move_to_device
 from hiercls.taxonomy import Taxonomy
 
-__all__ = ["evaluate_model", "evaluate_run", "num_samples", "split_loader"]
+__all__ = ["evaluate_model", "evaluate_run", "num_samples", "run_probabilities", "split_loader"]
 
 
 def num_samples(targets: Any) -> int:
@@ -76,7 +76,8 @@ def evaluate_model(
     evaluator = Evaluator(taxonomy, decoders)
     loss_sum = torch.zeros(2, dtype=torch.float64)
     kept_p, kept_y = [], []
-    for inputs, targets in tqdm(loader, desc="eval", disable=not progress, leave=False):
+    # disable=None: a bar on a terminal only, never in a redirected log.
+    for inputs, targets in tqdm(loader, desc="eval", disable=None if progress else True, leave=False):
         inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
         with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
             output = model(inputs)
@@ -129,6 +130,35 @@ def evaluate_run(
     ds, loader = split_loader(model, taxonomy, cfg, split, limit, batch_size)
     results, _, _ = evaluate_model(model, loader, taxonomy, list(decoders or cfg.eval.decoders), device=dev)
     return {"split": split, "samples": len(ds), **results}
+
+
+def run_probabilities(
+    model: nn.Module,
+    taxonomy: Taxonomy,
+    cfg: Any,
+    *,
+    split: str | None = None,
+    max_samples: int | None = None,
+    batch_size: int | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(node probabilities [S, N], labels [S], split)`` of a trained model on a split of its recipe's data set.
+
+    What ``hiercls evaluate --model DIR --table`` scores with :func:`~hiercls.evaluation.decoder_metric_table`
+    (the same samples, in the same order, as :func:`evaluate_run` with the same arguments).
+
+    Raises:
+        ValueError: the split has no samples.
+    """
+    split = split or cfg.data.eval_split or "val"
+    limit = cfg.data.max_eval_samples if max_samples is None else (max_samples or None)
+    _, loader = split_loader(model, taxonomy, cfg, split, limit, batch_size)
+    # One decoder is the cheapest pass of evaluate_model; only the probabilities it keeps are used.
+    _, probs, labels = evaluate_model(
+        model, loader, taxonomy, ["argmax_leaf"], device=torch.device(device), keep_probs=True
+    )
+    assert probs is not None and labels is not None  # split_loader refuses an empty split
+    return probs, labels, split
 
 
 def split_loader(

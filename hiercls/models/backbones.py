@@ -13,12 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -379,6 +380,21 @@ def _resolve_hf_path(name: str) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def _no_loading_bars() -> Iterator[None]:
+    """transformers' "Loading weights" bars off while hiercls loads a backbone (one per model, on every load);
+    the caller's setting is put back after."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 class HFBackbone(nn.Module):
     """A Hugging Face encoder with its tokenizer: ``forward(batch) -> pooled features [B, D]``.
 
@@ -440,7 +456,8 @@ class HFBackbone(nn.Module):
             model = AutoModel.from_config(config, **attn)
         else:
             try:
-                model = AutoModel.from_pretrained(str(folder), local_files_only=True, **attn)
+                with _no_loading_bars():
+                    model = AutoModel.from_pretrained(str(folder), local_files_only=True, **attn)
             except OSError as err:
                 raise FileNotFoundError(f"cannot load Hugging Face weights from {str(folder)!r}: {err}") from None
         tok_folder = Path(tokenizer_path) if tokenizer_path is not None else folder

@@ -1,9 +1,10 @@
 """Running a saved model on raw inputs: what ``hiercls predict`` and the ``transformers`` pipeline stand on.
 
-A *model folder* (``config.json`` + ``model.safetensors``, from ``save_pretrained``) or a training *run folder*
-(``config.yaml`` + ``checkpoints/{best,last}``) can be given wherever a saved model is expected
-(:func:`resolve_model_dir`). :func:`predict` decodes on the model's device; :func:`write_predictions` writes its
-results.
+A *model folder* (``config.json`` + ``model.safetensors``, from ``save_pretrained``), a training *run folder*
+(``config.yaml`` + ``checkpoints/{best,last}``) or a *study folder* (``study.json`` + ``runs/<head>-seed<k>/``, what
+``hiercls train`` writes for a recipe with ``study.seeds``: its best run, :func:`study_best_run`) can be given
+wherever a saved model is expected (:func:`resolve_model_dir`). :func:`predict` decodes on the model's device;
+:func:`write_predictions` writes its results.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import csv
 import functools
 import io
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +30,10 @@ from hiercls.data.text import read_text_rows
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.models.card import DEFAULT_DECODER
 from hiercls.models.classifier import move_to_device
+from hiercls.models.files import read_json_file
 from hiercls.taxonomy import Taxonomy
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "PREDICTION_FORMATS",
@@ -36,18 +41,24 @@ __all__ = [
     "predict",
     "read_inputs",
     "resolve_model_dir",
+    "study_best_run",
     "write_predictions",
 ]
+
+#: The report a study writes into its folder; its ``"best_run"`` names the run that stands for the study.
+STUDY_FILE = "study.json"
 
 
 def resolve_model_dir(path: str | os.PathLike[str], which: str = "best") -> tuple[Path, Path | None]:
     """The model folder for ``path`` and the recipe (``config.yaml``) of its training run when there is one.
 
     ``path`` may be a run folder (its ``checkpoints/<which>``, falling back to ``last``), a checkpoint folder
-    inside a run, or any ``save_pretrained`` folder.
+    inside a run, a study folder (its best run, :func:`study_best_run`, logged at INFO level; ``hiercls evaluate``
+    and ``predict`` print it) or any ``save_pretrained`` folder.
 
     Raises:
-        FileNotFoundError: nothing loadable at ``path`` (the message says what was looked for).
+        FileNotFoundError: nothing loadable at ``path`` (the message says what was looked for), or a study
+            folder that records no best run (the message lists its runs).
 
     Example:
         >>> import tempfile
@@ -63,14 +74,62 @@ def resolve_model_dir(path: str | os.PathLike[str], which: str = "best") -> tupl
     if (p / "config.json").is_file():
         run = p.parent.parent if p.parent.name == "checkpoints" else None
         return p, _recipe(run)
+    best = study_best_run(p)
+    if best is not None:
+        p, why = best
+        logger.info("%s", why)
     for name in (which, "last", "best"):
         d = p / "checkpoints" / name
         if (d / "config.json").is_file():
             return d, _recipe(p)
     raise FileNotFoundError(
-        f"{str(p)!r} is neither a saved model (config.json + model.safetensors) nor a run folder "
-        "with checkpoints/best or checkpoints/last"
+        f"{str(p)!r} is neither a saved model (config.json + model.safetensors), a run folder "
+        "with checkpoints/best or checkpoints/last, nor a study folder (study.json + runs/)"
     )
+
+
+def study_best_run(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
+    """The best run of a study folder and a line saying which and why; ``None`` if ``path`` is no study folder.
+
+    A study (:func:`hiercls.train.run_study`) records in ``study.json`` the run whose best checkpoint scored
+    highest on the recipe's ``data.eval_split`` (the split that picked every run's checkpoint, not the split the
+    study reports on), as ``"best_run": {"run": "runs/<head>-seed<k>", "metric", "value", "split", ...}``.
+
+    Raises:
+        FileNotFoundError: ``path`` holds study runs (``runs/*/config.yaml``) but no recorded best run (the
+            study did not finish, or was written before studies recorded one); the message lists the runs.
+
+    Example:
+        >>> import json, tempfile
+        >>> study = Path(tempfile.mkdtemp())
+        >>> (study / "runs" / "flat-seed0").mkdir(parents=True)
+        >>> _ = (study / "study.json").write_text(json.dumps({"best_run": {"run": "runs/flat-seed0",
+        ...     "metric": "argmax_leaf/hF1_micro", "value": 0.5, "split": "val", "of": 2}}))
+        >>> run, why = study_best_run(study)
+        >>> run == study / "runs" / "flat-seed0"
+        True
+        >>> print(why)
+        /... is a study: using its best run /.../runs/flat-seed0 (best argmax_leaf/hF1_micro on split val:
+        0.5000 of 2 runs; give a run folder to choose another)
+    """
+    p = Path(path)
+    if (p / "config.json").is_file() or (p / "checkpoints").is_dir():
+        return None  # a model or run folder
+    report = p / STUDY_FILE
+    runs = sorted(d for d in (p / "runs").glob("*") if (d / "config.yaml").is_file() or (d / "checkpoints").is_dir())
+    if not report.is_file() and not runs:
+        return None
+    best = read_json_file(report, "study report").get("best_run") if report.is_file() else None
+    if not best or not (p / best["run"]).is_dir():
+        listed = ", ".join(str(d) for d in runs) or "(none)"
+        why = "has no best run recorded" if report.is_file() else f"has no {STUDY_FILE} (the study did not finish)"
+        raise FileNotFoundError(f"{str(p)!r} is a study folder that {why}; give one of its runs: {listed}")
+    run = p / best["run"]
+    why = (
+        f"{p} is a study: using its best run {run} (best {best['metric']} on split {best['split']}: "
+        f"{best['value']:.4f} of {best['of']} runs; give a run folder to choose another)"
+    )
+    return run, why
 
 
 def _recipe(run: Path | None) -> Path | None:
@@ -241,7 +300,9 @@ def predict(
     names, disp = taxonomy.names, taxonomy.display_names
     out: list[dict[str, Any]] = []
     model.eval()
-    bar = tqdm(total=len(inputs), desc="predict", unit="input", disable=not progress, leave=False)
+    bar = tqdm(
+        total=len(inputs), desc="predict", unit="input", disable=None if progress else True, leave=False
+    )  # None: a terminal only
     for start in range(0, len(inputs), batch_size):
         chunk = list(inputs[start : start + batch_size])
         x, _ = model.collate([(transform(_open_image(v)) if transform is not None else v, 0) for v in chunk])

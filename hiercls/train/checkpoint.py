@@ -91,6 +91,7 @@ RESUME_FREE_KEYS = frozenset(
         "run.threads",
         "run.save_every_steps",
         "run.device",
+        "run.loggers",
         "schedule.max_steps_this_run",
         "data.num_workers",
         "eval.save_probs",
@@ -107,6 +108,7 @@ PREVIOUS_RUN_OUTPUTS = (
     "eval_probs.npy",
     "eval_labels.npy",
     "curves.png",
+    "tensorboard",
 )
 #: The file that marks a folder as hiercls's own: ``{"kind": "run" | "study", "created", "format"}``.
 MARKER = ".hiercls"

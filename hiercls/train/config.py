@@ -57,6 +57,8 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 #: The largest ``optim.lr`` / ``optim.head_lr`` / ``optim.weight_decay`` accepted: far above any useful value (a
 #: run diverges with a clear message), far below what overflows float32 optimizer arithmetic (``1e300`` does).
 MAX_LR = 1e6
+#: Where a run's log records go (:mod:`hiercls.train.loggers`).
+Logger = Literal["jsonl", "tensorboard", "wandb", "mlflow"]
 
 
 class ConfigError(ValueError):
@@ -221,6 +223,10 @@ class RunConfig:
         keep_resume_state: keep ``checkpoints/last/resume.pt`` (the optimizer's moments, twice the size of the
             weights) once the run has finished. A finished run is never trained further (the same config
             reports its results; another config is refused), so by default it is removed at the end.
+        loggers: where the log records go, on rank 0 (:mod:`hiercls.train.loggers`): ``jsonl``
+            (``metrics.jsonl``, which resumption, ``results.json`` and ``curves.png`` read: always listed), and any
+            of ``tensorboard``, ``wandb``, ``mlflow`` beside it (each needs its package: ``pip install
+            'hiercls[tensorboard]'``...).
     """
 
     out_dir: str = "runs/{name}"
@@ -236,6 +242,7 @@ class RunConfig:
     deterministic: bool = False
     find_unused_parameters: bool = True
     keep_resume_state: bool = False
+    loggers: list[Logger] = field(default_factory=lambda: ["jsonl"])
 
 
 @dataclass
@@ -687,6 +694,13 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     need(cfg.run.log_every >= 1, "run.log_every", "must be >= 1")
     need(cfg.run.save_every_steps is None or cfg.run.save_every_steps >= 1, "run.save_every_steps", "must be >= 1")
     need(cfg.run.threads is None or cfg.run.threads >= 1, "run.threads", "must be >= 1")
+    loggers = cfg.run.loggers
+    need(len(set(loggers)) == len(loggers), "run.loggers", f"must be distinct, got {loggers}")
+    need(
+        "jsonl" in loggers,
+        "run.loggers",
+        f"must include jsonl (metrics.jsonl is what resumption, results.json and curves.png read), got {loggers}",
+    )
     dev = cfg.run.device
     need(
         dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),

@@ -9,8 +9,9 @@ gradient accumulation, autocast (bf16 on CUDA by default, fp16 with a gradient s
 clipping and DDP under ``torchrun``.
 
 Files in ``<out_dir>``: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON record per log step /
-evaluation), ``checkpoints/{best,last}/`` (loadable with ``HierarchicalClassifier.from_pretrained``; ``last``
-also ``resume.pt`` until the run finishes), ``.lock``, ``results.json`` and ``curves.png``.
+evaluation; ``run.loggers`` adds TensorBoard, W&B or MLflow, :mod:`hiercls.train.loggers`),
+``checkpoints/{best,last}/`` (loadable with ``HierarchicalClassifier.from_pretrained``; ``last`` also ``resume.pt``
+until the run finishes), ``.lock``, ``results.json`` and ``curves.png``.
 
 DDP equivalence: every rank gets ``data.batch_size / world_size`` samples of each global batch (the data
 sampler cuts the same global order for any world size), and each micro-batch loss is weighted by its share
@@ -31,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -58,6 +58,7 @@ from hiercls.train.distributed import (
     init_distributed,
     rank_local_layers,
 )
+from hiercls.train.loggers import check_loggers, open_loggers
 from hiercls.train.plots import plot_run
 
 logger = logging.getLogger(__name__)
@@ -226,15 +227,19 @@ class _Run:
         with RunFolder.open(self.cfg, self.info) as self.folder:
             if self.folder.results is not None:
                 return self.folder.results  # a finished run started again: its saved results, untouched
+            if self.main:
+                check_loggers(self.cfg.run.loggers)  # a missing package is refused before anything is built
             self.build()
             self.folder.claim()
-            if self.folder.resuming:
+            resuming = self.folder.resuming  # restore() settles it
+            if resuming:
                 self.folder.restore(self.state)
             else:
                 seed_everything(self.cfg.run.seed + self.info.rank)  # per-rank random streams
             self.train_model = self.wrap_ddp(self.state.model)
-            log_path = self.folder.path / "metrics.jsonl"
-            with log_path.open("a", encoding="utf-8") if self.main else contextlib.nullcontext() as self.log_file:
+            resumed = self.state.step if resuming else None
+            loggers = open_loggers(self.cfg, self.folder.path, resume_step=resumed) if self.main else None
+            with loggers or contextlib.nullcontext() as self.log_sink:
                 results, interrupted = self.fit()
             return self.finish(results, interrupted)
 
@@ -332,7 +337,9 @@ class _Run:
         s.model.train()
         self.steps_this_run, interrupted, results = 0, False, {}
         show = self.main and cfg.run.progress
-        self.bar = tqdm(total=self.total_steps, initial=s.step, desc="train", disable=not show, dynamic_ncols=True)
+        # disable=None: the bar only on a terminal, never written into a redirected log.
+        bar_off = None if show else True
+        self.bar = tqdm(total=self.total_steps, initial=s.step, desc="train", disable=bar_off, dynamic_ncols=True)
         self.log_acc = torch.zeros(2, dtype=torch.float64)
         self.t_log, self.samples_since_log = time.perf_counter(), 0
         if s.step >= self.total_steps and self.eval_loader is not None:
@@ -467,10 +474,9 @@ class _Run:
         self.t_log, self.samples_since_log = time.perf_counter(), 0
 
     def log(self, record: dict[str, Any]) -> None:
-        """One JSON line in ``metrics.jsonl`` (rank 0)."""
-        if self.log_file is not None:
-            self.log_file.write(json.dumps(record) + "\n")
-            self.log_file.flush()
+        """The record to every logger of ``run.loggers`` (rank 0; ``metrics.jsonl`` by default)."""
+        if self.log_sink is not None:
+            self.log_sink(record)
 
     # ------------------------------------------------------------------ evaluate and checkpoint
     def evaluate(self) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from hiercls.train.loop import train
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["label_prior", "paired_bootstrap", "run_study", "score_predictions"]
+__all__ = ["best_run", "label_prior", "paired_bootstrap", "run_study", "score_predictions"]
 
 
 def label_prior(labels: Sequence[int] | np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
@@ -179,7 +179,9 @@ def run_study(cfg: TrainConfig, *, quick: bool = False) -> dict[str, Any]:
 
     Returns:
         The study (also written to ``<out_dir>/study.json``, the table to ``study.txt``, the plot to
-        ``study.png``): ``{"heads", "decoders", "seeds", "split", "samples", "levels", "rows", "difference"}``.
+        ``study.png``): ``{"heads", "decoders", "seeds", "split", "samples", "levels", "rows", "difference",
+        "best_run"}``; ``best_run`` (:func:`best_run`) is the run ``hiercls evaluate`` / ``predict --model`` load
+        when given the study folder.
 
     Raises:
         ValueError: ``study.seeds`` is empty, or the split has no labelled sample.
@@ -209,6 +211,7 @@ def _study(
     study, out_dir, device = cfg.study, cfg.out_dir, info.device
     scores: dict[str, dict[str, list[dict[str, Any]]]] = {h: {s.label: [] for s in specs} for h in heads}
     results: dict[str, list[dict[str, Any]]] = {h: [] for h in heads}
+    finals: list[tuple[str, dict[str, Any], str]] = []  # (run folder, train()'s results, best_mode) of every run
     taxonomy: Taxonomy | None = None
     labels: np.ndarray | None = None
     try:
@@ -216,7 +219,7 @@ def _study(
             for seed in seeds:
                 run_cfg = _head_config(cfg, head, seed, out_dir / "runs" / f"{head}-seed{seed}")
                 logger.info("study: head %s, seed %d -> %s", head, seed, run_cfg.run.out_dir)
-                train(run_cfg)
+                finals.append((f"runs/{head}-seed{seed}", train(run_cfg), run_cfg.eval.best_mode))
                 model, taxonomy, _ = load_trained_model(run_cfg.out_dir, which="best", device=device)
                 _, loader = split_loader(model, taxonomy, run_cfg, study.split, study.max_samples, None)
                 res, probs, y = evaluate_model(model, loader, taxonomy, specs, device=device, keep_probs=True)
@@ -237,6 +240,7 @@ def _study(
     finally:
         cleanup_distributed(info)
     report = _report(cfg, heads, specs, seeds, labels, taxonomy, results, scores, prior_row)
+    report["best_run"] = best_run(finals, cfg.data.eval_split)
     for name, text in (("study.json", json.dumps(report, indent=2)), ("study.txt", format_study(report))):
         with atomic_write(out_dir / name, encoding="utf-8") as f:
             f.write(text + "\n")
@@ -259,6 +263,33 @@ def _prior_scores(
     preds = ev.update(probs, labels)  # the decoded predictions, scored below without decoding again
     res = ev.compute()
     return {"results": res, "scores": {s.label: [score_predictions(preds[s.label], labels, taxonomy)] for s in specs}}
+
+
+def best_run(finals: Sequence[tuple[str, Mapping[str, Any], str]], split: str | None) -> dict[str, Any] | None:
+    """The run that stands for the study where one model is asked for (``hiercls evaluate --model STUDY``).
+
+    It is the run whose best checkpoint scored best on ``split`` (``data.eval_split``, the split that picked the
+    checkpoints), by each run's own ``best_key`` / ``best_value``; never on the split the study reports on. ``None``
+    when the runs were kept on different metrics (or no run was evaluated): nothing can be compared then.
+
+    Args:
+        finals: ``(folder relative to the study, train()'s results, eval.best_mode)`` of every run.
+        split: the split the checkpoints were picked on.
+
+    Example:
+        >>> runs = [("runs/a-seed0", {"best_key": "x/hF1_micro", "best_value": 0.4}, "max"),
+        ...         ("runs/b-seed0", {"best_key": "x/hF1_micro", "best_value": 0.6}, "max")]
+        >>> best_run(runs, "val")["run"], best_run(runs[:1] + [("c", {"best_key": "eval_loss"}, "min")], "val")
+        ('runs/b-seed0', None)
+    """
+    keys = {(r.get("best_key"), mode) for _, r, mode in finals}
+    scored = [(folder, r) for folder, r, _ in finals if isinstance(r.get("best_value"), (int, float))]
+    if len(keys) != 1 or not scored or len(scored) != len(finals):
+        return None
+    (key, mode) = keys.pop()
+    sign = 1.0 if mode == "max" else -1.0
+    folder, r = max(scored, key=lambda fr: sign * float(fr[1]["best_value"]))  # ties: the first run
+    return {"run": folder, "metric": key, "value": float(r["best_value"]), "split": split, "of": len(finals)}
 
 
 def _targets(ds: Any) -> np.ndarray:
@@ -376,6 +407,12 @@ def format_study(report: Mapping[str, Any]) -> str:
             f"hF1 (micro) {d['a']} - {d['b']}, {d['decoder']}: {d['difference']:+.3f} "
             f"({level}% CI [{d['low']:+.3f}, {d['high']:+.3f}], paired bootstrap over {d['samples']} samples, "
             f"seeds pooled, {d['resamples']} resamples): {verdict}"
+        )
+    best = report.get("best_run")
+    if best:
+        lines.append(
+            f"best run (what evaluate/predict --model <this folder> load): {best['run']}, "
+            f"{best['metric']} {best['value']:.4f} on split {best['split']!r}"
         )
     return "\n".join(lines)
 
