@@ -203,31 +203,36 @@ def _uses_kernel(tax: Taxonomy, cost: Any) -> bool:
     return isinstance(cost, str) and cost in _KERNEL_KINDS and tax.is_tree and tax.num_nodes > 1
 
 
-def _wu_palmer(p: np.ndarray, tax: Taxonomy, kind: str) -> np.ndarray:
-    """``E[wu_palmer(n, y)]`` ``[b, N]`` on a tree from the label distribution ``p [b, N]``: for the labels at each
-    depth ``m``, the sum of ``p(y) (depth(lca) + c)`` is ``c r_m`` plus the sum over the non-root ancestors
-    ``a`` of ``n`` of the label mass at depth ``m`` below ``a``; both sums are products with the ancestor matrix."""
-    c = 1.0 if kind == "wu_palmer_root1" else 0.0  # the depth of the root
+def _ratio_cost(p: np.ndarray, tax: Taxonomy, kind: str) -> np.ndarray:
+    """``E[cost(n, y)]`` ``[b, N]`` on a tree for the ratio kinds ``1 - 2 f(lca) / (f(n) + f(y))`` from the label
+    distribution ``p [b, N]`` (``f``: depth, depth + 1 or information content), without a node-to-label matrix.
+
+    ``f(lca)`` is ``f(root)`` plus the increments ``f(a) - f(parent(a))`` over the non-root ancestors-or-self ``a``
+    of the LCA, which are exactly the common non-root ancestors of ``n`` and ``y``. So for the labels sharing one
+    value ``v = f(y)``, ``sum p(y) f(lca)`` is ``f(root) r_v`` plus the sum over the non-root ancestors-or-self
+    ``a`` of ``n`` of the increment of ``a`` times the label mass of that group below ``a``: two products with the
+    ancestor matrix per distinct ``f(y)`` (one group for leaf labels under ``zhao``, one per depth otherwise).
+    """
+    if kind == "zhao":
+        f = np.asarray(tax.information_content, dtype=np.float64)
+    else:
+        f = np.asarray(tax.depth, dtype=np.float64) + (1.0 if kind == "wu_palmer_root1" else 0.0)
     anc = tax.ancestors_sparse.tocsr().astype(np.float64)  # anc[d, u] = 1: u is an ancestor-or-self of d
     not_root = anc.copy()
     not_root[:, 0] = 0.0
     not_root.eliminate_zeros()
-    depth = np.asarray(tax.depth, dtype=np.float64)
-    mass = p.sum(1, keepdims=True)
+    step = f - f[np.maximum(tax.parent, 0)]  # the increment of f along each edge (the root's is unused)
     out = np.zeros_like(p)
-    for m in range(int(tax.height) + 1):
-        level = np.flatnonzero(depth == m)
-        r = p[:, level].sum(1, keepdims=True)
-        if not r.any():
-            continue
-        below = (not_root[level].T @ p[:, level].T).T  # label mass at depth m below each non-root node
-        path = (not_root @ below.T).T  # summed over each node's non-root ancestors-or-self
-        den = depth[None, :] + m + 2.0 * c
-        out += (c * r + path) / np.where(den > 0, den, 1.0)
-    out = mass - 2.0 * out
-    if c == 0.0:
-        out[:, 0] -= p[:, 0]  # distance(root, root) is 0, where the formula reads 1 - 0/0
-    return out
+    support = p.any(0)
+    for v in np.unique(f[support]):
+        group = np.flatnonzero(support & (f == v))
+        r = p[:, group].sum(1, keepdims=True)
+        below = (not_root[group].T @ p[:, group].T).T  # the group's label mass below each non-root node
+        path = (not_root @ (below * step[None, :]).T).T  # increments summed over each node's non-root ancestors
+        den = f[None, :] + v
+        out += np.where(den > 0, (f[tax.root] * r + path) / np.where(den > 0, den, 1.0), 0.5 * r)
+    # Where f(n) + f(y) = 0 (both cover every leaf, or both are the root) the cost is defined as 0: the r/2 above.
+    return p.sum(1, keepdims=True) - 2.0 * out
 
 
 def _expected_cost_rows(batch: Batch, cost: Any, rows: slice) -> np.ndarray:
@@ -242,8 +247,8 @@ def _expected_cost_rows(batch: Batch, cost: Any, rows: slice) -> np.ndarray:
         return _matrix_cost(p, tax, cost)
     if cost not in COST_KINDS:
         raise ValueError(f"cost must be one of {', '.join(COST_KINDS)} or a cost matrix; got {cost!r}")
-    if tax.is_tree and tax.num_nodes > 1 and cost in ("wu_palmer", "wu_palmer_root1"):
-        return _wu_palmer(p, tax, cost)
+    if tax.is_tree and tax.num_nodes > 1 and cost in ("wu_palmer", "wu_palmer_root1", "zhao"):
+        return _ratio_cost(p, tax, cost)
     targets = np.flatnonzero(p.any(0)) if p.shape[0] else np.zeros(0, dtype=np.int64)
     _check_distance_size(tax, cost, len(targets))
     full = _distance_matrix(tax, cost)
