@@ -299,7 +299,7 @@ def test_cli_decode_errors_are_one_line(tmp_path, capsys) -> None:
             "optimal_hfbeta:beta=-2",
         ]
     )
-    assert rc == 2 and "beta must be a finite number >= 0; got -2" in capsys.readouterr().err
+    assert rc == 2 and "beta must be a finite number > 0; got -2" in capsys.readouterr().err
     rc = main(
         [
             "decode",

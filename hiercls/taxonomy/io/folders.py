@@ -51,6 +51,11 @@ def read_folders(
     if classes not in ("files", "all"):
         raise ValueError(f"classes must be 'files' or 'all'; got {classes!r}")
     rel_edges, with_files = _walk_folders(base, follow_symlinks)
+    if not rel_edges:
+        raise TaxonomyError(
+            "the folder has no sub-folders, so no classes: an empty taxonomy (each class is a sub-folder)",
+            source=str(base),
+        )
     nodes = [root, *(c for _, c in rel_edges)]
     if root in nodes[1:]:
         raise TaxonomyError(
@@ -124,6 +129,8 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
     a class, since there are no files).
     """
     common.tree_or_fail(tax, "a folder tree")
+    if tax.num_nodes == 1:
+        raise TaxonomyError(f"taxonomy {tax.name!r} is its root alone: an empty folder, which reads back as nothing")
     for d in tax.display_names[1:]:
         if "/" in d or "\\" in d or d in (".", "..") or d.startswith(".") or not d.strip() or "\0" in d:
             raise TaxonomyError(f"display name {d!r} cannot be a folder name", label=d)
