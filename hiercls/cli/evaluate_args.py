@@ -18,6 +18,17 @@ from __future__ import annotations
 
 import argparse
 
+
+def _sample_count(text: str) -> int:
+    """``--max-samples``: a whole number >= 1, or 0 for every sample."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (or 0 for every sample); got {text!r}")
+    return n
+
 from hiercls.cli.names import COST_KINDS
 
 HELP = "hierarchical metrics for a saved model or saved probabilities"
@@ -50,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-samples",
-        type=int,
+        type=_sample_count,
         default=None,
         help="evaluate a fixed subset of N samples (0 = all; default: the recipe's max_eval_samples)",
     )
