@@ -278,14 +278,24 @@ def _(c: Ctx) -> Any:
 
 
 def _no_half_tree(c: Ctx) -> Any:
-    tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "k")], display_names={"a": "same", "b": "same"})
+    # 'a' and 'b' are made, then the folder of 'k' fails (a name over the file system's 255 bytes)
+    tax = Taxonomy([("r", "a"), ("r", "b"), ("b", "k")], display_names={"k": "k" * 300})
     try:
         write_taxonomy(tax, c.out / "tree", format="folders")
     finally:
         assert os.listdir(c.out) == [], os.listdir(c.out)  # neither the tree nor its temporary folder
 
 
-case("write_folders_failure_leaves_nothing", Err(FileExistsError))(_no_half_tree)
+case("write_folders_failure_leaves_nothing", Err(OSError, "node 'k'", "name too long"))(_no_half_tree)
+
+
+@case("write_folders_twin_display_names", Err(TaxonomyError, "two children of 'r'", "'same'", "read back as one"))
+def _(c: Ctx) -> Any:
+    tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "k")], display_names={"a": "same", "b": "same"})
+    try:
+        write_taxonomy(tax, c.out / "tree", format="folders")
+    finally:
+        assert os.listdir(c.out) == []
 
 
 @case("write_nested_too_deep_clear_error", Err(TaxonomyError, "10001 levels deep", "edge list"))

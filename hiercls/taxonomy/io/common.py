@@ -18,12 +18,18 @@ from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 PathLike = str | os.PathLike
 
+LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+"""Every character ``str.splitlines`` (the line-based readers) ends a line at: a writer of a line-based format
+refuses names holding one, which would read back split in two."""
+
 __all__ = [
+    "LINE_BREAKS",
     "PathLike",
     "base_name",
     "build",
     "check_names",
     "check_names_read_back",
+    "check_paths_read_back",
     "check_roots",
     "data_lines",
     "line_of",
@@ -201,6 +207,35 @@ def check_names_read_back(names: Iterable[str], path: PathLike, fmt: str) -> Non
             f"cannot be written as {fmt}: reading the file back would refuse it: {err.reason}",
             source=str(path),
             label=err.label,
+        ) from None
+
+
+def check_paths_read_back(tax: Taxonomy, separator: str, path: PathLike, fmt: str, *, skip_root: bool) -> None:
+    """:func:`check_names_read_back` for the formats that name a node by its path of display names (label paths,
+    folder trees): two siblings whose display names look the same to :func:`check_names` would be refused on
+    reading. The error names the second node's display name. Trees only (ids in top-down order)."""
+    key: list[str] = [""] * tax.num_nodes
+    for n in range(tax.num_nodes):
+        above = key[int(tax.parent[n])] if n else ""
+        key[n] = "" if n == 0 and skip_root else f"{above}{separator}{tax.display_names[n]}" if above else tax.display_names[n]
+    node_of: dict[str, int] = {}
+    for n in range(int(skip_root), tax.num_nodes):
+        if node_of.setdefault(key[n], n) != n:
+            d = tax.display_names[n]
+            raise TaxonomyError(
+                f"cannot be written as {fmt}: two children of {tax.names[int(tax.parent[n])]!r} have the display "
+                f"name {d!r}, so they would read back as one node; give them distinct display names",
+                source=str(path),
+                label=d,
+            )
+    try:
+        check_names(key[int(skip_root) :], str(path))
+    except TaxonomyError as err:
+        d = tax.display_names[node_of[err.label]] if err.label in node_of else err.label
+        raise TaxonomyError(
+            f"cannot be written as {fmt}: the display name {d!r} would be refused on reading back: {err.reason}",
+            source=str(path),
+            label=d,
         ) from None
 
 

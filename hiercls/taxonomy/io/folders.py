@@ -130,10 +130,14 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
     """
     common.tree_or_fail(tax, "a folder tree")
     if tax.num_nodes == 1:
-        raise TaxonomyError(f"taxonomy {tax.name!r} is its root alone: an empty folder, which reads back as nothing")
+        raise TaxonomyError(
+            f"taxonomy {tax.name!r} is its root {tax.names[0]!r} alone: an empty folder, which reads back as nothing",
+            label=tax.names[0],
+        )
     for d in tax.display_names[1:]:
         if "/" in d or "\\" in d or d in (".", "..") or d.startswith(".") or not d.strip() or "\0" in d:
             raise TaxonomyError(f"display name {d!r} cannot be a folder name", label=d)
+    common.check_paths_read_back(tax, "/", path, "a folder tree", skip_root=True)
     base = Path(path)
     if base.exists() and not exist_ok:
         raise FileExistsError(f"{base}: already exists; remove it or write elsewhere")
