@@ -735,9 +735,9 @@ def test_errors_name_the_parameter_and_the_expectation():
         M.hierarchical_f1_score(np.array([1.0, 2.0]), [1, 1], **kw)
     with pytest.raises(ValueError, match="average must be one of 'micro', 'macro', 'weighted', 'samples'; got 'bin'"):
         M.hierarchical_f1_score([1], [1], average="bin", **kw)
-    with pytest.raises(ValueError, match="beta must be a finite number >= 0; got -1"):
+    with pytest.raises(ValueError, match="beta must be a finite number > 0; got -1"):
         M.hierarchical_fbeta_score([1], [1], beta=-1, **kw)
-    with pytest.raises(ValueError, match="beta must be a finite number >= 0; got inf"):
+    with pytest.raises(ValueError, match="beta must be a finite number > 0; got inf"):
         M.hierarchical_fbeta_score([1], [1], beta=float("inf"), **kw)
     with pytest.raises(ValueError, match="zero_division must be"):
         M.hierarchical_f1_score([1], [1], zero_division=0.5, **kw)

@@ -11,7 +11,7 @@ from hiercls.evaluation import format_table
 from hiercls.models.inference import (
     check_prediction_path,
     predict,
-    read_inputs,
+    read_input_rows,
     write_predictions,
 )
 from hiercls.train.distributed import resolve_device
@@ -29,6 +29,14 @@ def _label(prediction: dict) -> tuple[str, str]:
     return prediction["display_name"], f"{prediction['prob']:.3f}"
 
 
+def _report_skipped(skipped: list[tuple[str, str]], total: int) -> None:
+    """One line on stderr per skipped row (``--on-error skip``), then the count: nothing is left out unsaid."""
+    for row, problem in skipped:
+        print(f"skipped {row}: {problem}", file=sys.stderr)
+    if skipped:
+        print(f"skipped {len(skipped)} of {total} rows (--on-error skip)", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out:  # before any work: a mistyped --out fails at once
         check_prediction_path(args.out)
@@ -39,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(args.model, which=args.checkpoint, device=device)
-    inputs, shown, kind = read_inputs(args.inputs, text_column=args.text_column)
+    read = read_input_rows(args.inputs, text_column=args.text_column, on_error=args.on_error)
+    _report_skipped(read.skipped, read.total)
+    inputs, shown, kind = read.inputs, read.shown, read.kind
     preds = predict(
         model,
         taxonomy,
@@ -53,16 +63,16 @@ def run(args: argparse.Namespace) -> int:
     )
     rows = []
     limit = SHOWN_WITH_OUT if args.out else len(preds)
-    for text, p in list(zip(shown, preds, strict=True))[:limit]:
+    for row, text, p in list(zip(read.rows, shown, preds, strict=True))[:limit]:
         label, prob = _label(p["prediction"])
         top = ", ".join(f"{t['display_name']} {t['prob']:.2f}" for t in p["top_k"][:3])
         text = Path(text).name if kind == "image" else text
         path = " > ".join(p["path"][1:][-4:]) or "(root)"
-        rows.append([text if len(text) <= 48 else text[:45] + "...", label, prob, path, top])
-    print(format_table(["input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
+        rows.append([row, text if len(text) <= 48 else text[:45] + "...", label, prob, path, top])
+    print(format_table(["row", "input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
     if args.out:
         if len(preds) > limit:
             print(f"... {len(preds) - limit} more")
-        write_predictions(args.out, shown, preds, model=str(args.model), decoder=args.decoder)
+        write_predictions(args.out, shown, preds, rows=read.rows, model=str(args.model), decoder=args.decoder)
         print(f"wrote {len(preds)} predictions to {args.out}")
     return 0
