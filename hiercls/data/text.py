@@ -4,7 +4,6 @@ set column (any number of labels per row) for multi-label hierarchical text clas
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import logging
@@ -18,7 +17,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from hiercls._checks import check_choice
-from hiercls._textio import TextFileError, decode_text
+from hiercls._textio import TextFileError, decode_text, read_bytes
 from hiercls.data.labels import LabelEncoder, LabelFormat
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -289,14 +288,9 @@ class HierTextDataset(Dataset):
 
 def _open(path: Path, encoding: str) -> Any:
     """The file's text as a stream (``newline=""`` for csv); a wrong encoding names the file, line and offset."""
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"text dataset file {str(path)!r} does not exist")
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
-            raise ValueError(f"{path}: corrupt gzip file ({err})") from None
+    data = read_bytes(path, "text dataset file", gunzip=path.suffix == ".gz")  # bounded; regular files only
     if encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig"):
         text = decode_text(data, str(path), "text dataset file")
     else:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hiercls._textio import TextFileError, atomic_write, decode_text, parse_json
+from hiercls._textio import TextFileError, atomic_write, decode_text, parse_json, read_bytes
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 PathLike = str | os.PathLike
@@ -41,24 +41,15 @@ __all__ = [
 ]
 
 
-def _read_bytes(path: PathLike) -> bytes:
+def read_file_text(path: PathLike) -> str:
+    """The file's text (gunzipped when compressed, whatever the extension says), read by
+    :func:`hiercls._textio.read_bytes`: regular files only, at most the read limit (2 GiB decompressed by
+    default); non-UTF-8 bytes are an error naming line and offset."""
     p = Path(path)
     if p.is_dir():
         raise TaxonomyError("is a folder, not a file (use format='folders' to read a folder tree)", source=str(p))
-    data = p.read_bytes()  # FileNotFoundError is the right error for a missing file
-    if data[:2] == b"\x1f\x8b":  # gzip magic, whatever the extension says
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
-            raise TaxonomyError(f"corrupt gzip file: {err}", source=str(p)) from None
-    return data
-
-
-def read_file_text(path: PathLike) -> str:
-    """The file's text (gunzipped when compressed); non-UTF-8 bytes are an error naming line and offset."""
-    data = _read_bytes(path)
     try:
-        return decode_text(data, str(path), "taxonomy file")
+        return decode_text(read_bytes(p, "taxonomy file"), str(p), "taxonomy file")
     except TextFileError as err:
         raise TaxonomyError(err.reason, source=err.source, line=err.line) from None
 
@@ -217,7 +208,13 @@ def check_paths_read_back(tax: Taxonomy, separator: str, path: PathLike, fmt: st
     key: list[str] = [""] * tax.num_nodes
     for n in range(tax.num_nodes):
         above = key[int(tax.parent[n])] if n else ""
-        key[n] = "" if n == 0 and skip_root else f"{above}{separator}{tax.display_names[n]}" if above else tax.display_names[n]
+        key[n] = (
+            ""
+            if n == 0 and skip_root
+            else f"{above}{separator}{tax.display_names[n]}"
+            if above
+            else tax.display_names[n]
+        )
     node_of: dict[str, int] = {}
     for n in range(int(skip_root), tax.num_nodes):
         if node_of.setdefault(key[n], n) != n:
