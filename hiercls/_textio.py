@@ -196,18 +196,30 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", *, gunzip: bool
     if st.st_size > limit:
         raise _over(f"the file holds {st.st_size} bytes", limit, str(p))
     with open(p, "rb") as f:
-        data = f.read(limit + 1)  # bounded even if the file grows while read
-    if len(data) > limit:
+        data = _read_at_most(f, limit)  # bounded even if the file grows while read
+    if data is None:
         raise _over(f"the file holds more than {limit} bytes", limit, str(p))
     if gunzip and data[:2] == b"\x1f\x8b":
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
-                data = gz.read(limit + 1)
+                data = _read_at_most(gz, limit)
         except (OSError, EOFError, zlib.error) as err:
             raise TextFileError(f"corrupt gzip file: {err}", source=str(p)) from None
-        if len(data) > limit:
+        if data is None:
             raise _over(f"the gzip file expands to more than {limit} bytes", limit, str(p))
     return data
+
+
+def _read_at_most(f: IO[bytes], limit: int) -> bytes | None:
+    """All of ``f`` if it holds at most ``limit`` bytes, else ``None``; read in 16 MiB blocks (``f.read(limit)``
+    would allocate the whole limit up front, 2 GiB for every file)."""
+    blocks, size = [], 0
+    while block := f.read(min(1 << 24, limit + 1 - size)):
+        blocks.append(block)
+        size += len(block)
+        if size > limit:
+            return None
+    return b"".join(blocks)
 
 
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:

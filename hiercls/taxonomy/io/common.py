@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hiercls._textio import TextFileError, atomic_write, decode_text, parse_json, read_bytes
+from hiercls._textio import TextFileError, atomic_write, decode_text, max_read_bytes, parse_json, read_bytes
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 PathLike = str | os.PathLike
@@ -204,7 +204,25 @@ def check_names_read_back(names: Iterable[str], path: PathLike, fmt: str) -> Non
 def check_paths_read_back(tax: Taxonomy, separator: str, path: PathLike, fmt: str, *, skip_root: bool) -> None:
     """:func:`check_names_read_back` for the formats that name a node by its path of display names (label paths,
     folder trees): two siblings whose display names look the same to :func:`check_names` would be refused on
-    reading. The error names the second node's display name. Trees only (ids in top-down order)."""
+    reading. The error names the second node's display name. Trees only (ids in top-down order).
+
+    A path holds every name above its node, so the paths of a deep chain grow with the square of its depth: a
+    taxonomy whose paths exceed the read limit (the reader would refuse the file) is refused first, before any
+    path is built."""
+    size = [0] * tax.num_nodes  # bytes of each node's path
+    for n in range(int(skip_root), tax.num_nodes):
+        above = size[int(tax.parent[n])] if n else 0
+        size[n] = above + (len(separator) if above else 0) + len(tax.display_names[n].encode("utf-8"))
+    limit = max_read_bytes()
+    if sum(size) + tax.num_nodes > limit:
+        deepest = max(range(tax.num_nodes), key=size.__getitem__)
+        raise TaxonomyError(
+            f"cannot be written as {fmt}: its paths of display names take {sum(size) + tax.num_nodes} bytes (the "
+            f"path of {tax.display_names[deepest]!r} alone {size[deepest]}), over the read limit of {limit} bytes "
+            "of the reader; write it as an edge list or hiercls JSON",
+            source=str(path),
+            label=tax.display_names[deepest],
+        )
     key: list[str] = [""] * tax.num_nodes
     for n in range(tax.num_nodes):
         above = key[int(tax.parent[n])] if n else ""
