@@ -20,8 +20,17 @@ from hiercls.taxonomy import Taxonomy, read_taxonomy
 
 # A tree with a wide node (w: 6 children), a chain below it and a deep leaf: sums of many children in float16.
 TAX = Taxonomy(
-    [("r", "a"), ("a", "x"), ("a", "y"), ("r", "b"), ("b", "z"), *(("b", f"w{i}") for i in range(6)), ("w0", "d")]
-    + [("d", "e"), ("e", "f")]
+    [
+        ("r", "a"),
+        ("a", "x"),
+        ("a", "y"),
+        ("r", "b"),
+        ("b", "z"),
+        *(("b", f"w{i}") for i in range(6)),
+        ("w0", "d"),
+        ("d", "e"),
+        ("e", "f"),
+    ]
 )
 OPTIONS: dict[str, dict[str, Any]] = {"bayes_node": {"cost": "lca_height"}}
 # Heads whose node probabilities are multi-label: the rules that need a parent >= the sum of its children refuse

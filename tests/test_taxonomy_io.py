@@ -11,9 +11,9 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from _generators import unicode_taxonomy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from _generators import unicode_taxonomy
 
 from hiercls._textio import TextFileError, parse_json
 from hiercls.taxonomy import (
@@ -767,7 +767,9 @@ def _paths_of(tax: Taxonomy, skip_root: bool) -> list[tuple[str, ...]]:
 def _assert_read_back(fmt: str, tax: Taxonomy, back: Taxonomy) -> None:
     if fmt in ("paths", "folders"):  # nodes named by their display-name paths: same paths, same display names
         skip = fmt == "folders"  # the root is the folder written into, named by the path
-        assert _paths_of(back, skip or back.virtual_root is not None) == _paths_of(tax, skip or tax.virtual_root is not None)
+        assert _paths_of(back, skip or back.virtual_root is not None) == _paths_of(
+            tax, skip or tax.virtual_root is not None
+        )
         return
     assert set(back.names) == set(tax.names)
     assert set(back.edge_list(names=True)) == set(tax.edge_list(names=True))

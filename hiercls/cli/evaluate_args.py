@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import argparse
 
+from hiercls.cli.names import COST_KINDS
+
+HELP = "hierarchical metrics for a saved model or saved probabilities"
+
 
 def _sample_count(text: str) -> int:
     """``--max-samples``: a whole number >= 1, or 0 for every sample."""
@@ -28,10 +32,6 @@ def _sample_count(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (or 0 for every sample); got {text!r}")
     return n
-
-from hiercls.cli.names import COST_KINDS
-
-HELP = "hierarchical metrics for a saved model or saved probabilities"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -416,9 +416,7 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
         coarse = np.maximum(taxonomy.parent[leaves], 0)
     else:
         if isinstance(level, bool) or not isinstance(level, int | np.integer) or not 0 <= level <= taxonomy.height:
-            raise ValueError(
-                f"level must be a depth in [0, {taxonomy.height}] (the taxonomy's height); got {level!r}"
-            )
+            raise ValueError(f"level must be a depth in [0, {taxonomy.height}] (the taxonomy's height); got {level!r}")
         coarse = _ancestor_at_depth(taxonomy, leaves, int(level))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
     return _run(scored_pick_rows, batch, leaves, np.ones(len(leaves)), np.asarray(coarse, dtype=np.int64))

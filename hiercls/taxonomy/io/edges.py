@@ -137,7 +137,9 @@ def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> 
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
     # With spaces between fields a comma in a name would make the reader sniff commas as the delimiter.
-    _check_writable_names(tax, "\t" + common.LINE_BREAKS + delimiter + ("," if delimiter == " " else ""), "an edge list")
+    _check_writable_names(
+        tax, "\t" + common.LINE_BREAKS + delimiter + ("," if delimiter == " " else ""), "an edge list"
+    )
     names = tax.names
     vr = tax.virtual_root
     with common.open_write(path) as f:
