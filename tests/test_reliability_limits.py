@@ -14,6 +14,7 @@ import pytest
 import torch
 from _generators import chain, star, tree_with_classes
 
+from hiercls.cli.taxonomy_cmd import render_tree
 from hiercls.decode import RULES, decode
 from hiercls.heads.registry import HEADS, create_head
 from hiercls.taxonomy import Taxonomy, read_taxonomy
@@ -134,3 +135,11 @@ def test_hie_level_needs_no_path_table() -> None:
                 path = tax.path(int(lf))
                 scores.append(node[b, lf] * node[b, path[min(level, len(path) - 1)]])
             assert int(got[b]) == int(tax.leaves[int(np.argmax(scores))])
+
+
+def test_show_a_deep_chain_to_any_depth() -> None:
+    """``taxonomy show --depth K`` recursed once per level (a RecursionError past ~1,000 levels); the walk now
+    keeps its own stack: every node of a 5,000-deep chain is one line, indented once per level."""
+    lines = render_tree(chain(5000), depth=6000)
+    assert len(lines) == 5000
+    assert lines[-1] == " " * 4 * 4998 + "└── n4999"
