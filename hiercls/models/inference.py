@@ -134,7 +134,7 @@ def read_input_rows(items: Sequence[str], *, text_column: str = "text", on_error
     * an image file (by extension) -> its path;
     * a ``.txt`` file -> one text per non-empty line (``file:line``);
     * a ``.csv`` / ``.jsonl`` file -> the ``text_column`` of each row (``file:line``, the line a row starts on);
-    * a word with a path separator or a file suffix (``notes.txt``) that is no file -> an error;
+    * a word with a path separator or a file suffix (``notes.txt``) that is no file, or another file -> an error;
     * anything else -> a text string (``arg:k``).
 
     A row that cannot be used (a short CSV row, an empty text) is an error naming it, or with ``on_error="skip"``
@@ -173,11 +173,12 @@ def read_input_rows(items: Sequence[str], *, text_column: str = "text", on_error
         elif p.is_file() and p.name.lower().endswith((".csv", ".jsonl", ".csv.gz", ".jsonl.gz")):
             _add_file_rows(out, item, text_rows(p, text_column), on_error)
             kinds.add("text")
-        elif looks_like_path(item):
-            what = "a folder or file" if p.exists() else "no such file"
+        elif looks_like_path(item) or p.is_file():
+            what = "not a kind of file" if p.exists() else "no such file"
             raise FileNotFoundError(
                 f"input {item!r}: {what} to read texts or images from (.txt, .csv, .jsonl, images or a folder of "
-                "images); a word with a path separator or a file suffix is read as a file, not as a text"
+                "images); a word with a path separator or a file suffix, or the name of a file, is read as a file, "
+                "not as a text"
             )
         else:
             out.add(item, item, f"arg:{k}")
