@@ -207,7 +207,7 @@ def memory_cases(quick: bool) -> list[Case]:
                 src.unlink()
                 return measured
 
-            out.append(_memory_case(f"worstcase/memory/{kind}_{n}/taxonomy_{command}", run_command))
+            out.append(_memory_case(f"worstcase/memory/{kind}/taxonomy_{command}", run_command, n))
 
         def run_decode(kind: str = kind, n: int = n) -> float:
             tax = chain_tree(n) if kind == "chain" else star_tree(n - 1)
@@ -219,13 +219,13 @@ def memory_cases(quick: bool) -> list[Case]:
 
             return peak_per_node_ratio(every_rule, n)
 
-        out.append(_memory_case(f"worstcase/memory/{kind}_{n}/decode_every_rule_b4", run_decode))
+        out.append(_memory_case(f"worstcase/memory/{kind}/decode_every_rule_b4", run_decode, n))
     return out
 
 
-def _memory_case(name: str, measure: Any) -> Case:
+def _memory_case(name: str, measure: Any, nodes: int) -> Case:
     note = f"peak allocated bytes (tracemalloc) / ({BYTES_PER_NODE} bytes x nodes); target 1: linear memory"
-    return Case(name=name, target=1.0, measure=measure, note=note)
+    return Case(name=name, target=1.0, measure=measure, note=note, extra={"nodes": nodes})
 
 
 def main(argv: list[str] | None = None) -> int:
