@@ -576,8 +576,7 @@ class Taxonomy:
         if self.is_tree:  # top-down, one level at a time: O(N), where the ancestor matrix has N * depth entries
             counts = np.zeros(self.num_nodes, dtype=np.int64)
             for lvl in self.levels[1:]:
-                up = self.parent[lvl]
-                counts[lvl] = counts[up] + mask[up]
+                counts[lvl] = counts[self.parent[lvl]] + mask[self.parent[lvl]]
         else:
             counts = np.asarray(self.ancestors_sparse @ mask).ravel() - mask
         return _readonly(np.where(self._class_mask, counts, -1).astype(np.int64))
