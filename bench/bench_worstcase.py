@@ -25,14 +25,28 @@ keeps ``run_all --quick`` short. The chain runs both inputs for every rule.
 Each case: one warm-up call, then 3 interleaved repeats of one call each (``number=1``), so about 0.4 s of
 sleep plus 4 decodes. Targets: 10 (one second per 100 samples) for every case.
 
+Memory (issue 28), ``worstcase/memory/...``: a 1,000,000-node star and a 100,000-deep chain, written as edge
+lists, through ``hiercls taxonomy validate / stats / show / convert`` (to hiercls JSON) in-process, and every rule
+decoding 4 rows of each. The ratio is the peak memory allocated while the command or decode runs (``tracemalloc``:
+Python objects and NumPy buffers) over a linear budget of ``BYTES_PER_NODE`` (4 KiB) per node; target 1. An
+``N x N`` array (what ``taxonomy stats`` once built on a deep chain: 18.6 GiB at 50,000 levels) or a path per node
+(``N x depth``) is a ratio in the thousands. ``--quick`` shrinks the star to 100,000 nodes (a per-node ratio of
+linear work does not depend on ``N``) and the chain to 30,000 levels (an ``N x N`` byte array there is still 7
+times the budget).
+
 Run ``python bench/run_all.py --quick --only worstcase`` or ``python bench/bench_worstcase.py`` (one JSON line
-per case).
+per timing case).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import sys
+import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +59,7 @@ if str(HERE) not in sys.path:
 from _timing import Case  # noqa: E402
 from bench_decode import posteriors  # noqa: E402
 
+from hiercls.cli import main as cli_main  # noqa: E402
 from hiercls.decode import RULES, decode  # noqa: E402
 from hiercls.taxonomy import Taxonomy  # noqa: E402
 
@@ -54,6 +69,16 @@ STAR = 100_000
 SLEEP = 0.1
 TARGET = 1.0 / SLEEP  # one second per 100 samples
 VALUE_DEPENDENT = ("optimal_hfbeta",)  # rules whose work on the star grows with a flat input
+BIG_CHAIN = 100_000
+BIG_STAR = 1_000_000
+QUICK_CHAIN = 30_000  # an N x N int8 array here is 0.9 GB: a ratio of 7, still a failure
+BYTES_PER_NODE = 4096
+COMMANDS = {
+    "validate": ["taxonomy", "validate", "{src}"],
+    "stats": ["taxonomy", "stats", "{src}", "--json"],
+    "show": ["taxonomy", "show", "{src}"],
+    "convert": ["taxonomy", "convert", "{src}", "{dst}"],
+}
 
 
 def chain_tree(n: int = CHAIN) -> Taxonomy:
@@ -138,7 +163,69 @@ def cases(quick: bool) -> list[Case]:
                         note=f"seconds per {BATCH} samples / {SLEEP} s (target {TARGET:g} = 1 s per {BATCH} samples)",
                     )
                 )
+    return out + memory_cases(quick)
+
+
+def peak_per_node_ratio(fn: Any, num_nodes: int) -> float:
+    """Peak bytes allocated while ``fn()`` runs (tracemalloc) over ``BYTES_PER_NODE * num_nodes``."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return (peak - before) / (BYTES_PER_NODE * num_nodes)
+
+
+def write_edges(kind: str, n: int, folder: Path) -> Path:
+    """The chain or the star as an edge list file (the users' large-taxonomy format)."""
+    path = folder / f"{kind}_{n}.edges"
+    with path.open("w", encoding="utf-8") as f:
+        if kind == "chain":
+            f.writelines(f"n{i}\tn{i + 1}\n" for i in range(n - 1))
+        else:
+            f.writelines(f"r\tc{i}\n" for i in range(n - 1))
+    return path
+
+
+def memory_cases(quick: bool) -> list[Case]:
+    """Peak memory per node of each taxonomy command and of every rule's decode on the big chain and star."""
+    sizes = {"chain": QUICK_CHAIN if quick else BIG_CHAIN, "star": STAR if quick else BIG_STAR}
+    folder = Path(tempfile.mkdtemp(prefix="hiercls_worstcase_"))
+    out = []
+    for kind, n in sizes.items():
+        for command, argv in COMMANDS.items():
+
+            def run_command(kind: str = kind, n: int = n, argv: list[str] = argv) -> float:
+                src = write_edges(kind, n, folder)
+                args = [a.format(src=src, dst=folder / f"{kind}_{n}.json") for a in argv]
+                with contextlib.redirect_stdout(io.StringIO()):
+                    measured = peak_per_node_ratio(lambda: cli_main(args), n)
+                src.unlink()
+                return measured
+
+            out.append(_memory_case(f"worstcase/memory/{kind}/taxonomy_{command}", run_command, n))
+
+        def run_decode(kind: str = kind, n: int = n) -> float:
+            tax = chain_tree(n) if kind == "chain" else star_tree(n - 1)
+            node = node_probs(tax, kind, False, np.random.default_rng(28), batch=4)
+
+            def every_rule() -> None:
+                for rule in RULES:
+                    decode(node, tax, rule, **({"cost": "lca_height"} if rule == "bayes_node" else {}))
+
+            return peak_per_node_ratio(every_rule, n)
+
+        out.append(_memory_case(f"worstcase/memory/{kind}/decode_every_rule_b4", run_decode, n))
     return out
+
+
+def _memory_case(name: str, measure: Any, nodes: int) -> Case:
+    note = f"peak allocated bytes (tracemalloc) / ({BYTES_PER_NODE} bytes x nodes); target 1: linear memory"
+    return Case(name=name, target=1.0, measure=measure, note=note, extra={"nodes": nodes})
 
 
 def main(argv: list[str] | None = None) -> int:

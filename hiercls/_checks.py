@@ -9,7 +9,8 @@ Example:
     >>> check_beta(-1)
     Traceback (most recent call last):
     ...
-    ValueError: beta must be a finite number >= 0; got -1
+    ValueError: beta must be a finite number > 0; got -1 (beta = 0 would score precision alone: use the precision
+    score for that)
     >>> check_choice("micro", ("micro", "macro"), "average")
     'micro'
 """
@@ -27,6 +28,7 @@ import numpy as np
 __all__ = [
     "check_beta",
     "check_choice",
+    "check_dense",
     "check_finite_number",
     "did_you_mean",
     "to_numpy",
@@ -68,15 +70,42 @@ def check_finite_number(value: Any, name: str, *, minimum: float | None = None, 
 
 
 def check_beta(beta: Any, name: str = "beta") -> float:
-    """The β of an F-β score or decoder: a finite number ``>= 0`` (β = 0 is precision, as in scikit-learn)."""
-    return check_finite_number(beta, name, minimum=0.0)
+    """The β of an F-β score or decoder: a finite number ``> 0`` (β = 0 drops recall from the score: the
+    precision functions say that without an F)."""
+    try:
+        return check_finite_number(beta, name, minimum=0.0, strict=True)
+    except ValueError as err:
+        raise ValueError(f"{err} (beta = 0 would score precision alone: use the precision score for that)") from None
 
 
-def to_numpy(x: Any, *, passthrough: bool = False) -> Any:
+def check_dense(x: Any, name: str = "input") -> Any:
+    """``x`` unless it is a tensor without values here: a meta tensor (shapes only) or a sparse torch tensor.
+
+    Raises:
+        TypeError: naming ``name``, the tensor's kind and what to pass instead.
+
+    Example:
+        >>> import torch
+        >>> check_dense(torch.zeros(2, 3, device="meta"), "probs")
+        Traceback (most recent call last):
+        ...
+        TypeError: probs is a meta tensor (a shape without values); pass a tensor that holds the values
+    """
+    if getattr(x, "is_meta", False):
+        raise TypeError(f"{name} is a meta tensor (a shape without values); pass a tensor that holds the values")
+    layout = getattr(x, "layout", None)
+    if layout is not None and type(x).__module__.startswith("torch") and str(layout) != "torch.strided":
+        raise TypeError(f"{name} is a sparse tensor ({layout}); pass a dense one ({name}.to_dense())")
+    return x
+
+
+def to_numpy(x: Any, *, passthrough: bool = False, name: str = "input") -> Any:
     """A NumPy array of ``x``: torch tensors detached and copied to the host (float16/bfloat16 as float32);
     NumPy arrays and scipy sparse matrices unchanged; anything else through ``np.asarray``, or returned as is
-    with ``passthrough=True`` (ragged label lists, sets of names, which ``np.asarray`` would mangle)."""
+    with ``passthrough=True`` (ragged label lists, sets of names, which ``np.asarray`` would mangle). Meta and
+    sparse tensors are refused naming ``name`` (:func:`check_dense`)."""
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        check_dense(x, name)
         x = x.detach().cpu()
         if x.dtype.is_floating_point and x.element_size() < 4:  # numpy has no bfloat16
             x = x.float()

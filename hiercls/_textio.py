@@ -25,14 +25,19 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import contextvars
+import gzip
+import io
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import files
@@ -44,6 +49,7 @@ from typing import IO, Any
 import yaml
 
 __all__ = [
+    "DEFAULT_MAX_READ_BYTES",
     "MAX_JSON_DEPTH",
     "LinedDict",
     "LinedList",
@@ -54,8 +60,11 @@ __all__ = [
     "decode_text",
     "dump_json",
     "load_yaml",
+    "max_read_bytes",
     "package_data_dirs",
     "parse_json",
+    "read_bytes",
+    "read_limit",
     "read_text",
     "recover_atomic",
     "umask",
@@ -110,17 +119,121 @@ def decode_text(data: bytes, source: str, what: str = "file") -> str:
     return text[1:] if text.startswith("\ufeff") else text  # a byte-order mark is not part of the first name
 
 
+DEFAULT_MAX_READ_BYTES = 2 * 1024**3
+"""The read limit unless ``HIERCLS_MAX_READ_BYTES`` or :func:`read_limit` says otherwise: 2 GiB (decompressed)."""
+
+_READ_LIMIT: contextvars.ContextVar[int | None] = contextvars.ContextVar("hiercls_read_limit", default=None)
+
+
+@contextlib.contextmanager
+def read_limit(max_bytes: int) -> Iterator[None]:
+    """Inside the block, every reader of user files (:func:`read_bytes`) reads at most ``max_bytes`` bytes
+    (decompressed) per file.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "big.txt"
+        >>> _ = p.write_text("x" * 100)
+        >>> with read_limit(10):
+        ...     read_text(p)
+        Traceback (most recent call last):
+        ...
+        hiercls._textio.TextFileError: .../big.txt: the file holds 100 bytes, over the read limit of 10 bytes; ...
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a whole number of bytes >= 1; got {max_bytes!r}")
+    token = _READ_LIMIT.set(max_bytes)
+    try:
+        yield
+    finally:
+        _READ_LIMIT.reset(token)
+
+
+def max_read_bytes() -> int:
+    """The read limit in force: :func:`read_limit`'s, else ``HIERCLS_MAX_READ_BYTES``, else 2 GiB."""
+    limit = _READ_LIMIT.get()
+    if limit is not None:
+        return limit
+    env = os.environ.get("HIERCLS_MAX_READ_BYTES", "").strip()
+    if not env:
+        return DEFAULT_MAX_READ_BYTES
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"HIERCLS_MAX_READ_BYTES must be a whole number of bytes >= 1; got {env!r}")
+    return int(env)
+
+
+def _over(size: str, limit: int, source: str) -> TextFileError:
+    return TextFileError(
+        f"{size}, over the read limit of {limit} bytes; if the file is meant to be this large, raise the limit "
+        "(environment variable HIERCLS_MAX_READ_BYTES, or hiercls._textio.read_limit)",
+        source=source,
+    )
+
+
+def read_bytes(path: str | os.PathLike[str], what: str = "file", *, gunzip: bool = True) -> bytes:
+    """The bytes of a user's file, gunzipped when they start with gzip's magic (``gunzip``), at most
+    :func:`max_read_bytes` of them (after decompression), from a regular file only.
+
+    A FIFO or a device (``/dev/zero``) is refused before it is opened (a FIFO without a writer would block, a
+    device never ends); a file, or its decompressed content, over the limit is refused without being held whole.
+
+    Raises:
+        FileNotFoundError: no such file. TextFileError: a folder, a FIFO, a device, over the limit, corrupt gzip.
+    """
+    p, limit = Path(path), max_read_bytes()
+    st = os.stat(p)  # FileNotFoundError names the path
+    if stat.S_ISDIR(st.st_mode):
+        raise TextFileError(f"is a folder, not a {what}", source=str(p))
+    if not stat.S_ISREG(st.st_mode):
+        kind = (
+            "FIFO (named pipe)"
+            if stat.S_ISFIFO(st.st_mode)
+            else "device"
+            if stat.S_ISCHR(st.st_mode)
+            else "special file"
+        )
+        raise TextFileError(
+            f"is a {kind}, not a regular file; hiercls reads a {what} from a regular file only", source=str(p)
+        )
+    if st.st_size > limit:
+        raise _over(f"the file holds {st.st_size} bytes", limit, str(p))
+    with open(p, "rb") as f:
+        data = _read_at_most(f, limit)  # bounded even if the file grows while read
+    if data is None:
+        raise _over(f"the file holds more than {limit} bytes", limit, str(p))
+    if gunzip and data[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+                data = _read_at_most(gz, limit)
+        except (OSError, EOFError, zlib.error) as err:
+            raise TextFileError(f"corrupt gzip file: {err}", source=str(p)) from None
+        if data is None:
+            raise _over(f"the gzip file expands to more than {limit} bytes", limit, str(p))
+    return data
+
+
+def _read_at_most(f: IO[bytes], limit: int) -> bytes | None:
+    """All of ``f`` if it holds at most ``limit`` bytes, else ``None``; read in 16 MiB blocks (``f.read(limit)``
+    would allocate the whole limit up front, 2 GiB for every file)."""
+    blocks, size = [], 0
+    while block := f.read(min(1 << 24, limit + 1 - size)):
+        blocks.append(block)
+        size += len(block)
+        if size > limit:
+            return None
+    return b"".join(blocks)
+
+
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
-    """The UTF-8 text of a user's file (see :func:`decode_text`).
+    """The UTF-8 text of a user's file (see :func:`decode_text`), read by :func:`read_bytes` (bounded, regular
+    files only; not gunzipped).
 
     Raises:
         FileNotFoundError: no such file (the error names it).
-        TextFileError: a folder instead of a file, or not UTF-8.
+        TextFileError: a folder, FIFO or device instead of a file, over the read limit, or not UTF-8.
     """
     p = Path(path)
-    if p.is_dir():
-        raise TextFileError(f"is a folder, not a {what}", source=str(p))
-    return decode_text(p.read_bytes(), str(p), what)
+    return decode_text(read_bytes(p, what, gunzip=False), str(p), what)
 
 
 # ---------------------------------------------------------------------------------------------- JSON

@@ -217,3 +217,48 @@ def nx_tree_distance(tax: Taxonomy, kind: str) -> np.ndarray:
             else:
                 out[a, b] = ic[a] + ic[b] - 2 * ic[lca]
     return out
+
+
+# Label alphabets: plain, CJK, emoji (with a skin-tone modifier and a ZWJ sequence), right-to-left scripts, accents
+# (precomposed and combining); then the characters that are syntax or invisible somewhere.
+LABEL_ALPHABETS = (
+    "abcdefghijklmnopqrstuvwxyzABCXYZ0123456789-_.",
+    "中文字猫狗鳥日本語한국어",
+    ["\U0001f600", "\U0001f436", "\U0001f44d\U0001f3fd", "\U0001f468\u200d\U0001f4bb", "\u2764\ufe0f"],
+    "שלוםעבריתمرحباعربي",
+    ["é", "e\u0301", "ñ", "ü", "ø", "ß"],
+)
+LABEL_SPECIALS = (
+    *("\t", "\n", "\r", "\v", "\f", "\x1c", "\x85", "\u2028", "\x00", "\x1b"),  # controls; most break lines
+    *(" ", "#", "/", "\\", ",", '"', "'", "\u200b", "\u200f", "\u202e"),
+)
+
+
+def random_label(rng: np.random.Generator, special: float = 0.1) -> str:
+    """A label of 1-6 characters from one or two of :data:`LABEL_ALPHABETS`; with probability ``special`` one of
+    :data:`LABEL_SPECIALS` goes in at a random place (start, middle or end)."""
+    pools = [LABEL_ALPHABETS[int(i)] for i in rng.choice(len(LABEL_ALPHABETS), size=int(rng.integers(1, 3)))]
+    chars = [str(pools[int(rng.integers(len(pools)))][0]) for _ in range(int(rng.integers(1, 7)))]
+    chars = [str(p[int(rng.integers(len(p)))]) for p in (pools[int(rng.integers(len(pools)))] for _ in chars)]
+    if rng.random() < special:
+        chars.insert(int(rng.integers(0, len(chars) + 1)), LABEL_SPECIALS[int(rng.integers(len(LABEL_SPECIALS)))])
+    return "".join(chars)
+
+
+def unicode_taxonomy(rng: np.random.Generator, *, dag: bool = False) -> Taxonomy:
+    """A small taxonomy with :func:`random_label` names and some display names: a random tree (or DAG) of up to
+    12 nodes, a chain up to 40 deep or a star up to 40 wide."""
+    shape = rng.choice(["random", "chain", "star"], p=[0.6, 0.2, 0.2])
+    n = int(rng.integers(1, 13 if shape == "random" else 41))
+    names: dict[str, None] = {}
+    while len(names) < n:
+        names[random_label(rng)] = None
+    order = list(names)
+    edges = []
+    for i in range(1, n):
+        ps = {i - 1} if shape == "chain" else {0} if shape == "star" else {int(rng.integers(0, i))}
+        if dag and shape == "random" and i > 1 and rng.random() < 0.3:
+            ps.add(int(rng.integers(0, i)))
+        edges += [(order[p], order[i]) for p in sorted(ps)]
+    display = {order[int(k)]: random_label(rng) for k in rng.choice(n, size=min(n, int(rng.integers(0, 4))))}
+    return Taxonomy(edges, nodes=order, display_names=display)

@@ -318,9 +318,14 @@ def test_predict_texts_from_csv_and_jsonl(tiny_bert, small_tree, tmp_path: Path,
     data = tmp_path / "texts.csv"
     data.write_text('id,body\n1,"a cat, purrs"\n2,the dog barks\n3,\n', encoding="utf-8")
     out = tmp_path / "p.jsonl"
-    assert main(["predict", "--model", str(model_dir), str(data), "--text-column", "body", "--out", str(out)]) == 0
+    args = ["predict", "--model", str(model_dir), str(data), "--text-column", "body", "--out", str(out)]
+    assert main(args) == 2  # the empty text of row 3 (line 4) is named, not dropped
+    assert f"{data}:4: empty text in column 'body'" in capsys.readouterr().err
+    assert main([*args, "--on-error", "skip"]) == 0
+    assert f"skipped {data}:4: empty text in column 'body'\nskipped 1 of 3 rows" in capsys.readouterr().err
     recs = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r["input"] for r in recs] == ["a cat, purrs", "the dog barks"]
+    assert [r["row"] for r in recs] == [f"{data}:2", f"{data}:3"]
     jl = tmp_path / "texts.jsonl"
     jl.write_text('{"body": "a cat"}\n{"text": "no body"}\n', encoding="utf-8")
     assert main(["predict", "--model", str(model_dir), str(jl), "--text-column", "body"]) == 2

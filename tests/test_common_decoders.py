@@ -218,11 +218,15 @@ def test_exact_ties_go_to_the_smallest_id(rule: str) -> None:
     assert out[0] == REFERENCES[rule](tax, tax.marginals(leaf)[0])
 
 
-def test_exact_ties_between_sets_go_to_the_smallest_set() -> None:
-    """beta = 0 scores precision: {r, x} and {r, y} tie exactly on a star with P(x) = P(y); x has the smaller id."""
+def test_beta_zero_refused_and_recall_breaks_precision_ties() -> None:
+    """beta = 0 scores precision alone, under which {r, x}, {r, y} and {r, x, y} tie exactly on a star with
+    P(x) = P(y): it is refused (issue 28). Any beta > 0 adds recall, so the union is strictly best:
+    (1 + b2) * 0.8 / (b2 + 2) > 0.4 = (1 + b2) * 0.4 / (b2 + 1)."""
     tax = Taxonomy([("r", "x"), ("r", "y"), ("r", "z")])
-    sets = decode(np.array([[1.0, 0.4, 0.4, 0.2]]), tax, "optimal_hfbeta", beta=0.0)
-    assert sets.tolist() == [[True, True, False, False]]
+    probs = np.array([[1.0, 0.4, 0.4, 0.2]])
+    assert decode(probs, tax, "optimal_hfbeta", beta=1e-3).tolist() == [[True, True, True, False]]
+    with pytest.raises(ValueError, match="beta must be a finite number > 0; got 0"):
+        decode(probs, tax, "optimal_hfbeta", beta=0.0)
 
 
 @pytest.mark.parametrize("cost", ["shortest_path", "lca_height", "wu_palmer", "zhao"])

@@ -128,8 +128,10 @@ def test_hie_matches_reference() -> None:
         tax, _, _, node = sample_case(rng)
         if tax.num_nodes == 1:
             continue
-        level = rng.choice([None, 0, 1, 2])
+        level = rng.choice([None, *range(min(2, tax.height) + 1)])
         got = hie(node, tax, level=None if level is None else int(level))
+        with pytest.raises(ValueError, match=rf"level must be a depth in \[0, {tax.height}\]"):
+            hie(node, tax, level=tax.height + 1)  # issue 28: a level past the deepest node is a mistake
         for b, row in enumerate(node):
             best, score = None, -1.0
             for leaf in tax.leaves:

@@ -71,16 +71,18 @@ def test_typos_get_did_you_mean() -> None:
         parse_decoder("argmax_leaf:leaf_probs=true")  # a property of the data, not of the decoder
 
 
-@pytest.mark.parametrize("bad", ["-1", "-0.5", "inf", "nan", "true", "two"])
+@pytest.mark.parametrize("bad", ["-1", "-0.5", "0", "inf", "nan", "true", "two"])
 def test_beta_is_checked_once(bad: str) -> None:
-    with pytest.raises(ValueError, match="beta must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="beta must be a finite number > 0"):
         parse_decoder(f"optimal_hfbeta:beta={bad}")
-    with pytest.raises(ValueError, match="beta must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="beta must be a finite number > 0"):
         decode(P, TAX, "optimal_hfbeta", beta=-2)
 
 
-def test_beta_zero_is_allowed() -> None:
-    assert parse_decoder("optimal_hfbeta:beta=0").options == {"beta": 0.0}
+def test_beta_zero_is_refused() -> None:
+    """beta = 0 drops recall: the decoder would answer the root for every sample (issue 28)."""
+    with pytest.raises(ValueError, match="beta = 0 would score precision alone"):
+        decode(P, TAX, "optimal_hfbeta", beta=0)
 
 
 def test_decode_takes_specs_and_aliases() -> None:

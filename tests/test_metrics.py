@@ -220,13 +220,15 @@ def test_hierarchical_prf_hand_computed_micro_samples_macro():
     # beta = 2: (1 + 4) * 4 / (4 * 8 + 8)
     assert M.hierarchical_fbeta_score(HAND_TRUE, HAND_PRED, beta=2.0, **kw) == pytest.approx(20 / 40)
     assert M.hierarchical_fbeta_score(["puppy"], ["dog"], beta=2.0, **kw) == pytest.approx(5 * 2 / (4 * 3 + 2))
-    # beta = 0 is hierarchical precision (the rule of scikit-learn's fbeta_score and of the hF-beta decoder)
+    # beta -> 0 tends to hierarchical precision; beta = 0 itself is refused (issue 28: beta > 0 everywhere)
     for average in ("micro", "macro", "samples"):
         assert M.hierarchical_fbeta_score(
-            HAND_TRUE, HAND_PRED, beta=0.0, average=average, zero_division=0.0, **kw
+            HAND_TRUE, HAND_PRED, beta=1e-6, average=average, zero_division=0.0, **kw
         ) == pytest.approx(
             M.hierarchical_precision_score(HAND_TRUE, HAND_PRED, average=average, zero_division=0.0, **kw)
         )
+        with pytest.raises(ValueError, match="beta must be a finite number > 0; got 0"):
+            M.hierarchical_fbeta_score(HAND_TRUE, HAND_PRED, beta=0.0, average=average, **kw)
 
 
 def test_hand_computed_distances_levels_nodes():
@@ -733,9 +735,9 @@ def test_errors_name_the_parameter_and_the_expectation():
         M.hierarchical_f1_score(np.array([1.0, 2.0]), [1, 1], **kw)
     with pytest.raises(ValueError, match="average must be one of 'micro', 'macro', 'weighted', 'samples'; got 'bin'"):
         M.hierarchical_f1_score([1], [1], average="bin", **kw)
-    with pytest.raises(ValueError, match="beta must be a finite number >= 0; got -1"):
+    with pytest.raises(ValueError, match="beta must be a finite number > 0; got -1"):
         M.hierarchical_fbeta_score([1], [1], beta=-1, **kw)
-    with pytest.raises(ValueError, match="beta must be a finite number >= 0; got inf"):
+    with pytest.raises(ValueError, match="beta must be a finite number > 0; got inf"):
         M.hierarchical_fbeta_score([1], [1], beta=float("inf"), **kw)
     with pytest.raises(ValueError, match="zero_division must be"):
         M.hierarchical_f1_score([1], [1], zero_division=0.5, **kw)

@@ -23,10 +23,13 @@ import numpy as np
 import pytest
 import torch
 
-from hiercls._textio import TextFileError
+from hiercls._textio import TextFileError, read_limit
 from hiercls.cli import main
+from hiercls.data.text import read_text_rows
 from hiercls.decode import ProbabilityError, check_probabilities, decode, optimal_hfbeta
 from hiercls.evaluation import Evaluator, evaluate_probabilities, load_labels, load_probabilities
+from hiercls.metrics import hierarchical_fbeta_score, top_k_accuracy_score
+from hiercls.models.inference import read_input_rows
 from hiercls.taxonomy import Taxonomy, TaxonomyError, read_taxonomy, write_taxonomy
 from hiercls.train.config import ConfigError, load_config
 
@@ -278,14 +281,24 @@ def _(c: Ctx) -> Any:
 
 
 def _no_half_tree(c: Ctx) -> Any:
-    tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "k")], display_names={"a": "same", "b": "same"})
+    # 'a' and 'b' are made, then the folder of 'k' fails (a name over the file system's 255 bytes)
+    tax = Taxonomy([("r", "a"), ("r", "b"), ("b", "k")], display_names={"k": "k" * 300})
     try:
         write_taxonomy(tax, c.out / "tree", format="folders")
     finally:
         assert os.listdir(c.out) == [], os.listdir(c.out)  # neither the tree nor its temporary folder
 
 
-case("write_folders_failure_leaves_nothing", Err(FileExistsError))(_no_half_tree)
+case("write_folders_failure_leaves_nothing", Err(OSError, "node 'k'", "name too long"))(_no_half_tree)
+
+
+@case("write_folders_twin_display_names", Err(TaxonomyError, "two children of 'r'", "'same'", "read back as one"))
+def _(c: Ctx) -> Any:
+    tax = Taxonomy([("r", "a"), ("r", "b"), ("a", "k")], display_names={"a": "same", "b": "same"})
+    try:
+        write_taxonomy(tax, c.out / "tree", format="folders")
+    finally:
+        assert os.listdir(c.out) == []
 
 
 @case("write_nested_too_deep_clear_error", Err(TaxonomyError, "10001 levels deep", "edge list"))
@@ -631,6 +644,153 @@ def _(c: Ctx) -> Any:
     from hiercls.data.images import HierImageFolder
 
     return HierImageFolder(_image_folder(c), on_error="ignore")
+
+
+# ---------------------------------------------------------------------------------------------- issue 28
+CSV_5 = "id,text\n1,a cat\n2\n3,\n4,a dog\n5,a car\n"  # rows 2 (short) and 3 (empty text) cannot be used
+
+
+@case("predict_csv_short_row_named", Err(ValueError, "in.csv:3", "1 field but the header has 2", "--on-error skip"))
+def _(c: Ctx) -> Any:
+    return read_input_rows([str(c.write("in.csv", CSV_5))])
+
+
+@case(
+    "predict_csv_skip_keeps_order_and_ids",
+    Ok(lambda r: (r.inputs, r.total, len(r.skipped)) == (["a cat", "a dog", "a car"], 5, 2)),
+)
+def _(c: Ctx) -> Any:
+    rows = read_input_rows([str(c.write("in.csv", CSV_5))], on_error="skip")
+    assert [s[0].rsplit(":", 1)[1] for s in rows.skipped] == ["3", "4"]  # file lines of rows 2 and 3
+    assert [r.rsplit(":", 1)[1] for r in rows.rows] == ["2", "5", "6"]
+    return rows
+
+
+@case("predict_jsonl_empty_text_named", Err(ValueError, "in.jsonl:2", "empty text under key 'text'"))
+def _(c: Ctx) -> Any:
+    return read_input_rows([str(c.write("in.jsonl", '{"text": "a cat"}\n{"text": " "}\n'))])
+
+
+@case("predict_missing_file_is_not_a_text", Err(FileNotFoundError, "'notes.txt'", "no such file"))
+def _(c: Ctx) -> Any:
+    return read_input_rows(["a cat", "notes.txt"])
+
+
+@case("predict_args_ids_in_order", Ok(lambda r: r.rows == ["arg:1", "arg:2"] and r.inputs == ["b text", "a text"]))
+def _(c: Ctx) -> Any:
+    return read_input_rows(["b text", "a text"])
+
+
+@case("csv_200k_character_field_reads", Ok(lambda t: [len(x) for x in t] == [200_000, 1]))
+def _(c: Ctx) -> Any:
+    return read_text_rows(c.write("big.csv", "text\n" + "x" * 200_000 + "\ny\n"))
+
+
+@case("taxonomy_fifo_refused", Err(TaxonomyError, "pipe.tsv", "FIFO", "regular file"))
+def _(c: Ctx) -> Any:
+    os.mkfifo(c.inp / "pipe.tsv")  # no writer: opening it would block forever
+    try:
+        return read_taxonomy(c.inp / "pipe.tsv")
+    finally:
+        os.unlink(c.inp / "pipe.tsv")  # the table test reads back every file it finds
+
+
+@case("taxonomy_dev_zero_refused", Err(TaxonomyError, "/dev/zero", "device"))
+def _(c: Ctx) -> Any:
+    return read_taxonomy("/dev/zero", format="tsv")
+
+
+@case("taxonomy_gzip_bomb_bounded", Err(TaxonomyError, "bomb.tsv.gz", "expands to more than 100000 bytes"))
+def _(c: Ctx) -> Any:
+    c.write("bomb.tsv.gz", gzip.compress(b"r\ta\n" + b"#" * 10_000_000))  # 10 MB of comment from ~10 KB
+    with read_limit(100_000):
+        return read_taxonomy(c.inp / "bomb.tsv.gz")
+
+
+@case("labels_over_read_limit", Err(TextFileError, "y.txt", "holds 400 bytes, over the read limit of 100"))
+def _(c: Ctx) -> Any:
+    with read_limit(100):
+        return load_labels(c.write("y.txt", "x\n" * 200), TREE)
+
+
+@case("folder_taxonomy_empty_refused", Err(TaxonomyError, "empty", "no sub-folders"))
+def _(c: Ctx) -> Any:
+    (c.inp / "empty").mkdir()
+    return read_taxonomy(c.inp / "empty", format="folders")
+
+
+@case("paths_writer_refuses_carriage_return", Err(TaxonomyError, "'a\\rb'", "label-path component"))
+def _(c: Ctx) -> Any:
+    return write_taxonomy(Taxonomy([("r", "a\rb")]), c.out / "t.paths")
+
+
+@case("tsv_writer_refuses_line_separator", Err(TaxonomyError, "'a\\u2028b'", "cannot be written as TSV"))
+def _(c: Ctx) -> Any:
+    return write_taxonomy(Taxonomy([("r", "a\u2028b"), ("r", "c")]), c.out / "t.tsv")
+
+
+@case("paths_writer_refuses_twin_display_names", Err(TaxonomyError, "two children of 'r'", "'x'"))
+def _(c: Ctx) -> Any:
+    return write_taxonomy(Taxonomy([("r", "a"), ("r", "b")], display_names={"a": "x", "b": "x"}), c.out / "t.paths")
+
+
+@case("hfbeta_decoder_beta_zero", Err(ValueError, "beta must be a finite number > 0; got 0"))
+def _(c: Ctx) -> Any:
+    return decode(c.array(GOOD), TREE, "optimal_hfbeta", beta=0)
+
+
+@case("hfbeta_metric_beta_zero", Err(ValueError, "beta must be a finite number > 0; got 0"))
+def _(c: Ctx) -> Any:
+    return hierarchical_fbeta_score(["x"], ["y"], taxonomy=TREE, beta=0.0)
+
+
+@case("top_k_nan_scores", Err(ValueError, "y_score must be finite", "row 0", "nan"))
+def _(c: Ctx) -> Any:
+    return top_k_accuracy_score([2, 3], np.full((2, 3), np.nan), taxonomy=TREE, k=1)
+
+
+@case("bayes_negative_cost", Err(ValueError, "cost matrix must be >= 0", "cost[0, 0] = -1"))
+def _(c: Ctx) -> Any:
+    return decode(c.array(GOOD), TREE, "bayes_node", cost=-np.ones((5, 3)))
+
+
+@case("hie_level_out_of_range", Err(ValueError, "level must be a depth in [0, 2]", "got 99"))
+def _(c: Ctx) -> Any:
+    return decode(c.array(GOOD), TREE, "hie", level=99)
+
+
+@case("decode_meta_tensor", Err(TypeError, "probs is a meta tensor"))
+def _(c: Ctx) -> Any:
+    return decode(torch.empty(2, 5, device="meta"), TREE, "argmax_leaf")
+
+
+@case("decode_sparse_tensor", Err(TypeError, "probs is a sparse tensor", "to_dense()"))
+def _(c: Ctx) -> Any:
+    return decode(torch.tensor(GOOD).to_sparse(), TREE, "argmax_leaf")
+
+
+@case("metric_sparse_labels", Err(TypeError, "y_true is a sparse tensor"))
+def _(c: Ctx) -> Any:
+    return hierarchical_fbeta_score(torch.eye(5)[[2, 3]].to_sparse(), [2, 3], taxonomy=TREE)
+
+
+@case("metric_meta_scores", Err(TypeError, "y_score is a meta tensor"))
+def _(c: Ctx) -> Any:
+    return top_k_accuracy_score([2], torch.empty(1, 3, device="meta"), taxonomy=TREE, k=1)
+
+
+@case("cli_evaluate_max_samples_negative", Ok(lambda err: "--max-samples: must be a whole number >= 1" in err))
+def _(c: Ctx) -> Any:
+    with pytest.raises(SystemExit) as info:  # argparse's exit, before any work
+        c.cli("evaluate", "--model", c.inp / "nope", "--max-samples", "-1")
+    assert info.value.code == 2
+    return c.capsys.readouterr().err.splitlines()[-1]
+
+
+@case("cli_evaluate_out_checked_first", CliErr("notes.txt is a file"))
+def _(c: Ctx) -> Any:
+    c.write("notes.txt", "mine")  # --out under a file fails before the (missing) model is even looked at
+    return c.cli("evaluate", "--model", c.inp / "nope", "--out", c.inp / "notes.txt" / "m.json")
 
 
 # ---------------------------------------------------------------------------------------------- the table test

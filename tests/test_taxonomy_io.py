@@ -11,6 +11,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from _generators import unicode_taxonomy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,7 +39,7 @@ from hiercls.taxonomy import (
     write_taxonomy,
     write_tsv,
 )
-from hiercls.taxonomy.io import check_names
+from hiercls.taxonomy.io import FORMATS, check_names
 
 
 def random_taxonomy(seed: int, *, dag: bool = False, virtual_root: bool = False) -> Taxonomy:
@@ -751,3 +752,52 @@ def test_package_exports() -> None:
                 assert getattr(pkg, name) is getattr(module, name), name
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         _ = pkg.not_a_name
+
+
+# ---------------------------------------------------------------------------------------------- every writer
+DAG_FORMATS = ("json", "edges", "tsv", "children", "nested", "nodelink")  # paths and folders hold trees only
+SUFFIX = {"json": ".json.gz", "nested": ".nested.json", "children": ".ch.json", "nodelink": ".nl.json"}
+
+
+def _paths_of(tax: Taxonomy, skip_root: bool) -> list[tuple[str, ...]]:
+    """Every node as its display-name path from the root: what label paths and folder trees hold."""
+    return sorted(tuple(tax.display_names[i] for i in tax.path(n)[skip_root:]) for n in range(skip_root, tax.num_nodes))
+
+
+def _assert_read_back(fmt: str, tax: Taxonomy, back: Taxonomy) -> None:
+    if fmt in ("paths", "folders"):  # nodes named by their display-name paths: same paths, same display names
+        skip = fmt == "folders"  # the root is the folder written into, named by the path
+        assert _paths_of(back, skip or back.virtual_root is not None) == _paths_of(
+            tax, skip or tax.virtual_root is not None
+        )
+        return
+    assert set(back.names) == set(tax.names)
+    assert set(back.edge_list(names=True)) == set(tax.edge_list(names=True))
+    if fmt in ("json", "nodelink"):  # the formats that hold display names
+        assert back.display_names == tax.display_names
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_writer_round_trips_or_refuses(fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28: 1,000 random taxonomies per format (any Unicode, tab/newline/CR and other controls, deep chains,
+    wide stars; tests/_generators.unicode_taxonomy) read back with the same nodes, edges and display names, or
+    the writer refuses, naming the label, and leaves no file."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # durability is not under test: 1,000 files in seconds
+    rng, written = np.random.default_rng(28), 0
+    for k in range(1000):
+        tax = unicode_taxonomy(rng, dag=fmt in DAG_FORMATS)
+        path = tmp_path / f"t{k}{SUFFIX.get(fmt, '.' + fmt)}"
+        note = f"example {k}: names {tax.names!a}, display names {tax.display_names!a}"
+        try:
+            write_taxonomy(tax, path, format=fmt)
+        except TaxonomyError as err:
+            assert err.label in (*tax.names, *tax.display_names), f"{err}; {note}"
+            assert repr(err.label) in str(err) or ascii(err.label) in str(err), f"{err}; {note}"
+            assert not path.exists(), note
+            continue
+        try:
+            _assert_read_back(fmt, tax, read_taxonomy(path, format=fmt))
+        except (TaxonomyError, AssertionError) as err:
+            raise AssertionError(f"{fmt} did not read back what it wrote ({err!r}); {note}") from None
+        written += 1
+    assert written >= 500, written  # most examples are written: the round trip itself is what is tested

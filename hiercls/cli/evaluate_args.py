@@ -33,6 +33,17 @@ from hiercls.cli.names import CONFORMAL_LOSSES, COST_KINDS
 HELP = "hierarchical metrics for a saved model or saved probabilities"
 
 
+def _sample_count(text: str) -> int:
+    """``--max-samples``: a whole number >= 1, or 0 for every sample."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (or 0 for every sample); got {text!r}")
+    return n
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("Examples::", 1)[1]
@@ -64,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-samples",
-        type=int,
+        type=_sample_count,
         default=None,
         help="evaluate a fixed subset of N samples (0 = all; default: the recipe's max_eval_samples)",
     )

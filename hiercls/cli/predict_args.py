@@ -31,9 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "inputs",
         nargs="+",
-        help="texts, .txt files (one text per line), .csv/.jsonl files (see --text-column), image files or folders",
+        help="texts, .txt files (one text per line), .csv/.jsonl files (see --text-column), image files or folders; "
+        "every prediction carries its row id (file:line, the image path, or arg:k for the k-th text argument)",
     )
     parser.add_argument("--text-column", default="text", help="column/key of the texts in .csv/.jsonl inputs")
+    parser.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a .csv/.jsonl row without a usable text (a short row, an empty text): stop naming it (default), or "
+        "skip it and report its row",
+    )
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
     parser.add_argument(
         "--decoder",

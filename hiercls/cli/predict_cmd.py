@@ -13,7 +13,7 @@ from hiercls.evaluation import format_table
 from hiercls.models.inference import (
     check_prediction_path,
     predict,
-    read_inputs,
+    read_input_rows,
     study_best_run,
     write_predictions,
 )
@@ -48,6 +48,14 @@ def _conformal(args: argparse.Namespace, taxonomy: Taxonomy) -> tuple[Any, str]:
     return cal.as_decoder(), f"conformal:{cal.method} alpha={cal.alpha:g} threshold={cal.threshold_:.6g}"
 
 
+def _report_skipped(skipped: list[tuple[str, str]], total: int) -> None:
+    """One line on stderr per skipped row (``--on-error skip``), then the count: nothing is left out unsaid."""
+    for row, problem in skipped:
+        print(f"skipped {row}: {problem}", file=sys.stderr)
+    if skipped:
+        print(f"skipped {len(skipped)} of {total} rows (--on-error skip)", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out:  # before any work: a mistyped --out fails at once
         check_prediction_path(args.out)
@@ -62,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, taxonomy, cfg = load_trained_model(best[0] if best else args.model, which=args.checkpoint, device=device)
     decoder, decoder_name = (args.decoder, args.decoder) if not args.conformal else _conformal(args, taxonomy)
-    inputs, shown, kind = read_inputs(args.inputs, text_column=args.text_column)
+    read = read_input_rows(args.inputs, text_column=args.text_column, on_error=args.on_error)
+    _report_skipped(read.skipped, read.total)
+    inputs, shown, kind = read.inputs, read.shown, read.kind
     preds = predict(
         model,
         taxonomy,
@@ -76,16 +86,16 @@ def run(args: argparse.Namespace) -> int:
     )
     rows = []
     limit = SHOWN_WITH_OUT if args.out else len(preds)
-    for text, p in list(zip(shown, preds, strict=True))[:limit]:
+    for row, text, p in list(zip(read.rows, shown, preds, strict=True))[:limit]:
         label, prob = _label(p["prediction"])
         top = ", ".join(f"{t['display_name']} {t['prob']:.2f}" for t in p["top_k"][:3])
         text = Path(text).name if kind == "image" else text
         path = " > ".join(p["path"][1:][-4:]) or "(root)"
-        rows.append([text if len(text) <= 48 else text[:45] + "...", label, prob, path, top])
-    print(format_table(["input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
+        rows.append([row, text if len(text) <= 48 else text[:45] + "...", label, prob, path, top])
+    print(format_table(["row", "input", "prediction", "prob", "path (last 4)", "top leaves"], rows))
     if args.out:
         if len(preds) > limit:
             print(f"... {len(preds) - limit} more")
-        write_predictions(args.out, shown, preds, model=str(args.model), decoder=decoder_name)
+        write_predictions(args.out, shown, preds, rows=read.rows, model=str(args.model), decoder=decoder_name)
         print(f"wrote {len(preds)} predictions to {args.out}")
     return 0

@@ -63,26 +63,31 @@ def render_tree(tax: Taxonomy, *, depth: int = 3, max_children: int = 10, show_n
         return text
 
     lines = [label(0, None)]
-
-    def walk(n: int, prefix: str, level: int) -> None:
+    # Depth-first with an explicit stack of lines to print and (node, prefix, level) to expand: a deep chain shown
+    # to any --depth is no RecursionError.
+    stack: list[Any] = [(0, "", 0)] if depth > 0 else []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            lines.append(item)
+            continue
+        n, prefix, level = item
+        todo: list[Any] = []
         kids = list(tax.children(n))
-        shown = kids[:max_children]
-        hidden = kids[max_children:]
+        shown, hidden = kids[:max_children], kids[max_children:]
         for k, c in enumerate(shown):
             last = k == len(shown) - 1 and not hidden
-            lines.append(prefix + ("└── " if last else "├── ") + label(c, n))
+            todo.append(prefix + ("└── " if last else "├── ") + label(c, n))
+            inner = prefix + ("    " if last else "│   ")
             expand = primary[c] == n and not tax.is_leaf[c]
             if expand and level + 1 < depth:
-                walk(c, prefix + ("    " if last else "│   "), level + 1)
-            elif expand and tax.children(c):
-                more = _plural(len(tax.children(c)), "child", "children")
-                lines.append(prefix + ("    " if last else "│   ") + f"└── ... {more}")
+                todo.append((c, inner, level + 1))
+            elif expand:
+                todo.append(inner + f"└── ... {_plural(len(tax.children(c)), 'child', 'children')}")
         if hidden:
             more_leaves = sum(int(leaves_under[c]) for c in hidden)
-            lines.append(prefix + f"└── ... {len(hidden)} more ({_plural(more_leaves, 'leaf', 'leaves')})")
-
-    if depth > 0:
-        walk(0, "", 0)
+            todo.append(prefix + f"└── ... {len(hidden)} more ({_plural(more_leaves, 'leaf', 'leaves')})")
+        stack.extend(reversed(todo))
     return lines
 
 

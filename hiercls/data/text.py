@@ -4,25 +4,26 @@ set column (any number of labels per row) for multi-label hierarchical text clas
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
-from hiercls._textio import TextFileError, decode_text
+from hiercls._checks import check_choice
+from hiercls._textio import TextFileError, decode_text, read_bytes
 from hiercls.data.labels import LabelEncoder, LabelFormat
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HierTextDataset", "read_text_rows"]
+__all__ = ["HierTextDataset", "TextRow", "raise_csv_field_limit", "read_text_rows", "text_rows"]
 
 
 class HierTextDataset(Dataset):
@@ -167,6 +168,7 @@ class HierTextDataset(Dataset):
         texts: list[str] = []
         targets: list[Any] = []
         with _open(path, encoding) as f:
+            raise_csv_field_limit(len(f.getvalue()))
             reader = csv.reader(f, delimiter=delimiter)
             try:
                 header = next(reader)
@@ -286,14 +288,9 @@ class HierTextDataset(Dataset):
 
 def _open(path: Path, encoding: str) -> Any:
     """The file's text as a stream (``newline=""`` for csv); a wrong encoding names the file, line and offset."""
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"text dataset file {str(path)!r} does not exist")
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
-            raise ValueError(f"{path}: corrupt gzip file ({err})") from None
+    data = read_bytes(path, "text dataset file", gunzip=path.suffix == ".gz")  # bounded; regular files only
     if encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig"):
         text = decode_text(data, str(path), "text dataset file")
     else:
@@ -323,28 +320,119 @@ def _check_not_empty(texts: list[str], src: str) -> None:
     logger.info("%s: %d samples", src, len(texts))
 
 
-def _json_objects(lines: Any, src: str) -> Any:
-    """``(line number, object)`` for every non-blank line of a JSON-lines file; other values are errors."""
+def _json_objects(lines: Any, src: str, *, strict: bool = True) -> Any:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file; other values are errors (with
+    ``strict=False`` their message takes the object's place)."""
     for line, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{src}:{line}: invalid JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{src}:{line}: expected a JSON object, got {type(obj).__name__}")
+            obj = f"invalid JSON ({err.msg} at column {err.colno})"
+        else:
+            if not isinstance(obj, dict):
+                obj = f"expected a JSON object, got {type(obj).__name__}"
+        if isinstance(obj, str) and strict:
+            raise ValueError(f"{src}:{line}: {obj}")
         yield line, obj
 
 
-def read_text_rows(path: str | os.PathLike[str], text_column: str = "text", *, encoding: str = "utf-8") -> list[str]:
-    """The non-empty ``text_column`` values of a CSV (header row) or JSON-lines file, in file order.
+@dataclass(frozen=True)
+class TextRow:
+    """One record of an input file: the line it starts on, its text, and why it cannot be used (``""``: it can)."""
 
-    For inputs without labels (``hiercls predict``).
+    line: int
+    text: str
+    problem: str = ""
+
+
+def raise_csv_field_limit(size: int) -> None:
+    """Let the csv module read a field as long as ``size`` characters (its default stops at 131,072): the limit
+    follows the data, since no field is longer than the file holding it."""
+    if csv.field_size_limit() <= size:
+        csv.field_size_limit(min(size + 1, 2**31 - 1))  # C long on every platform
+
+
+def text_rows(path: str | os.PathLike[str], text_column: str = "text", *, encoding: str = "utf-8") -> list[TextRow]:
+    """Every record of a CSV (header row) or JSON-lines file, in file order, usable or not.
+
+    A row whose number of fields is not the header's, a JSON line that is not an object or lacks the key, a
+    text that is not a string or is empty: each is a :class:`TextRow` with its ``problem``, so that the caller
+    refuses it or leaves it out with its line named. Blank lines are not records.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: a missing column/key, invalid JSON or a non-string text
-            (file and line named), or no texts at all.
+        FileNotFoundError: no such file. ValueError: the header lacks ``text_column``, or the CSV is malformed
+            (an unclosed quote: no later row can be trusted); file and line named.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "t.csv"
+        >>> _ = p.write_text("id,text\\n1,a cat\\n2\\n3,\\n")
+        >>> [(r.line, r.text, r.problem) for r in text_rows(p)]
+        [(2, 'a cat', ''), (3, '', '1 field but the header has 2'), (4, '', "empty text in column 'text'")]
+    """
+    path = Path(path)
+    with _open(path, encoding) as f:
+        if path.name.lower().endswith((".csv", ".csv.gz")):
+            return _csv_rows(f, str(path), text_column)
+        return [_json_row(line, obj, text_column) for line, obj in _json_objects(f, str(path), strict=False)]
+
+
+def _csv_rows(f: Any, src: str, text_column: str) -> list[TextRow]:
+    raise_csv_field_limit(len(f.getvalue()))
+    reader = csv.reader(f)
+    try:
+        header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
+    except csv.Error as err:
+        raise ValueError(f"{src}:1: malformed CSV header: {err}") from None
+    if text_column not in header:
+        raise ValueError(f"{src}:1: no column {text_column!r} in the header (columns: {', '.join(header)})")
+    col, rows, start = header.index(text_column), [], reader.line_num
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error as err:
+            raise ValueError(f"{src}:{reader.line_num}: malformed CSV: {err}") from None
+        line, start = start + 1, reader.line_num  # a quoted field may span lines: the row's first line
+        if not row:
+            continue  # a blank line
+        if len(row) != len(header):
+            fields = f"{len(row)} field{'s' if len(row) != 1 else ''}"
+            rows.append(TextRow(line, "", f"{fields} but the header has {len(header)}"))
+        elif not row[col].strip():
+            rows.append(TextRow(line, "", f"empty text in column {text_column!r}"))
+        else:
+            rows.append(TextRow(line, row[col].strip()))
+
+
+def _json_row(line: int, obj: Any, text_column: str) -> TextRow:
+    if isinstance(obj, str):  # _json_objects' message for a line it cannot read
+        return TextRow(line, "", obj)
+    if text_column not in obj:
+        return TextRow(line, "", f"expected a JSON object with key {text_column!r}")
+    text = obj[text_column]
+    if not isinstance(text, str):
+        return TextRow(line, "", f"{text_column!r} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        return TextRow(line, "", f"empty text under key {text_column!r}")
+    return TextRow(line, text.strip())
+
+
+def read_text_rows(
+    path: str | os.PathLike[str], text_column: str = "text", *, encoding: str = "utf-8", on_error: str = "fail"
+) -> list[str]:
+    """The ``text_column`` values of a CSV (header row) or JSON-lines file, in file order (:func:`text_rows`).
+
+    For inputs without labels (``hiercls predict``). A record that cannot be used (a short row, an empty text)
+    is an error naming its line; ``on_error="skip"`` leaves such records out (with a warning giving their number
+    and the first of them).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a missing column/key, invalid JSON, a short row, an empty or
+            non-string text (file and line named), or no texts at all.
 
     Example:
         >>> import tempfile
@@ -353,30 +441,20 @@ def read_text_rows(path: str | os.PathLike[str], text_column: str = "text", *, e
         >>> read_text_rows(p)
         ['a cat', 'a dog']
     """
-    path = Path(path)
-    src = str(path)
-    texts: list[str] = []
-    with _open(path, encoding) as f:
-        if path.suffix.lower() == ".csv":
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None or text_column not in [h.strip().lstrip("\ufeff") for h in reader.fieldnames]:
-                cols = ", ".join(reader.fieldnames or [])
-                raise ValueError(f"{src}:1: no column {text_column!r} in the header (columns: {cols})")
-            key = next(h for h in reader.fieldnames if h.strip().lstrip("\ufeff") == text_column)
-            try:
-                for row in reader:
-                    text = row.get(key) or ""
-                    if text.strip():
-                        texts.append(text.strip())
-            except csv.Error as err:
-                raise ValueError(f"{src}:{reader.line_num}: malformed CSV: {err}") from None
-        else:
-            for line, obj in _json_objects(f, src):
-                if text_column not in obj:
-                    raise ValueError(f"{src}:{line}: expected a JSON object with key {text_column!r}")
-                if not isinstance(obj[text_column], str):
-                    raise ValueError(f"{src}:{line}: {text_column!r} must be a string")
-                if obj[text_column].strip():
-                    texts.append(obj[text_column].strip())
+    on_error = check_choice(on_error, ("fail", "skip"), "on_error")
+    src, rows = str(path), text_rows(path, text_column, encoding=encoding)
+    bad = [r for r in rows if r.problem]
+    if bad and on_error == "fail":
+        raise ValueError(f"{src}:{bad[0].line}: {bad[0].problem} (on_error='skip' leaves such rows out)")
+    if bad:
+        logger.warning(
+            "%s: left out %d of %d rows; the first at line %d: %s",
+            src,
+            len(bad),
+            len(rows),
+            bad[0].line,
+            bad[0].problem,
+        )
+    texts = [r.text for r in rows if not r.problem]
     _check_not_empty(texts, src)
     return texts

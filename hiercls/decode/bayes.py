@@ -262,7 +262,7 @@ def _expected_cost_rows(batch: Batch, cost: Any, rows: slice) -> np.ndarray:
 
 def _matrix_cost(p: np.ndarray, tax: Taxonomy, cost: Any) -> np.ndarray:
     mat = np.asarray(cost.detach().cpu().numpy() if hasattr(cost, "detach") else cost, dtype=np.float64)
-    _check_cost_matrix(tax, tuple(mat.shape), bool(np.isfinite(mat).all()))
+    _check_cost_matrix(tax, mat)
     if mat.shape[1] == tax.num_leaves and tax.num_nodes > 1:
         _check_leaf_labels(tax, p.sum(1) - p[:, tax.leaves].sum(1))
         return p[:, tax.leaves] @ mat.T
@@ -327,15 +327,18 @@ def _distance_blocks(tax: Taxonomy, cost: str, targets: np.ndarray) -> Any:
         yield cols, tax.distance_matrix(cost, targets=cols)
 
 
-def _check_cost_matrix(tax: Taxonomy, shape: tuple[int, ...], finite: bool) -> None:
-    n, nl = tax.num_nodes, tax.num_leaves
+def _check_cost_matrix(tax: Taxonomy, mat: np.ndarray) -> None:
+    n, nl, shape = tax.num_nodes, tax.num_leaves, tuple(mat.shape)
     if len(shape) != 2 or shape[0] != n or shape[1] not in (nl, n):
         raise ValueError(
             f"cost matrix must be [N, L] = [{n}, {nl}] (node to leaf) or [N, N] = [{n}, {n}] "
             f"(node to label); got shape {list(shape)}"
         )
-    if not finite:
+    if not np.isfinite(mat).all():
         raise ValueError("cost matrix contains NaN or infinite values")
+    if (mat < 0).any():  # a negative cost rewards a mistake: the expected cost no longer ranks predictions
+        i, j = (int(v) for v in np.argwhere(mat < 0)[0])
+        raise ValueError(f"cost matrix must be >= 0 (a cost, not a score); cost[{i}, {j}] = {mat[i, j]:g}")
 
 
 def _check_leaf_labels(tax: Taxonomy, internal: Any) -> None:

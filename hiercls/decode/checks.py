@@ -371,7 +371,7 @@ def check_probabilities(
     kind = check_choice(kind, ("node", "leaf", "scores"), "kind")
     atol = check_finite_number(atol, "atol", minimum=0.0)
     eps = dtype_eps(getattr(probs, "dtype", np.float64))
-    arr = to_numpy(probs)
+    arr = to_numpy(probs, name=name)
     if arr.dtype == object or not (
         np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool
     ):

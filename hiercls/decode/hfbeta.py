@@ -10,7 +10,7 @@ with ``include_root=True`` it is counted in both. Then
 .. math:: hF_\beta(S, y) = \frac{(1+\beta^2)\,|S\cap Y|}{\beta^2 |Y| + |S|}
 
 with the convention ``hF = 1`` when both sets are empty (the label is the root and only the root is predicted)
-and ``0`` for any other ``0/0`` (``beta = 0``, empty prediction). Sets returned by the decoders always
+and ``0`` for any other ``0/0`` (an empty prediction). Sets returned by the decoders always
 contain the root node; it is simply not counted when ``include_root=False``.
 
 Why the algorithm is exact
@@ -763,7 +763,7 @@ def optimal_hfbeta(
         probs: node probabilities ``[B, N]`` (NumPy or torch), or leaf probabilities ``[B, L]`` with
             ``leaf_probs=True``. A tensor is decoded on the host (float64) and the result moved back to its device.
         taxonomy: a tree or a DAG.
-        beta: F-beta weight, ``>= 0``; larger values reward recall and so deeper, wider sets.
+        beta: F-beta weight, ``> 0``; larger values reward recall and so deeper, wider sets.
         include_root: count the root in every set (changes the scores, so the optimum).
         leaf_probs: ``probs`` holds leaf probabilities.
         return_value: also return the optimal expected hF-beta ``[B]``.

@@ -28,6 +28,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 
+from hiercls._checks import check_dense
 from hiercls.decode.checks import (
     LEAF,
     NODE,
@@ -165,7 +166,7 @@ _NO_EDGES = np.zeros(0, dtype=np.int32)
 def _host_array(probs: Any, name: str) -> tuple[np.ndarray, Any, Any, float]:
     """``probs`` as a NumPy array, with the tensor's device and dtype (``None`` for other input) and its eps."""
     if isinstance(probs, torch.Tensor):
-        t = probs.detach()
+        t = check_dense(probs, name).detach()
         device, dtype = t.device, t.dtype
         if dtype.is_complex:
             raise TypeError(f"{name} must be a real array or tensor; got dtype {dtype}")
@@ -173,6 +174,8 @@ def _host_array(probs: Any, name: str) -> tuple[np.ndarray, Any, Any, float]:
             t = t.to(torch.float32 if dtype != torch.int64 and dtype != torch.int32 else torch.float64)
         arr = t.cpu().resolve_conj().resolve_neg().numpy()
         return arr, device, dtype, dtype_eps(dtype)
+    if sp.issparse(probs):
+        raise TypeError(f"{name} is a scipy sparse matrix; pass a dense array ({name}.toarray())")
     arr = np.asarray(probs)
     if arr.dtype == object or not (
         np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool

@@ -379,6 +379,16 @@ def calibrate_info_gain(
     return hi
 
 
+def _ancestor_at_depth(taxonomy: Taxonomy, nodes: np.ndarray, level: int) -> np.ndarray:
+    """Each node's ancestor at depth ``level`` (the node itself when shallower), one parent step per level: no
+    ``[N, height]`` path table (a deep chain would need N * height entries)."""
+    out, depth = np.array(nodes, dtype=np.int64), np.asarray(taxonomy.depth)[nodes].copy()
+    parent = np.asarray(taxonomy.parent, dtype=np.int64)
+    while (up := depth > level).any():
+        out[up], depth[up] = parent[out[up]], depth[up] - 1
+    return out
+
+
 @register_decoder("hie", optimal_for="the fine posterior re-weighted by the coarse one (HiE, NeurIPS 2023)")
 def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs: bool = False) -> Any:
     """HiE test-time amendment: the leaf maximising ``P(leaf) * P(coarse ancestor of the leaf)``.
@@ -388,8 +398,8 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     leaf in a likely coarse class wins over a slightly more likely leaf in an unlikely one. Trees only.
 
     Args:
-        level: depth of the coarse ancestor (``None``: each leaf's parent). Leaves shallower than ``level``
-            use themselves.
+        level: depth of the coarse ancestor, in ``[0, taxonomy.height]`` (``None``: each leaf's parent). Leaves
+            shallower than ``level`` use themselves.
 
     Example:
         >>> from hiercls.taxonomy import Taxonomy
@@ -405,9 +415,8 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     if level is None:
         coarse = np.maximum(taxonomy.parent[leaves], 0)
     else:
-        lv = int(level)
-        if lv < 0:
-            raise ValueError(f"level must be a depth >= 0; got {level!r}")
-        coarse = taxonomy.paths[leaves][np.arange(len(leaves)), np.minimum(lv, taxonomy.depth[leaves])]
+        if isinstance(level, bool) or not isinstance(level, int | np.integer) or not 0 <= level <= taxonomy.height:
+            raise ValueError(f"level must be a depth in [0, {taxonomy.height}] (the taxonomy's height); got {level!r}")
+        coarse = _ancestor_at_depth(taxonomy, leaves, int(level))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
     return _run(scored_pick_rows, batch, leaves, np.ones(len(leaves)), np.asarray(coarse, dtype=np.int64))

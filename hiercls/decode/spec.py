@@ -18,7 +18,7 @@ Example:
     >>> parse_decoder("optimal_hfbeta:beta=-1")
     Traceback (most recent call last):
     ...
-    ValueError: decoder 'optimal_hfbeta:beta=-1': beta must be a finite number >= 0; got -1
+    ValueError: decoder 'optimal_hfbeta:beta=-1': beta must be a finite number > 0; got -1 ...
 """
 
 from __future__ import annotations

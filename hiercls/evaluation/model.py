@@ -124,6 +124,10 @@ def evaluate_run(
         batch_size: evaluation batch size.
         device: where the model runs.
     """
+    if max_samples is not None and (
+        isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0
+    ):
+        raise ValueError(f"max_samples must be a whole number >= 1 (or 0 for every sample); got {max_samples!r}")
     split = split or cfg.data.eval_split or "val"
     limit = cfg.data.max_eval_samples if max_samples is None else (max_samples or None)
     dev = torch.device(device)

@@ -115,7 +115,7 @@ def unknown_label(value: Any, taxonomy: Taxonomy, where: str) -> TaxonomyError:
 
 def node_ids(values: Any, taxonomy: Taxonomy, name: str) -> np.ndarray:
     """Node ids of a list of nodes given as ids or names (``name``: the parameter, for errors)."""
-    ids = np.asarray(to_numpy(values)).ravel()
+    ids = np.asarray(to_numpy(values, name=name)).ravel()
     if ids.dtype.kind in "USO":
         return names_to_ids(ids, taxonomy, name)
     ids = ids.astype(np.int64)
@@ -300,7 +300,7 @@ def to_labels(y: Any, taxonomy: Taxonomy, *, name: str, close: bool = True, allo
     """
     if isinstance(y, list | tuple) and y and isinstance(y[0], str):
         return Labels(names_to_ids(y, taxonomy, name), None, taxonomy.num_nodes)  # no detour through an array
-    y = to_numpy(y, passthrough=True)
+    y = to_numpy(y, passthrough=True, name=name)
     if sp.issparse(y):
         return Labels(None, _sparse_sets(y, taxonomy, name, close), taxonomy.num_nodes)
     if isinstance(y, list | tuple):
@@ -319,7 +319,7 @@ def check_weights(sample_weight: Any, n: int) -> np.ndarray | None:
     """``None`` or a float64 ``[n]`` array of finite non-negative weights (tensors are copied to the host)."""
     if sample_weight is None:
         return None
-    w = np.asarray(to_numpy(sample_weight), dtype=np.float64)
+    w = np.asarray(to_numpy(sample_weight, name="sample_weight"), dtype=np.float64)
     if w.shape != (n,):
         raise ValueError(f"sample_weight has shape {w.shape}; expected ({n},), one weight per sample")
     if not np.isfinite(w).all() or (w < 0).any():

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from hiercls._checks import check_choice, to_numpy
+from hiercls._checks import check_choice, check_dense, to_numpy
 from hiercls.metrics._validation import (
     Labels,
     check_weights,
@@ -320,9 +320,9 @@ def top_k_predictions(y_score: Any, k: int, *, taxonomy: Taxonomy, candidates: A
 def _score_tensor(y_score: Any) -> torch.Tensor:
     """``y_score`` as a float32/float64 tensor ``[B, C]`` where it is (NumPy: a CPU tensor sharing its memory)."""
     if isinstance(y_score, torch.Tensor):
-        s = y_score.detach()
+        s = check_dense(y_score, "y_score").detach()
     else:
-        a = np.asarray(to_numpy(y_score))
+        a = np.asarray(to_numpy(y_score, name="y_score"))
         if a.dtype.kind not in "biuf":
             raise TypeError(f"y_score must be numeric; got dtype {a.dtype}")
         s = torch.from_numpy(np.ascontiguousarray(a))
@@ -330,7 +330,11 @@ def _score_tensor(y_score: Any) -> torch.Tensor:
         raise ValueError(f"y_score must be 2-D [B, C]; got shape {tuple(s.shape)}")
     if s.dtype.is_complex:
         raise TypeError(f"y_score must be numeric; got dtype {s.dtype}")
-    return s if s.dtype in (torch.float32, torch.float64) else s.float()
+    s = s if s.dtype in (torch.float32, torch.float64) else s.float()
+    if s.numel() and not bool(torch.isfinite(s).all()):  # NaN ranks above everything in torch.sort
+        bad = torch.nonzero(~torch.isfinite(s))[0].tolist()
+        raise ValueError(f"y_score must be finite; row {bad[0]}, column {bad[1]} is {float(s[bad[0], bad[1]])}")
+    return s
 
 
 def _scores_pair(

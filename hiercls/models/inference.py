@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from PIL import Image, UnidentifiedImageError
 from torch import nn
 from tqdm.auto import tqdm
 
+from hiercls._checks import check_choice
 from hiercls._textio import atomic_write, read_text
 from hiercls.data.images import IMAGE_EXTENSIONS, image_transform
-from hiercls.data.text import read_text_rows
+from hiercls.data.text import TextRow, text_rows
 from hiercls.decode import DecoderSpec, parse_decoder
 from hiercls.models.card import DEFAULT_DECODER
 from hiercls.models.classifier import move_to_device
@@ -36,9 +38,13 @@ from hiercls.taxonomy import Taxonomy
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "INPUT_FILE_SUFFIXES",
     "PREDICTION_FORMATS",
+    "InputRows",
     "check_prediction_path",
+    "looks_like_path",
     "predict",
+    "read_input_rows",
     "read_inputs",
     "resolve_model_dir",
     "study_best_run",
@@ -136,63 +142,134 @@ def _recipe(run: Path | None) -> Path | None:
     return run / "config.yaml" if run is not None and (run / "config.yaml").is_file() else None
 
 
-def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[list[Any], list[str], str]:
-    """Turn command-line inputs into model inputs: ``(inputs, labels for display, kind)``.
+#: Suffixes of the files ``hiercls predict`` reads (images too): an argument ending in one names a file, not a text.
+INPUT_FILE_SUFFIXES = (".txt", ".csv", ".jsonl", ".json", ".tsv", ".gz", *IMAGE_EXTENSIONS)
 
-    * an image file (by extension) -> its path (opened batch by batch in :func:`predict`);
-    * a folder -> every image file under it, in sorted order;
-    * a ``.txt`` file -> one text per non-empty line;
-    * a ``.csv`` / ``.jsonl`` file -> the ``text_column`` of each row;
-    * anything else -> a text string.
 
-    Mixing images and texts is an error.
+@dataclass
+class InputRows:
+    """What :func:`read_input_rows` makes of command-line inputs.
 
-    Raises:
-        FileNotFoundError: a missing image file; ValueError: no inputs, mixed kinds, or a file row without
-            ``text_column`` (the file and line are named).
+    Attributes:
+        inputs: the model inputs (texts, or image paths opened batch by batch in :func:`predict`).
+        shown: how each input is printed (the text, or the image path).
+        rows: each input's row id, to join predictions back: ``file:line`` for a row of a text file, the path of
+            an image, ``arg:k`` for the k-th command-line text.
+        kind: ``"text"`` or ``"image"``.
+        skipped: ``(row id, problem)`` of each row left out (``on_error="skip"``).
+        total: the number of rows read, skipped ones included.
+    """
+
+    inputs: list[Any] = field(default_factory=list)
+    shown: list[str] = field(default_factory=list)
+    rows: list[str] = field(default_factory=list)
+    kind: str = "text"
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    total: int = 0
+
+    def add(self, x: Any, shown: str, row: str) -> None:
+        self.inputs.append(x)
+        self.shown.append(shown)
+        self.rows.append(row)
+        self.total += 1
+
+
+def looks_like_path(item: str) -> bool:
+    """An argument that names a file: one word with a path separator or an input file's suffix.
 
     Example:
-        >>> read_inputs(["a cat", "a dog"])
-        (['a cat', 'a dog'], ['a cat', 'a dog'], 'text')
+        >>> looks_like_path("notes.txt"), looks_like_path("data/x"), looks_like_path("a cat/dog hybrid")
+        (True, True, False)
     """
-    inputs: list[Any] = []
-    shown: list[str] = []
-    kinds = set()
-    for item in items:
+    if not item or any(ch.isspace() for ch in item):
+        return False
+    return "/" in item or os.sep in item or item.lower().endswith(INPUT_FILE_SUFFIXES)
+
+
+def read_input_rows(items: Sequence[str], *, text_column: str = "text", on_error: str = "fail") -> InputRows:
+    """Turn command-line inputs into model inputs, each with a row id (:class:`InputRows`), in input order.
+
+    * a folder -> every image file under it, in sorted order;
+    * an image file (by extension) -> its path;
+    * a ``.txt`` file -> one text per non-empty line (``file:line``);
+    * a ``.csv`` / ``.jsonl`` file -> the ``text_column`` of each row (``file:line``, the line a row starts on);
+    * a word with a path separator or a file suffix (``notes.txt``) that is no file, or another file -> an error;
+    * anything else -> a text string (``arg:k``).
+
+    A row that cannot be used (a short CSV row, an empty text) is an error naming it, or with ``on_error="skip"``
+    left out and listed in ``skipped``.
+
+    Raises:
+        FileNotFoundError: a missing file. ValueError: no inputs, mixed kinds, or an unusable row (file and line
+            named).
+
+    Example:
+        >>> r = read_input_rows(["a cat", "a dog"])
+        >>> r.inputs, r.rows
+        (['a cat', 'a dog'], ['arg:1', 'arg:2'])
+    """
+    on_error = check_choice(on_error, ("fail", "skip"), "on_error")
+    out, kinds = InputRows(), set()
+    for k, item in enumerate(items, start=1):
         p = Path(item)
         if p.is_dir():
             images = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
             if not images:
                 raise ValueError(f"folder {item!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
-            inputs.extend(images)
-            shown.extend(str(f) for f in images)
+            for f in images:
+                out.add(f, str(f), str(f))
             kinds.add("image")
         elif p.suffix.lower() in IMAGE_EXTENSIONS:
             if not p.is_file():
                 raise FileNotFoundError(f"image {item!r} does not exist")
-            inputs.append(p)
-            shown.append(str(p))
+            out.add(p, str(p), str(p))
             kinds.add("image")
-        elif p.suffix.lower() == ".txt" and p.is_file():
-            for line in read_text(p, "input list").splitlines():
-                if line.strip():
-                    inputs.append(line.strip())
-                    shown.append(line.strip())
+        elif p.is_file() and p.suffix.lower() == ".txt":
+            for line, text in enumerate(read_text(p, "input list").splitlines(), start=1):
+                if text.strip():
+                    out.add(text.strip(), text.strip(), f"{item}:{line}")
             kinds.add("text")
-        elif p.suffix.lower() in (".csv", ".jsonl") and p.is_file():
-            texts = read_text_rows(p, text_column)
-            inputs.extend(texts)
-            shown.extend(texts)
+        elif p.is_file() and p.name.lower().endswith((".csv", ".jsonl", ".csv.gz", ".jsonl.gz")):
+            _add_file_rows(out, item, text_rows(p, text_column), on_error)
             kinds.add("text")
+        elif looks_like_path(item) or p.is_file():
+            what = "not a kind of file" if p.exists() else "no such file"
+            raise FileNotFoundError(
+                f"input {item!r}: {what} to read texts or images from (.txt, .csv, .jsonl, images or a folder of "
+                "images); a word with a path separator or a file suffix, or the name of a file, is read as a file, "
+                "not as a text"
+            )
         else:
-            inputs.append(item)
-            shown.append(item)
+            out.add(item, item, f"arg:{k}")
             kinds.add("text")
     if len(kinds) > 1:
         raise ValueError("inputs mix image files and texts; give one kind per call")
-    if not inputs:
+    if not out.inputs:
         raise ValueError("no inputs (give texts, a .txt/.csv/.jsonl file of texts, image files or a folder of images)")
-    return inputs, shown, kinds.pop()
+    out.kind = kinds.pop()
+    return out
+
+
+def _add_file_rows(out: InputRows, item: str, rows: Sequence[TextRow], on_error: str) -> None:
+    for r in rows:
+        if not r.problem:
+            out.add(r.text, r.text, f"{item}:{r.line}")
+        elif on_error == "skip":
+            out.skipped.append((f"{item}:{r.line}", r.problem))
+            out.total += 1
+        else:
+            raise ValueError(f"{item}:{r.line}: {r.problem} (--on-error skip leaves such rows out)")
+
+
+def read_inputs(items: Sequence[str], *, text_column: str = "text") -> tuple[list[Any], list[str], str]:
+    """``(inputs, labels for display, kind)`` of :func:`read_input_rows` (unusable rows are errors).
+
+    Example:
+        >>> read_inputs(["a cat", "a dog"])
+        (['a cat', 'a dog'], ['a cat', 'a dog'], 'text')
+    """
+    rows = read_input_rows(items, text_column=text_column)
+    return rows.inputs, rows.shown, rows.kind
 
 
 def _open_image(x: Any) -> Any:
@@ -346,13 +423,21 @@ def check_prediction_path(path: str | os.PathLike[str]) -> Path:
 
 
 def write_predictions(
-    path: str | os.PathLike[str], shown: Sequence[str], predictions: Sequence[dict[str, Any]], **meta: Any
+    path: str | os.PathLike[str],
+    shown: Sequence[str],
+    predictions: Sequence[dict[str, Any]],
+    *,
+    rows: Sequence[str] | None = None,
+    **meta: Any,
 ) -> Path:
     """Write :func:`predict`'s results, in the format of ``path``'s suffix, atomically (no half-written file).
 
     * ``.json``: ``{**meta, "predictions": [{"input", **prediction}]}``;
     * ``.jsonl``: one ``{"input", **prediction}`` object per line;
-    * ``.csv``: columns ``input, name, display_name, prob, set_size, path, top_k`` (``name`` is the
+    With ``rows`` (the row ids of :func:`read_input_rows`) every prediction starts with its ``row``, to join the
+    predictions back onto the inputs.
+
+    * ``.csv``: columns ``[row,] input, name, display_name, prob, set_size, path, top_k`` (``name`` is the
       predicted node, or a set's nodes joined by ``|``; ``prob`` that node's probability, or a set's common
       node's; ``path`` the display names joined by `` > ``; ``top_k`` ``name:prob`` pairs joined by ``|``).
 
@@ -362,20 +447,25 @@ def write_predictions(
     """
     out = check_prediction_path(path)
     suffix = out.suffix.lower()
-    rows = [{"input": s, **p} for s, p in zip(shown, predictions, strict=True)]
+    ids = [{"row": r} for r in rows] if rows is not None else [{}] * len(shown)
+    if len(ids) != len(shown):
+        raise ValueError(f"rows has {len(ids)} ids for {len(shown)} inputs")
+    records = [{**i, "input": s, **p} for i, s, p in zip(ids, shown, predictions, strict=True)]
     if suffix == ".json":
-        text = json.dumps({**meta, "predictions": rows}, indent=2, ensure_ascii=False) + "\n"
+        text = json.dumps({**meta, "predictions": records}, indent=2, ensure_ascii=False) + "\n"
     elif suffix == ".jsonl":
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     else:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(["input", "name", "display_name", "prob", "set_size", "path", "top_k"])
-        for r in rows:
+        head = ["row"] if rows is not None else []
+        writer.writerow([*head, "input", "name", "display_name", "prob", "set_size", "path", "top_k"])
+        for r in records:
             pr = r["prediction"]
             one = pr.get("common", pr)
             writer.writerow(
                 [
+                    *([r["row"]] if rows is not None else []),
                     r["input"],
                     "|".join(pr["names"]) if "names" in pr else pr["name"],
                     "|".join(pr["display_names"]) if "names" in pr else pr["display_name"],

@@ -572,8 +572,13 @@ class Taxonomy:
 
         ``-1`` for nodes that are not classes.
         """
-        anc = self.ancestors_sparse
-        counts = np.asarray(anc @ self._class_mask.astype(np.int64)).ravel() - self._class_mask
+        mask = self._class_mask.astype(np.int64)
+        if self.is_tree:  # top-down, one level at a time: O(N), where the ancestor matrix has N * depth entries
+            counts = np.zeros(self.num_nodes, dtype=np.int64)
+            for lvl in self.levels[1:]:
+                counts[lvl] = counts[self.parent[lvl]] + mask[self.parent[lvl]]
+        else:
+            counts = np.asarray(self.ancestors_sparse @ mask).ravel() - mask
         return _readonly(np.where(self._class_mask, counts, -1).astype(np.int64))
 
     # ------------------------------------------------------------------ LCA and distances

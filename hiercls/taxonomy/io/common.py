@@ -13,17 +13,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hiercls._textio import TextFileError, atomic_write, decode_text, parse_json
+from hiercls._textio import TextFileError, atomic_write, decode_text, max_read_bytes, parse_json, read_bytes
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
 PathLike = str | os.PathLike
 
+LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+"""Every character ``str.splitlines`` (the line-based readers) ends a line at: a writer of a line-based format
+refuses names holding one, which would read back split in two."""
+
 __all__ = [
+    "LINE_BREAKS",
     "PathLike",
     "base_name",
     "build",
     "check_names",
     "check_names_read_back",
+    "check_paths_read_back",
     "check_roots",
     "data_lines",
     "line_of",
@@ -35,24 +41,15 @@ __all__ = [
 ]
 
 
-def _read_bytes(path: PathLike) -> bytes:
+def read_file_text(path: PathLike) -> str:
+    """The file's text (gunzipped when compressed, whatever the extension says), read by
+    :func:`hiercls._textio.read_bytes`: regular files only, at most the read limit (2 GiB decompressed by
+    default); non-UTF-8 bytes are an error naming line and offset."""
     p = Path(path)
     if p.is_dir():
         raise TaxonomyError("is a folder, not a file (use format='folders' to read a folder tree)", source=str(p))
-    data = p.read_bytes()  # FileNotFoundError is the right error for a missing file
-    if data[:2] == b"\x1f\x8b":  # gzip magic, whatever the extension says
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
-            raise TaxonomyError(f"corrupt gzip file: {err}", source=str(p)) from None
-    return data
-
-
-def read_file_text(path: PathLike) -> str:
-    """The file's text (gunzipped when compressed); non-UTF-8 bytes are an error naming line and offset."""
-    data = _read_bytes(path)
     try:
-        return decode_text(data, str(path), "taxonomy file")
+        return decode_text(read_bytes(p, "taxonomy file"), str(p), "taxonomy file")
     except TextFileError as err:
         raise TaxonomyError(err.reason, source=err.source, line=err.line) from None
 
@@ -201,6 +198,59 @@ def check_names_read_back(names: Iterable[str], path: PathLike, fmt: str) -> Non
             f"cannot be written as {fmt}: reading the file back would refuse it: {err.reason}",
             source=str(path),
             label=err.label,
+        ) from None
+
+
+def check_paths_read_back(tax: Taxonomy, separator: str, path: PathLike, fmt: str, *, skip_root: bool) -> None:
+    """:func:`check_names_read_back` for the formats that name a node by its path of display names (label paths,
+    folder trees): two siblings whose display names look the same to :func:`check_names` would be refused on
+    reading. The error names the second node's display name. Trees only (ids in top-down order).
+
+    A path holds every name above its node, so the paths of a deep chain grow with the square of its depth: a
+    taxonomy whose paths exceed the read limit (the reader would refuse the file) is refused first, before any
+    path is built."""
+    size = [0] * tax.num_nodes  # bytes of each node's path
+    for n in range(int(skip_root), tax.num_nodes):
+        above = size[int(tax.parent[n])] if n else 0
+        size[n] = above + (len(separator) if above else 0) + len(tax.display_names[n].encode("utf-8"))
+    limit = max_read_bytes()
+    if sum(size) + tax.num_nodes > limit:
+        deepest = max(range(tax.num_nodes), key=size.__getitem__)
+        raise TaxonomyError(
+            f"cannot be written as {fmt}: its paths of display names take {sum(size) + tax.num_nodes} bytes (the "
+            f"path of {tax.display_names[deepest]!r} alone {size[deepest]}), over the read limit of {limit} bytes "
+            "of the reader; write it as an edge list or hiercls JSON",
+            source=str(path),
+            label=tax.display_names[deepest],
+        )
+    key: list[str] = [""] * tax.num_nodes
+    for n in range(tax.num_nodes):
+        above = key[int(tax.parent[n])] if n else ""
+        key[n] = (
+            ""
+            if n == 0 and skip_root
+            else f"{above}{separator}{tax.display_names[n]}"
+            if above
+            else tax.display_names[n]
+        )
+    node_of: dict[str, int] = {}
+    for n in range(int(skip_root), tax.num_nodes):
+        if node_of.setdefault(key[n], n) != n:
+            d = tax.display_names[n]
+            raise TaxonomyError(
+                f"cannot be written as {fmt}: two children of {tax.names[int(tax.parent[n])]!r} have the display "
+                f"name {d!r}, so they would read back as one node; give them distinct display names",
+                source=str(path),
+                label=d,
+            )
+    try:
+        check_names(key[int(skip_root) :], str(path))
+    except TaxonomyError as err:
+        d = tax.display_names[node_of[err.label]] if err.label in node_of else err.label
+        raise TaxonomyError(
+            f"cannot be written as {fmt}: the display name {d!r} would be refused on reading back: {err.reason}",
+            source=str(path),
+            label=d,
         ) from None
 
 

@@ -137,7 +137,9 @@ def write_edge_list(tax: Taxonomy, path: PathLike, *, delimiter: str = "\t") -> 
     if delimiter not in ("\t", ",", " "):
         raise ValueError(f"delimiter must be a tab, a comma or a space; got {delimiter!r}")
     # With spaces between fields a comma in a name would make the reader sniff commas as the delimiter.
-    _check_writable_names(tax, "\t\n\r" + delimiter + ("," if delimiter == " " else ""), "an edge list")
+    _check_writable_names(
+        tax, "\t" + common.LINE_BREAKS + delimiter + ("," if delimiter == " " else ""), "an edge list"
+    )
     names = tax.names
     vr = tax.virtual_root
     with common.open_write(path) as f:
@@ -209,10 +211,12 @@ def write_tsv(tax: Taxonomy, path: PathLike) -> None:
     not kept.
     """
     common.check_names_read_back(tax.names, path, "TSV")
-    _check_writable_names(tax, "\t\n\r", "TSV")
+    _check_writable_names(tax, "\t" + common.LINE_BREAKS, "TSV")
     if tax.num_nodes == 1:
         raise TaxonomyError(
-            f"taxonomy {tax.name!r} is a single node; TSV cannot hold it (use format='edges' or 'json')"
+            f"taxonomy {tax.name!r} is a single node, {tax.names[0]!r}; TSV cannot hold it (use format='edges' or "
+            "'json')",
+            label=tax.names[0],
         )
     with common.open_write(path) as f:
         if tax.is_tree:

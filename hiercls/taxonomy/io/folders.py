@@ -51,6 +51,11 @@ def read_folders(
     if classes not in ("files", "all"):
         raise ValueError(f"classes must be 'files' or 'all'; got {classes!r}")
     rel_edges, with_files = _walk_folders(base, follow_symlinks)
+    if not rel_edges:
+        raise TaxonomyError(
+            "the folder has no sub-folders, so no classes: an empty taxonomy (each class is a sub-folder)",
+            source=str(base),
+        )
     nodes = [root, *(c for _, c in rel_edges)]
     if root in nodes[1:]:
         raise TaxonomyError(
@@ -124,9 +129,15 @@ def write_folders(tax: Taxonomy, path: PathLike, *, exist_ok: bool = False) -> N
     a class, since there are no files).
     """
     common.tree_or_fail(tax, "a folder tree")
+    if tax.num_nodes == 1:
+        raise TaxonomyError(
+            f"taxonomy {tax.name!r} is its root {tax.names[0]!r} alone: an empty folder, which reads back as nothing",
+            label=tax.names[0],
+        )
     for d in tax.display_names[1:]:
         if "/" in d or "\\" in d or d in (".", "..") or d.startswith(".") or not d.strip() or "\0" in d:
             raise TaxonomyError(f"display name {d!r} cannot be a folder name", label=d)
+    common.check_paths_read_back(tax, "/", path, "a folder tree", skip_root=True)
     base = Path(path)
     if base.exists() and not exist_ok:
         raise FileExistsError(f"{base}: already exists; remove it or write elsewhere")

@@ -162,12 +162,13 @@ def write_label_paths(tax: Taxonomy, path: PathLike, *, separator: str = "/") ->
     """
     common.tree_or_fail(tax, "label paths")
     for d in tax.display_names:
-        if separator in d or "\n" in d or not d.strip() or d.strip() != d:
+        if separator in d or any(ch in d for ch in common.LINE_BREAKS) or not d.strip() or d.strip() != d:
             raise TaxonomyError(
                 f"display name {d!r} cannot be a label-path component with separator {separator!r}", label=d
             )
     cm = tax.class_mask
     skip_root = tax.virtual_root is not None
+    common.check_paths_read_back(tax, separator, path, "label paths", skip_root=skip_root)
     # Every node is a prefix of some leaf path; internal nodes are written too when they are classes
     # (so that reading back gives the same classes).
     ids = [n for n in range(tax.num_nodes) if tax.is_leaf[n] or (cm[n] and not (skip_root and n == 0))]
