@@ -214,6 +214,24 @@ def test_bayes_node_matches_brute_force(kind: str) -> None:
         np.testing.assert_allclose(lcost, risk[:, leaves].min(1), atol=1e-9)
 
 
+@pytest.mark.parametrize("kind", ["wu_palmer", "wu_palmer_root1", "zhao"])
+def test_ratio_costs_match_the_distance_matrix_with_a_chain_under_the_root(kind: str) -> None:
+    """The closed form of the ratio kinds groups labels by f(y); a chain below the root has IC 0 throughout,
+    where zhao's 0/0 is defined as 0: label mass on internal nodes, several groups, and that case at once."""
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        n = int(rng.integers(4, 25))
+        par = [-1, 0, 1] + [int(rng.integers(1, i)) for i in range(3, n)]  # root -> 1 -> 2 -> ...: a chain on top
+        tax = Taxonomy([(str(par[i]), str(i)) for i in range(1, n)])
+        lab = rng.dirichlet(np.full(n, 0.3), size=4)
+        lab[:, rng.random(n) < 0.3] = 0.0
+        lab[:, n - 1] += 1e-3
+        lab /= lab.sum(1, keepdims=True)
+        node = lab @ tax.ancestors_sparse.toarray()  # P(label under-or-at n)
+        want = lab @ tax.distance_matrix(kind, targets=np.arange(n)).T
+        np.testing.assert_allclose(expected_cost(node, tax, kind), want, atol=1e-9)
+
+
 def test_bayes_node_on_dags_and_custom_matrices() -> None:
     rng = np.random.default_rng(8)
     for _ in range(150):
