@@ -265,8 +265,10 @@ def test_cli_table(tmp_path, capsys) -> None:
     want = decoder_metric_table(node, np.array([2, 2, 4]), TAX, cost="wu_palmer")
     assert json.loads(out.read_text()) == json.loads(json.dumps(want.to_dict()))
     assert want.format() in printed
+    # --model --table computes the model's probabilities (tests/test_cli_train.py); a folder that holds no model
+    # is refused by name before any work.
     rc = main(["evaluate", "--model", str(tmp_path), "--table"])
-    assert rc == 2 and "--table scores saved probabilities" in capsys.readouterr().err
+    assert rc == 2 and "is neither a saved model" in capsys.readouterr().err
 
 
 def test_row_blocks_do_not_change_the_values(monkeypatch) -> None:

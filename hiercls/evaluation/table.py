@@ -160,13 +160,14 @@ def _column(key: str, cost: Any, cost_spec: DecoderSpec) -> _Column:
         return _Column("cost", False, cost_spec, "cost", cost=cost)
     if key.startswith("hF"):
         try:
-            beta = check_beta(float(key[2:]))
+            beta = float(key[2:])
         except ValueError:
             beta = None
-        if beta is not None and beta > 0:
-            return _Column(f"hF{format_number(beta)}", True, parse_decoder("optimal_hfbeta", beta=beta), "hf", beta)
         if beta == 0:
             raise ValueError(f"metric {key!r}: hF0 is hierarchical precision, 0/0 for a root prediction; pick beta > 0")
+        if beta is not None:
+            beta = check_beta(beta)
+            return _Column(f"hF{format_number(beta)}", True, parse_decoder("optimal_hfbeta", beta=beta), "hf", beta)
     known = [*_FIXED, "cost"]
     hint = did_you_mean(key, [*known, "hF1", "hF2"])
     raise ValueError(f"unknown table metric {key!r}{hint}; valid: {', '.join(known)}, hF<beta>")
