@@ -7,7 +7,9 @@ which no run has seen. The report gives, per head and decoder, mean ± std over 
 the accuracy at every depth with the number of samples whose label reaches it, what the decoder predicts
 (``"1 node, depth 7.2"`` or ``"3.1-node set, depth 5.0"``), a label-prior row (the training label frequencies,
 the same prediction for every input: what a model learns without looking at the input), and the difference of
-the first two heads' micro hF1 with a paired bootstrap interval over the scored samples.
+the first two heads' micro hF1 with a paired bootstrap interval over the scored samples. With ``eval.conformal``
+set it adds the conformal rows of every head (:func:`hiercls.train.report.run_conformal`: calibrated on
+``data.eval_split``, coverage, mean set size and mean depth on ``study.split``; mean ± std over seeds).
 
 Per-level accuracy here is the semantic-accuracy convention of Ridnik et al. (2021) applied per depth: of the
 samples whose label reaches depth ``d``, the fraction whose prediction has the label's node at depth ``d``; a
@@ -274,7 +276,7 @@ def _prior_scores(
 
 
 def conformal_summary(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """The study's conformal rows: mean and std over seeds of each head's :func:`~hiercls.train.run_conformal` rows.
+    """The study's conformal rows: each head's :func:`~hiercls.train.report.run_conformal` rows over its seeds.
 
     Args:
         runs: ``{head: [the conformal rows of each seed's run]}``.
