@@ -1,11 +1,13 @@
 """A LightningModule with a hiercls head, its loss, a decoder and the torchmetrics metric, on a CPU.
 
 The head (:func:`hiercls.heads.create_head`) sits on a small encoder; ``training_step`` returns the head's loss,
-``validation_step`` decodes the node probabilities (:func:`hiercls.decode.parse_decoder`) and updates
-:class:`hiercls.metrics.HierarchicalMetrics`, a ``torchmetrics.Metric`` held as a submodule (it moves with the
-module to its device; its sums are all-reduced across DDP ranks in ``compute()``). At the end of the validation
-epoch the results go to ``self.log_dict`` through :func:`hiercls.metrics.flatten_results` (per-level lists become
-``val/per_level_accuracy/1``, ...).
+``validation_step`` decodes the node probabilities (:func:`hiercls.decode.parse_decoder`), updates
+``HierarchicalMetrics.collection(...)``, a ``torchmetrics.MetricCollection`` of one
+:class:`hiercls.metrics.HierarchicalMetrics` per result (``val/hF1_micro``, ``val/per_level_accuracy/1``, ...;
+its members share one state, so one update per batch), and hands the collection to ``self.log_dict``, as any
+torchmetrics collection: Lightning computes it at the end of the epoch (the sums all-reduced across DDP ranks)
+and resets it. The collection is a submodule, so it moves with the module to its device. On a large taxonomy
+build fewer members with ``outputs=["hF1_micro", "accuracy", ...]`` (each member allocates its own states).
 
 Run: ``python examples/lightning_module.py`` (a few seconds on a CPU).
 """
@@ -21,7 +23,7 @@ from torch import nn
 
 from hiercls.decode import parse_decoder
 from hiercls.heads import create_head
-from hiercls.metrics import HierarchicalMetrics, flatten_results
+from hiercls.metrics import HierarchicalMetrics
 from hiercls.taxonomy import Taxonomy
 
 EDGES = [
@@ -68,7 +70,7 @@ class HierarchicalLitModule(L.LightningModule):
         self.head = create_head(head, tax, 16)
         self.decoder = parse_decoder(decoder)
         self.lr = lr
-        self.val_metrics = HierarchicalMetrics(tax, k=(1, 2))
+        self.val_metrics = HierarchicalMetrics.collection(tax, k=(1, 2), prefix="val/")
 
     def forward(self, x: torch.Tensor) -> Any:
         return self.head(self.encoder(x))
@@ -82,12 +84,9 @@ class HierarchicalLitModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         probs = self.head.node_probs(self(x))
-        self.val_metrics.update(self.decoder(probs, self.taxonomy), y, y_score=probs)
-
-    def on_validation_epoch_end(self) -> None:
-        # results() already summed the ranks' states: no sync_dist here
-        self.log_dict(flatten_results(self.val_metrics.results(), prefix="val/"))
-        self.val_metrics.reset()
+        self.val_metrics.update(self.decoder(probs, self.taxonomy), y, y_score=probs)  # preds, target
+        # The collection itself, not its values: Lightning computes it once at the epoch's end and resets it.
+        self.log_dict(self.val_metrics)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr)

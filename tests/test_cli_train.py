@@ -397,3 +397,37 @@ def test_loading_a_text_model_shows_no_transformers_bars(tiny_bert, small_tree, 
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
+
+
+def test_a_plain_run_reports_its_conformal_rows_as_evaluate_conformal_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """eval.conformal on a run without a study: calibrated on val, checked on test, the same rows as
+    ``hiercls evaluate --model RUN --conformal ALPHA`` (which calibrates and checks the same splits)."""
+    (tmp_path / "tax.txt").write_text(TAXONOMY, encoding="utf-8")
+    recipe = {
+        "name": "tiny_conformal",
+        "taxonomy": str(tmp_path / "tax.txt"),
+        "model": {"backbone": "timm:test_vit", "head": "flat", "backbone_options": {"img_size": 16}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "image_size": 16,
+            "options": {"kind": "image", "image_size": 16, "train_samples": 8, "val_samples": 12, "test_samples": 9},
+        },
+        "schedule": {"epochs": 1},
+        "eval": {"conformal": 0.2},
+        "run": {"out_dir": str(tmp_path / "run"), "progress": False, "plot": False},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert main(["train", str(tmp_path / "r.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "conformal: alpha = 0.2 (target coverage 0.8), calibrated on split 'val' (12 samples)" in out
+    stored = json.loads((tmp_path / "run" / "results.json").read_text())["conformal"]
+    assert (stored["split"], stored["n_calibration"], stored["n_test"]) == ("test", 12, 9)
+    args = ["--conformal", "0.2", "--data", "test", "--out", str(tmp_path / "e.json")]
+    assert main(["evaluate", "--model", str(tmp_path / "run"), *args]) == 0
+    again = json.loads((tmp_path / "e.json").read_text())["conformal"]
+    assert again["rows"].keys() == stored["rows"].keys()
+    for method, row in again["rows"].items():
+        assert stored["rows"][method] == pytest.approx(row), method

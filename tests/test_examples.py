@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 import torch
+import torchmetrics
 
 from hiercls.evaluation import Evaluator
 from hiercls.metrics import flatten_results
@@ -101,3 +102,6 @@ def test_lightning_example_equals_a_plain_loop() -> None:
     for key, v in want.items():  # Lightning logs float32 tensors
         assert got[key] == pytest.approx(v, rel=1e-6, abs=1e-7, nan_ok=True), key
     assert not math.isnan(got["val/hF1_micro"])
+    # logged the torchmetrics way (self.log_dict of a MetricCollection), not through a hiercls workaround
+    assert isinstance(out["module"].val_metrics, torchmetrics.MetricCollection)
+    assert "flatten_results" not in (EXAMPLES / "lightning_module.py").read_text()

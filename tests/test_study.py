@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hiercls.cli import main
+from hiercls.data import build_dataset, image_transform
 from hiercls.evaluation import evaluate_run
 from hiercls.taxonomy import Taxonomy
 from hiercls.train import config_from_dict
@@ -66,7 +68,7 @@ def _recipe(tmp: Path) -> dict:
         },
         "optim": {"lr": 3e-3},
         "schedule": {"epochs": 1},
-        "eval": {"decoders": ["argmax_leaf", "optimal_hf1"]},
+        "eval": {"decoders": ["argmax_leaf", "optimal_hf1"], "conformal": 0.2},
         "run": {"out_dir": str(tmp / "study"), "progress": False, "plot": False},
         "compare_heads": ["flat"],
         "study": {"seeds": [0, 1], "bootstrap": 200, "head_settings": {"flat": {"optim.lr": 1e-3}}},
@@ -191,3 +193,55 @@ def test_a_study_folder_without_a_best_run_lists_its_runs(study, tmp_path, capsy
     (copy / "study.json").write_text(json.dumps(report), encoding="utf-8")
     assert main(["predict", "--model", str(copy), "x"]) == 2
     assert "is a study folder that has no best run recorded; give one of its runs:" in capsys.readouterr().err
+
+
+def test_study_reports_conformal_rows_calibrated_on_val_and_checked_on_test(study):
+    """eval.conformal: each run's node predictor is fitted on val and scored on test (checked here by hand), the
+    rows go to the run's results.json, and the study reports their mean over seeds."""
+    from hiercls.conformal import NodeConformal
+
+    cfg, report = study
+    conf = report["conformal"]
+    assert (conf["alpha"], conf["calibration_split"], conf["split"]) == (0.2, "val", "test")
+    assert (conf["n_calibration"], conf["n_test"]) == (12, 20)
+    seen = {}
+    for head in ("semantic_softmax", "flat"):
+        for seed in (0, 1):
+            run = cfg.out_dir / "runs" / f"{head}-seed{seed}"
+            model, tax, _ = load_trained_model(run, which="best")
+            probs = {}
+            for split in ("val", "test"):
+                transform = image_transform(model, train=False, image_size=cfg.data.image_size)
+                ds = build_dataset("synthetic", split, tax, cfg.data.options, transform)
+                x = torch.stack([ds[i][0] for i in range(len(ds))])
+                with torch.no_grad():
+                    probs[split] = model.node_probs(model(x)).numpy()
+                probs[split + "_y"] = np.asarray(ds.targets)
+            pred = NodeConformal(tax, alpha=0.2).fit(probs["val"], probs["val_y"]).predict(probs["test"])
+            pred = np.asarray(pred)
+            covered = [
+                int(p) in tax.ancestors(int(y)) or int(p) == int(y) for p, y in zip(pred, probs["test_y"], strict=True)
+            ]
+            stored = json.loads((run / "results.json").read_text(encoding="utf-8"))["conformal"]
+            assert stored["rows"]["node"]["coverage"] == pytest.approx(np.mean(covered))
+            assert stored["rows"]["node"]["mean_depth"] == pytest.approx(tax.depth[pred].mean())
+            assert set(stored["rows"]) == {"node", "set:r=2", "risk:overshoot", "threshold"}
+            seen.setdefault(head, []).append(stored["rows"]["node"]["coverage"])
+    for head, cov in seen.items():
+        row = next(r for r in conf["rows"] if r["head"] == head and r["method"] == "node")
+        assert row["per_seed_coverage"] == pytest.approx(cov) and row["coverage"][0] == pytest.approx(np.mean(cov))
+    text = format_study(report)
+    assert "conformal: alpha = 0.2 (target coverage 0.8" in text and "risk:overshoot" in text
+    assert "calibrated on 12 samples of split 'val', checked on 20 samples of split 'test'" in text
+    assert (cfg.out_dir / "study.txt").read_text(encoding="utf-8").count("set:r=2") == 2  # one row per head
+
+
+def test_eval_conformal_is_checked():
+    from hiercls.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval.conformal: must be an alpha in \(0, 1\)"):
+        config_from_dict({"eval": {"conformal": 1.5}})
+    with pytest.raises(
+        ConfigError, match=r"eval\.conformal: calibrates on data\.eval_split and checks on study\.split"
+    ):
+        config_from_dict({"eval": {"conformal": 0.1}, "data": {"eval_split": "test"}})

@@ -13,7 +13,7 @@ from hiercls.cli.recipes_cmd import resolve_recipe
 from hiercls.evaluation import format_calibration, format_results
 from hiercls.train.config import TrainConfig, config_to_dict, load_config
 from hiercls.train.distributed import is_main_process
-from hiercls.train.report import run_recipe
+from hiercls.train.report import format_conformal, run_recipe
 from hiercls.train.study import format_study, run_study
 
 #: The exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -76,5 +76,7 @@ def _train(args: argparse.Namespace, cfg: TrainConfig) -> int:
         calibration = format_calibration(runs)
         if calibration:
             print(f"\ncalibration (temperature fitted on the {cfg.data.eval_split} split):\n{calibration}")
+        if format_conformal(runs):
+            print(f"\n{format_conformal(runs)}")
         print(f"\nrun folder: {cfg.out_dir} (config.yaml, metrics.jsonl, results.json, curves.png, checkpoints/)")
     return 0

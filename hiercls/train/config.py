@@ -189,6 +189,12 @@ class EvalConfig:
             (``"<decoder> (calibrated)/<metric>"``) and the ECE per level before and after (``calibration``), and
             save the temperature with the checkpoints (see :mod:`hiercls.evaluation.calibration`).
         ece_bins: number of equal-width bins of the ECE.
+        conformal: a target miscoverage ``alpha`` in ``(0, 1)`` (``None``: off). At the end of every run the best
+            checkpoint's conformal predictors (:mod:`hiercls.conformal`: ``node``, ``set:r=2``,
+            ``risk:overshoot``, beside the non-conformal ``threshold`` rule) are calibrated on
+            ``data.eval_split`` and scored on ``study.split`` (default ``test``): coverage, mean set size and mean
+            depth go into the run's ``results.json`` (``conformal``) and the study's report
+            (:func:`hiercls.evaluation.table.conformal_rows`).
     """
 
     decoders: list[str] = field(default_factory=lambda: ["argmax_leaf"])
@@ -198,6 +204,7 @@ class EvalConfig:
     save_probs: bool = False
     calibrate: bool = False
     ece_bins: int = 15
+    conformal: float | None = None
 
 
 @dataclass
@@ -686,6 +693,14 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         labels[label] = spec
     need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
     need(cfg.eval.ece_bins >= 1, "eval.ece_bins", f"must be >= 1, got {cfg.eval.ece_bins}")
+    alpha = cfg.eval.conformal
+    need(alpha is None or 0 < alpha < 1, "eval.conformal", f"must be an alpha in (0, 1) or null, got {alpha}")
+    need(
+        alpha is None or (cfg.data.eval_split is not None and cfg.data.eval_split != cfg.study.split),
+        "eval.conformal",
+        f"calibrates on data.eval_split and checks on study.split: they must be two splits, got "
+        f"{cfg.data.eval_split!r} and {cfg.study.split!r}",
+    )
     need(
         bool(cfg.run.out_dir.strip()),
         "run.out_dir",

@@ -7,7 +7,9 @@ which no run has seen. The report gives, per head and decoder, mean ± std over 
 the accuracy at every depth with the number of samples whose label reaches it, what the decoder predicts
 (``"1 node, depth 7.2"`` or ``"3.1-node set, depth 5.0"``), a label-prior row (the training label frequencies,
 the same prediction for every input: what a model learns without looking at the input), and the difference of
-the first two heads' micro hF1 with a paired bootstrap interval over the scored samples.
+the first two heads' micro hF1 with a paired bootstrap interval over the scored samples. With ``eval.conformal``
+set it adds the conformal rows of every head (:func:`hiercls.train.report.run_conformal`: calibrated on
+``data.eval_split``, coverage, mean set size and mean depth on ``study.split``; mean ± std over seeds).
 
 Per-level accuracy here is the semantic-accuracy convention of Ridnik et al. (2021) applied per depth: of the
 samples whose label reaches depth ``d``, the fraction whose prediction has the label's node at depth ``d``; a
@@ -41,10 +43,11 @@ from hiercls.train.config import StudyConfig, TrainConfig, apply_overrides
 from hiercls.train.distributed import DistInfo, cleanup_distributed, init_distributed
 from hiercls.train.inference import load_trained_model
 from hiercls.train.loop import train
+from hiercls.train.report import run_conformal
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["best_run", "label_prior", "paired_bootstrap", "run_study", "score_predictions"]
+__all__ = ["best_run", "conformal_summary", "label_prior", "paired_bootstrap", "run_study", "score_predictions"]
 
 
 def label_prior(labels: Sequence[int] | np.ndarray, taxonomy: Taxonomy) -> np.ndarray:
@@ -211,6 +214,7 @@ def _study(
     study, out_dir, device = cfg.study, cfg.out_dir, info.device
     scores: dict[str, dict[str, list[dict[str, Any]]]] = {h: {s.label: [] for s in specs} for h in heads}
     results: dict[str, list[dict[str, Any]]] = {h: [] for h in heads}
+    conformal: dict[str, list[dict[str, Any]]] = {h: [] for h in heads}  # eval.conformal: each run's rows
     finals: list[tuple[str, dict[str, Any], str]] = []  # (run folder, train()'s results, best_mode) of every run
     taxonomy: Taxonomy | None = None
     labels: np.ndarray | None = None
@@ -233,6 +237,10 @@ def _study(
                 results[head].append(res)
                 for spec in specs:
                     scores[head][spec.label].append(score_predictions(spec(probs, taxonomy), y, taxonomy))
+                if cfg.eval.conformal is not None:
+                    conformal[head].append(
+                        run_conformal(run_cfg.out_dir, model, taxonomy, run_cfg, probs, y, device=device)
+                    )
         assert taxonomy is not None and labels is not None
         prior_row = None
         if study.prior:
@@ -240,6 +248,8 @@ def _study(
     finally:
         cleanup_distributed(info)
     report = _report(cfg, heads, specs, seeds, labels, taxonomy, results, scores, prior_row)
+    if cfg.eval.conformal is not None:
+        report["conformal"] = conformal_summary(conformal)
     report["best_run"] = best_run(finals, cfg.data.eval_split)
     for name, text in (("study.json", json.dumps(report, indent=2)), ("study.txt", format_study(report))):
         with atomic_write(out_dir / name, encoding="utf-8") as f:
@@ -263,6 +273,37 @@ def _prior_scores(
     preds = ev.update(probs, labels)  # the decoded predictions, scored below without decoding again
     res = ev.compute()
     return {"results": res, "scores": {s.label: [score_predictions(preds[s.label], labels, taxonomy)] for s in specs}}
+
+
+def conformal_summary(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """The study's conformal rows: each head's :func:`~hiercls.train.report.run_conformal` rows over its seeds.
+
+    Args:
+        runs: ``{head: [the conformal rows of each seed's run]}``.
+
+    Returns:
+        ``{"alpha", "calibration_split", "split", "n_calibration", "n_test", "rows"}``; each row is ``{"head",
+        "method", "threshold", "coverage", "mean_set_size", "mean_depth"}`` with ``[mean, std]`` values, and
+        ``per_seed_coverage``.
+
+    Example:
+        >>> run = {"alpha": 0.1, "calibration_split": "val", "split": "test", "n_calibration": 9, "n_test": 8,
+        ...        "rows": {"node": {"threshold": 0.8, "coverage": 0.875, "mean_set_size": 2.0, "mean_depth": 1.0}}}
+        >>> other = {**run, "rows": {"node": {**run["rows"]["node"], "coverage": 1.0}}}
+        >>> conformal_summary({"flat": [run, other]})["rows"][0]["coverage"]
+        [0.9375, 0.08838834764831845]
+    """
+    first = next(r[0] for r in runs.values() if r)
+    rows = []
+    for head, seeds in runs.items():
+        for method in seeds[0]["rows"] if seeds else ():
+            row: dict[str, Any] = {"head": head, "method": method}
+            for col in ("threshold", "coverage", "mean_set_size", "mean_depth"):
+                row[col] = list(_mean_std([s["rows"][method][col] for s in seeds]))
+            row["per_seed_coverage"] = [s["rows"][method]["coverage"] for s in seeds]
+            rows.append(row)
+    keys = ("alpha", "calibration_split", "split", "n_calibration", "n_test")
+    return {**{k: first[k] for k in keys}, "rows": rows}
 
 
 def best_run(finals: Sequence[tuple[str, Mapping[str, Any], str]], split: str | None) -> dict[str, Any] | None:
@@ -408,6 +449,8 @@ def format_study(report: Mapping[str, Any]) -> str:
             f"({level}% CI [{d['low']:+.3f}, {d['high']:+.3f}], paired bootstrap over {d['samples']} samples, "
             f"seeds pooled, {d['resamples']} resamples): {verdict}"
         )
+    if report.get("conformal"):
+        lines.append(_format_conformal(report["conformal"], n_seeds))
     best = report.get("best_run")
     if best:
         lines.append(
@@ -415,6 +458,19 @@ def format_study(report: Mapping[str, Any]) -> str:
             f"{best['metric']} {best['value']:.4f} on split {best['split']!r}"
         )
     return "\n".join(lines)
+
+
+def _format_conformal(conf: Mapping[str, Any], n_seeds: int) -> str:
+    alpha = conf["alpha"]
+    header = ["head", "conformal", "threshold", "coverage", "mean set size", "mean depth"]
+    cols = ("threshold", "coverage", "mean_set_size", "mean_depth")
+    rows = [[r["head"], r["method"], *[_pm(r[c], n_seeds) for c in cols]] for r in conf["rows"]]
+    return (
+        f"conformal: alpha = {alpha:g} (target coverage {1 - alpha:g}; risk:<loss> targets E[loss] <= {alpha:g}), "
+        f"calibrated on {conf['n_calibration']} samples of split {conf['calibration_split']!r}, checked on "
+        f"{conf['n_test']} samples of split {conf['split']!r}; threshold = the posterior rule at 1 - alpha, "
+        f"not conformal\n{format_table(header, rows)}"
+    )
 
 
 def plot_study(report: Mapping[str, Any], png_path: str | Path) -> Path:
