@@ -3,12 +3,17 @@ reads of NumPy probability files, hand-edited display names in hiercls JSON taxo
 
 from __future__ import annotations
 
+import json
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 import hiercls.metrics as metrics
+from hiercls.cli import main
+from hiercls.data import build_dataset
 from hiercls.taxonomy import Taxonomy
 
 TAX = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -73,3 +78,59 @@ def test_loaded_states_compute_without_a_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert restored.compute().item() == source.compute().item() == pytest.approx(0.8)
+
+
+# ---------------------------------------------------------------------------------------------- evaluate's split names
+@pytest.mark.slow  # trains a tiny model (a few seconds of CPU)
+def test_evaluate_an_unknown_split_is_refused_naming_the_splits(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: the synthetic data set drew any split name with its own seed, so --data tset scored made-up samples.
+    (tmp_path / "tax.txt").write_text("root animal\nroot vehicle\nanimal cat\nanimal dog\nvehicle car\n")
+    recipe = {
+        "name": "tiny",
+        "taxonomy": str(tmp_path / "tax.txt"),
+        "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 8,
+            "image_size": 16,
+            "options": {"kind": "image", "image_size": 16, "train_samples": 8, "val_samples": 8, "test_samples": 8},
+        },
+        "schedule": {"epochs": 1},
+        "run": {"out_dir": str(tmp_path / "run"), "progress": False},
+    }
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
+    assert main(["train", str(tmp_path / "recipe.yaml"), "--no-compare"]) == 0
+    run = str(tmp_path / "run")
+    capsys.readouterr()
+    assert main(["evaluate", "--model", run, "--data", "test", "--decoder", "argmax_leaf"]) == 0
+    assert "8 samples of split 'test'" in capsys.readouterr().out
+    for extra in ([], ["--table"], ["--conformal", "0.2", "--calibration-data", "val"]):
+        assert main(["evaluate", "--model", run, "--data", "tset", *extra]) != 0
+        captured = capsys.readouterr()
+        assert "split 'tset': the 'synthetic' data set has the splits 'train', 'val', 'test'" in captured.err
+        assert "samples of split" not in captured.out
+
+
+def test_every_data_set_kind_names_its_splits(tmp_path: Path) -> None:
+    tax = Taxonomy([("r", "cat"), ("r", "dog")])
+    (tmp_path / "images" / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "images" / "val").mkdir()
+    cases = [
+        ("synthetic", {}, "the 'synthetic' data set has the splits 'train', 'val', 'test'"),
+        ("nested_blobs_3d", {}, "the 'nested_blobs_3d' data set has the splits 'train', 'val', 'test'"),
+        (
+            "image_folder",
+            {"root": str(tmp_path / "images")},
+            "has no folder 'tset'; its splits (sub-folders): 'train', 'val'",
+        ),
+        (
+            "text_csv",
+            {"train_path": "a.csv", "text_column": "t", "label_column": "l"},
+            "the recipe gives the splits 'train'",
+        ),
+        ("wordnet_gloss", {}, "split must be 'train', 'val', 'test' or 'all'; got 'tset'"),
+        ("fashion_mnist", {}, "split must be 'train', 'test', 'train_fit' or 'val'; got 'tset'"),
+    ]
+    for kind, options, message in cases:
+        with pytest.raises((ValueError, FileNotFoundError), match=re.escape(message)):
+            build_dataset(kind, "tset", None if kind == "nested_blobs_3d" else tax, options)
