@@ -4,16 +4,22 @@ reads of NumPy probability files, hand-edited display names in hiercls JSON taxo
 from __future__ import annotations
 
 import json
+import os
 import re
+import tracemalloc
 import warnings
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import hiercls.metrics as metrics
+from hiercls._textio import TextFileError, read_limit
 from hiercls.cli import main
 from hiercls.data import build_dataset
+from hiercls.evaluation import load_labels, load_probabilities
 from hiercls.taxonomy import Taxonomy
 
 TAX = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -134,3 +140,80 @@ def test_every_data_set_kind_names_its_splits(tmp_path: Path) -> None:
     for kind, options, message in cases:
         with pytest.raises((ValueError, FileNotFoundError), match=re.escape(message)):
             build_dataset(kind, "tset", None if kind == "nested_blobs_3d" else tax, options)
+
+
+# ---------------------------------------------------------------------------------------------- bounded array reads
+LIMIT_HINT = (
+    "over the read limit of {} bytes; if the file is meant to be this large, raise the limit "
+    "(environment variable HIERCLS_MAX_READ_BYTES"
+)
+
+
+def test_npy_npz_pt_probabilities_obey_the_read_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: np.load / torch.load read them whole, whatever HIERCLS_MAX_READ_BYTES said.
+    probs = np.full((100, 10), 0.1)  # 8,000 bytes of float64
+    np.save(tmp_path / "p.npy", probs)
+    np.savez(tmp_path / "p.npz", probs=probs)
+    torch.save(torch.as_tensor(probs), tmp_path / "p.pt")
+    np.save(tmp_path / "y.npy", np.arange(1000))
+    for name in ("p.npy", "p.npz", "p.pt"):
+        np.testing.assert_array_equal(load_probabilities(tmp_path / name), probs)  # under the default limit
+        with read_limit(4000), pytest.raises(TextFileError, match=re.escape(LIMIT_HINT.format(4000))) as info:
+            load_probabilities(tmp_path / name)
+        assert str(info.value).startswith(str(tmp_path / name))
+    monkeypatch.setenv("HIERCLS_MAX_READ_BYTES", "7999")
+    with pytest.raises(TextFileError, match=r"y\.npy: the file holds 8128 bytes, over the read limit of 7999 bytes"):
+        load_labels(tmp_path / "y.npy", TAX)
+    monkeypatch.setenv("HIERCLS_MAX_READ_BYTES", "8128")
+    with pytest.raises(ValueError, match="not a node id"):  # read, then checked as labels
+        load_labels(tmp_path / "y.npy", TAX)
+
+
+def test_npz_zip_bomb_is_refused_without_decompressing(tmp_path: Path) -> None:
+    # 64 MiB of zeros deflate to 64 KiB: the members' recorded sizes are summed before anything is inflated.
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z, z.open("probs.npy", "w") as f:
+        np.lib.format.write_array(f, np.zeros((1 << 20, 8)))
+    assert bomb.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with (
+            read_limit(1 << 20),
+            pytest.raises(TextFileError, match=r"bomb\.npz: its 1 members expand to 67108992 bytes"),
+        ):
+            load_probabilities(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20  # nothing near the 64 MiB it holds
+
+
+def test_npy_header_declaring_more_than_the_file_holds(tmp_path: Path) -> None:
+    # Before: numpy allocated the declared shape first (MemoryError: unable to allocate 7.28 TiB), a raw traceback.
+    forged = tmp_path / "forged.npy"
+    with open(forged, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f8", "fortran_order": False, "shape": (1_000_000, 1_000_000)}
+        )
+        f.write(np.zeros(4).tobytes())
+    with pytest.raises(ValueError, match=r"forged\.npy: the header declares an array of shape \[1000000, 1000000\]"):
+        load_probabilities(forged)
+    inner = tmp_path / "forged.npz"
+    with zipfile.ZipFile(inner, "w") as z:
+        z.writestr("probs.npy", forged.read_bytes())
+    with pytest.raises(ValueError, match=r"forged\.npz \(member probs\.npy\): the header declares"):
+        load_probabilities(inner)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_probability_files_that_are_not_regular_are_refused_by_name(tmp_path: Path) -> None:
+    # Before: a FIFO or /dev/zero was "no such file".
+    fifo = tmp_path / "p.npy"
+    os.mkfifo(fifo)
+    with pytest.raises(TextFileError, match=r"p\.npy: is a FIFO \(named pipe\), not a regular file"):
+        load_probabilities(fifo)
+    with pytest.raises(TextFileError, match=r"p\.npy: is a FIFO \(named pipe\), not a regular file"):
+        load_labels(fifo, TAX)
+    if Path("/dev/zero").exists():
+        with pytest.raises(TextFileError, match="/dev/zero: is a device"):
+            load_probabilities("/dev/zero")
