@@ -3,6 +3,8 @@ reads of NumPy probability files, hand-edited display names in hiercls JSON taxo
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import os
 import re
@@ -20,7 +22,7 @@ from hiercls._textio import TextFileError, read_limit
 from hiercls.cli import main
 from hiercls.data import build_dataset
 from hiercls.evaluation import load_labels, load_probabilities
-from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy import Taxonomy, TaxonomyError, read_json, write_json
 
 TAX = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
 STATEFUL = sorted(
@@ -217,3 +219,59 @@ def test_probability_files_that_are_not_regular_are_refused_by_name(tmp_path: Pa
     if Path("/dev/zero").exists():
         with pytest.raises(TextFileError, match="/dev/zero: is a device"):
             load_probabilities("/dev/zero")
+
+
+# ---------------------------------------------------------------------------------------------- display names
+def test_hand_edited_display_names_in_a_hiercls_json_file_are_refused(tmp_path: Path) -> None:
+    # Before: rotating display names loaded silently (the fingerprint leaves them out) and changed every printed
+    # prediction. The fingerprint stays the label-space identity: the two taxonomies below are still equal.
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")], display_names={"x": "Cat", "y": "Dog", "b": "Car"})
+    for name in ("t.json", "t.json.gz"):
+        path = tmp_path / name
+        write_json(tax, path)
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            obj = json.load(f)
+        assert (
+            obj["display_names_sha256"]
+            == hashlib.sha256(
+                json.dumps(
+                    [["a", "a"], ["b", "Car"], ["r", "r"], ["x", "Cat"], ["y", "Dog"]], separators=(",", ":")
+                ).encode()
+            ).hexdigest()
+        )
+        assert read_json(path).display_names == ("r", "a", "Cat", "Dog", "Car")
+        shown = obj["display_names"]
+        shown[2], shown[3] = shown[3], shown[2]  # two leaves' display names rotated by hand
+        with opener(path, "wt", encoding="utf-8") as f:
+            json.dump(obj, f)
+        with pytest.raises(TaxonomyError, match=re.escape(f"{path}: display names mismatch")) as info:
+            read_json(path)
+        assert "the display names were edited" in str(info.value)
+        assert 'remove "display_names_sha256" to accept the new display names' in str(info.value)
+        del obj["display_names_sha256"]  # the way to accept them
+        with opener(path, "wt", encoding="utf-8") as f:
+            json.dump(obj, f)
+        back = read_json(path)
+        assert back.display_names == ("r", "a", "Dog", "Cat", "Car") and back == tax  # same label space
+    # A file that had no display names (all equal to the node names) gains some by hand: refused too.
+    plain = Taxonomy([("r", "a"), ("r", "b")])
+    write_json(plain, tmp_path / "plain.json")
+    obj = json.loads((tmp_path / "plain.json").read_text())
+    assert "display_names" not in obj
+    obj["display_names"] = ["r", "b", "a"]
+    (tmp_path / "plain.json").write_text(json.dumps(obj))
+    with pytest.raises(TaxonomyError, match="display names mismatch"):
+        read_json(tmp_path / "plain.json")
+    obj["display_names_sha256"] = 7
+    (tmp_path / "plain.json").write_text(json.dumps(obj))
+    with pytest.raises(TaxonomyError, match='"display_names_sha256" must be a string'):
+        read_json(tmp_path / "plain.json")
+
+
+def test_shipped_taxonomies_without_the_display_digest_load_as_before() -> None:
+    for name in ("cifar100", "brats"):
+        path = Path(__file__).resolve().parent.parent / "taxonomies" / f"{name}.json.gz"
+        obj = json.loads(gzip.decompress(path.read_bytes()))
+        assert "display_names_sha256" not in obj and "display_names" in obj
+        assert read_json(path).display_names == tuple(obj["display_names"])
