@@ -61,12 +61,14 @@ __all__ = [
     "dump_json",
     "load_yaml",
     "max_read_bytes",
+    "over_read_limit",
     "package_data_dirs",
     "parse_json",
     "read_bytes",
     "read_limit",
     "read_text",
     "recover_atomic",
+    "regular_file_size",
     "umask",
 ]
 
@@ -162,7 +164,8 @@ def max_read_bytes() -> int:
     return int(env)
 
 
-def _over(size: str, limit: int, source: str) -> TextFileError:
+def over_read_limit(size: str, limit: int, source: str) -> TextFileError:
+    """The error for a file over the read limit: ``size`` says what is too large ("the file holds 3 bytes")."""
     return TextFileError(
         f"{size}, over the read limit of {limit} bytes; if the file is meant to be this large, raise the limit "
         "(environment variable HIERCLS_MAX_READ_BYTES, or hiercls._textio.read_limit)",
@@ -170,15 +173,14 @@ def _over(size: str, limit: int, source: str) -> TextFileError:
     )
 
 
-def read_bytes(path: str | os.PathLike[str], what: str = "file", *, gunzip: bool = True) -> bytes:
-    """The bytes of a user's file, gunzipped when they start with gzip's magic (``gunzip``), at most
-    :func:`max_read_bytes` of them (after decompression), from a regular file only.
+def regular_file_size(path: str | os.PathLike[str], what: str = "file") -> int:
+    """The size of a user's file in bytes, refused unless it is a regular file of at most :func:`max_read_bytes`.
 
     A FIFO or a device (``/dev/zero``) is refused before it is opened (a FIFO without a writer would block, a
-    device never ends); a file, or its decompressed content, over the limit is refused without being held whole.
+    device never ends).
 
     Raises:
-        FileNotFoundError: no such file. TextFileError: a folder, a FIFO, a device, over the limit, corrupt gzip.
+        FileNotFoundError: no such file. TextFileError: a folder, a FIFO, a device, over the limit.
     """
     p, limit = Path(path), max_read_bytes()
     st = os.stat(p)  # FileNotFoundError names the path
@@ -196,11 +198,26 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", *, gunzip: bool
             f"is a {kind}, not a regular file; hiercls reads a {what} from a regular file only", source=str(p)
         )
     if st.st_size > limit:
-        raise _over(f"the file holds {st.st_size} bytes", limit, str(p))
+        raise over_read_limit(f"the file holds {st.st_size} bytes", limit, str(p))
+    return st.st_size
+
+
+def read_bytes(path: str | os.PathLike[str], what: str = "file", *, gunzip: bool = True) -> bytes:
+    """The bytes of a user's file, gunzipped when they start with gzip's magic (``gunzip``), at most
+    :func:`max_read_bytes` of them (after decompression), from a regular file only.
+
+    A FIFO or a device (``/dev/zero``) is refused before it is opened (a FIFO without a writer would block, a
+    device never ends); a file, or its decompressed content, over the limit is refused without being held whole.
+
+    Raises:
+        FileNotFoundError: no such file. TextFileError: a folder, a FIFO, a device, over the limit, corrupt gzip.
+    """
+    p, limit = Path(path), max_read_bytes()
+    regular_file_size(p, what)
     with open(p, "rb") as f:
         data = _read_at_most(f, limit)  # bounded even if the file grows while read
     if data is None:
-        raise _over(f"the file holds more than {limit} bytes", limit, str(p))
+        raise over_read_limit(f"the file holds more than {limit} bytes", limit, str(p))
     if gunzip and data[:2] == b"\x1f\x8b":
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
@@ -208,7 +225,7 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", *, gunzip: bool
         except (OSError, EOFError, zlib.error) as err:
             raise TextFileError(f"corrupt gzip file: {err}", source=str(p)) from None
         if data is None:
-            raise _over(f"the gzip file expands to more than {limit} bytes", limit, str(p))
+            raise over_read_limit(f"the gzip file expands to more than {limit} bytes", limit, str(p))
     return data
 
 

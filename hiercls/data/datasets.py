@@ -97,6 +97,13 @@ def register_dataset(
 _SPLIT_SEED = {"train": 0, "val": 1, "test": 2}
 
 
+def _split_seed(split: str, kind: str) -> int:
+    # Any other name would draw a made-up split (evaluate --data tset scored one without a word).
+    if split not in _SPLIT_SEED:
+        raise ValueError(f"split {split!r}: the {kind!r} data set has the splits {', '.join(map(repr, _SPLIT_SEED))}")
+    return _SPLIT_SEED[split]
+
+
 def _opts(options: dict[str, Any], allowed: set[str], kind: str) -> dict[str, Any]:
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -135,8 +142,15 @@ def _image_folder(split: str, taxonomy: Taxonomy | None, options: dict[str, Any]
         raise ValueError(
             "data.options.root: the 'image_folder' data set needs root: <folder with one sub-folder per split>"
         )
+    root = Path(opts["root"])
+    if root.is_dir() and not (root / split).is_dir():
+        have = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise FileNotFoundError(
+            f"split {split!r}: data.options.root {str(root)!r} has no folder {split!r}; its splits (sub-folders): "
+            f"{', '.join(map(repr, have)) or 'none'}"
+        )
     return HierImageFolder(
-        Path(opts["root"]) / split, taxonomy, transform, name=opts.get("name"), on_error=opts.get("on_error", "fail")
+        root / split, taxonomy, transform, name=opts.get("name"), on_error=opts.get("on_error", "fail")
     )
 
 
@@ -152,8 +166,10 @@ def _text_file(fmt: str) -> Callable[..., Any]:
         if path is None and template is not None:
             path = template.replace("{split}", split)
         if path is None:
+            given = [k[: -len("_path")] for k in ("train_path", "val_path", "test_path") if k in options]
             raise ValueError(
-                f"data.options: the 'text_{fmt}' data set needs {split}_path: <file> (or path: with '{{split}}' in it)"
+                f"split {split!r}: the 'text_{fmt}' data set needs {split}_path: <file> in data.options (or path: "
+                f"with '{{split}}' in it); the recipe gives the splits {', '.join(map(repr, given)) or 'none'}"
             )
         if taxonomy is None:
             raise ValueError(f"data.dataset 'text_{fmt}' needs taxonomy: <name or file>")
@@ -181,8 +197,8 @@ def _synthetic(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], t
     opts = _opts(options, allowed, "synthetic")
     if taxonomy is None:
         raise ValueError("data.dataset 'synthetic' needs taxonomy: <name or file>")
+    seed = int(opts.get("seed", 0)) * 10 + _split_seed(split, "synthetic")
     n = _split_count(opts, split, 64)
-    seed = int(opts.get("seed", 0)) * 10 + _SPLIT_SEED.get(split, 3)
     # The prototypes must be shared by the splits, only the samples differ: draw the prototypes with the
     # base seed and the split's labels/noise with a split-specific seed.
     base = SyntheticHierarchy(
@@ -214,12 +230,12 @@ def _nested_blobs(split: str, taxonomy: Taxonomy | None, options: dict[str, Any]
         {"num_samples", "train_samples", "val_samples", "test_samples", "size", "noise", "seed"},
         "nested_blobs_3d",
     )
-    n = _split_count(opts, split, 32)
+    split_seed, n = _split_seed(split, "nested_blobs_3d"), _split_count(opts, split, 32)
     ds = NestedBlobs3D(
         n,
         size=int(opts.get("size", 16)),
         noise=float(opts.get("noise", 0.3)),
-        seed=int(opts.get("seed", 0)) * 10 + _SPLIT_SEED.get(split, 3),
+        seed=int(opts.get("seed", 0)) * 10 + split_seed,
     )
     if taxonomy is not None and taxonomy.fingerprint != ds.taxonomy.fingerprint:
         if taxonomy.num_nodes != ds.taxonomy.num_nodes or not taxonomy.is_tree or taxonomy.height != 3:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import pickle  # for its exception class only: nothing here unpickles
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
 from hiercls._checks import to_numpy
-from hiercls._textio import read_text
+from hiercls._textio import max_read_bytes, over_read_limit, read_text, regular_file_size
 from hiercls.data.labels import LabelEncoder
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
@@ -44,12 +46,55 @@ def _pick(obj: Mapping[str, Any], keys: Sequence[str], key: str | None, path: st
     )
 
 
+def _declared_bytes(f: IO[bytes], size: int, source: str) -> int:
+    """Bytes of the array a ``.npy`` stream of ``size`` bytes declares in its header (shape x item size), or
+    ``size`` for a stream that is no ``.npy`` array. numpy allocates the declared array before reading it, so a
+    header declaring more than the stream holds is refused here (a 100-byte file could ask for terabytes)."""
+    if f.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+        return size
+    f.seek(0)
+    version = np.lib.format.read_magic(f)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(f)
+    declared = math.prod(shape) * dtype.itemsize
+    if declared > size - f.tell():
+        raise ValueError(
+            f"{source}: the header declares an array of shape {list(shape)} ({declared} bytes of {dtype}) but the "
+            f"file holds {size - f.tell()} bytes of data; the file is truncated or damaged"
+        )
+    return declared
+
+
+def _check_read_limit(p: Path, what: str) -> None:
+    """Refuse, before numpy or torch reads anything, a file that is not regular or over the read limit: a ``.npy``
+    by the array its header declares, a zip (``.npz``, ``.pt``) by the sum of its members' uncompressed sizes
+    (zipfile never inflates a member past its recorded size, so a zip bomb is refused without decompressing)."""
+    size, limit = regular_file_size(p, f"{what} file"), max_read_bytes()
+    with open(p, "rb") as f:
+        is_zip = f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")  # numpy's and torch's test: a zip's first bytes
+    if is_zip:
+        with zipfile.ZipFile(p) as z:
+            members = z.infolist()
+            total = sum(m.file_size for m in members)
+            if total > limit:
+                raise over_read_limit(f"its {len(members)} members expand to {total} bytes", limit, str(p))
+            for m in members:
+                with z.open(m) as f:
+                    _declared_bytes(f, m.file_size, f"{p} (member {m.filename})")
+    else:
+        with open(p, "rb") as f:
+            declared = _declared_bytes(f, size, str(p))
+        if declared > limit:
+            raise over_read_limit(f"its array holds {declared} bytes", limit, str(p))
+
+
 def _load_array(path: str | os.PathLike, key: str | None, keys: Sequence[str], what: str) -> np.ndarray:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")
     suffix = p.suffix.lower()
     try:
+        _check_read_limit(p, what)
         if suffix == ".npy":
             return np.load(p, allow_pickle=False)
         if suffix == ".npz":
@@ -62,7 +107,8 @@ def _load_array(path: str | os.PathLike, key: str | None, keys: Sequence[str], w
             if isinstance(obj, (list, tuple)) and obj and hasattr(obj[0], "detach"):
                 obj = torch.cat([o.reshape(-1, *o.shape[-1:]) if o.ndim else o.reshape(1) for o in obj])
             return to_numpy(obj)
-    except (ValueError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:  # refused pickles too
+    except (ValueError, OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        # refused pickles too; the read limit's and the header's errors name the file already
         if isinstance(err, ValueError) and str(err).startswith(str(p)):
             raise
         raise ValueError(f"{p}: cannot read {what} ({type(err).__name__}: {err})") from err
@@ -127,7 +173,7 @@ def load_labels(
         [2, 3, 4]
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():  # a FIFO or a device is refused by name below, not called missing
         raise FileNotFoundError(f"{p}: no such file")
     if p.suffix.lower() in (".npy", ".npz", ".pt", ".pth"):
         arr = _load_array(p, key, _LABEL_KEYS, "labels").ravel()

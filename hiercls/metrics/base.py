@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -170,6 +170,21 @@ class Metric(torchmetrics.Metric):
         self.resolved_output: str | None = None
         self.register_load_state_dict_post_hook(_check_loaded_states)
 
+    def to(self, *args: Any, **kwargs: Any) -> Metric:
+        """``nn.Module.to``; a device torch cannot use here (``"cuda"`` without CUDA, ``"cuda:3"`` with one GPU) is
+        refused naming the metric and the device, before torch's driver error."""
+        device = kwargs.get("device", args[0] if args else None)
+        if isinstance(device, (str, int, torch.device)):
+            _check_device(type(self).__name__, device)
+        return super().to(*args, **kwargs)
+
+    def cuda(self, device: int | str | torch.device | None = None) -> Metric:
+        """``nn.Module.cuda``, refused as :meth:`to` refuses when CUDA is not available."""
+        _check_device(
+            type(self).__name__, torch.device("cuda", device) if isinstance(device, int) else device or "cuda"
+        )
+        return super().cuda(device)
+
     def add_sum_state(self, name: str, shape: int | tuple[int, ...] = ()) -> None:
         """Declare a float64 sum state (zeros of ``shape``), saved in ``state_dict``."""
         self.state_shapes[name] = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -258,6 +273,24 @@ class Metric(torchmetrics.Metric):
     def update(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
+    def _wrap_compute(self, compute: Callable[..., Any]) -> Callable[..., Any]:
+        """torchmetrics's wrapper of ``compute`` (sync and restore) without its "called before update" warning.
+
+        The ``updates`` state decides instead, after the reduction: loaded states count, another rank's updates
+        count, and a metric no rank updated raises in :meth:`checked_results` (a warning, then a result of zeros
+        or a crash, would say less). torchmetrics wraps again when a metric is copied or unpickled, so the
+        override, not a wrapper set in ``__init__``.
+        """
+        wrapped = super()._wrap_compute(compute)
+
+        @functools.wraps(compute)
+        def quiet(*args: Any, **kwargs: Any) -> Any:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric", category=UserWarning)
+                return wrapped(*args, **kwargs)
+
+        return quiet
+
     def compute(self) -> torch.Tensor:
         """The result named by ``output`` as a 0-d float64 tensor on the metric's device (states summed over all
         ranks with ``sync_on_compute``, the default)."""
@@ -307,7 +340,7 @@ class Metric(torchmetrics.Metric):
                 self.unsync()  # torchmetrics restores the local states only when compute returns
             raise RuntimeError(
                 f"{type(self).__name__}.compute() was called before any update() since it was built or reset: "
-                "there is nothing to score; call update() with a batch first"
+                f"there is nothing to score; call {type(self).__name__}.update(preds, target) with a batch first"
             )
         return self._compute({k: v.detach().cpu().numpy() for k, v in self.states().items()})
 
@@ -356,6 +389,26 @@ class Metric(torchmetrics.Metric):
         """:meth:`merge_state` with another metric (e.g. from another worker); returns ``self``."""
         self.merge_state(other)
         return self
+
+
+def _check_device(owner: str, device: str | int | torch.device) -> None:
+    """Refuse a device whose backend torch has but cannot use here (no driver, no such index)."""
+    dev = torch.device(device)
+    backend = getattr(torch, dev.type, None)  # torch.cuda, torch.mps, torch.xpu, ...: each has is_available()
+    if dev.type == "cpu" or not callable(getattr(backend, "is_available", None)):
+        return  # cpu, meta, and backends torch does not name here: torch's own message applies
+    name = "CUDA" if dev.type == "cuda" else dev.type.upper()
+    if not backend.is_available():
+        raise RuntimeError(
+            f"{owner}: cannot move to device {str(dev)!r}: {name} is not available on this machine "
+            f"(torch {torch.__version__}); keep the metric on the CPU (its default) or on a device torch can use"
+        )
+    count = backend.device_count() if callable(getattr(backend, "device_count", None)) else None
+    if dev.index is not None and count is not None and dev.index >= count:
+        raise RuntimeError(
+            f"{owner}: cannot move to device {str(dev)!r}: this machine has {count} {name} device(s), "
+            f"numbered from 0; got index {dev.index}"
+        )
 
 
 def _check_loaded_states(module: Metric, incompatible_keys: Any) -> None:

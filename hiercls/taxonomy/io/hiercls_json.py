@@ -3,6 +3,7 @@ metadata), one edge per line, gzip-compressed for ``.gz``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import reprlib
 from collections.abc import Mapping
@@ -15,7 +16,15 @@ from hiercls.taxonomy.io.common import PathLike
 JSON_FORMAT_ID = "hiercls.taxonomy"
 JSON_FORMAT_VERSION = 1
 
-__all__ = ["JSON_FORMAT_ID", "JSON_FORMAT_VERSION", "read_json", "taxonomy_from_dict", "taxonomy_to_dict", "write_json"]
+__all__ = [
+    "JSON_FORMAT_ID",
+    "JSON_FORMAT_VERSION",
+    "display_names_sha256",
+    "read_json",
+    "taxonomy_from_dict",
+    "taxonomy_to_dict",
+    "write_json",
+]
 
 
 def taxonomy_to_dict(tax: Taxonomy) -> dict[str, Any]:
@@ -32,8 +41,29 @@ def taxonomy_to_dict(tax: Taxonomy) -> dict[str, Any]:
     out["classes"] = [tax.names[i] for i in tax.classes]
     out["virtual_root"] = tax.virtual_root
     out["fingerprint"] = tax.fingerprint
+    out["display_names_sha256"] = display_names_sha256(tax)
     out["edges"] = [list(e) for e in tax.edge_list(names=True)]
     return out
+
+
+def display_names_sha256(tax: Taxonomy) -> str:
+    """SHA-256 of the ``[node name, display name]`` pairs sorted by node name: what the file stores to detect
+    display names edited by hand.
+
+    The fingerprint leaves display names out on purpose (it is the label space, which checkpoints and data are
+    matched by); this digest covers what every printed prediction shows. Pairs, not a list in id order: a new
+    node order is the fingerprint's business, a node shown under another name is this one's.
+
+    Example:
+        >>> a = Taxonomy([("r", "a"), ("r", "b")], display_names={"a": "Alpha", "b": "Beta"})
+        >>> b = Taxonomy([("r", "a"), ("r", "b")], display_names={"a": "Beta", "b": "Alpha"})
+        >>> a.fingerprint == b.fingerprint, display_names_sha256(a) == display_names_sha256(b)
+        (True, False)
+    """
+    payload = json.dumps(
+        sorted(zip(tax.names, tax.display_names, strict=True)), separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 def write_json(tax: Taxonomy, path: PathLike) -> None:
@@ -41,7 +71,8 @@ def write_json(tax: Taxonomy, path: PathLike) -> None:
 
     The object is ``{"format": "hiercls.taxonomy", "version": 1, "name", "metadata", "nodes" (names in id
     order), "display_names" (omitted when equal to the names), "classes", "virtual_root", "fingerprint",
-    "edges" ([parent, child] in the taxonomy's edge order)}``. Output is deterministic (gzip ``mtime=0``),
+    "display_names_sha256" (:func:`display_names_sha256`), "edges" ([parent, child] in the taxonomy's edge
+    order)}``. Output is deterministic (gzip ``mtime=0``),
     one edge per line.
 
     Raises:
@@ -121,12 +152,22 @@ def taxonomy_from_dict(obj: Mapping[str, Any], *, source: str = "<dict>") -> Tax
         metadata=metadata,
         locations=[f"{source}:{common.line_of(e)}" if common.line_of(e) else source for e in edges],
     )
-    stored = obj.get("fingerprint")
+    stored, stored_shown = obj.get("fingerprint"), obj.get("display_names_sha256")
+    expect(stored is None or isinstance(stored, str), '"fingerprint" must be a string')
+    expect(stored_shown is None or isinstance(stored_shown, str), '"display_names_sha256" must be a string')
     if stored is not None and stored != tax.fingerprint:
         raise TaxonomyError(
             f"fingerprint mismatch: the file says {stored[:12]}..., the rebuilt taxonomy is "
             f"{tax.fingerprint[:12]}... (the file was edited by hand, or the nodes are not in id "
             'order); remove "fingerprint" to accept the new node order',
+            source=source,
+        )
+    if stored_shown is not None and stored_shown != display_names_sha256(tax):
+        raise TaxonomyError(
+            f'display names mismatch: "display_names_sha256" says {stored_shown[:12]}..., the display names in the '
+            f"file hash to {display_names_sha256(tax)[:12]}...: the display names were edited after the file was "
+            'written (they are what every printed prediction shows); remove "display_names_sha256" to accept the '
+            "new display names",
             source=source,
         )
     return tax
@@ -137,6 +178,7 @@ def read_json(path: PathLike) -> Taxonomy:
 
     Raises:
         TaxonomyError: not a hiercls file, a newer version, malformed fields (with the line), or an invalid
-            taxonomy; a stored fingerprint that does not match the rebuilt taxonomy.
+            taxonomy; a stored fingerprint that does not match the rebuilt taxonomy, or a stored
+            ``display_names_sha256`` that does not match its display names (edited by hand).
     """
     return common.read_json_taxonomy(path, lambda obj: taxonomy_from_dict(obj, source=str(path)))
