@@ -69,10 +69,14 @@ def test_timm_object_with_non_default_arguments_reloads_exactly(
 ) -> None:
     torch.manual_seed(1)
     model = create_model(timm.create_model("resnet10t", **kwargs), tax, head="flat")
-    if not hasattr(timm.models, "get_model_args"):  # a timm that records no constructor arguments: refused
-        with pytest.raises(ValueError, match="would rebuild backbone 'timm:resnet10t'"):
-            model.save_pretrained(tmp_path / "m")
-        return
+    if not hasattr(timm.models, "get_model_args"):
+        # A timm that records no constructor arguments: refused, unless hiercls still knows every one that matters
+        # (the drop rates timm keeps in _model_args); then the reload below must be exact.
+        try:
+            model.save_pretrained(tmp_path / "probe")
+        except ValueError as err:
+            assert "would rebuild backbone 'timm:resnet10t'" in str(err)
+            return
     x = torch.randn(2, chans, 32, 32)
     back = _reloads_exactly(model, x, tmp_path / "m")
     saved = json.loads((tmp_path / "m" / "config.json").read_text())["backbone_kwargs"]
@@ -87,7 +91,13 @@ def test_timm_object_with_non_default_arguments_reloads_exactly(
 
 def test_timm_object_that_cannot_be_rebuilt_is_refused_at_save(tax: Taxonomy, tmp_path: Path) -> None:
     model = create_model(timm.create_model("resnet10t", act_layer=torch.nn.SiLU), tax, head="flat")
-    with pytest.raises(ValueError, match=r"act_layer=.*cannot be written.*create_model\('timm:"):
+    # timm without get_model_args records no arguments: the rebuilt network differs, and that is refused instead
+    why = (
+        r"act_layer=.*cannot be written.*create_model\('timm:"
+        if hasattr(timm.models, "get_model_args")
+        else "would rebuild"
+    )
+    with pytest.raises(ValueError, match=why):
         model.save_pretrained(tmp_path / "a")
     assert not (tmp_path / "a" / "config.json").exists()
     # a network changed after it was built: the saved arguments would rebuild another one

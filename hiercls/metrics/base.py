@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -272,24 +272,6 @@ class Metric(torchmetrics.Metric):
 
     def update(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
-
-    def _wrap_compute(self, compute: Callable[..., Any]) -> Callable[..., Any]:
-        """torchmetrics's wrapper of ``compute`` (sync and restore) without its "called before update" warning.
-
-        The ``updates`` state decides instead, after the reduction: loaded states count, another rank's updates
-        count, and a metric no rank updated raises in :meth:`checked_results` (a warning, then a result of zeros
-        or a crash, would say less). torchmetrics wraps again when a metric is copied or unpickled, so the
-        override, not a wrapper set in ``__init__``.
-        """
-        wrapped = super()._wrap_compute(compute)
-
-        @functools.wraps(compute)
-        def quiet(*args: Any, **kwargs: Any) -> Any:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric", category=UserWarning)
-                return wrapped(*args, **kwargs)
-
-        return quiet
 
     def compute(self) -> torch.Tensor:
         """The result named by ``output`` as a 0-d float64 tensor on the metric's device (states summed over all

@@ -282,6 +282,18 @@ def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]
         )
 
 
+def _rebuild_on_meta(cfg: Mapping[str, Any], directory: Path) -> nn.Module:
+    """The backbone the saved config rebuilds, on the meta device; on the CPU where a constructor reads tensor
+    values (older timm ViTs call ``.item()`` while building), which only costs the memory of one more copy."""
+    try:
+        with torch.device("meta"):
+            return rebuild_backbone(cfg, directory)
+    except (RuntimeError, NotImplementedError) as err:
+        if "meta" not in str(err):
+            raise
+        return rebuild_backbone(cfg, directory)
+
+
 class HierarchicalClassifier(nn.Module):
     """A backbone and a hierarchical head over one taxonomy. Build it with :func:`create_model`.
 
@@ -609,8 +621,7 @@ class HierarchicalClassifier(nn.Module):
         key = (json.dumps([cfg.get(k) for k in self.backbone.spec()], sort_keys=True), hf_config and hf_config())
         if getattr(self, "_rebuild_verified", None) == (key, text, a):
             return  # a run saves checkpoints again and again: the twin is built once per architecture
-        with torch.device("meta"):
-            twin = rebuild_backbone(cfg, directory)
+        twin = _rebuild_on_meta(cfg, directory)
         theirs = getattr(twin, "model", twin)
         b = [(k, tuple(v.shape)) for k, v in theirs.state_dict().items()]
         if a == b and text == repr(theirs):
