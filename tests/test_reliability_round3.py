@@ -22,6 +22,7 @@ from hiercls._textio import TextFileError, read_limit
 from hiercls.cli import main
 from hiercls.data import build_dataset
 from hiercls.evaluation import load_labels, load_probabilities
+from hiercls.evaluation.table import calibration_rows
 from hiercls.taxonomy import Taxonomy, TaxonomyError, read_json, write_json
 
 TAX = Taxonomy([("r", "a"), ("a", "x"), ("a", "y"), ("r", "b")])
@@ -277,3 +278,22 @@ def test_shipped_taxonomies_without_the_display_digest_load_as_before() -> None:
         obj = json.loads(gzip.decompress(path.read_bytes()))
         assert "display_names_sha256" not in obj and "display_names" in obj
         assert read_json(path).display_names == tuple(obj["display_names"])
+
+
+def test_calibration_split_file_is_read_within_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: evaluate --calibration-split FILE read the index file with np.load / np.loadtxt, past any limit and
+    # from a FIFO (which blocks without a writer).
+    rows = tmp_path / "cal.txt"
+    rows.write_text("# calibration rows\n0\n2\n4\n")
+    np.save(tmp_path / "cal.npy", np.array([1, 3]))
+    assert calibration_rows(rows, 6)[0].tolist() == [0, 2, 4]
+    assert calibration_rows(tmp_path / "cal.npy", 6)[0].tolist() == [1, 3]
+    monkeypatch.setenv("HIERCLS_MAX_READ_BYTES", "8")
+    for path in (rows, tmp_path / "cal.npy"):
+        with pytest.raises(TextFileError, match="over the read limit"):
+            calibration_rows(path, 6)
+    monkeypatch.delenv("HIERCLS_MAX_READ_BYTES")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TextFileError, match=r"FIFO|fifo|not a regular"):
+        calibration_rows(fifo, 6)

@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import check_beta, did_you_mean, to_numpy
+from hiercls._textio import read_bytes, read_text
 from hiercls.conformal import ConformalCalibrator, create_conformal
 from hiercls.conformal import coverage_summary as conformal_coverage
 from hiercls.decode import (
@@ -619,10 +621,7 @@ def calibration_rows(spec: Any, n: int, *, seed: int = 0) -> tuple[np.ndarray, n
         cal = np.sort(order[:k])
     else:
         path = "array" if isinstance(spec, np.ndarray) else os.fspath(spec)
-        if isinstance(spec, np.ndarray):
-            arr = spec
-        else:
-            arr = np.load(path) if path.endswith(".npy") else np.loadtxt(path, dtype=np.int64, ndmin=1, comments="#")
+        arr = spec if isinstance(spec, np.ndarray) else _read_rows_file(path)
         cal = np.flatnonzero(arr) if arr.dtype == bool else np.unique(arr.astype(np.int64))
         if arr.dtype == bool and arr.shape != (n,):
             raise ValueError(f"calibration split {path}: a boolean mask must have {n} entries; got {arr.shape}")
@@ -634,6 +633,14 @@ def calibration_rows(spec: Any, n: int, *, seed: int = 0) -> tuple[np.ndarray, n
             f"calibration split {spec!r}: needs both calibration and test rows (got {cal.size} / {test.size} of {n})"
         )
     return cal, test
+
+
+def _read_rows_file(path: str) -> np.ndarray:
+    """A calibration-split file (``.npy`` or one index per line), read within the read limit, regular files only."""
+    if path.endswith(".npy"):  # uncompressed: the file's size bounds what np.load builds
+        return np.load(io.BytesIO(read_bytes(path, "calibration split", gunzip=False)), allow_pickle=False)
+    text = read_text(path, "calibration split")
+    return np.loadtxt(io.StringIO(text), dtype=np.int64, ndmin=1, comments="#")
 
 
 def conformal_rows(
