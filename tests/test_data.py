@@ -631,3 +631,39 @@ def test_fashion_mnist_validation_split_is_carved_from_train() -> None:
     assert np.array_equal(val.images[0], full.images[50_000])
     with pytest.raises(ValueError, match="'train', 'test', 'train_fit' or 'val'"):
         FashionMNIST("valid")
+
+
+def test_augment_options_reach_timms_transform() -> None:
+    """A recipe's ``data.augment`` options build timm's RandAugment / RandomErasing / bicubic transforms."""
+    from hiercls.models.backbones import TimmBackbone
+    from hiercls.train.config import ConfigError, config_from_dict
+
+    class Model:
+        modality = "image"
+
+        def __init__(self) -> None:
+            self.backbone = TimmBackbone("test_vit")
+
+        def transform(self, **kwargs: object) -> object:
+            return self.backbone.transform(**kwargs)
+
+        def data_config(self, image_size: int | None) -> dict:
+            return self.backbone.data_config(image_size)
+
+    recipe = {"data": {"augment": {"auto_augment": "rand-m9-mstd0.5", "re_prob": 0.25, "interpolation": "nearest"}}}
+    cfg = config_from_dict(recipe)
+    model = Model()
+    plain = repr(image_transform(model, train=True, image_size=32, augment=True))
+    train = repr(image_transform(model, train=True, image_size=32, augment=cfg.data.augment))
+    assert "RandAugment" not in plain and "RandomErasing" not in plain and "nearest" not in plain
+    assert "RandAugment" in train and "RandomErasing(p=0.25" in train and "nearest" in train
+    # The evaluation transform takes the inference options only; augment=False means no augmentation in training.
+    evaluation = repr(image_transform(model, train=False, image_size=32, augment=cfg.data.augment))
+    assert "nearest" in evaluation and "RandAugment" not in evaluation and "RandomErasing" not in evaluation
+    off = repr(image_transform(model, train=True, image_size=32, augment=False))
+    assert "RandomResizedCrop" not in off and "RandomHorizontalFlip" not in off
+    crop = repr(image_transform(model, train=False, image_size=32, augment={"crop_pct": 0.5}))
+    assert "Resize(size=64" in crop  # timm: resize to size / crop_pct, then crop the centre
+    with pytest.raises(ConfigError, match=r"unknown option 'cutout'.*valid options.*re_prob"):
+        config_from_dict({"data": {"augment": {"cutout": 16}}}, source="r.yaml")
+    assert config_from_dict({"data": {"augment": True}}).data.augment is True
