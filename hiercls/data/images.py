@@ -488,7 +488,7 @@ def augment_options(augment: bool | Mapping[str, Any] | None) -> dict[str, Any]:
         >>> try:
         ...     augment_options({"cutout": 1})
         ... except ValueError as err:
-        ...     print(str(err)[:61])
+        ...     print(str(err)[:60])
         data.augment: unknown option 'cutout'; valid options (timm's
     """
     if augment is None or isinstance(augment, bool):
