@@ -230,7 +230,8 @@ class ShardDataset(IterableDataset):
         self.encoder = LabelEncoder(taxonomy)
         self.buffer_size, self.epoch = int(buffer_size), 0
         self.configure(shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
-        self._skip: list[int] | None = None
+        #: Samples each worker skips at the start of the next iteration (set by :class:`ShardLoader` on resume).
+        self.resume_skip: list[int] | None = None
         self._index: list[tuple[int, int, int, str]] | None = None
 
     def configure(self, *, shuffle: bool, seed: int, rank: int, world_size: int, num_workers: int = 0) -> None:
@@ -283,7 +284,7 @@ class ShardDataset(IterableDataset):
         if self.shuffle:
             rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
             stream = _shuffled(stream, self.buffer_size, rng)
-        skip = self._skip[worker] if self._skip is not None else 0
+        skip = self.resume_skip[worker] if self.resume_skip is not None else 0
         for i, (key, ext, data, label) in enumerate(stream):
             if i >= skip:
                 yield self._decode(key, ext, data, label)
@@ -366,7 +367,7 @@ class ShardLoader:
                 total,
                 sum(per_rank) - total * d.world_size,
             )
-        self.dataset._skip = merged_counts(lengths, self._start)  # noqa: SLF001 - read by the workers it forks
+        self.dataset.resume_skip = merged_counts(lengths, self._start)
         self._done, batch = 0, []
         left = total - self._start
         try:
@@ -380,7 +381,7 @@ class ShardLoader:
                     yield self.collate_fn(batch)
                     batch = []
         finally:
-            self.dataset._skip = None  # noqa: SLF001
+            self.dataset.resume_skip = None
         self._start = 0
 
     @property
@@ -436,8 +437,8 @@ def write_shards(
     The folders are the labels as :class:`~hiercls.data.HierImageFolder` reads them (nested folders = the
     taxonomy, or flat/nested folders matched to ``taxonomy`` by path or name); each sample's ``.cls`` member holds
     its node's name. Without ``taxonomy`` the folder tree's taxonomy is written beside the shards as
-    ``taxonomy.json`` (what recipes name as ``taxonomy:``). Each shard is written to a temporary name and renamed into place; an existing shard is never
-    replaced. ``index.json`` lists the shards and their sample counts.
+    ``taxonomy.json`` (what recipes name as ``taxonomy:``). Each shard is written under a temporary name and then
+    linked into place, which fails rather than replace a shard; ``index.json`` lists the shards and their sample counts.
 
     Raises:
         FileExistsError: a shard (or ``index.json``) of that name exists in ``out_dir`` (naming it).
