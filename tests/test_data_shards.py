@@ -237,3 +237,44 @@ def test_two_gloo_ranks_see_every_sample_once_per_epoch(fashion, shards, tmp_pat
         assert len(ranks[0]) == len(ranks[1]) == N_IMAGES // 2
         assert sorted(ranks[0] + ranks[1]) == sorted(seen)  # each image exactly once over the two ranks
     assert epochs[0][0] != epochs[1][0]  # a new order each epoch
+
+
+def test_training_on_shards_resumes_bitwise_and_records_the_augment_options(fashion, shards, tmp_path):
+    """The training loop on ``data.dataset: shards`` (evaluation reads the val shards by random access): a run cut
+    mid-epoch and resumed ends with the uninterrupted run's weights; ``data.augment`` lands in config.yaml."""
+    import yaml
+    from safetensors.torch import load_file
+
+    from hiercls.train.config import config_from_dict
+    from hiercls.train.loop import train
+
+    def recipe(out: Path, augment: object = False, **schedule: int) -> dict:
+        return {
+            "taxonomy": "fashion_mnist",
+            "model": {"backbone": "timm:test_vit", "head": "semantic_softmax", "backbone_options": {"img_size": 16}},
+            "data": {
+                "dataset": "shards",
+                "options": {"shards": str(shards.parent / "{split}"), "buffer_size": 4},
+                "train_split": "train",
+                "eval_split": "train",
+                "max_eval_samples": 10,
+                "batch_size": 16,
+                "num_workers": 2,
+                "image_size": 16,
+                "augment": augment,
+            },
+            "optim": {"lr": 3e-3},
+            "schedule": {"epochs": 2, **schedule},
+            "run": {"out_dir": str(out), "progress": False, "plot": False, "seed": 5},
+        }
+
+    ref = train(config_from_dict(recipe(tmp_path / "ref")))
+    assert ref["step"] == 2 * N_IMAGES // 16
+    assert train(config_from_dict(recipe(tmp_path / "cut", max_steps_this_run=4)))["interrupted"]
+    final = train(config_from_dict(recipe(tmp_path / "cut")))
+    assert final["step"] == ref["step"]
+    a, b = (load_file(str(tmp_path / r / "checkpoints" / "last" / "model.safetensors")) for r in ("ref", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    augment = {"hflip": 0.5, "interpolation": "bilinear", "scale": [0.5, 1.0]}
+    assert train(config_from_dict(recipe(tmp_path / "aug", augment, max_steps_this_run=1)))["step"] == 1
+    assert yaml.safe_load((tmp_path / "aug" / "config.yaml").read_text())["data"]["augment"] == augment
