@@ -494,7 +494,17 @@ def test_dataset_registry_names_and_errors(tax: Taxonomy) -> None:
         list_datasets()
         == DATASETS.names()
         == sorted(
-            ["fashion_mnist", "image_folder", "nested_blobs_3d", "synthetic", "text_csv", "text_jsonl", "wordnet_gloss"]
+            [
+                "fashion_mnist",
+                "hf_datasets",
+                "image_folder",
+                "nested_blobs_3d",
+                "shards",
+                "synthetic",
+                "text_csv",
+                "text_jsonl",
+                "wordnet_gloss",
+            ]
         )
     )
     with pytest.raises(ValueError, match=r"unknown data set 'synthetik' \(did you mean 'synthetic'\?\); registered: "):
@@ -667,3 +677,36 @@ def test_augment_options_reach_timms_transform() -> None:
     with pytest.raises(ConfigError, match=r"unknown option 'cutout'.*valid options.*re_prob"):
         config_from_dict({"data": {"augment": {"cutout": 16}}}, source="r.yaml")
     assert config_from_dict({"data": {"augment": True}}).data.augment is True
+
+
+def test_hf_datasets_reads_local_parquet_and_arrow_as_jsonl_does(tmp_path: Path) -> None:
+    """``data.dataset: hf_datasets``: Parquet (written by pyarrow) and a save_to_disk folder give the texts and
+    labels that the same rows give as JSON lines; a missing column names the columns there."""
+    datasets = pytest.importorskip("datasets")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "car")])
+    rows = [{"t": "meows", "y": "animal/cat"}, {"t": "barks", "y": "dog"}, {"t": "honks", "y": "car"}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    datasets.DatasetDict({"val": datasets.Dataset.from_list(rows[::-1])}).save_to_disk(str(tmp_path / "dd"))
+    ref = HierTextDataset.from_jsonl(tmp_path / "train.jsonl", "t", "y", tax)
+    opts = {"path": str(tmp_path / "{split}.parquet"), "text_column": "t", "label_column": "y"}
+    got = build_dataset("hf_datasets", "train", tax, opts)
+    assert (
+        [got[i] for i in range(len(got))]
+        == [ref[i] for i in range(len(ref))]
+        == [
+            ("meows", 2),
+            ("barks", 3),
+            ("honks", 4),
+        ]
+    )
+    val = build_dataset("hf_datasets", "val", tax, {**opts, "path": str(tmp_path / "dd")})
+    assert val.targets.tolist() == [4, 3, 2]
+    with pytest.raises(ValueError, match=r"no column 'label'.*columns: t, y"):
+        build_dataset("hf_datasets", "train", tax, {**opts, "label_column": "label"})
+    pq.write_table(pa.Table.from_pylist([{"t": "purrs", "y": "animal/cow"}]), tmp_path / "bad.parquet")
+    with pytest.raises(TaxonomyError, match=r"bad\.parquet:1"):
+        build_dataset("hf_datasets", "train", tax, {**opts, "path": str(tmp_path / "bad.parquet")})
