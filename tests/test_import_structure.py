@@ -27,7 +27,18 @@ LAYERS: list[set[str]] = [
 ]
 """Bottom-up; a module may import its own layer's packages and the layers below."""
 
-LAZY_OK = {"timm", "transformers", "matplotlib", "PIL", "nltk", "torchvision", "sklearn", "lightning", "tensorboard", "datasets"}
+LAZY_OK = {
+    "timm",
+    "transformers",
+    "matplotlib",
+    "PIL",
+    "nltk",
+    "torchvision",
+    "sklearn",
+    "lightning",
+    "tensorboard",
+    "datasets",
+}
 """Third-party packages that may be imported inside a function: heavy to import, needed by one feature only."""
 
 
