@@ -255,22 +255,37 @@ class ShardDataset(IterableDataset):
         n = len(self.shards)
         return np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
 
+    def _split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This epoch's shard order and, per position, its rank (``i % world_size``) and worker."""
+        order, pos = self.shard_order(), np.arange(len(self.shards))
+        return order, pos % self.world_size, (pos // self.world_size) % self.num_workers
+
     def worker_shards(self, rank: int, worker: int) -> list[int]:
         """The shards worker ``worker`` of rank ``rank`` reads this epoch, in order."""
-        return self.shard_order()[rank :: self.world_size][worker :: self.num_workers].tolist()
+        order, ranks, workers = self._split()
+        return order[(ranks == rank) & (workers == worker)].tolist()
 
     def worker_lengths(self, rank: int | None = None) -> list[int]:
         """Samples each worker of ``rank`` (default: this one) gives this epoch."""
-        rank = self.rank if rank is None else rank
-        return [sum(self.counts[s] for s in self.worker_shards(rank, w)) for w in range(self.num_workers)]
+        order, ranks, workers = self._split()
+        mine = ranks == (self.rank if rank is None else rank)
+        counts = np.asarray(self.counts, dtype=np.int64)[order]
+        return np.bincount(workers[mine], weights=counts[mine], minlength=self.num_workers).astype(np.int64).tolist()
+
+    def rank_lengths(self) -> list[int]:
+        """Samples each rank holds this epoch."""
+        order, ranks, _ = self._split()
+        counts = np.asarray(self.counts, dtype=np.int64)[order]
+        return np.bincount(ranks, weights=counts, minlength=self.world_size).astype(np.int64).tolist()
 
     def samples_per_rank(self) -> int:
         """Samples every rank takes this epoch: the smallest rank's count."""
-        return min(sum(self.worker_lengths(r)) for r in range(self.world_size))
+        return min(self.rank_lengths())
 
     def _raw(self, worker: int) -> Iterator[tuple[str, str, bytes, str]]:
         for s in self.worker_shards(self.rank, worker):
-            yield from read_shard(self.shards[s])
+            for key, *rest in read_shard(self.shards[s]):
+                yield (f"{self.shards[s].name}:{key}", *rest)
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()
@@ -320,7 +335,8 @@ class ShardDataset(IterableDataset):
 class ShardLoader:
     """Batches of a :class:`ShardDataset` for one rank, with an exact, resumable position (see the module notes).
 
-    Built by :func:`hiercls.data.make_loader`; the same interface as :class:`ResumableDataLoader`.
+    Built by :func:`hiercls.data.make_loader`; the same interface as :class:`ResumableDataLoader`. Workers are
+    started afresh every epoch (no persistent workers): they carry the epoch and the resume position.
     """
 
     def __init__(
@@ -359,7 +375,7 @@ class ShardLoader:
     def __iter__(self) -> Iterator[Any]:
         d = self.dataset
         total, lengths = self._total(), d.worker_lengths()
-        per_rank = [sum(d.worker_lengths(r)) for r in range(d.world_size)]
+        per_rank = d.rank_lengths()
         if d.rank == 0 and max(per_rank) > total:
             logger.warning(
                 "shards: the ranks hold %s samples this epoch; each stops after %d, leaving %d unseen",
