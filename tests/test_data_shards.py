@@ -5,6 +5,7 @@ resumes at the exact sample."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from hiercls.cli import main
 from hiercls.data import FashionMNIST, HierImageFolder, build_dataset, make_loader
 from hiercls.data.images import FASHION_MNIST_ROOT
 from hiercls.data.shards import ShardDataset, expand_shards, merged_counts, read_shard
+from hiercls.taxonomy import TaxonomyError
 
 pytestmark = pytest.mark.skipif(
     not (Path(FASHION_MNIST_ROOT) / "t10k-images-idx3-ubyte.gz").is_file()
@@ -278,3 +280,33 @@ def test_training_on_shards_resumes_bitwise_and_records_the_augment_options(fash
     augment = {"hflip": 0.5, "interpolation": "bilinear", "scale": [0.5, 1.0]}
     assert train(config_from_dict(recipe(tmp_path / "aug", augment, max_steps_this_run=1)))["step"] == 1
     assert yaml.safe_load((tmp_path / "aug" / "config.yaml").read_text())["data"]["augment"] == augment
+
+
+def test_bad_samples_name_the_shard_and_key(fashion, tmp_path):
+    taxonomy = fashion[1]
+    png = io.BytesIO()
+    Image.new("L", (4, 4)).save(png, format="PNG")
+
+    def shard(name: str, members: dict[str, bytes]) -> Path:
+        with tarfile.open(tmp_path / name, "w") as tar:
+            for member, data in members.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return tmp_path / name
+
+    bad_label = shard(
+        "a.tar",
+        {
+            "k1.png": png.getvalue(),
+            "k1.cls": b"trouser",
+            "k2.png": png.getvalue(),
+            "k2.json": b'{"label": "no such node"}',
+        },
+    )
+    loader = make_loader(ShardDataset(bad_label, taxonomy), 2, shuffle=False)
+    with pytest.raises(TaxonomyError, match=r"a\.tar:k2.*no such node"):
+        list(loader)
+    no_label = shard("b.tar", {"k1.png": png.getvalue()})
+    with pytest.raises(TaxonomyError, match=r"b\.tar.*'k1' has no a \.cls or \.json label member"):
+        list(make_loader(ShardDataset(no_label, taxonomy), 2, shuffle=False))
