@@ -28,7 +28,12 @@ def load_hf_table(path: str | os.PathLike[str], split: str | None = None) -> Any
         ImportError: the ``datasets`` package is not installed.
         ValueError: another file type, or a split the folder does not hold.
     """
-    import datasets  # optional dependency: only this data set kind needs it
+    try:
+        import datasets  # optional dependency: only this data set kind needs it
+    except ImportError as err:
+        raise ImportError(
+            f"data.dataset 'hf_datasets' needs the 'datasets' package (pip install datasets): {err}"
+        ) from err
 
     p = Path(path)
     if not p.exists():
