@@ -40,7 +40,7 @@ __all__ = [
 
 # What PIL raises for a corrupt file: OSError (UnidentifiedImageError, truncated data), and for some malformed
 # headers ValueError, SyntaxError or a decompression-bomb error.
-_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -61,7 +61,8 @@ FASHION_MNIST_CLASSES = (
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
 
-def _to_tensor(img: Any) -> torch.Tensor:
+def image_to_tensor(img: Any) -> torch.Tensor:
+    """A PIL image (or ``[H, W(, C)]`` uint8 array) as a float ``[C, H, W]`` tensor in ``[0, 1]``."""
     arr = np.asarray(img)
     if arr.ndim == 2:
         arr = arr[:, :, None]
@@ -213,7 +214,7 @@ class HierImageFolder(Dataset):
             try:
                 with Image.open(path) as im:
                     im.verify()
-            except _IMAGE_ERRORS as err:
+            except IMAGE_ERRORS as err:
                 bad.append((path, err))
                 continue
             kept.append((path, target))
@@ -232,7 +233,7 @@ class HierImageFolder(Dataset):
         try:
             with Image.open(path) as im:
                 return im.convert("RGB")
-        except _IMAGE_ERRORS as err:
+        except IMAGE_ERRORS as err:
             raise OSError(f"cannot read image {path!r}: {type(err).__name__}: {err}") from err
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
@@ -255,7 +256,7 @@ class HierImageFolder(Dataset):
                     self._skipped_at_load += 1
             else:
                 raise OSError(f"no image under {str(self.root)!r} can be read") from None
-        return (self.transform(img) if self.transform is not None else _to_tensor(img)), target
+        return (self.transform(img) if self.transform is not None else image_to_tensor(img)), target
 
 
 def read_idx(path: str | os.PathLike[str], *, expected_dims: int | None = None) -> np.ndarray:

@@ -43,7 +43,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from hiercls._textio import atomic_write
-from hiercls.data.images import IMAGE_EXTENSIONS, HierImageFolder
+from hiercls.data.images import IMAGE_ERRORS, IMAGE_EXTENSIONS, HierImageFolder, image_to_tensor
 from hiercls.data.labels import LabelEncoder
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.io import write_taxonomy
@@ -180,10 +180,15 @@ def merged_counts(lengths: Sequence[int], taken: int) -> list[int]:
     lengths = np.asarray(lengths, dtype=np.int64)
     if taken > int(lengths.sum()):
         raise ValueError(f"taken={taken} is past the {int(lengths.sum())} samples of the workers")
-    # Complete rounds: every worker with more than r samples gives one in round r.
-    rounds = 0
-    while int(np.minimum(lengths, rounds + 1).sum()) <= taken and rounds < int(lengths.max(initial=0)):
-        rounds += 1
+    # Complete rounds (every worker with more than r samples gives one in round r): the most rounds that fit in
+    # ``taken``, by bisection, since the samples of R rounds, sum(min(lengths, R)), grow with R.
+    rounds, hi = 0, int(lengths.max(initial=0))
+    while rounds < hi:
+        mid = (rounds + hi + 1) // 2
+        if int(np.minimum(lengths, mid).sum()) <= taken:
+            rounds = mid
+        else:
+            hi = mid - 1
     done = np.minimum(lengths, rounds)
     rest = taken - int(done.sum())
     for w in np.flatnonzero(lengths > rounds)[:rest]:
@@ -309,12 +314,9 @@ class ShardDataset(IterableDataset):
         try:
             with Image.open(io.BytesIO(data)) as im:
                 img = im.convert("RGB")
-        except (OSError, ValueError, SyntaxError) as err:
+        except IMAGE_ERRORS as err:
             raise OSError(f"cannot decode image of sample {key!r} ({ext}): {err}") from err
-        if self.transform is not None:
-            return self.transform(img), node
-        arr = np.asarray(img)
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))).float().div_(255.0), node
+        return (self.transform(img) if self.transform is not None else image_to_tensor(img)), node
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         if self._index is None:
