@@ -38,6 +38,7 @@ LAZY_OK = {
     "lightning",
     "tensorboard",
     "datasets",
+    "pyarrow",
 }
 """Third-party packages that may be imported inside a function: heavy to import, needed by one feature only."""
 

@@ -46,7 +46,10 @@ def load_hf_table(path: str | os.PathLike[str], split: str | None = None) -> Any
             table = table[split]
         return table
     if p.suffix == ".parquet":
-        return datasets.Dataset.from_parquet(str(p), keep_in_memory=True)
+        # Read by pyarrow (a dependency of datasets) into memory: Dataset.from_parquet would write a cache copy.
+        import pyarrow.parquet
+
+        return datasets.Dataset(datasets.table.InMemoryTable(pyarrow.parquet.read_table(str(p))))
     if p.suffix == ".arrow":
         return datasets.Dataset.from_file(str(p), in_memory=True)
     raise ValueError(f"data.options: {str(p)!r}: expected a .parquet or .arrow file or a save_to_disk folder")
