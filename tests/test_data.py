@@ -494,7 +494,17 @@ def test_dataset_registry_names_and_errors(tax: Taxonomy) -> None:
         list_datasets()
         == DATASETS.names()
         == sorted(
-            ["fashion_mnist", "image_folder", "nested_blobs_3d", "synthetic", "text_csv", "text_jsonl", "wordnet_gloss"]
+            [
+                "fashion_mnist",
+                "hf_datasets",
+                "image_folder",
+                "nested_blobs_3d",
+                "shards",
+                "synthetic",
+                "text_csv",
+                "text_jsonl",
+                "wordnet_gloss",
+            ]
         )
     )
     with pytest.raises(ValueError, match=r"unknown data set 'synthetik' \(did you mean 'synthetic'\?\); registered: "):
@@ -631,3 +641,72 @@ def test_fashion_mnist_validation_split_is_carved_from_train() -> None:
     assert np.array_equal(val.images[0], full.images[50_000])
     with pytest.raises(ValueError, match="'train', 'test', 'train_fit' or 'val'"):
         FashionMNIST("valid")
+
+
+def test_augment_options_reach_timms_transform() -> None:
+    """A recipe's ``data.augment`` options build timm's RandAugment / RandomErasing / bicubic transforms."""
+    from hiercls.models.backbones import TimmBackbone
+    from hiercls.train.config import ConfigError, config_from_dict
+
+    class Model:
+        modality = "image"
+
+        def __init__(self) -> None:
+            self.backbone = TimmBackbone("test_vit")
+
+        def transform(self, **kwargs: object) -> object:
+            return self.backbone.transform(**kwargs)
+
+        def data_config(self, image_size: int | None) -> dict:
+            return self.backbone.data_config(image_size)
+
+    recipe = {"data": {"augment": {"auto_augment": "rand-m9-mstd0.5", "re_prob": 0.25, "interpolation": "nearest"}}}
+    cfg = config_from_dict(recipe)
+    model = Model()
+    plain = repr(image_transform(model, train=True, image_size=32, augment=True))
+    train = repr(image_transform(model, train=True, image_size=32, augment=cfg.data.augment))
+    assert "RandAugment" not in plain and "RandomErasing" not in plain and "nearest" not in plain
+    assert "RandAugment" in train and "RandomErasing(p=0.25" in train and "nearest" in train
+    # The evaluation transform takes the inference options only; augment=False means no augmentation in training.
+    evaluation = repr(image_transform(model, train=False, image_size=32, augment=cfg.data.augment))
+    assert "nearest" in evaluation and "RandAugment" not in evaluation and "RandomErasing" not in evaluation
+    off = repr(image_transform(model, train=True, image_size=32, augment=False))
+    assert "RandomResizedCrop" not in off and "RandomHorizontalFlip" not in off
+    crop = repr(image_transform(model, train=False, image_size=32, augment={"crop_pct": 0.5}))
+    assert "Resize(size=64" in crop  # timm: resize to size / crop_pct, then crop the centre
+    with pytest.raises(ConfigError, match=r"unknown option 'cutout'.*valid options.*re_prob"):
+        config_from_dict({"data": {"augment": {"cutout": 16}}}, source="r.yaml")
+    assert config_from_dict({"data": {"augment": True}}).data.augment is True
+
+
+def test_hf_datasets_reads_local_parquet_and_arrow_as_jsonl_does(tmp_path: Path) -> None:
+    """``data.dataset: hf_datasets``: Parquet (written by pyarrow) and a save_to_disk folder give the texts and
+    labels that the same rows give as JSON lines; a missing column names the columns there."""
+    datasets = pytest.importorskip("datasets")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("animal", "dog"), ("root", "car")])
+    rows = [{"t": "meows", "y": "animal/cat"}, {"t": "barks", "y": "dog"}, {"t": "honks", "y": "car"}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    datasets.DatasetDict({"val": datasets.Dataset.from_list(rows[::-1])}).save_to_disk(str(tmp_path / "dd"))
+    ref = HierTextDataset.from_jsonl(tmp_path / "train.jsonl", "t", "y", tax)
+    opts = {"path": str(tmp_path / "{split}.parquet"), "text_column": "t", "label_column": "y"}
+    got = build_dataset("hf_datasets", "train", tax, opts)
+    assert (
+        [got[i] for i in range(len(got))]
+        == [ref[i] for i in range(len(ref))]
+        == [
+            ("meows", 2),
+            ("barks", 3),
+            ("honks", 4),
+        ]
+    )
+    val = build_dataset("hf_datasets", "val", tax, {**opts, "path": str(tmp_path / "dd")})
+    assert val.targets.tolist() == [4, 3, 2]
+    with pytest.raises(ValueError, match=r"no column 'label'.*columns: t, y"):
+        build_dataset("hf_datasets", "train", tax, {**opts, "label_column": "label"})
+    pq.write_table(pa.Table.from_pylist([{"t": "purrs", "y": "animal/cow"}]), tmp_path / "bad.parquet")
+    with pytest.raises(TaxonomyError, match=r"bad\.parquet:1"):
+        build_dataset("hf_datasets", "train", tax, {**opts, "path": str(tmp_path / "bad.parquet")})

@@ -40,6 +40,8 @@ LAZY_OK = {
     "wandb",
     "mlflow",
     "torch.utils.tensorboard",
+    "datasets",
+    "pyarrow",
 }
 """Third-party packages that may be imported inside a function: heavy to import, needed by one feature only."""
 

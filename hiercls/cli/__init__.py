@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 
 from hiercls import __version__
-from hiercls.cli import decode_args, evaluate_args, predict_args, recipes_args, taxonomy_args, train_args
+from hiercls.cli import data_args, decode_args, evaluate_args, predict_args, recipes_args, taxonomy_args, train_args
 
 #: The argument modules of the commands, in the order ``hiercls --help`` lists them.
 ARGUMENTS: dict[str, ModuleType] = {
@@ -26,6 +26,7 @@ ARGUMENTS: dict[str, ModuleType] = {
     "evaluate": evaluate_args,
     "predict": predict_args,
     "decode": decode_args,
+    "data": data_args,
 }
 #: The module that runs each command, imported after parsing.
 COMMANDS: dict[str, str] = {name: f"hiercls.cli.{name}_cmd" for name in ARGUMENTS}

@@ -18,10 +18,12 @@ from hiercls.data.datasets import (
     subsample,
 )
 from hiercls.data.images import (
+    AUGMENT_OPTIONS,
     FASHION_MNIST_CLASSES,
     FashionMNIST,
     HierImageFolder,
     ImageModeTransform,
+    augment_options,
     fashion_mnist_taxonomy,
     image_transform,
     read_idx,
@@ -33,6 +35,7 @@ from hiercls.data.text import HierTextDataset
 from hiercls.data.wordnet_gloss import gloss_split_of, load_timm_glosses, wordnet_gloss_dataset
 
 __all__ = [
+    "AUGMENT_OPTIONS",
     "DATASETS",
     "FASHION_MNIST_CLASSES",
     "DatasetBuilder",
@@ -47,6 +50,7 @@ __all__ = [
     "ResumableDataLoader",
     "ResumableDistributedSampler",
     "SyntheticHierarchy",
+    "augment_options",
     "build_dataset",
     "dataset_taxonomy",
     "fashion_mnist_taxonomy",

@@ -8,6 +8,13 @@ The kinds live in one registry, :data:`DATASETS` (add one with :func:`register_d
 * ``fashion_mnist`` — Fashion-MNIST from the Debian files (``root``); splits ``train`` / ``test``, and ``train_fit``
   / ``val`` (the first 50,000 / last 10,000 training images).
 * ``image_folder`` — ``hiercls.data.HierImageFolder`` on ``<root>/<split>`` (``root``).
+* ``shards`` — :class:`hiercls.data.shards.ShardDataset`, tar shards (``shards``: a folder of ``.tar`` files,
+  or one with a sub-folder per split, or a brace range with ``{split}`` in it; ``buffer_size``); needs the
+  recipe's taxonomy.
+* ``hf_datasets`` — :func:`hiercls.data.hf_datasets.hf_text_dataset`, text from local Hugging Face ``datasets``
+  files (``<split>_path`` or ``path`` with ``{split}``: a ``.parquet`` or ``.arrow`` file or a ``save_to_disk``
+  folder; ``text_column``, ``label_column``, ``label_format``, ``separator``, ``multilabel``); needs the
+  ``datasets`` package.
 * ``text_csv`` / ``text_jsonl`` — ``HierTextDataset.from_csv/from_jsonl`` (``<split>_path`` or ``path`` with
   ``{split}`` in it, ``text_column``, ``label_column``, ``label_format``, ``separator``...).
 * ``synthetic`` — :class:`hiercls.data.synthetic.SyntheticHierarchy` (``kind``, ``num_samples``,
@@ -36,7 +43,9 @@ import numpy as np
 import torch
 
 from hiercls._registry import Registry
+from hiercls.data.hf_datasets import hf_text_dataset
 from hiercls.data.images import FashionMNIST, HierImageFolder
+from hiercls.data.shards import ShardDataset
 from hiercls.data.synthetic import NestedBlobs3D, SyntheticHierarchy, nested_blobs_taxonomy
 from hiercls.data.text import HierTextDataset
 from hiercls.data.wordnet_gloss import wordnet_gloss_dataset
@@ -154,6 +163,41 @@ def _image_folder(split: str, taxonomy: Taxonomy | None, options: dict[str, Any]
     )
 
 
+def _shards(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
+    opts = _opts(options, {"shards", "buffer_size"}, "shards")
+    if "shards" not in opts:
+        raise ValueError(
+            "data.options.shards: the 'shards' data set needs shards: a folder of .tar files (with one sub-folder "
+            "per split), a brace range such as data/{split}-{000000..000009}.tar, or a list"
+        )
+    if taxonomy is None:
+        raise ValueError("taxonomy: the 'shards' data set needs the recipe's taxonomy (the labels' node names)")
+    spec = opts["shards"]
+    if isinstance(spec, str):
+        spec = spec.replace("{split}", split)
+        if (Path(spec) / split).is_dir():
+            spec = str(Path(spec) / split)
+    return ShardDataset(spec, taxonomy, transform, buffer_size=int(opts.get("buffer_size", 1000)))
+
+
+def _hf_datasets(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
+    allowed = {"path", "train_path", "val_path", "test_path", "text_column", "label_column"}
+    opts = _opts(options, allowed | {"label_format", "separator", "multilabel"}, "hf_datasets")
+    path = opts.get(f"{split}_path") or (opts["path"].replace("{split}", split) if "path" in opts else None)
+    if path is None:
+        raise ValueError(
+            f"data.options: the 'hf_datasets' data set needs {split}_path: <.parquet/.arrow file or save_to_disk "
+            "folder> (or path: with '{split}' in it, or a DatasetDict folder)"
+        )
+    if taxonomy is None:
+        raise ValueError("data.dataset 'hf_datasets' needs taxonomy: <name or file>")
+    missing = [k for k in ("text_column", "label_column") if k not in opts]
+    if missing:
+        raise ValueError(f"data.options: the 'hf_datasets' data set needs {' and '.join(missing)}")
+    extra = {k: v for k, v in opts.items() if k not in allowed}
+    return hf_text_dataset(path, opts["text_column"], opts["label_column"], taxonomy, split=split, **extra)
+
+
 def _text_file(fmt: str) -> Callable[..., Any]:
     def build(split: str, taxonomy: Taxonomy | None, options: dict[str, Any], transform: Any) -> Any:
         reader = HierTextDataset.from_csv if fmt == "csv" else HierTextDataset.from_jsonl
@@ -251,6 +295,8 @@ def _nested_blobs(split: str, taxonomy: Taxonomy | None, options: dict[str, Any]
 register_dataset("wordnet_gloss", _wordnet_gloss)
 register_dataset("fashion_mnist", _fashion_mnist)
 register_dataset("image_folder", _image_folder)
+register_dataset("shards", _shards)
+register_dataset("hf_datasets", _hf_datasets)
 register_dataset("text_csv", _text_file("csv"))
 register_dataset("text_jsonl", _text_file("jsonl"))
 register_dataset("synthetic", _synthetic)

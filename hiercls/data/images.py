@@ -27,18 +27,20 @@ from hiercls.taxonomy.registry import load_taxonomy
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AUGMENT_OPTIONS",
     "FASHION_MNIST_CLASSES",
     "IMAGE_EXTENSIONS",
     "FashionMNIST",
     "HierImageFolder",
     "ImageModeTransform",
+    "augment_options",
     "image_transform",
     "read_idx",
 ]
 
 # What PIL raises for a corrupt file: OSError (UnidentifiedImageError, truncated data), and for some malformed
 # headers ValueError, SyntaxError or a decompression-bomb error.
-_IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+IMAGE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -59,7 +61,8 @@ FASHION_MNIST_CLASSES = (
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
 
-def _to_tensor(img: Any) -> torch.Tensor:
+def image_to_tensor(img: Any) -> torch.Tensor:
+    """A PIL image (or ``[H, W(, C)]`` uint8 array) as a float ``[C, H, W]`` tensor in ``[0, 1]``."""
     arr = np.asarray(img)
     if arr.ndim == 2:
         arr = arr[:, :, None]
@@ -211,7 +214,7 @@ class HierImageFolder(Dataset):
             try:
                 with Image.open(path) as im:
                     im.verify()
-            except _IMAGE_ERRORS as err:
+            except IMAGE_ERRORS as err:
                 bad.append((path, err))
                 continue
             kept.append((path, target))
@@ -230,7 +233,7 @@ class HierImageFolder(Dataset):
         try:
             with Image.open(path) as im:
                 return im.convert("RGB")
-        except _IMAGE_ERRORS as err:
+        except IMAGE_ERRORS as err:
             raise OSError(f"cannot read image {path!r}: {type(err).__name__}: {err}") from err
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
@@ -253,7 +256,7 @@ class HierImageFolder(Dataset):
                     self._skipped_at_load += 1
             else:
                 raise OSError(f"no image under {str(self.root)!r} can be read") from None
-        return (self.transform(img) if self.transform is not None else _to_tensor(img)), target
+        return (self.transform(img) if self.transform is not None else image_to_tensor(img)), target
 
 
 def read_idx(path: str | os.PathLike[str], *, expected_dims: int | None = None) -> np.ndarray:
@@ -451,14 +454,80 @@ class ImageModeTransform:
         return f"ImageModeTransform({self.mode}, {self.transform!r})"
 
 
-def image_transform(model: Any, *, train: bool, image_size: int | None) -> Any:
+#: The options of ``data.augment``: keyword arguments of timm's ``create_transform`` (same names and meaning).
+AUGMENT_OPTIONS = (
+    "auto_augment",
+    "re_prob",
+    "re_mode",
+    "re_count",
+    "interpolation",
+    "crop_pct",
+    "crop_mode",
+    "scale",
+    "ratio",
+    "hflip",
+    "vflip",
+    "color_jitter",
+)
+#: The options timm's evaluation transform reads (``crop_pct`` and ``crop_mode`` are inference settings in timm;
+#: its train transform ignores them), applied to the evaluation transform as timm's ``train.py`` does.
+EVAL_AUGMENT_OPTIONS = ("interpolation", "crop_pct", "crop_mode")
+
+
+def augment_options(augment: bool | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The checked ``create_transform`` options of a ``data.augment`` value (``True``/``False``/``None``: none).
+
+    Lists (``scale``, ``ratio``, ``color_jitter`` from YAML) become tuples.
+
+    Raises:
+        ValueError: an option not in :data:`AUGMENT_OPTIONS` (naming it and the valid ones), or a value that is
+            neither a bool nor a mapping.
+
+    Example:
+        >>> augment_options({"re_prob": 0.25, "scale": [0.5, 1.0]})
+        {'re_prob': 0.25, 'scale': (0.5, 1.0)}
+        >>> try:
+        ...     augment_options({"cutout": 1})
+        ... except ValueError as err:
+        ...     print(str(err)[:60])
+        data.augment: unknown option 'cutout'; valid options (timm's
+    """
+    if augment is None or isinstance(augment, bool):
+        return {}
+    if not isinstance(augment, Mapping):
+        raise ValueError(f"data.augment: expected true, false or a mapping of options, got {augment!r}")
+    for key in augment:
+        if key not in AUGMENT_OPTIONS:
+            raise ValueError(
+                f"data.augment: unknown option {key!r}; valid options (timm's create_transform): "
+                + ", ".join(AUGMENT_OPTIONS)
+            )
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()}
+
+
+def image_transform(
+    model: Any, *, train: bool, image_size: int | None, augment: bool | Mapping[str, Any] | None = None
+) -> Any:
     """The model's timm transform for ``train``/eval at ``image_size``, preceded by a colour-mode conversion.
+
+    Args:
+        model: a hiercls model (its ``transform``).
+        train: build the augmenting train transform (unless ``augment`` is ``False``).
+        image_size: the input size (default: the backbone's).
+        augment: ``data.augment``: ``False`` (the eval transform even for training), ``True``/``None`` (timm's
+            default train augmentation), or a mapping of :data:`AUGMENT_OPTIONS` passed to timm's
+            ``create_transform``: all of them to the train transform, :data:`EVAL_AUGMENT_OPTIONS` also to the
+            evaluation transform.
 
     Returns ``None`` for models without image preprocessing (``model.modality`` ``"text"`` or ``"volume"``).
     """
     if getattr(model, "modality", None) != "image" or not hasattr(model, "transform"):
         return None
-    transform = model.transform(train=train, image_size=image_size)
+    options = augment_options(augment)
+    train = bool(train) and augment is not False
+    if not train:
+        options = {k: v for k, v in options.items() if k in EVAL_AUGMENT_OPTIONS}
+    transform = model.transform(train=train, image_size=image_size, **options)
     channels = 3
     with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
         channels = int(model.data_config(image_size)["input_size"][0])

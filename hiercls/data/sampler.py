@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hiercls.data.shards import ShardDataset, ShardLoader
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["ResumableDataLoader", "ResumableDistributedSampler", "make_loader"]
@@ -244,7 +246,7 @@ def make_loader(
     num_workers: int = 0,
     pin_memory: bool = False,
     persistent_workers: bool = False,
-) -> ResumableDataLoader:
+) -> ResumableDataLoader | ShardLoader:
     """A resumable, DDP-aware loader: rank ``rank`` of ``world_size`` with ``batch_size`` samples per step.
 
     Usage in a training loop::
@@ -257,6 +259,9 @@ def make_loader(
                 ...                                   # step
                 ckpt["data"] = loader.state_dict()    # position after this batch
 
+    A :class:`~hiercls.data.shards.ShardDataset` gets a :class:`~hiercls.data.shards.ShardLoader` (split by
+    shards over ranks and workers; same interface).
+
     Example:
         >>> loader = make_loader(list(range(10)), 4, shuffle=False)
         >>> [b.tolist() for b in loader]
@@ -264,14 +269,25 @@ def make_loader(
         >>> loader.state_dict()["index"]
         10
     """
-    n = len(dataset)  # type: ignore[arg-type]
-    sampler = ResumableDistributedSampler(
-        n, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
-    )
     num_workers = _check_int("num_workers", num_workers, 0)
     # Worker RNGs (random augmentations) derive from this generator: same seed, same augmentations.
     gen = torch.Generator()
     gen.manual_seed(seed * 1000003 + rank)
+    if isinstance(dataset, ShardDataset):  # a stream: split by shards, not by a sampler
+        dataset.configure(shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, num_workers=num_workers)
+        return ShardLoader(
+            dataset,
+            batch_size,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            generator=gen,
+        )
+    n = len(dataset)  # type: ignore[arg-type]
+    sampler = ResumableDistributedSampler(
+        n, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+    )
     loader = DataLoader(
         dataset,
         batch_size=batch_size,

@@ -8,7 +8,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,41 +247,74 @@ class HierTextDataset(Dataset):
             [2, 3]
         """
         path = Path(path)
-        src = str(path)
+        with _open(path, encoding) as f:
+            return cls.from_records(
+                _json_objects(f, str(path)),
+                text_column,
+                label_column,
+                taxonomy,
+                source=str(path),
+                label_format=label_format,
+                separator=separator,
+                multilabel=multilabel,
+            )
+
+    @classmethod
+    def from_records(
+        cls,
+        records: Iterable[tuple[int, Mapping[str, Any]]],
+        text_column: str,
+        label_column: str,
+        taxonomy: Taxonomy,
+        *,
+        source: str,
+        label_format: LabelFormat = "path",
+        separator: str = "/",
+        multilabel: bool = False,
+    ) -> HierTextDataset:
+        """Rows ``(line or row number, mapping)`` read as :meth:`from_jsonl` reads its objects (the same checks;
+        errors name ``source`` and the number).
+
+        Example:
+            >>> tax = Taxonomy([("root", "animal"), ("animal", "cat"), ("root", "car")])
+            >>> rows = enumerate([{"t": "meows", "y": "animal/cat"}, {"t": "honks", "y": "car"}], start=1)
+            >>> HierTextDataset.from_records(rows, "t", "y", tax, source="rows").targets.tolist()
+            [2, 3]
+        """
+        src = source
         encoder = LabelEncoder(taxonomy, separator=separator)
         texts: list[str] = []
         targets: list[Any] = []
-        with _open(path, encoding) as f:
-            for line, obj in _json_objects(f, src):
-                for col in (text_column, label_column):
-                    if col not in obj:
-                        raise ValueError(f"{src}:{line}: no key {col!r} (keys: {', '.join(map(str, obj))})")
-                text, label = obj[text_column], obj[label_column]
-                if not isinstance(text, str):
-                    raise ValueError(f"{src}:{line}: {text_column!r} must be a string, got {type(text).__name__}")
-                if multilabel:
-                    if not text.strip():
-                        raise ValueError(f"{src}:{line}: empty text in column {text_column!r}")
-                    if isinstance(label, list) and not label:
-                        raise ValueError(f"{src}:{line}: empty label set in column {label_column!r}")
-                    targets.append(encoder.encode_set(label, label_format, source=src, line=line))
-                    texts.append(text)
-                    continue
-                if isinstance(label, list):
-                    if label_format != "path" or not all(isinstance(x, str) for x in label):
-                        raise ValueError(
-                            f"{src}:{line}: a list label needs label_format='path' and string items; got {label!r}"
-                        )
-                    label = separator.join(label)
-                elif isinstance(label, bool) or not isinstance(label, (str, int)):
-                    raise ValueError(
-                        f"{src}:{line}: {label_column!r} must be a string or an integer, got {type(label).__name__}"
-                    )
-                if isinstance(label, int) and label_format != "id":
-                    label = str(label)
-                _check_text_label(text, str(label).strip(), src, line, text_column, label_column)
-                targets.append(encoder.encode(label, label_format, source=src, line=line))
+        for line, obj in records:
+            for col in (text_column, label_column):
+                if col not in obj:
+                    raise ValueError(f"{src}:{line}: no key {col!r} (keys: {', '.join(map(str, obj))})")
+            text, label = obj[text_column], obj[label_column]
+            if not isinstance(text, str):
+                raise ValueError(f"{src}:{line}: {text_column!r} must be a string, got {type(text).__name__}")
+            if multilabel:
+                if not text.strip():
+                    raise ValueError(f"{src}:{line}: empty text in column {text_column!r}")
+                if isinstance(label, list) and not label:
+                    raise ValueError(f"{src}:{line}: empty label set in column {label_column!r}")
+                targets.append(encoder.encode_set(label, label_format, source=src, line=line))
                 texts.append(text)
+                continue
+            if isinstance(label, list):
+                if label_format != "path" or not all(isinstance(x, str) for x in label):
+                    raise ValueError(
+                        f"{src}:{line}: a list label needs label_format='path' and string items; got {label!r}"
+                    )
+                label = separator.join(label)
+            elif isinstance(label, bool) or not isinstance(label, (str, int)):
+                raise ValueError(
+                    f"{src}:{line}: {label_column!r} must be a string or an integer, got {type(label).__name__}"
+                )
+            if isinstance(label, int) and label_format != "id":
+                label = str(label)
+            _check_text_label(text, str(label).strip(), src, line, text_column, label_column)
+            targets.append(encoder.encode(label, label_format, source=src, line=line))
+            texts.append(text)
         _check_not_empty(texts, src)
         return cls(texts, targets, taxonomy, multilabel=multilabel, source=src)
 

@@ -178,7 +178,7 @@ def split_loader(
     Raises:
         ValueError: the split has no samples.
     """
-    transform = image_transform(model, train=False, image_size=cfg.data.image_size)
+    transform = image_transform(model, train=False, image_size=cfg.data.image_size, augment=cfg.data.augment)
     ds = subsample(build_dataset(cfg.data.dataset, split, taxonomy, cfg.data.options, transform), max_samples)
     if len(ds) == 0:
         raise ValueError(f"split {split!r} of data set {cfg.data.dataset!r} has no samples to evaluate")

@@ -33,6 +33,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from hiercls._textio import TextFileError, atomic_write, load_yaml, read_text
+from hiercls.data.images import augment_options
 from hiercls.decode import parse_decoder
 
 __all__ = [
@@ -106,7 +107,12 @@ class DataConfig:
         shuffle: reshuffle the training set every epoch (seeded by ``run.seed`` and the epoch).
         drop_last: drop the last incomplete global batch of every epoch.
         image_size: resize images to this size (default: the backbone's input size).
-        augment: use the backbone's augmenting train transform (timm's) instead of the eval transform.
+        augment: ``true``: use the backbone's augmenting train transform (timm's) instead of the eval transform;
+            or a mapping of timm ``create_transform`` options (:data:`hiercls.data.AUGMENT_OPTIONS`:
+            ``auto_augment: rand-m9-mstd0.5``, ``re_prob``, ``re_mode``, ``re_count``, ``interpolation``,
+            ``crop_pct``, ``crop_mode``, ``scale``, ``ratio``, ``hflip``, ``vflip``, ``color_jitter``), which
+            also turns augmentation on; ``interpolation``, ``crop_pct`` and ``crop_mode`` also set the evaluation
+            transform (as in timm's ``train.py``).
     """
 
     dataset: str = ""
@@ -121,7 +127,7 @@ class DataConfig:
     shuffle: bool = True
     drop_last: bool = False
     image_size: int | None = None
-    augment: bool = False
+    augment: bool | dict[str, Any] = False
 
 
 @dataclass
@@ -654,6 +660,10 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     need(cfg.data.batch_size >= 1, "data.batch_size", f"must be >= 1, got {cfg.data.batch_size}")
     need(cfg.data.eval_batch_size is None or cfg.data.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1")
     need(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
+    try:
+        augment_options(cfg.data.augment)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err}") from None
     for key in ("max_train_samples", "max_eval_samples"):
         v = getattr(cfg.data, key)
         need(v is None or v >= 1, f"data.{key}", f"must be >= 1 or null, got {v}")

@@ -281,7 +281,7 @@ class _Run:
         cfg, data, info = self.cfg, self.cfg.data, self.info
 
         def dataset(split: str, train: bool, limit: int | None) -> Any:
-            transform = image_transform(model, train=train and data.augment, image_size=data.image_size)
+            transform = image_transform(model, train=train, image_size=data.image_size, augment=data.augment)
             return subsample(build_dataset(data.dataset, split, taxonomy, data.options, transform), limit)
 
         train_set = dataset(data.train_split, True, data.max_train_samples)
