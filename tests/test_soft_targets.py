@@ -1,0 +1,198 @@
+"""Soft targets (a leaf distribution ``[B, L]`` or node marginals ``[B, N]``) in every head's loss.
+
+Oracles: the hard-target loss on one-hot targets (values and gradients), the expectation of the hard loss over
+a mixture (for the losses linear in the one-hot target), and the ImageNet-21K semantic-softmax loss with
+per-level label smoothing written from its formula (Ridnik et al. 2021, Alibaba-MIIL's ``SemanticSoftmaxLoss``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hiercls.heads import create_head, list_heads
+from hiercls.losses import SoftLabelLoss
+from hiercls.models.prompt_pool import HierarchicalPromptPool
+from tests._generators import random_tree, star, tree_with_classes
+
+D = 6
+# Every registered head with the options worth covering; a head registered without an entry here fails.
+HEAD_CASES: dict[str, list[dict]] = {
+    "flat": [{}, {"label_smoothing": 0.1}],
+    "hxe": [{}, {"alpha": 0.5, "normalize": False}],
+    "soft_labels": [{"beta": 3.0}, {"beta": 2.0, "kind": "shortest_path"}],
+    "semantic_softmax": [
+        {},
+        {"label_smoothing": 0.0, "normalize": "present"},
+        {"drop_deepest_level": True, "normalize": "present"},
+    ],
+    "conditional_softmax": [{}, {"stop": True}, {"huffman_counts": "counts"}],
+    "multilabel": [{}, {"coherent": True}, {"pos_weight": 2.0}],
+    "nested_sigmoid": [{"loss": "bce"}, {}],
+}
+
+
+def _cases() -> list[tuple[str, dict]]:
+    return [(name, opts) for name in sorted(HEAD_CASES) for opts in HEAD_CASES[name]]
+
+
+def test_every_registered_head_is_covered() -> None:
+    assert set(list_heads()) <= set(HEAD_CASES), sorted(set(list_heads()) - set(HEAD_CASES))
+
+
+def _taxonomy(name: str):
+    return tree_with_classes(23, 4) if name == "semantic_softmax" else random_tree(23, 3)
+
+
+def _head(name: str, opts: dict, tax, dtype: torch.dtype):
+    opts = dict(opts)
+    if opts.get("huffman_counts") == "counts":
+        opts["huffman_counts"] = np.arange(1, tax.num_leaves + 1, dtype=float)
+    torch.manual_seed(0)
+    return create_head(name, tax, D, **opts).to(dtype)
+
+
+def _hard_and_onehot(tax, b: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leaf labels ``[B]`` (one ignored) and the same as one-hot rows ``[B, L]`` (the ignored row all -1)."""
+    rng = np.random.default_rng(seed)
+    pos = rng.integers(0, tax.num_leaves, b)
+    hard = torch.as_tensor(tax.leaves[pos])
+    soft = torch.nn.functional.one_hot(torch.as_tensor(pos), tax.num_leaves).to(dtype)
+    hard[1], soft[1] = -1, -1.0
+    return hard, soft
+
+
+def _loss_and_grad(head, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    head.zero_grad()
+    x = x.clone().requires_grad_(True)
+    loss = head.loss(head(x), targets)
+    loss.backward()
+    return loss.detach(), [x.grad, *(p.grad for p in head.parameters())]
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-6), (torch.float32, 1e-5)])
+@pytest.mark.parametrize(("name", "opts"), _cases())
+def test_soft_loss_on_one_hot_equals_hard_loss(name: str, opts: dict, dtype: torch.dtype, tol: float) -> None:
+    tax = _taxonomy(name)
+    head = _head(name, opts, tax, dtype)
+    x = torch.randn(7, D, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    hard, soft = _hard_and_onehot(tax, 7, dtype)
+    want, want_grads = _loss_and_grad(head, x, hard)
+    got, got_grads = _loss_and_grad(head, x, soft)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
+# MCLoss and soft Dice (the nested head's default "bce+dice") are not linear in the target.
+LINEAR = [c for c in _cases() if not c[1].get("coherent") and c != ("nested_sigmoid", {})]
+
+
+@pytest.mark.parametrize(("name", "opts"), LINEAR)
+def test_soft_loss_of_a_mixture_is_the_expected_hard_loss(name: str, opts: dict) -> None:
+    # Mixup's target lam * onehot(a) + (1 - lam) * onehot(b): the losses linear in the one-hot target give
+    # lam * loss(a) + (1 - lam) * loss(b) (the batch mean is linear too when no row is ignored).
+    tax = _taxonomy(name)
+    head = _head(name, opts, tax, torch.float64)
+    out = head(torch.randn(5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2)))
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(0, tax.num_leaves, 5), rng.integers(0, tax.num_leaves, 5)
+    lam = 0.3
+    eye = torch.eye(tax.num_leaves, dtype=torch.float64)
+    mixed = lam * eye[a] + (1 - lam) * eye[b]
+    loss_a, loss_b = (head.loss(out, torch.as_tensor(tax.leaves[c])) for c in (a, b))
+    want = lam * loss_a + (1 - lam) * loss_b
+    torch.testing.assert_close(head.loss(out, mixed), want, rtol=1e-9, atol=1e-12)
+
+
+def _miil_semantic_loss(tax, logits: torch.Tensor, leaf_ids: np.ndarray, eps: float) -> torch.Tensor:
+    """The published per-level loss, from its formula: per level ``l`` with ``n_l`` classes, target
+    ``(1 - eps) onehot + eps / n_l`` where the sample has a level-``l`` class (else 0), cross-entropy summed over
+    classes, mean over the batch, weighted by ``min(C / #classes at levels >= l, 20)``, summed over levels."""
+    classes = tax.classes
+    level = tax.semantic_level
+    num_levels = int(level[classes].max()) + 1
+    per_level = [sorted(int(c) for c in classes if level[c] == k) for k in range(num_levels)]
+    total, start = torch.zeros((), dtype=logits.dtype), 0
+    for k, members in enumerate(per_level):
+        n = len(members)
+        weight = min(len(classes) / sum(len(m) for m in per_level[k:]), 20.0)
+        logp = torch.log_softmax(logits[:, start : start + n], 1)
+        start += n
+        rows = []
+        for i, y in enumerate(leaf_ids):
+            anc = [int(a) for a in tax.paths[y] if a >= 0 and int(a) in members]
+            if not anc:
+                rows.append(torch.zeros((), dtype=logits.dtype))
+                continue
+            target = torch.full((n,), eps / n, dtype=logits.dtype)
+            target[members.index(anc[0])] += 1 - eps
+            rows.append(-(target * logp[i]).sum())
+        total = total + weight * torch.stack(rows).mean()
+    return total
+
+
+@pytest.mark.parametrize("eps", [0.2, 0.0])
+def test_semantic_soft_loss_equals_the_published_label_smoothed_loss(eps: float) -> None:
+    tax = tree_with_classes(31, 7)
+    head = create_head("semantic_softmax", tax, D, label_smoothing=eps).double()
+    out = head(torch.randn(9, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+    pos = np.random.default_rng(1).integers(0, tax.num_leaves, 9)
+    soft = torch.eye(tax.num_leaves, dtype=torch.float64)[pos]
+    want = _miil_semantic_loss(tax, out, tax.leaves[pos], eps)
+    torch.testing.assert_close(head.loss(out, soft), want, rtol=1e-10, atol=1e-12)
+
+
+def test_soft_labels_without_the_table_match_the_table() -> None:
+    # Label smoothing leaves a floor on every leaf and mixup two leaves above it: both branches of the tableless
+    # mixture against the [N, L] table.
+    tax = random_tree(40, 11)
+    with_table, without = SoftLabelLoss(tax, beta=4.0), SoftLabelLoss(tax, beta=4.0, table_limit=0)
+    assert with_table.use_table and not without.use_table
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, tax.num_leaves, 6), rng.integers(0, tax.num_leaves, 6)
+    eye = torch.eye(tax.num_leaves, dtype=torch.float64)
+    r = 0.9 * (0.6 * eye[a] + 0.4 * eye[b]) + 0.1 / tax.num_leaves
+    torch.testing.assert_close(without.mixed_soft_targets(r), with_table.mixed_soft_targets(r), rtol=1e-6, atol=1e-7)
+    logits = torch.randn(6, tax.num_leaves, dtype=torch.float64)
+    torch.testing.assert_close(without(logits, r), with_table(logits, r), rtol=1e-6, atol=1e-7)
+
+
+def test_node_based_heads_take_node_marginals() -> None:
+    tax = random_tree(15, 2)
+    hard, soft = _hard_and_onehot(tax, 5, torch.float64)
+    marg = torch.as_tensor(tax.marginals(soft.clamp(min=0).numpy()))
+    marg[1] = -1.0
+    for name in ("multilabel", "nested_sigmoid"):
+        head = _head(name, {}, tax, torch.float64)
+        out = head(torch.randn(5, D, dtype=torch.float64))
+        torch.testing.assert_close(head.loss(out, marg), head.loss(out, hard), rtol=1e-9, atol=1e-12)
+
+
+def test_prompt_pool_soft_loss_on_one_hot_equals_hard_loss() -> None:
+    tax = random_tree(25, 8)
+    pool = HierarchicalPromptPool(tax, D, [1, 2], coarse_loss_weight=0.5).double()
+    g = torch.Generator().manual_seed(4)
+    fine = torch.randn(7, tax.num_leaves, dtype=torch.float64, generator=g, requires_grad=True)
+    coarse = {lvl: torch.randn(7, len(tax.levels[lvl]), dtype=torch.float64, generator=g) for lvl in (1, 2)}
+    output = {"fine_logits": fine, "coarse_logits": coarse}
+    hard, soft = _hard_and_onehot(tax, 7, torch.float64)
+    got, want = pool.loss_terms(output, soft), pool.loss_terms(output, hard)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("targets", "match"),
+    [
+        (torch.full((2, 3), 0.5), "sums to 1.5"),
+        (torch.ones(2, 4), r"shape \[2, 3\]"),
+        (torch.tensor([[float("nan"), 0.5, 0.5], [1.0, 0, 0]]), "finite"),
+    ],
+)
+def test_bad_soft_targets_are_named(targets: torch.Tensor, match: str) -> None:
+    tax = star(3)
+    head = create_head("flat", tax, D)
+    with pytest.raises(ValueError, match=match):
+        head.loss(head(torch.randn(2, D)), targets)
