@@ -7,6 +7,8 @@ per-level label smoothing written from its formula (Ridnik et al. 2021, Alibaba-
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,9 @@ import torch
 from hiercls.heads import create_head, list_heads
 from hiercls.losses import SoftLabelLoss
 from hiercls.models.prompt_pool import HierarchicalPromptPool
+from hiercls.train.config import ConfigError, MixupConfig, apply_overrides, config_from_dict
+from hiercls.train.loop import train
+from hiercls.train.targets import SoftTargets
 from tests._generators import random_tree, star, tree_with_classes
 
 D = 6
@@ -196,3 +201,78 @@ def test_bad_soft_targets_are_named(targets: torch.Tensor, match: str) -> None:
     head = create_head("flat", tax, D)
     with pytest.raises(ValueError, match=match):
         head.loss(head(torch.randn(2, D)), targets)
+
+
+# ---------------------------------------------------------------------------------------------- training
+TAXONOMY_LINES = ["root animal", "root vehicle", "animal cat", "animal dog", "vehicle car", "vehicle bike"]
+
+
+def _recipe(tmp_path, out: str, head: str, mixup: dict, **overrides: object):
+    tax = tmp_path / "tax.txt"
+    tax.write_text("\n".join(TAXONOMY_LINES) + "\n", encoding="utf-8")
+    data = {
+        "taxonomy": str(tax),
+        "model": {"backbone": "timm:test_vit", "head": head, "backbone_options": {"img_size": 16}},
+        "data": {
+            "dataset": "synthetic",
+            "batch_size": 7,  # odd: the last sample of a micro-batch is not mixed
+            "options": {"kind": "image", "image_size": 16, "train_samples": 22, "val_samples": 6},
+            "mixup": mixup,
+        },
+        "optim": {"lr": 3e-3, "warmup_steps": 1, "grad_accum": 2},
+        "schedule": {"epochs": 2},
+        "eval": {"decoders": ["argmax_leaf"]},
+        "run": {"out_dir": str(tmp_path / out), "progress": False, "plot": False, "seed": 5},
+    }
+    cfg = config_from_dict(data)
+    return apply_overrides(cfg, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def _weights(run_dir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
+
+
+MIX = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "switch_prob": 0.5, "mode": "pair", "label_smoothing": 0.1}
+
+
+def test_resume_with_mixup_is_bitwise_exact(tmp_path) -> None:
+    ref = train(_recipe(tmp_path, "ref", "hxe", MIX))
+    part = train(_recipe(tmp_path, "cut", "hxe", MIX, **{"schedule.max_steps_this_run": 1}))
+    assert part["interrupted"] and part["step"] == 1
+    final = train(_recipe(tmp_path, "cut", "hxe", MIX))
+    assert final["step"] == ref["step"] == 4
+    a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Mixup did change the training: the same run without it ends elsewhere.
+    plain = _weights(tmp_path / "plain") if train(_recipe(tmp_path, "plain", "hxe", {})) else {}
+    assert any(not torch.equal(a[k], plain[k]) for k in a)
+
+
+@pytest.mark.parametrize("head", ["semantic_softmax", "multilabel"])
+def test_label_smoothing_alone_trains_through_the_soft_path(tmp_path, head: str) -> None:
+    out = train(_recipe(tmp_path, head, head, {"label_smoothing": 0.2}, **{"schedule.epochs": 1}))
+    assert out["step"] == 2 and math.isfinite(out["train_loss"])
+
+
+def test_soft_targets_ignore_partners_and_refuse_internal_labels() -> None:
+    tax = random_tree(12, 1)
+    leaves = torch.tensor(tax.leaves[:5].tolist())
+    soft = SoftTargets(MixupConfig(mixup_alpha=1.0, mode="elem"), tax)
+    targets = torch.cat([leaves[:4], torch.tensor([-1]), leaves[4:5]])  # 6 samples: 4 is ignored, mixed with 1
+    _, q = soft(torch.randn(6, 3), targets)
+    ignored = (q < 0).all(1).tolist()
+    assert ignored == [False, True, False, False, True, False]
+    kept = q[~torch.tensor(ignored)]
+    torch.testing.assert_close(kept.sum(1), torch.ones(len(kept)))
+    internal = int(np.flatnonzero(~tax.is_leaf)[1])
+    with pytest.raises(ConfigError, match=f"node {internal}\\) is not a leaf"):
+        soft(torch.randn(2, 3), torch.tensor([internal, int(leaves[0])]))
+
+
+def test_mixup_config_is_checked_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"data.mixup.prob: must be in \[0, 1\]"):
+        config_from_dict({"data": {"mixup": {"prob": 1.5}}})
+    with pytest.raises(ConfigError, match="did you mean 'cutmix_alpha'"):
+        config_from_dict({"data": {"mixup": {"cutmix_alfa": 1.0}}})

@@ -60,6 +60,7 @@ from hiercls.train.distributed import (
 )
 from hiercls.train.loggers import check_loggers, open_loggers
 from hiercls.train.plots import plot_run
+from hiercls.train.targets import build_soft_targets
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +144,12 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, min_ratio: f
 
 
 def _num_samples(targets: Any) -> int:
-    """Samples a micro-batch's mean loss averages over (1-D targets: the non-ignored ones)."""
+    """Samples a micro-batch's mean loss averages over (1-D targets and soft leaf targets: the non-ignored ones)."""
     if isinstance(targets, torch.Tensor):
         if targets.dim() == 1 and not targets.dtype.is_floating_point:
             return int((targets != -1).sum())
+        if targets.dim() == 2 and targets.dtype.is_floating_point:  # a row with a negative entry is ignored
+            return int((targets >= 0).all(1).sum())
         return int(targets.shape[0])
     return len(targets)
 
@@ -262,6 +265,7 @@ class _Run:
         )
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.state = TrainState(model, optimizer, scheduler, scaler, loader, taxonomy)
+        self.soft_targets = build_soft_targets(cfg.data.mixup, taxonomy, cfg.model.head)
 
     def build_taxonomy(self) -> Taxonomy:
         """The recipe's taxonomy, else the data set's (a shipped one, or one it brings, e.g. nested folders)."""
@@ -404,11 +408,11 @@ class _Run:
         undoing DDP's mean), so the gradient is the global-batch mean as in one process.
         """
         cfg, info, s, device, amp_dtype = self.cfg, self.info, self.state, self.device, self.amp_dtype
+        window = [self.prepare_batch(*batch) for batch in window]
         local_n = sum(_num_samples(t) for _, t in window)
         global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
         step_loss, bad_loss = 0.0, None
         for i, (inputs, targets) in enumerate(window):
-            inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
             n = _num_samples(targets)
             sync = i == len(window) - 1 or not info.distributed
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
@@ -433,6 +437,11 @@ class _Run:
         s.optimizer.zero_grad(set_to_none=True)
         s.scheduler.step()
         return step_loss, global_n
+
+    def prepare_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
+        """A micro-batch on the device, with ``data.mixup``'s soft leaf targets (and mixed inputs) where it is on."""
+        inputs, targets = move_to_device(inputs, self.device), move_to_device(targets, self.device)
+        return (inputs, targets) if self.soft_targets is None else self.soft_targets(inputs, targets)
 
     def scheduler_lr(self) -> float:
         return self.state.scheduler.get_last_lr()[0]
