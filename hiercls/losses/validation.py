@@ -103,7 +103,7 @@ def check_leaf_distribution(
     if not bool(torch.isfinite(targets).all()):
         raise ValueError(f"{name}: a leaf distribution must be finite")
     keep = (targets >= 0).all(1)
-    q = targets * keep[:, None]
+    q = targets.masked_fill(~keep[:, None], 0.0)
     bad = keep & ((q.sum(1) - 1).abs() > atol)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
