@@ -413,6 +413,7 @@ class _Run:
         global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
         step_loss, bad_loss = 0.0, None
         for i, (inputs, targets) in enumerate(window):
+            inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
             n = _num_samples(targets)
             sync = i == len(window) - 1 or not info.distributed
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
@@ -439,9 +440,11 @@ class _Run:
         return step_loss, global_n
 
     def prepare_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
-        """A micro-batch on the device, with ``data.mixup``'s soft leaf targets (and mixed inputs) where it is on."""
-        inputs, targets = move_to_device(inputs, self.device), move_to_device(targets, self.device)
-        return (inputs, targets) if self.soft_targets is None else self.soft_targets(inputs, targets)
+        """The micro-batch as loaded, or with ``data.mixup`` on, its inputs mixed on the device and its soft leaf
+        targets ``[B, num_leaves]`` (built on the host: counting their samples needs no device sync)."""
+        if self.soft_targets is None:
+            return inputs, targets
+        return self.soft_targets(move_to_device(inputs, self.device), targets)
 
     def scheduler_lr(self) -> float:
         return self.state.scheduler.get_last_lr()[0]

@@ -70,17 +70,21 @@ class SoftTargets:
                 f"data.mixup: label {self.taxonomy.name_of(node)!r} (node {node}) is not a leaf; mixup and label "
                 f"smoothing need leaf labels (a distribution over the leaves)"
             )
-        return pos.to(targets.device)
+        return pos
 
     def __call__(self, inputs: Any, targets: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """``(inputs, soft targets [B, num_leaves] float32)``; a row of ``-1`` is an ignored sample (its own label
-        was ``-1``, or, mixed, its partner's)."""
+        was ``-1``, or, mixed, its partner's).
+
+        The inputs are mixed where they are (on the device); the targets are built on the host and returned on
+        ``targets``' device, so that a training loop can count a batch's samples without a device sync.
+        """
         pos = self.leaf_positions(targets)
         ignored = pos < 0
         pos = pos.clamp(min=0)
         if self.mixup is None:
             soft = self._one_hot(pos, self.num_leaves, 1.0, self.smoothing)
-            return inputs, soft.masked_fill(ignored[:, None], -1.0)
+            return inputs, soft.masked_fill(ignored[:, None], -1.0).to(targets.device)
         if not isinstance(inputs, torch.Tensor) or not inputs.is_floating_point():
             raise ConfigError(f"data.mixup: mixup / cutmix mix input tensors (images); got {_describe(inputs)}")
         # timm mixes sample i with sample B - 1 - i and needs an even batch: an odd one leaves its last sample as
@@ -90,7 +94,7 @@ class SoftTargets:
         if even < len(pos):
             mixed = torch.cat([mixed, self._one_hot(pos[even:], self.num_leaves, 1.0, self.smoothing)])
         ignored[:even] |= ignored[:even].flip(0)
-        return inputs, mixed.masked_fill(ignored[:, None].to(mixed.device), -1.0)
+        return inputs, mixed.masked_fill(ignored[:, None], -1.0).to(targets.device)
 
 
 def build_soft_targets(config: MixupConfig, taxonomy: Taxonomy, head: str) -> SoftTargets | None:
