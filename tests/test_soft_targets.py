@@ -159,7 +159,10 @@ def test_soft_labels_without_the_table_match_the_table() -> None:
     a, b = rng.integers(0, tax.num_leaves, 6), rng.integers(0, tax.num_leaves, 6)
     eye = torch.eye(tax.num_leaves, dtype=torch.float64)
     r = 0.9 * (0.6 * eye[a] + 0.4 * eye[b]) + 0.1 / tax.num_leaves
-    torch.testing.assert_close(without.mixed_soft_targets(r), with_table.mixed_soft_targets(r), rtol=1e-6, atol=1e-7)
+    for mix in (r, 0.6 * eye[a] + 0.4 * eye[b]):  # with and without the floor
+        torch.testing.assert_close(
+            without.mixed_soft_targets(mix), with_table.mixed_soft_targets(mix), rtol=1e-6, atol=1e-7
+        )
     logits = torch.randn(6, tax.num_leaves, dtype=torch.float64)
     torch.testing.assert_close(without(logits, r), with_table(logits, r), rtol=1e-6, atol=1e-7)
 

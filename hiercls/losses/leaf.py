@@ -474,7 +474,9 @@ class SoftLabelLoss(_LeafBase):
             return r @ self.table.index_select(0, self.leaves).to(r.dtype)
         floor = r.min(1, keepdim=True).values
         rest = r - floor
-        out = floor * self.num_leaves * self._mean_row(r.device).to(r.dtype)
+        out = torch.zeros_like(r)
+        if bool((floor > 0).any()):
+            out = floor * self.num_leaves * self._mean_row(r.device).to(r.dtype)
         k = int((rest > 0).sum(1).max()) if rest.numel() else 0
         vals, idx = rest.topk(k, dim=1) if k else (rest[:, :0], rest[:, :0].long())
         for j in range(k):
