@@ -207,6 +207,27 @@ class _PathLogMassSum(torch.autograd.Function):
         return _spread_path_weights(p, grad * coef / mass, tuple(geometry), ctx.block), None, None, None, None, None
 
 
+class _NodeLogMassSum(torch.autograd.Function):
+    """``sum_{b,n} coef[b,n] * log mass[b,n]`` over every node, ``mass`` the softmax marginals, gradient by hand.
+
+    With ``sum_n coef[b, n] = 0`` for every row, ``d/dz_l = p_l * sum_{n ancestor-or-self of l} coef_n / mass_n``:
+    one top-down sum instead of autograd through the marginals' per-level gathers.
+    """
+
+    @staticmethod
+    def forward(ctx, z, p, mass, coef, ops, leaf_ids):  # type: ignore[override]
+        ctx.save_for_backward(p, mass, coef, leaf_ids)
+        ctx.ops = ops
+        return (coef * mass.log()).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        p, mass, coef, leaf_ids = ctx.saved_tensors
+        down = ctx.ops.top_down_sum(grad * coef / mass).index_select(1, leaf_ids)
+        return p * down, None, None, None, None, None
+
+
 class HXELoss(_LeafBase):
     """Hierarchical cross-entropy (Bertinetto et al., "Making better mistakes", CVPR 2020).
 
@@ -237,6 +258,7 @@ class HXELoss(_LeafBase):
         self.ops = TreeOps(taxonomy)
         self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
         self.register_buffer("parent", as_tensor(np.maximum(taxonomy.parent, 0)), persistent=False)
+        self.register_buffer("leaf_ids", as_tensor(taxonomy.leaves), persistent=False)
         self.register_buffer(
             "weights", as_tensor(hxe_weights(taxonomy, alpha, normalize), dtype=torch.float64), persistent=False
         )
@@ -287,11 +309,25 @@ class HXELoss(_LeafBase):
         return _masked_mean(-terms.sum(1), valid)
 
     def _forward_soft(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # -sum_{n != root} w_n Q(n) (log P(n) - log P(parent n)) = sum_n coef_n log P(n) with
+        # coef_n = sum_{children c} w_c Q(c) - w_n Q(n) (the root: its children's part only, log P(root) = 0), so
+        # that every row's coefficients sum to 0 as _NodeLogMassSum's gradient needs.
         q, valid = self.soft(logits, targets)
-        log_marg = self.ops.bottom_up(F.log_softmax(upcast(logits), dim=1), "logsumexp")  # [B, N]
-        cond = (log_marg - log_marg.index_select(1, self.parent))[:, 1:]  # log P(n | parent), n != root
-        mass = self.ops.marginals(q)[:, 1:]
-        return _masked_mean(-(mass * cond) @ self.weights.to(cond.dtype)[1:], valid)
+        z = upcast(logits)
+        kept = valid.to(z.dtype)
+        wq = self.ops.marginals(q) * self.weights.to(z.dtype)
+        coef = torch.zeros_like(wq).index_add_(1, self.parent[1:], wq[:, 1:])
+        coef[:, 1:] -= wq[:, 1:]
+        coef *= (kept / kept.sum().clamp(min=1))[:, None]
+        with torch.no_grad():
+            p = torch.softmax(z.detach(), 1)
+            mass = self.ops.marginals(p)
+            mass[:, 0] = 1.0
+            if bool(((coef != 0) & (mass < self._TINY)).any()):  # a mass underflows: exact per-node log-sum-exps
+                log_marg = self.ops.bottom_up(F.log_softmax(z, dim=1), "logsumexp")
+                return (coef.detach() * log_marg).sum()
+            mass = torch.where(coef != 0, mass, torch.ones_like(mass))
+        return _NodeLogMassSum.apply(z, p, mass, coef.detach(), self.ops, self.leaf_ids)
 
 
 def max_leaf_distance(taxonomy: Taxonomy, kind: DistanceKind = "lca_height", *, block: int = 1 << 22) -> float:
