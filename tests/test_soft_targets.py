@@ -295,3 +295,14 @@ def test_hxe_soft_gradient_by_hand_passes_gradcheck_and_survives_underflow() -> 
     mixed = 0.7 * eye[a] + 0.3 * eye[b]
     hard = [loss(wide, torch.as_tensor(tax.leaves[c])) for c in (a, b)]
     torch.testing.assert_close(loss(wide, mixed), 0.7 * hard[0] + 0.3 * hard[1], rtol=1e-9, atol=1e-9)
+
+
+def test_recipe_label_smoothing_equals_the_flat_heads_own() -> None:
+    # timm's smoothing of the one-hot leaf rows (data.mixup.label_smoothing) against the flat head's option.
+    tax = random_tree(20, 9)
+    hard, _ = _hard_and_onehot(tax, 6, torch.float32, seed=3)
+    out = torch.randn(6, tax.num_leaves)
+    _, soft = SoftTargets(MixupConfig(label_smoothing=0.1), tax)(torch.zeros(6, 1), hard)
+    plain = create_head("flat", tax, D)
+    smoothed = create_head("flat", tax, D, label_smoothing=0.1)
+    torch.testing.assert_close(plain.loss(out, soft), smoothed.loss(out, hard), rtol=1e-6, atol=1e-6)
