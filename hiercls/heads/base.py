@@ -98,7 +98,13 @@ class HierarchicalHead(nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def loss(self, output: HeadOutput, targets: torch.Tensor) -> torch.Tensor:
-        """The head's training loss, a scalar tensor (mean over non-ignored samples)."""
+        """The head's training loss, a scalar tensor (mean over non-ignored samples).
+
+        ``targets``: node ids ``[B]`` (``-1`` = ignore), or soft targets: a distribution over the leaves
+        ``[B, num_leaves]`` (float, ``taxonomy.leaves`` order, a row with a negative entry ignored; see
+        :func:`hiercls.losses.validation.check_leaf_distribution`), and node marginals ``[B, N]`` for node-based
+        heads. On a one-hot row the soft loss must equal the hard one (``tests/test_soft_targets.py``).
+        """
 
     @abc.abstractmethod
     def node_probs(self, output: HeadOutput) -> torch.Tensor:

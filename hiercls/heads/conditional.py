@@ -12,6 +12,7 @@ from hiercls.heads.base import HierarchicalHead
 from hiercls.heads.registry import register_head
 from hiercls.losses.conditional import ConditionalSoftmax, huffman_tree
 from hiercls.losses.leaf import LeafCrossEntropy
+from hiercls.losses.validation import check_leaf_distribution, is_soft_targets
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.tensors import TreeOps
 
@@ -30,6 +31,9 @@ class ConditionalSoftmaxHead(HierarchicalHead):
     a binary Huffman tree of the leaves instead (word2vec style, for flat label sets): ``2 (L - 1)`` logits, short
     paths for frequent labels; node probabilities of the taxonomy are the leaf marginals. Internal labels are
     then scored by the marginal of their leaves.
+
+    Soft targets ``q [B, num_leaves]`` (a leaf distribution) give ``-sum_leaf q(leaf) log P(leaf)``: the loss is
+    linear in a one-hot target and this is the expectation of the hard loss.
 
     Args:
         taxonomy: a tree (with ``huffman_counts``, any taxonomy).
@@ -78,6 +82,7 @@ class ConditionalSoftmaxHead(HierarchicalHead):
             self.tree = taxonomy
         self.softmax = ConditionalSoftmax(self.tree, stop=stop)
         self.num_outputs = self.softmax.num_outputs
+        self.register_index("leaf_ids", taxonomy.leaves)
         self._build_linear(bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -88,6 +93,14 @@ class ConditionalSoftmaxHead(HierarchicalHead):
         return self.softmax.node_log_probs(output).index_select(1, self.huffman_leaf_ids)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if is_soft_targets(targets):
+            q, keep = check_leaf_distribution(targets, self.taxonomy.num_leaves, batch=output.shape[0])
+            if self.huffman:
+                ll = self._leaf_log_probs(output)
+            else:
+                ll = self.softmax.node_log_probs(output).index_select(1, self.leaf_ids)
+            nll = -(q.to(ll.dtype) * ll).sum(1)
+            return (nll * keep).sum() / keep.sum().clamp(min=1)
         t = self._check_targets(targets, output.shape[0])
         valid = t >= 0
         t = t.clamp(min=0)

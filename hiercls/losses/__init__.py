@@ -13,7 +13,7 @@ from hiercls.losses.leaf import (
 from hiercls.losses.multilabel import HierarchicalBCELoss, close_targets, mcm_logits
 from hiercls.losses.nested import NestedRegionLoss, NestedSigmoid, node_ids_to_regions, soft_dice_loss
 from hiercls.losses.semantic import SemanticKDLoss, SemanticLayout, SemanticSoftmaxLoss, semantic_level_weights
-from hiercls.losses.validation import check_features, check_node_targets
+from hiercls.losses.validation import check_features, check_leaf_distribution, check_node_targets, is_soft_targets
 from hiercls.taxonomy.tensors import TreeOps, segment_logsumexp
 
 __all__ = [
@@ -31,10 +31,12 @@ __all__ = [
     "SoftLabelLoss",
     "TreeOps",
     "check_features",
+    "check_leaf_distribution",
     "check_node_targets",
     "close_targets",
     "huffman_tree",
     "hxe_weights",
+    "is_soft_targets",
     "max_leaf_distance",
     "mcm_logits",
     "node_ids_to_regions",

@@ -2,6 +2,9 @@
 
 Logits are ``[B, num_leaves]`` in the order of ``taxonomy.leaves``. Targets are node ids ``[B]`` (``-1`` =
 ignore) and may be internal nodes: their likelihood is the marginal ``P(label) = sum of the leaves below``.
+Soft targets are a distribution over the leaves ``[B, num_leaves]`` (float; mixup / cutmix, label smoothing; a
+row with a negative entry is ignored): each loss is linear in a one-hot target, and its soft form is the
+expectation of the hard loss over the target distribution, so a one-hot row gives the hard loss.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiercls._checks import check_finite_number
-from hiercls.losses.validation import check_node_targets, upcast
+from hiercls.losses.validation import check_leaf_distribution, check_node_targets, is_soft_targets, upcast
 from hiercls.taxonomy import DISTANCE_KINDS, DistanceKind, Taxonomy
 from hiercls.taxonomy.tensors import TreeOps, as_tensor, leaf_ranges, require_tree
 
@@ -52,6 +55,11 @@ class _LeafBase(nn.Module):
             )
             self.register_buffer("leaf_desc", desc.coalesce(), persistent=False)
 
+    def soft(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(leaf distribution [B, L] in the logits' computing dtype, kept-row mask)`` of soft targets."""
+        q, keep = check_leaf_distribution(targets, self.num_leaves, batch=logits.shape[0])
+        return q.to(upcast(logits).dtype), keep
+
     def targets(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = check_node_targets(targets, self.num_nodes, batch=logits.shape[0])
         valid = t >= 0
@@ -77,7 +85,8 @@ class LeafCrossEntropy(_LeafBase):
     """Cross-entropy of a softmax over the leaves; an internal label scores the sum of its leaves.
 
     ``loss = -log P(y)`` with ``P(y) = sum(softmax(logits)[leaves under y])`` (plain cross-entropy when every
-    label is a leaf), with optional label smoothing over the leaves, averaged over non-ignored samples.
+    label is a leaf), with optional label smoothing over the leaves, averaged over non-ignored samples. Soft
+    targets ``q [B, num_leaves]`` give ``-sum_l q_l log p_l`` (the expectation of the hard loss), smoothed alike.
 
     Args:
         taxonomy: the taxonomy (tree or DAG).
@@ -98,9 +107,13 @@ class LeafCrossEntropy(_LeafBase):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)
-        t, valid = self.targets(logits, targets)
         logp = F.log_softmax(upcast(logits), dim=1)
-        nll = -self.log_marginal(logp, t)
+        if is_soft_targets(targets):
+            q, valid = self.soft(logits, targets)
+            nll = -(q * logp).sum(1)
+        else:
+            t, valid = self.targets(logits, targets)
+            nll = -self.log_marginal(logp, t)
         if self.label_smoothing:
             nll = (1 - self.label_smoothing) * nll - self.label_smoothing * logp.mean(1)
         return _masked_mean(nll, valid)
@@ -194,12 +207,36 @@ class _PathLogMassSum(torch.autograd.Function):
         return _spread_path_weights(p, grad * coef / mass, tuple(geometry), ctx.block), None, None, None, None, None
 
 
+class _NodeLogMassSum(torch.autograd.Function):
+    """``sum_{b,n} coef[b,n] * log mass[b,n]`` over every node, ``mass`` the softmax marginals, gradient by hand.
+
+    With ``sum_n coef[b, n] = 0`` for every row, ``d/dz_l = p_l * sum_{n ancestor-or-self of l} coef_n / mass_n``:
+    one top-down sum instead of autograd through the marginals' per-level gathers.
+    """
+
+    @staticmethod
+    def forward(ctx, z, p, mass, coef, ops, leaf_ids):  # type: ignore[override]
+        ctx.save_for_backward(p, mass, coef, leaf_ids)
+        ctx.ops = ops
+        return (coef * mass.log()).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        p, mass, coef, leaf_ids = ctx.saved_tensors
+        down = ctx.ops.top_down_sum(grad * coef / mass).index_select(1, leaf_ids)
+        return p * down, None, None, None, None, None
+
+
 class HXELoss(_LeafBase):
     """Hierarchical cross-entropy (Bertinetto et al., "Making better mistakes", CVPR 2020).
 
     ``HXE(y) = -sum_{n on the path root -> y, n != root} lambda[n] * log P(n | parent(n))`` with
     ``P(n | parent) = P(n) / P(parent)`` from the leaf softmax marginals and ``lambda`` from
     :func:`hxe_weights`. Internal labels simply have shorter paths. Averaged over non-ignored samples.
+    HXE is linear in a one-hot target; soft targets ``q [B, num_leaves]`` are by definition the expectation
+    ``sum_leaf q(leaf) HXE(leaf) = -sum_{n != root} lambda[n] Q(n) log P(n | parent(n))`` with ``Q`` the
+    marginals of ``q``.
 
     Args:
         taxonomy: a tree.
@@ -220,6 +257,8 @@ class HXELoss(_LeafBase):
         self.alpha, self.normalize = float(alpha), bool(normalize)
         self.ops = TreeOps(taxonomy)
         self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
+        self.register_buffer("parent", as_tensor(np.maximum(taxonomy.parent, 0)), persistent=False)
+        self.register_buffer("leaf_ids", as_tensor(taxonomy.leaves), persistent=False)
         self.register_buffer(
             "weights", as_tensor(hxe_weights(taxonomy, alpha, normalize), dtype=torch.float64), persistent=False
         )
@@ -230,6 +269,8 @@ class HXELoss(_LeafBase):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)
+        if is_soft_targets(targets):
+            return self._forward_soft(logits, targets)
         t, valid = self.targets(logits, targets)
         z = upcast(logits)
         path = self.paths[t]  # [B, H + 1], -1 past the label
@@ -266,6 +307,27 @@ class HXELoss(_LeafBase):
         cond = log_marg.gather(1, child) - log_marg.gather(1, parent)
         terms = torch.where(on_path, self.weights.to(cond.dtype)[child] * cond, torch.zeros_like(cond))
         return _masked_mean(-terms.sum(1), valid)
+
+    def _forward_soft(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # -sum_{n != root} w_n Q(n) (log P(n) - log P(parent n)) = sum_n coef_n log P(n) with
+        # coef_n = sum_{children c} w_c Q(c) - w_n Q(n) (the root: its children's part only, log P(root) = 0), so
+        # that every row's coefficients sum to 0 as _NodeLogMassSum's gradient needs.
+        q, valid = self.soft(logits, targets)
+        z = upcast(logits)
+        kept = valid.to(z.dtype)
+        wq = self.ops.marginals(q) * self.weights.to(z.dtype)
+        coef = torch.zeros_like(wq).index_add_(1, self.parent[1:], wq[:, 1:])
+        coef[:, 1:] -= wq[:, 1:]
+        coef *= (kept / kept.sum().clamp(min=1))[:, None]
+        with torch.no_grad():
+            p = torch.softmax(z.detach(), 1)
+            mass = self.ops.marginals(p)
+            mass[:, 0] = 1.0
+            if bool(((coef != 0) & (mass < self._TINY)).any()):  # a mass underflows: exact per-node log-sum-exps
+                log_marg = self.ops.bottom_up(F.log_softmax(z, dim=1), "logsumexp")
+                return (coef.detach() * log_marg).sum()
+            mass = torch.where(coef != 0, mass, torch.ones_like(mass))
+        return _NodeLogMassSum.apply(z, p, mass, coef.detach(), self.ops, self.leaf_ids)
 
 
 def max_leaf_distance(taxonomy: Taxonomy, kind: DistanceKind = "lca_height", *, block: int = 1 << 22) -> float:
@@ -354,7 +416,8 @@ class SoftLabelLoss(_LeafBase):
     keeps the raw distances (hiercls's earlier scale: the paper's ``beta`` is then ``beta / d_max``). The
     ``[N, num_leaves]`` target table is precomputed when it has at most ``table_limit`` entries; on larger trees
     the distances of each batch are computed on the device from the root paths (same formulas) in
-    ``O(B * (num_leaves + height))``.
+    ``O(B * (num_leaves + height))``. The loss is linear in a one-hot target; soft targets ``r [B, num_leaves]``
+    give the expectation, i.e. the cross-entropy against ``sum_y r(y) q_y``.
 
     Args:
         taxonomy: a tree (or a DAG small enough for the table).
@@ -390,6 +453,8 @@ class SoftLabelLoss(_LeafBase):
         d_max = max_leaf_distance(taxonomy, kind) if self.normalize_distances else 1.0
         self.distance_scale = d_max if d_max > 0 else 1.0  # the divisor of the distances
         self.use_table = taxonomy.num_nodes * taxonomy.num_leaves <= table_limit
+        self.register_buffer("leaves", as_tensor(taxonomy.leaves), persistent=False)
+        self._mean_rows: dict[torch.device, torch.Tensor] = {}
         if self.use_table:
             table = soft_label_targets(
                 taxonomy, np.arange(taxonomy.num_nodes), self.beta, kind, normalize_distances=self.normalize_distances
@@ -398,7 +463,6 @@ class SoftLabelLoss(_LeafBase):
         else:
             require_tree(taxonomy, f"SoftLabelLoss on a taxonomy this large ({taxonomy.num_nodes} nodes)")
             self.register_buffer("paths", as_tensor(taxonomy.paths), persistent=False)
-            self.register_buffer("leaves", as_tensor(taxonomy.leaves), persistent=False)
             self.register_buffer("depth", as_tensor(taxonomy.depth, dtype=torch.float32), persistent=False)
             self.register_buffer("ic", as_tensor(taxonomy.information_content, dtype=torch.float32), persistent=False)
 
@@ -436,9 +500,42 @@ class SoftLabelLoss(_LeafBase):
         d = torch.where(targets[:, None] == self.leaves[None, :], torch.zeros_like(d), d)
         return torch.softmax(-self.beta * d / self.distance_scale, dim=1)
 
+    def mixed_soft_targets(self, r: torch.Tensor) -> torch.Tensor:
+        """``sum_y r[b, y] q_y`` ``[B, num_leaves]``: the soft labels of a leaf distribution ``r [B, num_leaves]``.
+
+        With the table one product; else ``r`` is split into its row minimum (a uniform floor, as label smoothing
+        leaves, against the mean soft label, computed once) and the few leaves above it (mixup's pairs).
+        """
+        if self.use_table:
+            return r @ self.table.index_select(0, self.leaves).to(r.dtype)
+        floor = r.min(1, keepdim=True).values
+        rest = r - floor
+        out = torch.zeros_like(r)
+        if bool((floor > 0).any()):
+            out = floor * self.num_leaves * self._mean_row(r.device).to(r.dtype)
+        k = int((rest > 0).sum(1).max()) if rest.numel() else 0
+        vals, idx = rest.topk(k, dim=1) if k else (rest[:, :0], rest[:, :0].long())
+        for j in range(k):
+            out = out + vals[:, j : j + 1] * self.soft_targets(self.leaves[idx[:, j]]).to(r.dtype)
+        return out
+
+    def _mean_row(self, device: torch.device) -> torch.Tensor:
+        # Mean soft label over all leaf labels, in blocks of leaves (a [L, L] table does not fit here).
+        if device not in self._mean_rows:
+            step = max(1, (1 << 22) // max(1, self.num_leaves))
+            total = torch.zeros(self.num_leaves, dtype=torch.float64, device=device)
+            for s in range(0, self.num_leaves, step):
+                total += self.soft_targets(self.leaves.to(device)[s : s + step]).double().sum(0)
+            self._mean_rows[device] = total / self.num_leaves
+        return self._mean_rows[device]
+
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         _check_leaf_logits(logits, self.num_leaves)
-        t, valid = self.targets(logits, targets)
         logp = F.log_softmax(upcast(logits), dim=1)
-        q = self.soft_targets(t)
+        if is_soft_targets(targets):
+            r, valid = self.soft(logits, targets)
+            q = self.mixed_soft_targets(r)
+        else:
+            t, valid = self.targets(logits, targets)
+            q = self.soft_targets(t)
         return _masked_mean(-(q * logp).sum(1), valid)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiercls.losses.validation import upcast
+from hiercls.losses.validation import check_leaf_distribution, is_soft_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.tensors import TreeOps, as_tensor
 
@@ -37,8 +37,11 @@ def close_targets(targets: torch.Tensor, ops: TreeOps) -> torch.Tensor:
 class HierarchicalBCELoss(nn.Module):
     """Binary cross-entropy over all non-root nodes (the hierarchical text classification convention).
 
-    Targets are node ids ``[B]`` (``-1`` = ignore) or multi-hot ``[B, N]`` (a row with a negative entry is
-    ignored); they are ancestor-closed here (idempotent on already closed targets). With ``coherent=True`` the
+    Targets are node ids ``[B]`` (``-1`` = ignore), multi-hot or soft node marginals ``[B, N]`` (a row with a
+    negative entry is ignored), or a leaf distribution ``[B, num_leaves]`` (float, mixup / cutmix), read as its
+    node marginals; they are ancestor-closed here (idempotent on already closed targets). BCE is linear in the
+    target, so soft marginals give the expectation of the hard loss over the leaves; MCLoss is not linear:
+    its positive-descendant mask takes the nodes with target above 1/2. With ``coherent=True`` the
     loss is C-HMCNN's MCLoss; otherwise plain BCE on the raw logits. Mean over nodes and kept samples.
 
     Args:
@@ -88,6 +91,9 @@ class HierarchicalBCELoss(nn.Module):
                 y = torch.zeros(batch, n, device=t.device).scatter_(1, path.clamp(min=0), 1.0)
                 return (y * keep[:, None])[:, 1:], keep
             y = F.one_hot(t.clamp(min=0), n).float() * keep[:, None].float()
+        elif is_soft_targets(targets) and targets.shape[1] == self.ops.num_leaves != n:
+            q, keep = check_leaf_distribution(targets, self.ops.num_leaves, batch=batch)
+            return self.ops.marginals(q.float())[:, 1:], keep
         elif targets.dim() == 2 and tuple(targets.shape) == (batch, n):
             y = targets.float()
             keep = (y >= 0).all(1)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hiercls.losses.validation import upcast
+from hiercls.losses.validation import check_leaf_distribution, is_soft_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.tensors import TreeOps, require_tree
 
@@ -115,6 +115,10 @@ class NestedRegionLoss(nn.Module):
 
     Targets may be node ids ``[B]`` (classification) or ``[B, *spatial]`` (label maps of node ids, ``-1`` =
     ignore), or region masks ``[B, N - 1, *spatial]`` (0/1 or soft; e.g. ``NestedRegions.labels_to_regions``).
+    For vector logits ``[B, N - 1]`` soft targets may also be node marginals ``[B, N]`` or a leaf distribution
+    ``[B, num_leaves]`` (mixup / cutmix; read as its node marginals; a row with a negative entry is ignored);
+    a shape equal to the logits' is read as region masks. BCE is linear in the target, so these give the
+    expectation of the hard BCE over the leaves; soft Dice is not linear and takes the marginals as soft masks.
 
     Args:
         taxonomy: a tree (a chain for BraTS).
@@ -146,6 +150,8 @@ class NestedRegionLoss(nn.Module):
         if not isinstance(targets, torch.Tensor):
             targets = torch.as_tensor(targets)
         spatial = logits.shape[2:]
+        if is_soft_targets(targets) and logits.dim() == 2 and targets.shape != logits.shape:
+            return self._soft_node_targets(targets, logits.shape[0])
         if targets.shape == logits.shape:  # region masks
             y = targets.float()
             if bool(((y < 0) | (y > 1)).any()):
@@ -164,6 +170,18 @@ class NestedRegionLoss(nn.Module):
             )
         y = node_ids_to_regions(targets, self.taxonomy, ops=self.nested.ops)
         return y, (targets >= 0).unsqueeze(1).float()
+
+    def _soft_node_targets(self, targets: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Node marginals [B, N] (the root column dropped) or a leaf distribution [B, num_leaves] summed up the tree.
+        n = self.taxonomy.num_nodes
+        if targets.shape == (batch, n):
+            keep = (targets >= 0).all(1)
+            y = targets.float().clamp(min=0)[:, 1:]
+            if bool((y > 1).any()):
+                raise ValueError("node-marginal targets must lie in [0, 1] (or have a negative entry to be ignored)")
+            return y, keep[:, None].float()
+        q, keep = check_leaf_distribution(targets, self.taxonomy.num_leaves, batch=batch)
+        return self.nested.ops.marginals(q.float())[:, 1:], keep[:, None].float()
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logp, logq = self.nested(logits)

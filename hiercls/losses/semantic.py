@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hiercls.losses.chained_softmax import ChainedSoftmax
-from hiercls.losses.validation import check_node_targets, upcast
+from hiercls.losses.validation import check_leaf_distribution, check_node_targets, is_soft_targets, upcast
 from hiercls.taxonomy import Taxonomy, TaxonomyError
-from hiercls.taxonomy.tensors import as_tensor, require_tree
+from hiercls.taxonomy.tensors import TreeOps, as_tensor, require_tree
 
 __all__ = ["SemanticKDLoss", "SemanticLayout", "SemanticSoftmaxLoss", "semantic_level_weights"]
 
@@ -199,6 +199,12 @@ class SemanticSoftmaxLoss(nn.Module):
     the authors' code. With ``normalize="present"`` each sample's weighted sum is instead divided by the sum of
     the weights of the levels it has, so that shallow-labelled samples are not down-weighted.
 
+    Soft targets, a distribution ``q [B, num_leaves]`` over the leaves (mixup / cutmix), give each level the
+    target ``Q(c)``, the mass of ``q`` below class ``c`` (marginals): ``CE_l = -(1 - eps) sum_c Q(c) log p_l(c)
+    - eps * M_l * mean_c log p_l(c)`` with ``M_l = sum_c Q(c)`` the mass that has a level-``l`` class. The loss
+    is linear in ``q`` and equals the expectation of the hard loss over the leaves (with ``"present"`` each
+    leaf's mass is divided by its own weight sum first), so a one-hot ``q`` gives the hard loss.
+
     Args:
         taxonomy: a tree (use ``to_tree`` for WordNet).
         label_smoothing: per-level smoothing (default 0.2, as published).
@@ -250,11 +256,15 @@ class SemanticSoftmaxLoss(nn.Module):
         level_t = self.layout.level_targets
         offsets = torch.tensor([sl.start for sl in self.layout.slices])
         self.register_buffer("_tpos_table", level_t.clamp(min=0) + offsets, persistent=False)
-        coef = (level_t >= 0).double() * torch.tensor(self._loss_weights, dtype=torch.float64)
+        coef = raw = (level_t >= 0).double() * torch.tensor(self._loss_weights, dtype=torch.float64)
         if normalize == "present":
             coef = coef / coef.sum(1, keepdim=True).clamp(min=1e-12)
         # Kept outside the buffers so that module.half() cannot round the weights; cast per (device, dtype).
         self._coef_table64 = coef
+        # Soft targets: each leaf's mass is scaled by its own per-level normaliser (1 unless "present").
+        leaves = as_tensor(taxonomy.leaves)
+        self._leaf_scale64 = coef.sum(1)[leaves] / raw.sum(1)[leaves].clamp(min=1e-12)
+        self.ops = TreeOps(taxonomy)
         self._coef_tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def _coef_table(self, like: torch.Tensor) -> torch.Tensor:
@@ -267,6 +277,8 @@ class SemanticSoftmaxLoss(nn.Module):
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.layout.num_classes:
             self.layout.split(logits)  # raises with the expected shape
+        if is_soft_targets(targets):
+            return self._forward_soft(logits, targets)
         t = check_node_targets(targets, self.taxonomy.num_nodes, batch=logits.shape[0])
         z = upcast(logits)
         valid = t >= 0
@@ -276,6 +288,20 @@ class SemanticSoftmaxLoss(nn.Module):
         coef = self._coef_table(z)[node] * kept[:, None]
         tpos = self._tpos_table[node]
         return _LevelSmoothedCE.apply(z.contiguous(), coef, tpos, self._sizes, self.label_smoothing)
+
+    def _forward_soft(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        q, keep = check_leaf_distribution(targets, self.taxonomy.num_leaves, batch=logits.shape[0])
+        z = upcast(logits)
+        q = q.to(z.dtype) * self._leaf_scale64.to(device=z.device, dtype=z.dtype)
+        mass = self.ops.marginals(q).index_select(1, self.layout.class_ids)  # [B, C], layout order
+        kept = keep.to(z.dtype) / keep.sum().clamp(min=1)
+        eps, total = self.label_smoothing, z.new_zeros(())
+        for w, zl, ml in zip(self._loss_weights, z.split(self._sizes, 1), mass.split(self._sizes, 1), strict=True):
+            if w:
+                logp = F.log_softmax(zl, dim=1)
+                ce = -(1.0 - eps) * (ml * logp).sum(1) - eps * ml.sum(1) * logp.mean(1)
+                total = total + w * (ce * kept).sum()
+        return total
 
 
 class SemanticKDLoss(nn.Module):

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hiercls.losses.validation import check_leaf_distribution, is_soft_targets
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 from hiercls.taxonomy.tensors import TreeOps, leaf_ranges
 
@@ -257,6 +258,8 @@ class HierarchicalPromptPool(nn.Module):
             anc = paths[:, lvl]
             table = np.where(anc >= 0, pos[np.maximum(anc, 0)], -1)
             self.register_buffer(f"coarse_target_{lvl}", torch.from_numpy(table), persistent=False)
+            nodes = torch.from_numpy(np.array(taxonomy.levels[lvl], dtype=np.int64))
+            self.register_buffer(f"coarse_nodes_{lvl}", nodes, persistent=False)
         lo, hi = leaf_ranges(taxonomy)  # the leaves under node t are the leaf positions [lo[t], hi[t])
         self.register_buffer("leaf_lo", torch.from_numpy(lo), persistent=False)
         self.register_buffer("leaf_hi", torch.from_numpy(hi), persistent=False)
@@ -330,17 +333,41 @@ class HierarchicalPromptPool(nn.Module):
         nll = -logp.gather(1, ct.clamp(min=0)[:, None]).squeeze(1).masked_fill(~valid, 0.0)
         return nll.sum() / valid.sum().clamp(min=1)
 
+    def soft_loss(self, level: int | None, logits: torch.Tensor, q: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy against soft targets: ``q [B, num_leaves]`` itself (``level=None``, the fine logits) or
+        its mass on each depth-``level`` node (the coarse logits), over the mass that reaches that level.
+
+        Both losses are linear in a one-hot target and this is the expectation of the hard loss (mean over the
+        samples whose label reaches the level, which for a distribution is the summed mass there).
+        """
+        logp = torch.log_softmax(_at_least_f32(logits), dim=1)
+        q = q.to(logp.dtype) * keep[:, None]
+        if level is not None:
+            q = self.tree_ops.marginals(q).index_select(1, getattr(self, f"coarse_nodes_{level}"))
+        return -(q * logp).sum() / q.sum().clamp(min=1)
+
     def loss_terms(self, output: Mapping[str, Any], targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The loss and its parts: ``{"loss", "fine", "coarse_<level>" ...}`` (unweighted parts, float32)."""
+        """The loss and its parts: ``{"loss", "fine", "coarse_<level>" ...}`` (unweighted parts, float32).
+
+        ``targets``: node ids ``[B]`` (``-1`` = ignore) or a leaf distribution ``[B, num_leaves]`` (float).
+        """
         fine_logits = output["fine_logits"]
-        targets = self.check_targets(targets, fine_logits.shape[0]).to(fine_logits.device)
-        terms = {"fine": self.fine_loss(fine_logits, targets)}
+        soft = is_soft_targets(targets)
+        if soft:
+            q, keep = check_leaf_distribution(targets, self.taxonomy.num_leaves, batch=fine_logits.shape[0])
+            terms = {"fine": self.soft_loss(None, fine_logits, q, keep)}
+        else:
+            targets = self.check_targets(targets, fine_logits.shape[0]).to(fine_logits.device)
+            terms = {"fine": self.fine_loss(fine_logits, targets)}
         total = terms["fine"]
         coarse = output.get("coarse_logits", {})
         for lvl in self.levels:
             if lvl not in coarse:
                 raise KeyError(f"output has no coarse logits for prompted level {lvl}")
-            terms[f"coarse_{lvl}"] = self.coarse_loss(lvl, coarse[lvl], targets)
+            if soft:
+                terms[f"coarse_{lvl}"] = self.soft_loss(lvl, coarse[lvl], q, keep)
+            else:
+                terms[f"coarse_{lvl}"] = self.coarse_loss(lvl, coarse[lvl], targets)
             total = total + self.coarse_loss_weight[lvl] * terms[f"coarse_{lvl}"]
         terms["loss"] = total
         return terms
@@ -412,7 +439,8 @@ class PromptedModel(nn.Module):
 
         Args:
             output: the dict returned by ``forward``.
-            targets: node ids ``[B]`` (``-1`` = ignore; internal-node labels allowed).
+            targets: node ids ``[B]`` (``-1`` = ignore; internal-node labels allowed) or a leaf distribution
+                ``[B, num_leaves]`` (float; mixup / cutmix).
         """
         return self.pool.loss_terms(output, targets)["loss"]
 

@@ -40,6 +40,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "EvalConfig",
+    "MixupConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
@@ -88,6 +89,33 @@ class ModelConfig:
 
 
 @dataclass
+class MixupConfig:
+    """Mixup / CutMix (timm's ``timm.data.Mixup``) and label smoothing as soft leaf targets ``[B, num_leaves]``.
+
+    Off by default. With ``mixup_alpha`` or ``cutmix_alpha`` > 0 each training micro-batch is mixed before the
+    forward pass and every head is trained on the mixed leaf distribution (its soft-target loss); with only
+    ``label_smoothing`` > 0 the one-hot leaf targets are smoothed (the same soft path, for every head). Labels
+    must be leaves (an internal-node label has no leaf distribution: the step is refused, naming it).
+
+    Attributes:
+        mixup_alpha: Beta(alpha, alpha) of the mixup weight (0: no mixup).
+        cutmix_alpha: Beta(alpha, alpha) of the CutMix box area (0: no CutMix; images only).
+        prob: probability of mixing a batch (or element, ``mode: elem``).
+        switch_prob: with both alphas > 0, the probability of CutMix instead of mixup.
+        mode: ``batch`` (one weight per batch), ``pair`` (per pair of samples) or ``elem`` (per sample).
+        label_smoothing: mass spread uniformly over the leaves (timm's ``smoothing``); the ``semantic_softmax``
+            head smooths per level itself (``model.head_options.label_smoothing``).
+    """
+
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    mode: str = "batch"
+    label_smoothing: float = 0.0
+
+
+@dataclass
 class DataConfig:
     """The data set and how it is batched.
 
@@ -113,6 +141,7 @@ class DataConfig:
             ``crop_pct``, ``crop_mode``, ``scale``, ``ratio``, ``hflip``, ``vflip``, ``color_jitter``), which
             also turns augmentation on; ``interpolation``, ``crop_pct`` and ``crop_mode`` also set the evaluation
             transform (as in timm's ``train.py``).
+        mixup: mixup / cutmix and label smoothing as soft targets (:class:`MixupConfig`; off by default).
     """
 
     dataset: str = ""
@@ -128,6 +157,7 @@ class DataConfig:
     drop_last: bool = False
     image_size: int | None = None
     augment: bool | dict[str, Any] = False
+    mixup: MixupConfig = field(default_factory=MixupConfig)
 
 
 @dataclass
@@ -646,6 +676,15 @@ def _set_free_form(target: dict[str, Any], keys: list[str], raw: str, where: str
         target[keys[-1]] = raw
 
 
+def _validate_mixup(mix: MixupConfig, need: typing.Callable[[bool, str, str], None]) -> None:
+    for key in ("mixup_alpha", "cutmix_alpha"):
+        need(getattr(mix, key) >= 0, f"data.mixup.{key}", f"must be >= 0 (0: off), got {getattr(mix, key)}")
+    for key in ("prob", "switch_prob"):
+        need(0 <= getattr(mix, key) <= 1, f"data.mixup.{key}", f"must be in [0, 1], got {getattr(mix, key)}")
+    need(mix.mode in ("batch", "pair", "elem"), "data.mixup.mode", f"must be batch, pair or elem, got {mix.mode!r}")
+    need(0 <= mix.label_smoothing < 1, "data.mixup.label_smoothing", f"must be in [0, 1), got {mix.label_smoothing}")
+
+
 def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     """Check the settings that types alone cannot (ranges, required keys).
 
@@ -664,6 +703,7 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         augment_options(cfg.data.augment)
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
+    _validate_mixup(cfg.data.mixup, need)
     for key in ("max_train_samples", "max_eval_samples"):
         v = getattr(cfg.data, key)
         need(v is None or v >= 1, f"data.{key}", f"must be >= 1 or null, got {v}")

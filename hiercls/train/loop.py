@@ -60,6 +60,7 @@ from hiercls.train.distributed import (
 )
 from hiercls.train.loggers import check_loggers, open_loggers
 from hiercls.train.plots import plot_run
+from hiercls.train.targets import build_soft_targets
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +144,12 @@ def cosine_schedule(step: int, total_steps: int, warmup_steps: int, min_ratio: f
 
 
 def _num_samples(targets: Any) -> int:
-    """Samples a micro-batch's mean loss averages over (1-D targets: the non-ignored ones)."""
+    """Samples a micro-batch's mean loss averages over (1-D targets and soft leaf targets: the non-ignored ones)."""
     if isinstance(targets, torch.Tensor):
         if targets.dim() == 1 and not targets.dtype.is_floating_point:
             return int((targets != -1).sum())
+        if targets.dim() == 2 and targets.dtype.is_floating_point:  # a row with a negative entry is ignored
+            return int((targets >= 0).all(1).sum())
         return int(targets.shape[0])
     return len(targets)
 
@@ -262,6 +265,7 @@ class _Run:
         )
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.state = TrainState(model, optimizer, scheduler, scaler, loader, taxonomy)
+        self.soft_targets = build_soft_targets(cfg.data.mixup, taxonomy, cfg.model.head)
 
     def build_taxonomy(self) -> Taxonomy:
         """The recipe's taxonomy, else the data set's (a shipped one, or one it brings, e.g. nested folders)."""
@@ -404,6 +408,7 @@ class _Run:
         undoing DDP's mean), so the gradient is the global-batch mean as in one process.
         """
         cfg, info, s, device, amp_dtype = self.cfg, self.info, self.state, self.device, self.amp_dtype
+        window = [self.prepare_batch(*batch) for batch in window]
         local_n = sum(_num_samples(t) for _, t in window)
         global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
         step_loss, bad_loss = 0.0, None
@@ -433,6 +438,13 @@ class _Run:
         s.optimizer.zero_grad(set_to_none=True)
         s.scheduler.step()
         return step_loss, global_n
+
+    def prepare_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
+        """The micro-batch as loaded, or with ``data.mixup`` on, its inputs mixed on the device and its soft leaf
+        targets ``[B, num_leaves]`` (built on the host: counting their samples needs no device sync)."""
+        if self.soft_targets is None:
+            return inputs, targets
+        return self.soft_targets(move_to_device(inputs, self.device), targets)
 
     def scheduler_lr(self) -> float:
         return self.state.scheduler.get_last_lr()[0]
