@@ -92,6 +92,7 @@ RESUME_FREE_KEYS = frozenset(
         "run.save_every_steps",
         "run.device",
         "run.loggers",
+        "run.find_unused_parameters",
         "schedule.max_steps_this_run",
         "data.num_workers",
         "eval.save_probs",
@@ -139,6 +140,7 @@ class TrainState:
     best_key: str | None = None
     best_step: int | None = None  # the step of checkpoints/best
     train_loss: float | None = None  # the last logged mean training loss
+    ema: Any = None  # timm's ModelEmaV3 of the model (model.ema), or None
 
 
 class RunFolder:
@@ -257,6 +259,8 @@ class RunFolder:
         if not saved_file.is_file():
             return
         saved = yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}
+        # Keys an older hiercls did not write had today's defaults then (adamw, cosine, no EMA...).
+        saved = _with_defaults(config_to_dict(TrainConfig()), saved)
         diffs = config_differences(saved, config_to_dict(self.cfg))
         if diffs:
             raise ConfigError(
@@ -305,6 +309,8 @@ class RunFolder:
         s.optimizer.load_state_dict(state["optimizer"])
         s.scheduler.load_state_dict(state["scheduler"])
         s.scaler.load_state_dict(state["scaler"])
+        if s.ema is not None:
+            s.ema.module.load_state_dict(state["ema"])
         s.loader.load_state_dict(state["data"])
         s.step, s.epoch = int(state["step"]), int(state["data"]["epoch"])
         s.best_value, s.best_key, s.best_step = state.get("best_value"), state.get("best_key"), state.get("best_step")
@@ -344,6 +350,7 @@ class RunFolder:
             if s.at_epoch_start:
                 data_state = {**data_state, "epoch": s.epoch, "index": 0}
             state = {
+                **({"ema": s.ema.module.state_dict()} if s.ema is not None else {}),
                 "optimizer": s.optimizer.state_dict(),
                 "scheduler": s.scheduler.state_dict(),
                 "scaler": s.scaler.state_dict(),
@@ -358,7 +365,8 @@ class RunFolder:
             }
             last, best = self.path / "checkpoints" / "last", self.path / "checkpoints" / "best"
             with writing(last), atomic_dir(last) as d:
-                if not (s.best_step == s.step and best.is_dir() and link_tree(best, d)):
+                best_is_raw = s.ema is None or self.cfg.model.ema.best_on == "raw"  # else best holds the EMA's
+                if not (best_is_raw and s.best_step == s.step and best.is_dir() and link_tree(best, d)):
                     s.model.save_pretrained(d)
                 state["weights_sha256"] = sha256_file(d / "model.safetensors")  # ties the state to these weights
                 with writing(d / "resume.pt"):
@@ -656,6 +664,17 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
         elif a != b and dotted not in RESUME_FREE_KEYS:
             diffs.append(f"{dotted}: {a!r} (saved) vs {b!r} (now)")
     return diffs
+
+
+def _with_defaults(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the keys it lacks taken from ``defaults`` (nested sections merged, free-form dicts not)."""
+    merged = dict(saved)
+    for key, value in defaults.items():
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(value, dict) and isinstance(merged[key], dict) and key not in _FREE_FORM:
+            merged[key] = _with_defaults(value, merged[key])
+    return merged
 
 
 def truncate_log(path: Path, step: int) -> float | None:
