@@ -175,12 +175,12 @@ class OptimConfig:
         clip_grad_norm: clip the global gradient norm to this value (``None``: no clipping).
     """
 
-    name: str = "adamw"
     lr: float = 1e-3
     head_lr: float | None = None
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    name: str = "adamw"
     momentum: float | None = None
     layer_decay: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
