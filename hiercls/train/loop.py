@@ -430,7 +430,9 @@ class _Run:
                 s.scaler.scale(scaled).backward()
             if n > 0:
                 value = loss.detach().double()
-                acc += torch.stack((value.new_tensor(float(n)), value * n, (~torch.isfinite(value)).double()))
+                acc[0] += n  # a scalar operand: no host-to-device copy
+                acc[1] += value * n
+                acc[2] += (~torch.isfinite(value)).double()
         # The step's one all-reduce and host sync: every rank must agree before one of them stops.
         global_n, loss_sum, bad = all_reduce_sum(acc).tolist()
         step_loss = loss_sum / global_n if global_n > 0 else 0.0

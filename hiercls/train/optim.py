@@ -155,18 +155,31 @@ def build_scheduler(
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: cosine_schedule(step, total_steps, warmup, o.min_lr_ratio)
         )
-    if s.name == "onecycle":
-        return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=[g["lr"] for g in optimizer.param_groups],
-            total_steps=total_steps,
-            pct_start=s.pct_start,
-            div_factor=s.div_factor,
-            final_div_factor=s.final_div_factor,
-            cycle_momentum=s.cycle_momentum,
-            **s.options,
-        )
-    options = {
+    try:
+        if s.name == "onecycle":
+            return torch.optim.lr_scheduler.OneCycleLR(
+                optimizer,
+                max_lr=[g["lr"] for g in optimizer.param_groups],
+                total_steps=total_steps,
+                pct_start=s.pct_start,
+                div_factor=s.div_factor,
+                final_div_factor=s.final_div_factor,
+                cycle_momentum=s.cycle_momentum,
+                **s.options,
+            )
+        scheduler, _ = timm.scheduler.create_scheduler_v2(optimizer, **_timm_options(cfg, total_steps, steps_per_epoch))
+    except (TypeError, ValueError, AssertionError) as err:
+        raise ConfigError(
+            f"sched: the {s.name!r} schedule refused the settings ({err}); see sched.options "
+            "(onecycle's cycle_momentum needs an optimizer with momentum or betas)"
+        ) from None
+    return StepScheduler(scheduler, optimizer)
+
+
+def _timm_options(cfg: TrainConfig, total_steps: int, steps_per_epoch: int) -> dict[str, Any]:
+    """``create_scheduler_v2``'s arguments, every length in optimizer steps."""
+    o, s = cfg.optim, cfg.sched
+    return {
         "sched": "cosine" if s.name == "timm_cosine" else s.name,
         "num_epochs": total_steps,
         "decay_epochs": s.decay_epochs * steps_per_epoch,
@@ -174,18 +187,11 @@ def build_scheduler(
         "decay_rate": s.decay_rate,
         "min_lr": o.lr * o.min_lr_ratio,
         "warmup_lr": o.lr * s.warmup_lr_ratio,
-        "warmup_epochs": warmup,
+        "warmup_epochs": o.warmup_steps or round(o.warmup_ratio * total_steps),
         "step_on_epochs": False,
         "updates_per_epoch": 1,  # every length above is already in optimizer steps
         **s.options,
     }
-    try:
-        scheduler, _ = timm.scheduler.create_scheduler_v2(optimizer, **options)
-    except (TypeError, ValueError, AssertionError) as err:
-        raise ConfigError(
-            f"sched: timm's {s.name!r} schedule refused the settings ({err}); see sched.options",
-        ) from None
-    return StepScheduler(scheduler, optimizer)
 
 
 def build_ema(model: nn.Module, cfg: TrainConfig) -> ModelEmaV3 | None:
