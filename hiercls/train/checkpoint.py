@@ -5,8 +5,8 @@ The decision, made before anything is built (every rank reads the folder after r
 * **finished**: ``results.json`` records the step of ``checkpoints/last`` (or ``last`` has no ``resume.pt``
   left, which a run drops when it finishes): :attr:`RunFolder.results` is the answer; nothing is trained.
 * **resume**: ``checkpoints/last/resume.pt`` exists and ``config.yaml`` is the config given now (up to
-  :data:`RESUME_FREE_KEYS`): :meth:`RunFolder.restore` puts the weights, optimizer, scheduler, scaler, data
-  position, every rank's RNG and the best metric back, bit for bit.
+  :data:`RESUME_FREE_KEYS`): :meth:`RunFolder.restore` puts the weights, optimizer, scheduler, scaler, EMA,
+  data position, every rank's RNG and the best metric back, bit for bit.
 * **fresh**: nothing to resume, or ``run.resume=false``.
 
 Then, in the order a run meets them (docs/reliability.md states them as promises; rank 0 writes every file):
@@ -297,7 +297,8 @@ class RunFolder:
         barrier()
 
     def restore(self, s: TrainState) -> None:
-        """Weights, optimizer, scheduler, scaler, data position, step, best metric and this rank's RNG into ``s``."""
+        """Weights, optimizer, scheduler, scaler, EMA, data position, step, best metric and this rank's RNG into
+        ``s``."""
         state, last = self.resume_state, self.path / "checkpoints" / "last"
         assert state is not None, "restore() of a run folder that does not resume"
         if state.get("taxonomy_fingerprint") not in (None, s.taxonomy.fingerprint):
@@ -339,10 +340,10 @@ class RunFolder:
     def save_last(self, s: TrainState) -> None:
         """``checkpoints/last``: the weights and everything exact resumption needs (written atomically).
 
-        ``resume.pt`` holds the optimizer, scheduler, scaler, data position and RNG states, not the weights
-        (they are the checkpoint's ``model.safetensors``). When ``best`` is the same step, ``last`` hard-links
-        its files instead of a second copy (files are only ever replaced, never rewritten in place, so the two
-        folders cannot diverge by a later write).
+        ``resume.pt`` holds the optimizer, scheduler, scaler, EMA weights, data position and RNG states, not the
+        trained weights (they are the checkpoint's ``model.safetensors``). When ``best`` is the same step (and
+        holds the trained weights, not the EMA's), ``last`` hard-links its files instead of a second copy (files
+        are only ever replaced, never rewritten in place, so the two folders cannot diverge by a later write).
         """
         rngs = all_gather_object(rng_state())
         if self.info.is_main:
