@@ -8,7 +8,10 @@ against an uninterrupted run, bitwise.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -249,6 +252,39 @@ def test_ema_is_the_moving_average_of_the_trained_weights_and_is_the_runs_model(
     saved = yaml.safe_load((tmp_path / "two" / "config.yaml").read_text(encoding="utf-8"))
     assert saved["model"]["ema"] == {"decay": 0.75, "warmup": False, "eval": True, "best_on": "ema"}
     assert saved["optim"]["name"] == "adamw" and saved["sched"]["name"] == "constant"
+
+
+def _ddp_worker(rank: int, port: int, cfg: TrainConfig, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    result = train(cfg)
+    if rank == 0:
+        Path(out).write_text(json.dumps(result), encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_ddp_with_ema_sgd_and_a_short_last_step_equals_one_process(taxonomy_file: Path, tmp_path: Path) -> None:
+    """2 gloo processes, grad_accum 2 (no_sync), batches 8, 8, 6 (a short step: the rescaled gradient), EMA on."""
+    common = ["optim.name=sgd", "optim.lr=0.05", "sched.name=step", "sched.decay_epochs=1", "optim.grad_accum=2"]
+    common += ["model.ema.decay=0.5", "run.keep_resume_state=false"]
+    single = train(recipe(taxonomy_file, tmp_path / "single", *common))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg, out = recipe(taxonomy_file, tmp_path / "ddp", *common), tmp_path / "ddp.json"
+    torch.multiprocessing.spawn(_ddp_worker, args=(port, cfg, str(out)), nprocs=2, join=True)
+    ddp = json.loads(out.read_text())
+    for which in ("last", "best"):  # best: the EMA's weights
+        a = load_file(str(tmp_path / "single" / "checkpoints" / which / "model.safetensors"))
+        b = load_file(str(tmp_path / "ddp" / "checkpoints" / which / "model.safetensors"))
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=f"{which}: {k}")
+    assert ddp["step"] == single["step"] == 4
+    assert ddp["train_loss"] == pytest.approx(single["train_loss"], rel=1e-5)
+    for key in ("argmax_leaf/accuracy", "raw/argmax_leaf/accuracy", "eval_loss"):
+        assert ddp[key] == pytest.approx(single[key], rel=1e-5, abs=1e-6), key
 
 
 # ------------------------------------------------------------------------------------------- speed switches
