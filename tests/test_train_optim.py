@@ -21,11 +21,13 @@ import yaml
 from safetensors.torch import load_file
 from torch import nn
 
+from hiercls.data import build_dataset, image_transform
 from hiercls.models import create_model
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train import train
+from hiercls.train.checkpoint import seed_everything
 from hiercls.train.config import ConfigError, TrainConfig, apply_overrides, config_from_dict
-from hiercls.train.loop import unused_parameters
+from hiercls.train.loop import build_model, unused_parameters
 from hiercls.train.optim import build_optimizer, build_scheduler
 
 TAXONOMY = ["root animal", "root vehicle", "animal cat", "animal dog", "vehicle car", "vehicle bike"]
@@ -186,6 +188,46 @@ def test_bad_optimizer_and_schedule_settings_are_refused_by_name() -> None:
         build_scheduler(build_optimizer(nn.Linear(2, 2), cfg), cfg, total_steps=4, steps_per_epoch=2)
     with pytest.raises(ConfigError, match=r"model.ema.eval: best_on: ema needs the EMA evaluated"):
         apply_overrides(TrainConfig(), ["model.ema.decay=0.99", "model.ema.eval=false"])
+
+
+def test_a_short_last_step_is_the_mean_over_its_samples_as_a_hand_written_loop(
+    taxonomy_file: Path, tmp_path: Path
+) -> None:
+    """22 samples in order, batches of 4, grad_accum 2: steps of 8, 8, 6 samples; SGD at a constant lr."""
+    cfg = recipe(
+        taxonomy_file,
+        tmp_path,
+        "optim.name=sgd",
+        "optim.lr=0.1",
+        "optim.momentum=0",
+        "optim.options.nesterov=false",
+        "optim.weight_decay=0",
+        "optim.clip_grad_norm=null",
+        "sched.name=constant",
+        "optim.warmup_steps=0",
+        "data.shuffle=false",
+        "data.batch_size=4",
+        "optim.grad_accum=2",
+        "schedule.epochs=1",
+        "data.eval_split=null",
+    )
+    train(cfg)
+    seed_everything(cfg.run.seed)
+    tax = load_taxonomy(str(taxonomy_file))
+    model = build_model(cfg, tax)
+    data = build_dataset(
+        "synthetic", "train", tax, cfg.data.options, image_transform(model, train=False, image_size=None)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for start in (0, 8, 16):
+        x, y = torch.utils.data.default_collate([data[i] for i in range(start, min(start + 8, 22))])
+        model.loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    trained = load_file(str(tmp_path / "checkpoints/last/model.safetensors"))
+    for k, v in model.state_dict().items():
+        if k in trained:
+            torch.testing.assert_close(trained[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
 # ------------------------------------------------------------------------------------------- exact resume
