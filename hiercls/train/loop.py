@@ -132,7 +132,9 @@ def unused_parameters(model: nn.Module, batch: Any, device: torch.device) -> lis
         >>> unused_parameters(Half(), (torch.zeros(3, 2), torch.zeros(3)), torch.device("cpu"))
         ['spare.weight', 'spare.bias']
     """
-    rngs, buffers = rng_state(), [b.detach().clone() for b in model.buffers()]
+    # Sparse buffers are index tables no forward changes; dense ones (running statistics) may change.
+    buffers = [(b, b.detach().clone()) for b in model.buffers() if b.layout == torch.strided]
+    rngs = rng_state()
     grads = {p: p.grad for p in model.parameters()}
     for p in grads:
         p.grad = None
@@ -144,7 +146,7 @@ def unused_parameters(model: nn.Module, batch: Any, device: torch.device) -> lis
         for p, g in grads.items():
             p.grad = g
         with torch.no_grad():
-            for b, saved in zip(model.buffers(), buffers, strict=True):
+            for b, saved in buffers:
                 b.copy_(saved)
         set_rng_state(rngs)
 
