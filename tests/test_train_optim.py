@@ -345,6 +345,29 @@ def test_no_parameter_of_the_default_model_is_unused_and_the_check_leaves_no_tra
     assert unused_parameters(model, batch, torch.device("cpu")) == ["head.spare.weight", "head.spare.bias"]
 
 
+class _NormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.out = nn.BatchNorm1d(2), nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(nn.functional.dropout(self.norm(x), 0.5))
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (out.squeeze(1) - y).pow(2).mean()
+
+
+def test_the_dry_step_puts_back_batch_norm_statistics_and_the_dropout_stream() -> None:
+    model = _NormNet()
+    batch = (torch.randn(4, 2) + 3.0, torch.zeros(4))
+    torch.manual_seed(1)
+    assert unused_parameters(model, batch, torch.device("cpu")) == []
+    assert torch.equal(model.norm.running_mean, torch.zeros(2)) and int(model.norm.num_batches_tracked) == 0
+    after = torch.rand(3)
+    torch.manual_seed(1)
+    assert torch.equal(after, torch.rand(3))
+
+
 def test_channels_last_trains_to_the_eager_weights(taxonomy_file: Path, tmp_path: Path) -> None:
     train(recipe(taxonomy_file, tmp_path / "eager", "schedule.max_steps=3"))
     train(recipe(taxonomy_file, tmp_path / "cl", "schedule.max_steps=3", "model.channels_last=true"))
