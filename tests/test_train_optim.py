@@ -329,6 +329,14 @@ def test_ddp_with_ema_sgd_and_a_short_last_step_equals_one_process(taxonomy_file
         assert ddp[key] == pytest.approx(single[key], rel=1e-5, abs=1e-6), key
 
 
+def test_without_evaluation_the_final_ema_is_kept_as_the_runs_model(taxonomy_file: Path, tmp_path: Path) -> None:
+    cfg = recipe(taxonomy_file, tmp_path, "data.eval_split=null", "model.ema.decay=0.5", "schedule.max_steps=2")
+    assert train(cfg)["best_step"] == 2
+    saved = torch.load(tmp_path / "checkpoints/last/resume.pt", weights_only=True)
+    best = load_file(str(tmp_path / "checkpoints/best/model.safetensors"))
+    assert all(torch.equal(best[k], v) for k, v in saved["ema"].items() if k in best)
+
+
 # ------------------------------------------------------------------------------------------- speed switches
 def test_no_parameter_of_the_default_model_is_unused_and_the_check_leaves_no_trace(taxonomy_file: Path) -> None:
     model = tiny_model(taxonomy_file)

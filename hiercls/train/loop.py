@@ -367,6 +367,9 @@ class _Run:
                 s.epoch += 1
                 s.at_epoch_start = True
             self.save_last()
+        if not interrupted and self.eval_loader is None and s.ema is not None and cfg.model.ema.best_on == "ema":
+            s.best_step = s.step  # no evaluation picks a best: the final EMA weights are the run's model
+            self.folder.save_best(s.ema.module, {})
         self.bar.close()
         return results, interrupted
 
