@@ -18,6 +18,13 @@ Usage::
     python bench/bench_train.py                 # every head and TransHP, FULL_REPEATS repeats each
     python bench/bench_train.py --quick         # the same steps, QUICK_REPEATS repeats
     python bench/bench_train.py --heads hxe semantic_softmax --repeats 21
+    python bench/bench_train.py --speed [--device cuda]   # compiled and channels-last steps beside eager
+
+``--speed`` measures the speed switches of a recipe (issue 26) as reference ratios (no target: the gain depends
+on the device): the semantic-softmax step of the same ViT-Tiny compiled (``model.compile``) against eager, and
+a ResNet-18 step (``SPEED_CNN``, convolutions: where the memory format matters) in channels-last
+(``model.channels_last``) against the default layout; on CUDA both under bf16 autocast, as the loop runs them.
+Compilation happens in the untimed warmup calls.
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ GROUP = "train/vs_flat_21k"
 #: Heads whose step must stay within this factor of flat's; TransHP (extra tokens in one block) has its own.
 HEAD_TARGET = 1.05
 TRANSHP_TARGET = 1.3  # issue 25: TransHP default <= 1.3x flat
+
+#: The convolutional backbone of the channels-last case, at 64 px.
+SPEED_CNN = ("timm:resnet18", {})
+SPEED_WARMUP = 3  # untimed calls: a compiled step compiles on the first, recompiles at most once after
 
 _CACHE: dict[str, object] = {}
 
@@ -87,6 +98,65 @@ def build_step(head: str, **head_options: object) -> Callable[[], None]:
 
     step.model = model  # type: ignore[attr-defined]
     return step
+
+
+def build_speed_step(
+    backbone: tuple[str, dict[str, object]], *, compiled: bool = False, channels_last: bool = False, device: str = "cpu"
+) -> Callable[[], None]:
+    """A semantic-softmax training step on ``backbone`` with the loop's switches (a fresh model, seed 0)."""
+    from hiercls.models import create_model
+    from hiercls.train.config import TrainConfig
+    from hiercls.train.loop import build_optimizer
+
+    tax, x, y = _inputs()
+    torch.manual_seed(0)
+    model = create_model(backbone[0], tax, head="semantic_softmax", **backbone[1]).train().to(device)
+    x, y = x.to(device), y.to(device)
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    forward = torch.compile(model) if compiled else model
+    opt = build_optimizer(model, TrainConfig())
+    amp = torch.device(device).type == "cuda"
+
+    def step() -> None:
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=amp):
+            loss = model.loss(forward(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def speed_cases(quick: bool, device: str = "cpu") -> list[Case]:
+    """Reference ratios (no target) of the speed switches: compiled vs eager, channels-last vs default layout."""
+    repeats = QUICK_REPEATS if quick else FULL_REPEATS
+    vit, cnn = STEP_BACKBONE, (SPEED_CNN[0], {**SPEED_CNN[1]})
+    out = []
+    for name, backbone, switch in (
+        ("train/step_compiled_vs_eager_vit", vit, {"compiled": True}),
+        ("train/step_channels_last_vs_eager_resnet18", cnn, {"channels_last": True}),
+    ):
+
+        def setup(backbone=backbone, switch=switch) -> tuple[Callable[[], None], Callable[[], None]]:
+            return build_speed_step(backbone, device=device, **switch), build_speed_step(backbone, device=device)
+
+        out.append(
+            Case(
+                name,
+                None,
+                setup=setup,
+                number=1,
+                repeats=repeats,
+                statistic="min",
+                warmup=SPEED_WARMUP,
+                device=device,
+                note=f"{name.split('_vs_')[0].removeprefix('train/step_')} step vs eager, {backbone[0]} 64px, "
+                f"batch {STEP_BATCH}, semantic_softmax, {STEP_TAXONOMY}",
+            )
+        )
+    return out
 
 
 def flat_step() -> Callable[[], None]:
@@ -147,11 +217,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (overrides)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable ratios)")
     parser.add_argument("--heads", nargs="*", default=None, help="heads to measure (default: all + transhp)")
+    parser.add_argument("--speed", action="store_true", help="the compiled / channels-last steps beside eager")
+    parser.add_argument("--device", default="cpu", help="device of the --speed steps (cpu, cuda)")
     args = parser.parse_args(argv)
-    from run_all import run_group
+    from run_all import run_case, run_group
 
     torch.set_num_threads(args.threads)
     allocator = steady_allocator()
+    if args.speed:
+        speed = {}
+        for case in speed_cases(args.quick, args.device):
+            r = run_case(case, args.quick, args.repeats)
+            speed[case.name.removeprefix("train/step_")] = {
+                "ratio": r["ratio"],
+                "step_s": r["candidate_s"],
+                "eager_step_s": r["baseline_s"],
+                "note": case.note,
+            }
+        info = {"device": args.device, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        print(json.dumps({"bench": "train_step_speed_switches", "quick": args.quick, **info, "cases": speed}, indent=2))
+        return 0
     selected = cases(args.quick, [h for h in args.heads if h != "flat"] if args.heads else None)
     results = {}
     for case, r in zip(selected, run_group(selected, args.quick, args.repeats), strict=True):

@@ -5,8 +5,8 @@ The decision, made before anything is built (every rank reads the folder after r
 * **finished**: ``results.json`` records the step of ``checkpoints/last`` (or ``last`` has no ``resume.pt``
   left, which a run drops when it finishes): :attr:`RunFolder.results` is the answer; nothing is trained.
 * **resume**: ``checkpoints/last/resume.pt`` exists and ``config.yaml`` is the config given now (up to
-  :data:`RESUME_FREE_KEYS`): :meth:`RunFolder.restore` puts the weights, optimizer, scheduler, scaler, data
-  position, every rank's RNG and the best metric back, bit for bit.
+  :data:`RESUME_FREE_KEYS`): :meth:`RunFolder.restore` puts the weights, optimizer, scheduler, scaler, EMA,
+  data position, every rank's RNG and the best metric back, bit for bit.
 * **fresh**: nothing to resume, or ``run.resume=false``.
 
 Then, in the order a run meets them (docs/reliability.md states them as promises; rank 0 writes every file):
@@ -92,6 +92,7 @@ RESUME_FREE_KEYS = frozenset(
         "run.save_every_steps",
         "run.device",
         "run.loggers",
+        "run.find_unused_parameters",
         "schedule.max_steps_this_run",
         "data.num_workers",
         "eval.save_probs",
@@ -139,6 +140,7 @@ class TrainState:
     best_key: str | None = None
     best_step: int | None = None  # the step of checkpoints/best
     train_loss: float | None = None  # the last logged mean training loss
+    ema: Any = None  # timm's ModelEmaV3 of the model (model.ema), or None
 
 
 class RunFolder:
@@ -257,6 +259,8 @@ class RunFolder:
         if not saved_file.is_file():
             return
         saved = yaml.safe_load(saved_file.read_text(encoding="utf-8")) or {}
+        # Keys an older hiercls did not write had today's defaults then (adamw, cosine, no EMA...).
+        saved = _with_defaults(config_to_dict(TrainConfig()), saved)
         diffs = config_differences(saved, config_to_dict(self.cfg))
         if diffs:
             raise ConfigError(
@@ -293,7 +297,8 @@ class RunFolder:
         barrier()
 
     def restore(self, s: TrainState) -> None:
-        """Weights, optimizer, scheduler, scaler, data position, step, best metric and this rank's RNG into ``s``."""
+        """Weights, optimizer, scheduler, scaler, EMA, data position, step, best metric and this rank's RNG into
+        ``s``."""
         state, last = self.resume_state, self.path / "checkpoints" / "last"
         assert state is not None, "restore() of a run folder that does not resume"
         if state.get("taxonomy_fingerprint") not in (None, s.taxonomy.fingerprint):
@@ -305,6 +310,8 @@ class RunFolder:
         s.optimizer.load_state_dict(state["optimizer"])
         s.scheduler.load_state_dict(state["scheduler"])
         s.scaler.load_state_dict(state["scaler"])
+        if s.ema is not None:
+            s.ema.module.load_state_dict(state["ema"])
         s.loader.load_state_dict(state["data"])
         s.step, s.epoch = int(state["step"]), int(state["data"]["epoch"])
         s.best_value, s.best_key, s.best_step = state.get("best_value"), state.get("best_key"), state.get("best_step")
@@ -333,10 +340,10 @@ class RunFolder:
     def save_last(self, s: TrainState) -> None:
         """``checkpoints/last``: the weights and everything exact resumption needs (written atomically).
 
-        ``resume.pt`` holds the optimizer, scheduler, scaler, data position and RNG states, not the weights
-        (they are the checkpoint's ``model.safetensors``). When ``best`` is the same step, ``last`` hard-links
-        its files instead of a second copy (files are only ever replaced, never rewritten in place, so the two
-        folders cannot diverge by a later write).
+        ``resume.pt`` holds the optimizer, scheduler, scaler, EMA weights, data position and RNG states, not the
+        trained weights (they are the checkpoint's ``model.safetensors``). When ``best`` is the same step (and
+        holds the trained weights, not the EMA's), ``last`` hard-links its files instead of a second copy (files
+        are only ever replaced, never rewritten in place, so the two folders cannot diverge by a later write).
         """
         rngs = all_gather_object(rng_state())
         if self.info.is_main:
@@ -344,6 +351,7 @@ class RunFolder:
             if s.at_epoch_start:
                 data_state = {**data_state, "epoch": s.epoch, "index": 0}
             state = {
+                **({"ema": s.ema.module.state_dict()} if s.ema is not None else {}),
                 "optimizer": s.optimizer.state_dict(),
                 "scheduler": s.scheduler.state_dict(),
                 "scaler": s.scaler.state_dict(),
@@ -358,7 +366,8 @@ class RunFolder:
             }
             last, best = self.path / "checkpoints" / "last", self.path / "checkpoints" / "best"
             with writing(last), atomic_dir(last) as d:
-                if not (s.best_step == s.step and best.is_dir() and link_tree(best, d)):
+                best_is_raw = s.ema is None or self.cfg.model.ema.best_on == "raw"  # else best holds the EMA's
+                if not (best_is_raw and s.best_step == s.step and best.is_dir() and link_tree(best, d)):
                     s.model.save_pretrained(d)
                 state["weights_sha256"] = sha256_file(d / "model.safetensors")  # ties the state to these weights
                 with writing(d / "resume.pt"):
@@ -656,6 +665,17 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
         elif a != b and dotted not in RESUME_FREE_KEYS:
             diffs.append(f"{dotted}: {a!r} (saved) vs {b!r} (now)")
     return diffs
+
+
+def _with_defaults(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the keys it lacks taken from ``defaults`` (nested sections merged, free-form dicts not)."""
+    merged = dict(saved)
+    for key, value in defaults.items():
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(value, dict) and isinstance(merged[key], dict) and key not in _FREE_FORM:
+            merged[key] = _with_defaults(value, merged[key])
+    return merged
 
 
 def truncate_log(path: Path, step: int) -> float | None:

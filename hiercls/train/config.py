@@ -39,11 +39,13 @@ from hiercls.decode import parse_decoder
 __all__ = [
     "ConfigError",
     "DataConfig",
+    "EmaConfig",
     "EvalConfig",
     "MixupConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "SchedConfig",
     "ScheduleConfig",
     "StudyConfig",
     "TrainConfig",
@@ -68,6 +70,24 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class EmaConfig:
+    """An exponential moving average of the weights (timm's ``ModelEmaV3``), updated after every optimizer step.
+
+    Attributes:
+        decay: the EMA's decay (e.g. ``0.9998``); ``None``: no EMA.
+        warmup: timm's decay warmup (the decay grows with the step count up to ``decay``).
+        eval: evaluate the EMA weights too (results ``ema/<decoder>/<metric>`` when ``best_on`` is ``raw``).
+        best_on: ``ema``: the EMA weights are the run's model (evaluated, kept as ``checkpoints/best``); ``raw``:
+            the trained weights are.
+    """
+
+    decay: float | None = None
+    warmup: bool = False
+    eval: bool = True
+    best_on: Literal["ema", "raw"] = "ema"
+
+
+@dataclass
 class ModelConfig:
     """The network: a backbone spec, a head from ``hiercls.heads`` and where the weights come from.
 
@@ -79,6 +99,10 @@ class ModelConfig:
         head_options: keyword options of the head (for example ``{"alpha": 0.1}`` for ``hxe``).
         weights: ``None`` (random init), ``"package"`` (the offline weight package of the backbone) or a path.
         backbone_options: extra keyword arguments of the backbone (``max_length``, ``img_size``, ...).
+        ema: see :class:`EmaConfig`.
+        compile: train through ``torch.compile`` of the model (the first steps compile it).
+        channels_last: keep the weights and 4-D image batches in the channels-last memory format (faster
+            convolutions on GPUs with tensor cores).
     """
 
     backbone: str = ""
@@ -86,6 +110,9 @@ class ModelConfig:
     head_options: dict[str, Any] = field(default_factory=dict)
     weights: str | None = None
     backbone_options: dict[str, Any] = field(default_factory=dict)
+    ema: EmaConfig = field(default_factory=EmaConfig)
+    compile: bool = False
+    channels_last: bool = False
 
 
 @dataclass
@@ -162,15 +189,21 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warmup and cosine decay.
+    """The optimizer (any of timm's, AdamW by default); warmup and floor of the schedule (see :class:`SchedConfig`).
 
     Attributes:
+        name: a name ``timm.optim.create_optimizer_v2`` accepts (``adamw``, ``sgd``, ``lamb``, ``lars``,
+            ``adam``, ``lookahead_adamw``...; ``timm.optim.list_optimizers()``).
         lr: peak learning rate.
         head_lr: peak learning rate of the parameters under ``head.`` (a freshly initialised head next to a
             pretrained backbone learns faster with a larger one); default ``lr``.
         weight_decay: decoupled weight decay, not applied to biases and normalisation weights (1-D tensors).
-        betas: AdamW betas.
-        eps: AdamW epsilon.
+        betas: betas of the optimizers that have them (Adam-likes, LAMB).
+        eps: epsilon of the optimizers that have one.
+        momentum: momentum of the optimizers that have one (``None``: timm's default, 0.9).
+        layer_decay: timm's layer-wise lr decay (``0.75``: each layer below the head learns at 0.75 times the
+            lr of the one above); ``None``: off.
+        options: further keyword arguments of the optimizer (e.g. ``{nesterov: true}``).
         warmup_steps: optimizer steps of linear warmup (takes precedence over ``warmup_ratio``).
         warmup_ratio: warmup as a fraction of the total optimizer steps.
         min_lr_ratio: the cosine decays to ``lr * min_lr_ratio``.
@@ -183,11 +216,49 @@ class OptimConfig:
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    name: str = "adamw"
+    momentum: float | None = None
+    layer_decay: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
     min_lr_ratio: float = 0.0
     grad_accum: int = 1
     clip_grad_norm: float | None = 1.0
+
+
+@dataclass
+class SchedConfig:
+    """The learning-rate schedule, stepped once per optimizer step (warmup and floor are ``optim``'s).
+
+    Attributes:
+        name: ``cosine`` (linear warmup, cosine decay to ``lr * optim.min_lr_ratio``), ``onecycle`` (torch's
+            ``OneCycleLR``: ``pct_start``, ``div_factor``, ``final_div_factor``), or a name of timm's
+            ``create_scheduler_v2``: ``step``, ``multistep``, ``tanh``, ``poly``, ``wsd``, ``rsqrt``,
+            ``constant``, ``timm_cosine`` (timm's cosine).
+        decay_epochs: ``step``: decay the lr every that many epochs (fractions allowed).
+        decay_milestones: ``multistep``: the epochs at which the lr decays.
+        decay_rate: ``step`` / ``multistep``: the factor of each decay (``poly``: the power).
+        warmup_lr_ratio: timm's schedules: the warmup starts at ``lr * warmup_lr_ratio``.
+        pct_start: ``onecycle``: the share of the steps spent raising the lr.
+        div_factor: ``onecycle``: the lr starts at ``lr / div_factor``.
+        final_div_factor: ``onecycle``: the lr ends at ``lr / div_factor / final_div_factor``.
+        cycle_momentum: ``onecycle``: cycle the momentum (beta1) inversely to the lr.
+        options: further keyword arguments of the schedule (timm's ``create_scheduler_v2`` or ``OneCycleLR``).
+    """
+
+    name: Literal[
+        "cosine", "onecycle", "step", "multistep", "tanh", "poly", "wsd", "rsqrt", "constant", "timm_cosine"
+    ] = "cosine"
+    decay_epochs: float = 30.0
+    decay_milestones: list[float] = field(default_factory=list)
+    decay_rate: float = 0.1
+    warmup_lr_ratio: float = 0.0
+    pct_start: float = 0.3
+    div_factor: float = 25.0
+    final_div_factor: float = 1e4
+    cycle_momentum: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -262,7 +333,8 @@ class RunConfig:
         threads: torch intra-op threads (``None``: leave torch's default).
         deterministic: ask torch for deterministic algorithms.
         find_unused_parameters: DDP option; needed when some parameters get no gradient (e.g. an unused
-            pooler); costs a graph traversal per step.
+            pooler); costs a graph traversal per step. ``auto``: on only when a dry step on one batch (before
+            training, random streams and buffers put back) leaves some trainable parameter without a gradient.
         keep_resume_state: keep ``checkpoints/last/resume.pt`` (the optimizer's moments, twice the size of the
             weights) once the run has finished. A finished run is never trained further (the same config
             reports its results; another config is refused), so by default it is removed at the end.
@@ -283,7 +355,7 @@ class RunConfig:
     plot: bool = True
     threads: int | None = None
     deterministic: bool = False
-    find_unused_parameters: bool = True
+    find_unused_parameters: bool | Literal["auto"] = "auto"
     keep_resume_state: bool = False
     loggers: list[Logger] = field(default_factory=lambda: ["jsonl"])
 
@@ -329,6 +401,7 @@ class TrainConfig:
         model: see :class:`ModelConfig`.
         data: see :class:`DataConfig`.
         optim: see :class:`OptimConfig`.
+        sched: see :class:`SchedConfig`.
         schedule: see :class:`ScheduleConfig`.
         eval: see :class:`EvalConfig`.
         run: see :class:`RunConfig`.
@@ -344,6 +417,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -725,6 +799,7 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
     need(
         cfg.optim.clip_grad_norm is None or cfg.optim.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0 or null"
     )
+    _validate_optim_extras(cfg, need)
     need(cfg.schedule.epochs >= 1, "schedule.epochs", f"must be >= 1, got {cfg.schedule.epochs}")
     need(cfg.schedule.max_steps is None or cfg.schedule.max_steps >= 1, "schedule.max_steps", "must be >= 1 or null")
     need(
@@ -790,6 +865,36 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
         bool(cfg.name.strip()) and "/" not in cfg.name,
         "name",
         f"must be a non-empty name without '/', got {cfg.name!r}",
+    )
+
+
+def _validate_optim_extras(cfg: TrainConfig, need: typing.Callable[[bool, str, str], None]) -> None:
+    """The optimizer's, schedule's and EMA's ranges."""
+    o, s, e = cfg.optim, cfg.sched, cfg.model.ema
+    need(bool(o.name.strip()), "optim.name", "must name an optimizer, e.g. adamw, sgd, lamb, lars")
+    need(o.momentum is None or 0 <= o.momentum < 1, "optim.momentum", f"must be in [0, 1) or null, got {o.momentum}")
+    need(
+        o.layer_decay is None or 0 < o.layer_decay <= 1,
+        "optim.layer_decay",
+        f"must be in (0, 1] or null, got {o.layer_decay}",
+    )
+    need(s.decay_epochs > 0, "sched.decay_epochs", f"must be > 0, got {s.decay_epochs}")
+    need(all(m > 0 for m in s.decay_milestones), "sched.decay_milestones", f"must be > 0, got {s.decay_milestones}")
+    need(
+        s.name != "multistep" or bool(s.decay_milestones),
+        "sched.decay_milestones",
+        "multistep needs epochs, e.g. [30, 60]",
+    )
+    need(s.decay_rate > 0, "sched.decay_rate", f"must be > 0, got {s.decay_rate}")
+    need(0 <= s.warmup_lr_ratio <= 1, "sched.warmup_lr_ratio", f"must be in [0, 1], got {s.warmup_lr_ratio}")
+    need(0 < s.pct_start < 1, "sched.pct_start", f"must be in (0, 1), got {s.pct_start}")
+    for key in ("div_factor", "final_div_factor"):
+        need(getattr(s, key) > 0, f"sched.{key}", f"must be > 0, got {getattr(s, key)}")
+    need(e.decay is None or 0 < e.decay < 1, "model.ema.decay", f"must be in (0, 1) or null, got {e.decay}")
+    need(
+        e.decay is None or e.eval or e.best_on == "raw",
+        "model.ema.eval",
+        "best_on: ema needs the EMA evaluated (eval: true), or set best_on: raw",
     )
 
 

@@ -4,9 +4,10 @@ Read top to bottom, :meth:`_Run.run` is the whole story: open the run folder (:m
 decides finished / resume / fresh), build (taxonomy, model, data, optimizer), restore or seed, fit (epochs of
 optimizer steps), evaluate (hierarchical metrics under every configured decoder, ``checkpoints/best`` on the best
 metric), checkpoint (``checkpoints/last`` with everything exact resumption needs) and finish (``results.json``,
-``curves.png``). AdamW (no weight decay on biases and normalisation weights) with linear warmup and cosine decay,
+``curves.png``). Any of timm's optimizers (AdamW by default; no weight decay on biases and normalisation weights)
+and schedules (linear warmup and cosine decay by default; :mod:`hiercls.train.optim`), an EMA of the weights,
 gradient accumulation, autocast (bf16 on CUDA by default, fp16 with a gradient scaler on request), gradient
-clipping and DDP under ``torchrun``.
+clipping, ``torch.compile``, channels-last and DDP under ``torchrun``.
 
 Files in ``<out_dir>``: ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON record per log step /
 evaluation; ``run.loggers`` adds TensorBoard, W&B or MLflow, :mod:`hiercls.train.loggers`),
@@ -16,7 +17,8 @@ until the run finishes), ``.lock``, ``results.json`` and ``curves.png``.
 DDP equivalence: every rank gets ``data.batch_size / world_size`` samples of each global batch (the data
 sampler cuts the same global order for any world size), and each micro-batch loss is weighted by its share
 of the optimizer step's *global* sample count, so the gradient is the mean over the global batch exactly as
-in one process (DDP's averaging over ranks is compensated), uneven last batches included.
+in one process (DDP's averaging over ranks is compensated), uneven last batches included. A step costs one
+all-reduce of ``[samples, loss sum, non-finite losses]`` and one host sync, after its last backward.
 
 Example:
     >>> import tempfile
@@ -48,7 +50,7 @@ from hiercls.evaluation.calibration import calibrate_outputs
 from hiercls.evaluation.model import evaluate_model
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
 from hiercls.taxonomy import Taxonomy, load_taxonomy
-from hiercls.train.checkpoint import RunFolder, TrainState, seed_everything
+from hiercls.train.checkpoint import RunFolder, TrainState, rng_state, seed_everything, set_rng_state
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict
 from hiercls.train.distributed import (
     DistInfo,
@@ -59,6 +61,7 @@ from hiercls.train.distributed import (
     rank_local_layers,
 )
 from hiercls.train.loggers import check_loggers, open_loggers
+from hiercls.train.optim import build_ema, build_optimizer, build_scheduler, cosine_schedule
 from hiercls.train.plots import plot_run
 from hiercls.train.targets import build_soft_targets
 
@@ -72,6 +75,7 @@ __all__ = [
     "cosine_schedule",
     "evaluate_model",
     "train",
+    "unused_parameters",
 ]
 
 
@@ -102,47 +106,6 @@ def build_model(cfg: TrainConfig, taxonomy: Taxonomy) -> HierarchicalClassifier:
     )
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices/kernels only (not on 1-D tensors: biases, norms); ``head_lr`` for ``head.*``.
-
-    Example:
-        >>> from hiercls.train.config import TrainConfig
-        >>> opt = build_optimizer(nn.Sequential(nn.Linear(2, 2)), TrainConfig())
-        >>> [(len(g["params"]), g["weight_decay"]) for g in opt.param_groups]
-        [(1, 0.01), (1, 0.0)]
-    """
-    head_lr = cfg.optim.head_lr if cfg.optim.head_lr is not None else cfg.optim.lr
-    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            groups.setdefault((name.startswith("head.") and head_lr != cfg.optim.lr, p.dim() >= 2), []).append(p)
-    param_groups = [
-        {
-            "params": groups[is_head, decay],
-            "weight_decay": cfg.optim.weight_decay if decay else 0.0,
-            "lr": head_lr if is_head else cfg.optim.lr,
-        }
-        for is_head in (False, True)
-        for decay in (True, False)
-        if groups.get((is_head, decay))
-    ]
-    return torch.optim.AdamW(param_groups, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
-
-
-def cosine_schedule(step: int, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
-    """Learning-rate multiplier: linear warmup from ``1/warmup`` to 1, then cosine decay to ``min_ratio``.
-
-    Example:
-        >>> [round(cosine_schedule(s, 10, 2), 3) for s in (0, 1, 2, 6, 9)]
-        [0.5, 1.0, 1.0, 0.5, 0.038]
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    span = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / span)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def _num_samples(targets: Any) -> int:
     """Samples a micro-batch's mean loss averages over (1-D targets and soft leaf targets: the non-ignored ones)."""
     if isinstance(targets, torch.Tensor):
@@ -152,6 +115,43 @@ def _num_samples(targets: Any) -> int:
             return int((targets >= 0).all(1).sum())
         return int(targets.shape[0])
     return len(targets)
+
+
+def unused_parameters(model: nn.Module, batch: Any, device: torch.device) -> list[str]:
+    """Names of the trainable parameters that get no gradient from ``model.loss`` on ``batch`` (a dry step).
+
+    The random streams, the buffers (batch-norm statistics) and the gradients are put back as they were, so the
+    run that follows is the run that would have followed without the check.
+
+    Example:
+        >>> class Half(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.used, self.spare = nn.Linear(2, 1), nn.Linear(2, 1)
+        ...     def forward(self, x):
+        ...         return self.used(x)
+        ...     def loss(self, out, y):
+        ...         return (out.squeeze(1) - y).pow(2).mean()
+        >>> unused_parameters(Half(), (torch.zeros(3, 2), torch.zeros(3)), torch.device("cpu"))
+        ['spare.weight', 'spare.bias']
+    """
+    # Sparse buffers are index tables no forward changes; dense ones (running statistics) may change.
+    buffers = [(b, b.detach().clone()) for b in model.buffers() if b.layout == torch.strided]
+    rngs = rng_state()
+    grads = {p: p.grad for p in model.parameters()}
+    for p in grads:
+        p.grad = None
+    try:
+        inputs, targets = move_to_device(batch[0], device), move_to_device(batch[1], device)
+        model.loss(model(inputs), targets).backward()
+        return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    finally:
+        for p, g in grads.items():
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        set_rng_state(rngs)
 
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -239,7 +239,8 @@ class _Run:
                 self.folder.restore(self.state)
             else:
                 seed_everything(self.cfg.run.seed + self.info.rank)  # per-rank random streams
-            self.train_model = self.wrap_ddp(self.state.model)
+            self.ddp = self.wrap_ddp(self.state.model)
+            self.train_model = torch.compile(self.ddp) if self.cfg.model.compile else self.ddp
             resumed = self.state.step if resuming else None
             loggers = open_loggers(self.cfg, self.folder.path, resume_step=resumed) if self.main else None
             with loggers or contextlib.nullcontext() as self.log_sink:
@@ -253,18 +254,16 @@ class _Run:
         seed_everything(cfg.run.seed)
         taxonomy = self.build_taxonomy()
         model = build_model(cfg, taxonomy).to(self.device)
+        if cfg.model.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         loader = self.build_loaders(model, taxonomy)
         self.decoders = [parse_decoder(d) for d in cfg.eval.decoders]
-        self.total_steps = total = cfg.schedule.max_steps or cfg.schedule.epochs * math.ceil(
-            len(loader) / cfg.optim.grad_accum
-        )
-        warmup = cfg.optim.warmup_steps or round(cfg.optim.warmup_ratio * total)
+        per_epoch = math.ceil(len(loader) / cfg.optim.grad_accum)
+        self.total_steps = total = cfg.schedule.max_steps or cfg.schedule.epochs * per_epoch
         optimizer = build_optimizer(model, cfg)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: cosine_schedule(s, total, warmup, cfg.optim.min_lr_ratio)
-        )
+        scheduler = build_scheduler(optimizer, cfg, total_steps=total, steps_per_epoch=per_epoch)
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
-        self.state = TrainState(model, optimizer, scheduler, scaler, loader, taxonomy)
+        self.state = TrainState(model, optimizer, scheduler, scaler, loader, taxonomy, ema=build_ema(model, cfg))
         self.soft_targets = build_soft_targets(cfg.data.mixup, taxonomy, cfg.model.head)
 
     def build_taxonomy(self) -> Taxonomy:
@@ -290,6 +289,9 @@ class _Run:
 
         train_set = dataset(data.train_split, True, data.max_train_samples)
         collate = getattr(model, "collate", None)
+        # A batch for the dry step of find_unused_parameters=auto (read lazily: only DDP runs need it).
+        first = range(min(2, len(train_set)))
+        self.probe = lambda: (collate or torch.utils.data.default_collate)([train_set[i] for i in first])
         loader = make_loader(
             train_set,
             data.batch_size // info.world_size,
@@ -301,6 +303,7 @@ class _Run:
             drop_last=data.drop_last,
             num_workers=data.num_workers,
             pin_memory=self.device.type == "cuda",
+            persistent_workers=data.num_workers > 0,
         )
         if len(loader) == 0:
             raise ConfigError(
@@ -324,10 +327,17 @@ class _Run:
         # Sparse index tables (tree operators) are the same on every rank and DDP cannot broadcast them.
         sparse = [n for n, b in model.named_buffers() if b.layout != torch.strided]
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sparse)
+        find_unused = self.cfg.run.find_unused_parameters
+        if find_unused == "auto":
+            # Every rank decides on its own batch; the sum makes the decision the same everywhere.
+            unused = unused_parameters(model, self.probe(), self.device)
+            find_unused = bool(all_reduce_sum(torch.tensor([float(len(unused))], device=self.device))[0])
+            if self.main and find_unused:
+                logger.info("DDP: find_unused_parameters on (no gradient for %s)", ", ".join(unused[:5]))
         return nn.parallel.DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            find_unused_parameters=self.cfg.run.find_unused_parameters,
+            find_unused_parameters=find_unused,
         )
 
     # ------------------------------------------------------------------ fit
@@ -344,7 +354,7 @@ class _Run:
         # disable=None: the bar only on a terminal, never written into a redirected log.
         bar_off = None if show else True
         self.bar = tqdm(total=self.total_steps, initial=s.step, desc="train", disable=bar_off, dynamic_ncols=True)
-        self.log_acc = torch.zeros(2, dtype=torch.float64)
+        self.log_acc = [0.0, 0]
         self.t_log, self.samples_since_log = time.perf_counter(), 0
         if s.step >= self.total_steps and self.eval_loader is not None:
             # Killed after its last checkpoint but before results.json: evaluate that checkpoint again.
@@ -361,6 +371,9 @@ class _Run:
                 s.epoch += 1
                 s.at_epoch_start = True
             self.save_last()
+        if not interrupted and self.eval_loader is None and s.ema is not None and cfg.model.ema.best_on == "ema":
+            s.best_step = s.step  # no evaluation picks a best: the final EMA weights are the run's model
+            self.folder.save_best(s.ema.module, {})
         self.bar.close()
         return results, interrupted
 
@@ -379,6 +392,8 @@ class _Run:
             consumed += len(window)
             step_loss, global_n = self.train_step(window)
             s.step += 1
+            if s.ema is not None:  # the same update on every rank: the weights are the same after the step
+                s.ema.update(s.model, step=s.step)
             self.steps_this_run += 1
             lr = self.scheduler_lr()
             self.log_train(step_loss, global_n, lr)
@@ -404,32 +419,40 @@ class _Run:
     def train_step(self, window: list[Any]) -> tuple[float, float]:
         """One optimizer step over the micro-batches of ``window``; returns ``(mean loss, global sample count)``.
 
-        Each micro-batch loss is weighted by its share of the step's global sample count (times the world size,
-        undoing DDP's mean), so the gradient is the global-batch mean as in one process.
+        Each micro-batch loss is weighted by its sample count over the full global step's (times the world
+        size, undoing DDP's mean); a shorter step (an epoch's end, ignored labels) has its gradient rescaled by
+        full / actual count once the step's one all-reduce has counted it, so the gradient is the mean over the
+        step's global samples as in one process.
         """
         cfg, info, s, device, amp_dtype = self.cfg, self.info, self.state, self.device, self.amp_dtype
-        window = [self.prepare_batch(*batch) for batch in window]
-        local_n = sum(_num_samples(t) for _, t in window)
-        global_n = float(all_reduce_sum(torch.tensor([local_n], dtype=torch.float64))[0])
-        step_loss, bad_loss = 0.0, None
-        for i, (inputs, targets) in enumerate(window):
-            inputs, targets = move_to_device(inputs, device), move_to_device(targets, device)
-            n = _num_samples(targets)
+        full = cfg.data.batch_size * cfg.optim.grad_accum
+        acc = torch.zeros(3, dtype=torch.float64, device=device)  # samples, loss * samples, non-finite losses
+        for i, (loaded_inputs, loaded_targets) in enumerate(window):
+            inputs, targets = self.prepare_batch(loaded_inputs, loaded_targets)  # data.mixup: mixed, soft targets
+            n = _num_samples(targets)  # on the host copy: no device sync
+            inputs, targets = self.to_device(inputs), move_to_device(targets, device)
             sync = i == len(window) - 1 or not info.distributed
-            with contextlib.nullcontext() if sync else self.train_model.no_sync():
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                     loss = s.model.loss(self.train_model(inputs), targets)
-                weight = n / global_n * info.world_size if global_n > 0 else 0.0
+                weight = n * info.world_size / full
                 scaled = loss * weight if n > 0 else sum(p.sum() for p in s.model.parameters()) * 0.0
                 s.scaler.scale(scaled).backward()
             if n > 0:
-                value = float(loss.detach())
-                step_loss += value * n / global_n
-                bad_loss = value if not math.isfinite(value) else bad_loss
-        # Every rank must agree before one of them stops (the others would wait in the next all-reduce).
-        if float(all_reduce_sum(torch.tensor([0.0 if bad_loss is None else 1.0], dtype=torch.float64))[0]):
+                value = loss.detach().double()
+                acc[0] += n  # a scalar operand: no host-to-device copy
+                acc[1] += value * n
+                acc[2] += (~torch.isfinite(value)).double()
+        # The step's one all-reduce and host sync: every rank must agree before one of them stops.
+        global_n, loss_sum, bad = all_reduce_sum(acc).tolist()
+        step_loss = loss_sum / global_n if global_n > 0 else 0.0
+        if bad:
             s.optimizer.zero_grad(set_to_none=True)
-            self.diverged(bad_loss)
+            self.diverged(step_loss)
+        if 0 < global_n != full:
+            for p in s.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(full / global_n)
         if cfg.optim.clip_grad_norm is not None:
             s.scaler.unscale_(s.optimizer)
             torch.nn.utils.clip_grad_norm_(s.model.parameters(), cfg.optim.clip_grad_norm)
@@ -446,6 +469,13 @@ class _Run:
             return inputs, targets
         return self.soft_targets(move_to_device(inputs, self.device), targets)
 
+    def to_device(self, inputs: Any) -> Any:
+        """``inputs`` on the run's device; image batches channels-last with ``model.channels_last``."""
+        inputs = move_to_device(inputs, self.device)
+        if self.cfg.model.channels_last and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs
+
     def scheduler_lr(self) -> float:
         return self.state.scheduler.get_last_lr()[0]
 
@@ -455,8 +485,7 @@ class _Run:
         if weights:
             what = f"step {step}: the weights are no longer finite after this step (lr {lr:.3g})"
         else:
-            value = "not finite on another rank" if loss is None else f"{loss}"
-            what = f"step {step + 1}: the training loss is {value} at lr {lr:.3g}"
+            what = f"step {step + 1}: the training loss is {loss} at lr {lr:.3g}"
         last = self.folder.path / "checkpoints" / "last"
         kept = "no checkpoint had been written yet"
         if saved is not None:
@@ -467,22 +496,21 @@ class _Run:
         )
 
     def log_train(self, step_loss: float, global_n: float, lr: float) -> None:
-        """Accumulate the step's loss; every ``run.log_every`` steps log the mean over ranks and steps."""
+        """Accumulate the step's loss; every ``run.log_every`` steps log the mean over steps (of global means)."""
         s = self.state
         self.samples_since_log += int(global_n)
-        self.log_acc += torch.tensor([step_loss, 1.0], dtype=torch.float64)
+        self.log_acc = [self.log_acc[0] + step_loss, self.log_acc[1] + 1]
         self.bar.update(1)
         if s.step % self.cfg.run.log_every and s.step != self.total_steps:
             return
-        # Each rank holds its share of every step's global mean loss; the step count is the same.
-        s.train_loss = mean_loss = float(all_reduce_sum(self.log_acc[:1].clone())[0] / self.log_acc[1])
+        s.train_loss = mean_loss = self.log_acc[0] / self.log_acc[1]
         elapsed = time.perf_counter() - self.t_log
         speed = self.samples_since_log / elapsed if elapsed > 0 else None
         self.log(
             {"type": "train", "step": s.step, "epoch": s.epoch, "loss": mean_loss, "lr": lr, "samples_per_s": speed}
         )
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-        self.log_acc.zero_()
+        self.log_acc = [0.0, 0]
         self.t_log, self.samples_since_log = time.perf_counter(), 0
 
     def log(self, record: dict[str, Any]) -> None:
@@ -492,15 +520,47 @@ class _Run:
 
     # ------------------------------------------------------------------ evaluate and checkpoint
     def evaluate(self) -> dict[str, Any]:
-        """Evaluate, keep ``checkpoints/best`` on the best metric, log; optionally save the probabilities."""
+        """Evaluate, keep ``checkpoints/best`` on the best metric, log; optionally save the probabilities.
+
+        With an EMA, the run's model (evaluated, calibrated, kept as ``best``) is the EMA's weights when
+        ``model.ema.best_on`` is ``ema``, and the other weights' scalar metrics are logged beside its under
+        ``raw/`` or ``ema/`` (with ``model.ema.eval``).
+        """
         cfg, s = self.cfg, self.state
         if self.eval_loader is None:
             return {}
+        on_ema = s.ema is not None and cfg.model.ema.best_on == "ema"
+        run_model = s.ema.module if on_ema else s.model
+        results = self.evaluate_weights(run_model)
+        if s.ema is not None and cfg.model.ema.eval:
+            other, prefix = (s.model, "raw") if on_ema else (s.ema.module, "ema")
+            scores, _, _ = evaluate_model(
+                other, self.eval_loader, s.taxonomy, self.decoders, device=self.device, amp_dtype=self.amp_dtype
+            )
+            results.update({f"{prefix}/{k}": v for k, v in scores.items() if isinstance(v, (int, float))})
+        s.best_key = key = s.best_key or _best_metric_key(cfg, results)
+        value = results.get(key)
+        if isinstance(value, (int, float)) and (
+            s.best_value is None or (value > s.best_value if cfg.eval.best_mode == "max" else value < s.best_value)
+        ):
+            s.best_value, s.best_step = float(value), s.step
+            self.folder.save_best(run_model, results)
+        self.log(
+            {"type": "eval", "step": s.step, "epoch": s.epoch, **results, "best_key": key, "best_value": s.best_value}
+        )
+        shown = ("accuracy", "hF1_micro", "mean_dice", "eval_loss", key.rsplit("/", 1)[-1])
+        summary = [f"{k}={v:.4f}" for k, v in results.items() if isinstance(v, float) and k.rsplit("/", 1)[-1] in shown]
+        logger.info("eval after step %d: %s", s.step, ", ".join(summary))
+        return results
+
+    def evaluate_weights(self, model: HierarchicalClassifier) -> dict[str, Any]:
+        """``model``'s metrics under every decoder (calibrated and saved as ``eval.calibrate`` / ``save_probs`` ask)."""
+        cfg, s = self.cfg, self.state
         collected: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if cfg.eval.calibrate else None
         if collected is not None:
-            s.model.temperature = 1.0  # the raw probabilities first; the fit below sets the new temperature
+            model.temperature = 1.0  # the raw probabilities first; the fit below sets the new temperature
         results, probs, labels = evaluate_model(
-            s.model,
+            model,
             self.eval_loader,
             s.taxonomy,
             self.decoders,
@@ -511,22 +571,9 @@ class _Run:
             collect=collected,
         )
         if collected is not None:
-            results.update(calibrate_outputs(s.model, collected, s.taxonomy, self.decoders, n_bins=cfg.eval.ece_bins))
+            results.update(calibrate_outputs(model, collected, s.taxonomy, self.decoders, n_bins=cfg.eval.ece_bins))
         if cfg.eval.save_probs:
             self.folder.save_probs(probs, labels, s.taxonomy.num_nodes)
-        s.best_key = key = s.best_key or _best_metric_key(cfg, results)
-        value = results.get(key)
-        if isinstance(value, (int, float)) and (
-            s.best_value is None or (value > s.best_value if cfg.eval.best_mode == "max" else value < s.best_value)
-        ):
-            s.best_value, s.best_step = float(value), s.step
-            self.folder.save_best(s.model, results)
-        self.log(
-            {"type": "eval", "step": s.step, "epoch": s.epoch, **results, "best_key": key, "best_value": s.best_value}
-        )
-        shown = ("accuracy", "hF1_micro", "mean_dice", "eval_loss", key.rsplit("/", 1)[-1])
-        summary = [f"{k}={v:.4f}" for k, v in results.items() if isinstance(v, float) and k.rsplit("/", 1)[-1] in shown]
-        logger.info("eval after step %d: %s", s.step, ", ".join(summary))
         return results
 
     def save_last(self) -> None:
