@@ -9,6 +9,7 @@ with 2 gloo workers, SIGINT and SIGKILL.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -281,6 +282,18 @@ def test_a_run_is_refused_while_a_worker_of_an_earlier_ddp_run_lives(base: dict[
     assert train(recipe(base["tax"], run))["step"] == 2
 
 
+def _lock_free(path: Path) -> bool:
+    """No process holds the exclusive flock of ``path`` (a run folder's ``.lock``)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the lock again
+    return True
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie that no one reaped yet counts as gone)."""
     try:
@@ -320,6 +333,10 @@ def test_killing_the_torchrun_launcher_kills_its_workers(base: dict[str, Path], 
         while any(_alive(p) for p in pids) and time.monotonic() - t0 < 30:
             time.sleep(0.1)
         assert not any(_alive(p) for p in pids), "the workers outlived their launcher"
+        # A dead worker's leader thread reads as a zombie while its other threads still exit (its files, the folder's
+        # lock among them, close with the last one): the resume waits for the lock, as a user's would be refused.
+        while not _lock_free(run / ".lock") and time.monotonic() - t0 < 60:
+            time.sleep(0.2)
     finally:
         launcher.kill()
     threads = torch.get_num_threads()
