@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _generators import random_tree, star, tree_with_classes
 
 from hiercls.heads import create_head, list_heads
 from hiercls.losses import HXELoss, SoftLabelLoss
@@ -19,7 +20,6 @@ from hiercls.models.prompt_pool import HierarchicalPromptPool
 from hiercls.train.config import ConfigError, MixupConfig, apply_overrides, config_from_dict
 from hiercls.train.loop import train
 from hiercls.train.targets import SoftTargets
-from tests._generators import random_tree, star, tree_with_classes
 
 D = 6
 # Every registered head with the options worth covering; a head registered without an entry here fails.
