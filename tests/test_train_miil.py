@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 
 from hiercls.cli import main
-from hiercls.train import load_config, train
+from hiercls.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "imagenet21k_semantic_softmax.yaml"
