@@ -18,10 +18,10 @@ from hiercls.train import train
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "imagenet21k_semantic_softmax.yaml"
 LEAVES = ["animal/cat", "animal/dog", "plant/oak", "plant/rose"]
-COLOURS = np.array([[230, 40, 40], [40, 230, 40], [40, 40, 230], [230, 230, 40]], dtype=np.float64)
+COLOURS = np.array([[160, 110, 110], [110, 160, 110], [110, 110, 160], [160, 160, 110]], dtype=np.float64)
 
 
-def _image_folder(root: Path, per_leaf: dict[str, int], seed: int) -> Path:
+def _image_folder(root: Path, per_leaf: dict[str, int], seed: int, noise: float = 150.0) -> Path:
     """``root/<split>/<parent>/<leaf>/<i>.png``: 16 px images of a leaf's colour plus noise (a learnable problem)."""
     rng = np.random.default_rng(seed)
     for split, n in per_leaf.items():
@@ -29,7 +29,7 @@ def _image_folder(root: Path, per_leaf: dict[str, int], seed: int) -> Path:
             folder = root / split / leaf
             folder.mkdir(parents=True)
             for i in range(n):
-                pixels = COLOURS[k] + rng.normal(0.0, 40.0, (16, 16, 3))
+                pixels = COLOURS[k] + rng.normal(0.0, noise, (16, 16, 3))
                 Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{i}.png")
     return root
 
@@ -107,8 +107,8 @@ def _run(data: dict[str, Path], out: Path, seed: int, featured: bool, compiled: 
             "image_size": 16,
         },
         "optim": {"lr": 3e-3, "warmup_ratio": 0.1},
-        "schedule": {"epochs": 8},
-        "eval": {"decoders": ["argmax_leaf"], "every": 8},
+        "schedule": {"epochs": 6},
+        "eval": {"decoders": ["argmax_leaf"], "every": 6},
         "run": {"out_dir": str(out), "seed": seed, "progress": False, "plot": False, "log_every": 100},
     }
     if featured:
@@ -122,13 +122,14 @@ def _run(data: dict[str, Path], out: Path, seed: int, featured: bool, compiled: 
 
 @pytest.mark.slow
 def test_mixup_ema_compile_shards_train_as_well_as_the_plain_loop(data: dict[str, Path], tmp_path: Path) -> None:
-    """Rule: 3 seeds each; the featured runs' mean held-out hF1 is at least the plain runs' mean minus
+    """Rule: 5 seeds each; the featured runs' mean held-out hF1 is at least the plain runs' mean minus
     (2 x the plain runs' standard deviation over seeds + one validation sample's share, 1/32, so that a spread of
-    zero does not demand equality). torch.compile takes minutes to compile on this CPU, so only seed 0 of the
-    featured runs is compiled; seeds 1 and 2 are eager."""
-    seeds = [0, 1, 2]
+    zero does not demand equality). The colours overlap under the noise, so the metric sits between chance and 1
+    (measured: plain 0.81/0.69/0.72 on seeds 0-2). torch.compile takes about a minute to compile on this CPU, so
+    only seed 0 of the featured runs is compiled; the other seeds are eager."""
+    seeds = [0, 1, 2, 3, 4]
     plain = [_run(data, tmp_path / f"plain{s}", s, featured=False, compiled=False) for s in seeds]
     featured = [_run(data, tmp_path / f"feat{s}", s, featured=True, compiled=s == 0) for s in seeds]
-    assert statistics.mean(plain) > 0.6, plain  # the problem is learnt (chance is about 0.5 on 4 leaves in 2 groups)
+    assert statistics.mean(plain) > 0.6, plain  # learnt: a uniform guess scores 0.375 (parent 1/2, leaf 1/4)
     tolerance = 2 * statistics.stdev(plain) + 1 / (8 * len(LEAVES))
     assert statistics.mean(featured) >= statistics.mean(plain) - tolerance, (plain, featured, tolerance)
