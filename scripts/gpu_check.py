@@ -6,12 +6,16 @@ scaler) and bf16 autocast steps per head, each head's step time as a ratio to th
 runs under ``torchrun --nproc_per_node 1`` with the NCCL backend; every decoder decodes ``[1000, N]`` node
 probabilities on the device, and so do the expected-cost functions: each must return tensors on the device without
 a host copy (``Tensor.cpu`` / ``Tensor.numpy`` raise while it runs); a few metrics score device labels (copied to
-the host, their array results back on the device).
+the host, their array results back on the device). Then every head's bf16 step again, eager and through
+``torch.compile`` (``model.compile: true``), with the same initial weights: ms per step of each, compiled / eager,
+the compile time (the first step) and the first losses, which must agree to bf16 precision (``--no-compile`` skips
+it; ``--compile-cpu`` runs it on the CPU as well, minutes per head).
 Without CUDA, or with ``--dry``, the CPU-feasible parts run tiny (float32 steps of
 every head on a 2-block ViT and a small tree, the decoders' torch kernels and the metrics on CPU tensors) and the
 CUDA parts are skipped with a message; the exit status is then 0 when the tiny parts pass.
 
-Usage: ``python scripts/gpu_check.py [--dry] [--steps 3]`` (``--ddp-worker`` is the torchrun child).
+Usage: ``python scripts/gpu_check.py [--dry] [--steps 3] [--no-compile] [--compile-cpu]`` (``--ddp-worker`` is the
+torchrun child).
 """
 
 from __future__ import annotations
@@ -56,15 +60,21 @@ def _backbone(cuda: bool) -> tuple[str, dict[str, Any], int, int]:
     )
 
 
+def _check_heads() -> list[str]:
+    """flat first, every registered non-dense head, then TransHP (a flat head with prompts)."""
+    from hiercls.heads import get_head_class, list_heads
+
+    return ["flat", *[h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense], "transhp"]
+
+
 def head_steps(device: torch.device, steps: int) -> dict[str, Any]:
     """Per head and precision: ms per training step, its ratio to flat, and node_probs staying on the device."""
-    from hiercls.heads import get_head_class, list_heads
     from hiercls.models import create_model
 
     cuda = device.type == "cuda"
     tax = _tree(cuda)
     name, opts, size, batch = _backbone(cuda)
-    heads = ["flat", *[h for h in list_heads() if h != "flat" and not get_head_class(h).supports_dense], "transhp"]
+    heads = _check_heads()
     precisions = ["fp16", "bf16"] if cuda else ["fp32"]
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, size, size, generator=gen).to(device)
@@ -113,6 +123,72 @@ def head_steps(device: torch.device, steps: int) -> dict[str, Any]:
             if flat and "ms_per_step" in r:
                 r["ratio_vs_flat"] = round(r["ms_per_step"] / flat, 3)
         out[prec] = res
+    return out
+
+
+def _bf16_step(model: Any, forward: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+    """One AdamW training step under bf16 autocast through ``forward`` (the model or its compiled wrapper)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            loss = model.loss(forward(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+def _eager_and_compiled(name: str, opts: dict[str, Any], tax: Any, head: str, x: Any, y: Any, steps: int) -> dict:
+    """ms per bf16 step of one head, eager and through ``torch.compile`` (the same initial weights), and the
+    first step's loss of each (they must agree to bf16 precision)."""
+    from hiercls.models import create_model
+
+    res: dict[str, Any] = {}
+    for mode in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = create_model(name, tax, head=head, **opts).to(x.device).train()
+        step = _bf16_step(model, torch.compile(model) if mode == "compiled" else model, x, y)
+        _sync(x.device)
+        t0 = time.perf_counter()
+        first = step()  # the compiled model compiles here
+        _sync(x.device)
+        res[f"{mode}_first_step_s"] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
+        losses = [first] + [step() for _ in range(steps)]
+        _sync(x.device)
+        res[f"{mode}_ms_per_step"] = round((time.perf_counter() - t0) / steps * 1e3, 3)
+        res[f"{mode}_first_loss"] = round(first, 5)
+        res.setdefault("finite", True)
+        res["finite"] &= all(math.isfinite(v) for v in losses)
+    res["compiled_vs_eager"] = round(res["compiled_ms_per_step"] / res["eager_ms_per_step"], 3)
+    diff = abs(res["compiled_first_loss"] - res["eager_first_loss"])
+    res["ok"] = bool(res.pop("finite") and diff <= 0.05 * abs(res["eager_first_loss"]) + 1e-2)
+    return res
+
+
+def compiled_steps(device: torch.device, steps: int, enabled: bool) -> dict[str, Any]:
+    """Per head: a bf16 autocast training step eager and under ``torch.compile`` (``model.compile: true``), as
+    ms per step (compilation in the untimed first step, reported apart) and compiled / eager."""
+    if not enabled:
+        why = "no CUDA (or --dry)" if device.type != "cuda" else "--no-compile"
+        return {"skipped": f"{why}: compiled bf16 steps are skipped (torch.compile takes minutes per head on CPU)"}
+    cuda = device.type == "cuda"
+    tax = _tree(cuda)
+    name, opts, size, batch = _backbone(cuda)
+    heads = _check_heads()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=gen).to(device)
+    leaves = torch.as_tensor(np.array(tax.leaves))
+    y = leaves[torch.randint(len(leaves), (batch,), generator=gen)].to(device)
+    out: dict[str, Any] = {"precision": "bf16", "batch": batch, "steps": steps}
+    for head in heads:
+        try:
+            out[head] = _eager_and_compiled(name, opts, tax, head, x, y, steps)
+        except Exception as err:  # reported, the other heads still run
+            out[head] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
     return out
 
 
@@ -258,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry", action="store_true", help="CPU only, tiny; skip the CUDA parts")
     ap.add_argument("--steps", type=int, default=None, help="timed training steps per head and precision")
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled bf16 steps (CUDA)")
+    ap.add_argument("--compile-cpu", action="store_true", help="run the compiled bf16 steps on CPU too (minutes)")
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ddp_worker:
@@ -275,6 +353,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"gpu_check: {report['skipped']}", file=sys.stderr)
     report["heads"] = head_steps(device, args.steps or (3 if cuda else 1))
+    compile_on = (cuda and not args.no_compile) or args.compile_cpu
+    report["compiled"] = compiled_steps(device, args.steps or (3 if cuda else 1), compile_on)
+    for head, r in report["compiled"].items():
+        if isinstance(r, dict) and "compiled_ms_per_step" in r:
+            print(
+                f"gpu_check: bf16 step {head}: eager {r['eager_ms_per_step']} ms, compiled "
+                f"{r['compiled_ms_per_step']} ms ({r['compiled_vs_eager']}x eager; "
+                f"compiling took {r['compiled_first_step_s']} s)",
+                file=sys.stderr,
+            )
     report["ddp"] = ddp_step(cuda)
     report["decoders"] = decoders(device)
     report["metrics"] = metrics(device)
@@ -287,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for part in ("decoders", "metrics"):
         failures += [f"{part}.{k}" for k, r in report[part].items() if isinstance(r, dict) and not r["ok"]]
+    failures += [f"compiled.{h}" for h, r in report["compiled"].items() if isinstance(r, dict) and not r["ok"]]
     if cuda and not report["ddp"].get("ok"):
         failures.append("ddp")
     report["failures"] = failures
