@@ -48,6 +48,7 @@ __all__ = [
     "SchedConfig",
     "ScheduleConfig",
     "StudyConfig",
+    "TeacherConfig",
     "TrainConfig",
     "apply_overrides",
     "config_from_dict",
@@ -88,6 +89,25 @@ class EmaConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """Semantic knowledge distillation from a trained teacher (Ridnik et al. 2021, ImageNet-21K pretraining).
+
+    The loss becomes ``head loss + weight * head.distillation_loss(student, teacher, distance=distance)``; the
+    teacher sees the same (mixed) inputs under ``torch.no_grad`` and is never trained or saved. Both heads must be
+    ``semantic_softmax`` over the run's taxonomy (same fingerprint); a timm-model teacher is not supported.
+
+    Attributes:
+        path: a hiercls run folder, study folder or saved model folder; ``None``: no distillation.
+        weight: the weight of the distillation term (``>= 0``).
+        distance: ``mse`` or ``kl`` between the per-level softmaxes (:class:`hiercls.losses.SemanticKDLoss`).
+    """
+
+    path: str | None = None
+    weight: float = 1.0
+    distance: Literal["mse", "kl"] = "mse"
+
+
+@dataclass
 class ModelConfig:
     """The network: a backbone spec, a head from ``hiercls.heads`` and where the weights come from.
 
@@ -100,6 +120,7 @@ class ModelConfig:
         weights: ``None`` (random init), ``"package"`` (the offline weight package of the backbone) or a path.
         backbone_options: extra keyword arguments of the backbone (``max_length``, ``img_size``, ...).
         ema: see :class:`EmaConfig`.
+        teacher: see :class:`TeacherConfig`.
         compile: train through ``torch.compile`` of the model (the first steps compile it).
         channels_last: keep the weights and 4-D image batches in the channels-last memory format (faster
             convolutions on GPUs with tensor cores).
@@ -111,6 +132,7 @@ class ModelConfig:
     weights: str | None = None
     backbone_options: dict[str, Any] = field(default_factory=dict)
     ema: EmaConfig = field(default_factory=EmaConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     compile: bool = False
     channels_last: bool = False
 
@@ -869,7 +891,7 @@ def validate_config(cfg: TrainConfig, *, source: str = "config") -> None:
 
 
 def _validate_optim_extras(cfg: TrainConfig, need: typing.Callable[[bool, str, str], None]) -> None:
-    """The optimizer's, schedule's and EMA's ranges."""
+    """The optimizer's, schedule's, EMA's and teacher's ranges."""
     o, s, e = cfg.optim, cfg.sched, cfg.model.ema
     need(bool(o.name.strip()), "optim.name", "must name an optimizer, e.g. adamw, sgd, lamb, lars")
     need(o.momentum is None or 0 <= o.momentum < 1, "optim.momentum", f"must be in [0, 1) or null, got {o.momentum}")
@@ -885,6 +907,8 @@ def _validate_optim_extras(cfg: TrainConfig, need: typing.Callable[[bool, str, s
         "sched.decay_milestones",
         "multistep needs epochs, e.g. [30, 60]",
     )
+    t = cfg.model.teacher
+    need(math.isfinite(t.weight) and t.weight >= 0, "model.teacher.weight", f"must be finite and >= 0, got {t.weight}")
     need(s.decay_rate > 0, "sched.decay_rate", f"must be > 0, got {s.decay_rate}")
     need(0 <= s.warmup_lr_ratio <= 1, "sched.warmup_lr_ratio", f"must be in [0, 1], got {s.warmup_lr_ratio}")
     need(0 < s.pct_start < 1, "sched.pct_start", f"must be in (0, 1), got {s.pct_start}")
