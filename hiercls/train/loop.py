@@ -49,6 +49,7 @@ from hiercls.decode import parse_decoder
 from hiercls.evaluation.calibration import calibrate_outputs
 from hiercls.evaluation.model import evaluate_model
 from hiercls.models import HierarchicalClassifier, create_model, move_to_device
+from hiercls.models.inference import resolve_model_dir
 from hiercls.taxonomy import Taxonomy, load_taxonomy
 from hiercls.train.checkpoint import RunFolder, TrainState, rng_state, seed_everything, set_rng_state
 from hiercls.train.config import ConfigError, TrainConfig, config_from_dict
@@ -265,6 +266,42 @@ class _Run:
         scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.state = TrainState(model, optimizer, scheduler, scaler, loader, taxonomy, ema=build_ema(model, cfg))
         self.soft_targets = build_soft_targets(cfg.data.mixup, taxonomy, cfg.model.head)
+        self.teacher = self.build_teacher(taxonomy)
+
+    def build_teacher(self, taxonomy: Taxonomy) -> HierarchicalClassifier | None:
+        """``model.teacher``: a frozen semantic-softmax model over the run's taxonomy (eval mode, not in the
+        optimizer, DDP or checkpoints; reloaded from its path on resume), or ``None``."""
+        t = self.cfg.model.teacher
+        if t.path is None:
+            return None
+        where = f"model.teacher.path: {t.path!r}"
+        if self.cfg.model.head != "semantic_softmax":
+            raise ConfigError(f"{where}: distillation needs model.head semantic_softmax, got {self.cfg.model.head!r}")
+        try:
+            folder, _ = resolve_model_dir(t.path)
+        except FileNotFoundError as err:
+            raise ConfigError(f"{where}: expected a hiercls run, study or model folder ({err})") from None
+        teacher = HierarchicalClassifier.from_pretrained(folder, map_location=self.device).eval()
+        if teacher.head_name != "semantic_softmax":
+            raise ConfigError(f"{where}: the teacher's head must be semantic_softmax, got {teacher.head_name!r}")
+        if teacher.taxonomy.fingerprint != taxonomy.fingerprint:
+            raise ConfigError(
+                f"{where}: the teacher's taxonomy {teacher.taxonomy.name!r} (fingerprint "
+                f"{teacher.taxonomy.fingerprint[:16]}) is not the run's {taxonomy.name!r} ({taxonomy.fingerprint[:16]})"
+            )
+        teacher.requires_grad_(False)
+        return teacher
+
+    def step_loss(self, inputs: Any, targets: Any) -> torch.Tensor:
+        """The head's loss on the student's output, plus ``model.teacher``'s distillation term (same inputs)."""
+        model, output = self.state.model, self.train_model(inputs)
+        loss = model.loss(output, targets)
+        if self.teacher is None:
+            return loss
+        t = self.cfg.model.teacher
+        with torch.no_grad():
+            teacher_output = self.teacher(inputs)
+        return loss + t.weight * model.head.distillation_loss(output, teacher_output, distance=t.distance)
 
     def build_taxonomy(self) -> Taxonomy:
         """The recipe's taxonomy, else the data set's (a shipped one, or one it brings, e.g. nested folders)."""
@@ -434,7 +471,7 @@ class _Run:
             sync = i == len(window) - 1 or not info.distributed
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    loss = s.model.loss(self.train_model(inputs), targets)
+                    loss = self.step_loss(inputs, targets)
                 weight = n * info.world_size / full
                 scaled = loss * weight if n > 0 else sum(p.sum() for p in s.model.parameters()) * 0.0
                 s.scaler.scale(scaled).backward()

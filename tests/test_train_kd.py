@@ -1,0 +1,100 @@
+"""Semantic knowledge distillation from a trained teacher (``model.teacher``, Ridnik et al. 2021)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hiercls.models import create_model
+from hiercls.taxonomy import Taxonomy
+from hiercls.train.config import ConfigError, config_from_dict
+from hiercls.train.loop import train
+
+EDGES = [("root", "animal"), ("root", "vehicle"), ("animal", "cat"), ("animal", "dog"), ("vehicle", "car")]
+
+
+@pytest.fixture(scope="module")
+def taxonomy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tax") / "tax.txt"
+    path.write_text("".join(f"{a} {b}\n" for a, b in EDGES), encoding="utf-8")
+    return path
+
+
+def recipe(taxonomy_file: Path, out: Path, steps: int, teacher: dict | None = None, head: str = "semantic_softmax"):
+    """A tiny ViT on synthetic 16 px images (the fastest training set-up of tests/test_train.py)."""
+    model = {"backbone": "timm:test_vit", "head": head, "backbone_options": {"img_size": 16}}
+    if teacher is not None:
+        model["teacher"] = teacher
+    return config_from_dict(
+        {
+            "taxonomy": str(taxonomy_file),
+            "model": model,
+            "data": {
+                "dataset": "synthetic",
+                "batch_size": 8,
+                "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 8},
+            },
+            "optim": {"lr": 3e-3, "warmup_steps": 0},
+            "schedule": {"max_steps": steps},
+            "eval": {"decoders": ["argmax_leaf"]},
+            "run": {"out_dir": str(out), "progress": False, "plot": False, "seed": 5},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def teacher_run(taxonomy_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("teacher") / "run"
+    cfg = recipe(taxonomy_file, out, steps=2)
+    cfg.run.seed = 11  # a teacher that differs from the student's initialisation
+    train(cfg)
+    return out
+
+
+def _student(taxonomy_file: Path, out: Path, teacher: dict | None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    losses: list[float] = []
+    train(recipe(taxonomy_file, out, steps=2, teacher=teacher), callbacks=[lambda r: losses.append(r["loss"])])
+    return losses, load_file(str(out / "checkpoints" / "last" / "model.safetensors"))
+
+
+def test_kd_adds_weight_times_distillation_loss(taxonomy_file: Path, teacher_run: Path, tmp_path: Path) -> None:
+    """weight 0: bitwise the run without a teacher; the first step's loss grows linearly in the weight (the same
+    student init and batch: loss(w) = head loss + w * KD), and the trained weights differ."""
+    plain_loss, plain = _student(taxonomy_file, tmp_path / "plain", None)
+    zero_loss, zero = _student(taxonomy_file, tmp_path / "w0", {"path": str(teacher_run), "weight": 0.0})
+    one_loss, one = _student(taxonomy_file, tmp_path / "w1", {"path": str(teacher_run), "weight": 1.0})
+    three_loss, _ = _student(taxonomy_file, tmp_path / "w3", {"path": str(teacher_run), "weight": 3.0})
+    assert zero_loss == plain_loss
+    assert all(torch.equal(zero[k], plain[k]) for k in plain)
+    kd = one_loss[0] - plain_loss[0]
+    assert kd > 1e-6  # a teacher of another seed disagrees with the student's initial output
+    assert three_loss[0] - plain_loss[0] == pytest.approx(3 * kd, rel=1e-4)
+    assert any(not torch.equal(one[k], plain[k]) for k in plain)
+
+
+def test_kd_teacher_refusals(taxonomy_file: Path, teacher_run: Path, tmp_path: Path) -> None:
+    tax = Taxonomy(EDGES)
+    flat = create_model("timm:test_vit", tax, head="flat", img_size=16).save_pretrained(tmp_path / "flat")
+    other = Taxonomy([*EDGES, ("vehicle", "bus")])
+    foreign = create_model("timm:test_vit", other, head="semantic_softmax", img_size=16)
+    foreign = foreign.save_pretrained(tmp_path / "foreign")
+    cases = [
+        ({"path": str(flat)}, "semantic_softmax", "the teacher's head must be semantic_softmax, got 'flat'"),
+        ({"path": str(foreign)}, "semantic_softmax", "the teacher's taxonomy .* is not the run's"),
+        ({"path": str(tmp_path / "missing")}, "semantic_softmax", "expected a hiercls run, study or model folder"),
+        ({"path": str(teacher_run)}, "flat", "distillation needs model.head semantic_softmax, got 'flat'"),
+    ]
+    for teacher, head, message in cases:
+        cfg = recipe(taxonomy_file, tmp_path / f"run_{len(message)}", steps=1, teacher=teacher, head=head)
+        with pytest.raises(ConfigError, match=f"model.teacher.path: '{teacher['path']}'.*{message}"):
+            train(cfg)
+
+
+def test_kd_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="model.teacher.weight: must be finite and >= 0, got -1"):
+        config_from_dict({"model": {"teacher": {"weight": -1.0}}})
+    with pytest.raises(ConfigError, match="model.teacher.distance: expected one of 'mse', 'kl'"):
+        config_from_dict({"model": {"teacher": {"distance": "l1"}}})
