@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from hiercls.data import build_dataset, image_transform
 from hiercls.models import create_model
-from hiercls.taxonomy import Taxonomy
-from hiercls.train.config import ConfigError, config_from_dict
-from hiercls.train.loop import train
+from hiercls.taxonomy import Taxonomy, load_taxonomy
+from hiercls.train.checkpoint import seed_everything
+from hiercls.train.config import ConfigError, TrainConfig, config_from_dict
+from hiercls.train.inference import load_trained_model
+from hiercls.train.loop import build_model, train
 
 EDGES = [("root", "animal"), ("root", "vehicle"), ("animal", "cat"), ("animal", "dog"), ("vehicle", "car")]
 
@@ -35,6 +39,8 @@ def recipe(taxonomy_file: Path, out: Path, steps: int, teacher: dict | None = No
             "data": {
                 "dataset": "synthetic",
                 "batch_size": 8,
+                "shuffle": False,
+                "augment": False,
                 "options": {"kind": "image", "image_size": 16, "train_samples": 16, "val_samples": 8},
             },
             "optim": {"lr": 3e-3, "warmup_steps": 0},
@@ -60,19 +66,39 @@ def _student(taxonomy_file: Path, out: Path, teacher: dict | None) -> tuple[list
     return losses, load_file(str(out / "checkpoints" / "last" / "model.safetensors"))
 
 
-def test_kd_adds_weight_times_distillation_loss(taxonomy_file: Path, teacher_run: Path, tmp_path: Path) -> None:
-    """weight 0: bitwise the run without a teacher; the first step's loss grows linearly in the weight (the same
-    student init and batch: loss(w) = head loss + w * KD), and the trained weights differ."""
-    plain_loss, plain = _student(taxonomy_file, tmp_path / "plain", None)
-    zero_loss, zero = _student(taxonomy_file, tmp_path / "w0", {"path": str(teacher_run), "weight": 0.0})
-    one_loss, one = _student(taxonomy_file, tmp_path / "w1", {"path": str(teacher_run), "weight": 1.0})
-    three_loss, _ = _student(taxonomy_file, tmp_path / "w3", {"path": str(teacher_run), "weight": 3.0})
-    assert zero_loss == plain_loss
-    assert all(torch.equal(zero[k], plain[k]) for k in plain)
-    kd = one_loss[0] - plain_loss[0]
+def _first_step_by_hand(cfg: TrainConfig, teacher_run: Path) -> tuple[float, float]:
+    """``(head loss, KD loss)`` of the student's initial weights on the first (unshuffled) batch, built here."""
+    taxonomy = load_taxonomy(cfg.taxonomy)
+    seed_everything(cfg.run.seed)
+    student = build_model(cfg, taxonomy)
+    transform = image_transform(student, train=True, image_size=16, augment=False)
+    dataset = build_dataset("synthetic", "train", taxonomy, cfg.data.options, transform)
+    inputs, targets = torch.utils.data.default_collate([dataset[i] for i in range(8)])
+    teacher, _, _ = load_trained_model(teacher_run, which="last")
+    with torch.no_grad():
+        output = student(inputs)
+        kd = student.head.distillation_loss(output, teacher(inputs), distance=cfg.model.teacher.distance)
+        return float(student.loss(output, targets)), float(kd)
+
+
+@pytest.mark.parametrize("distance", ["mse", "kl"])
+def test_kd_adds_weight_times_distillation_loss(
+    taxonomy_file: Path, teacher_run: Path, tmp_path: Path, distance: str
+) -> None:
+    """The first step's loss is head loss + weight * KD computed by hand on the same batch; weight 0 trains
+    bitwise like the run without a teacher, weight > 0 trains other weights."""
+    teacher = {"path": str(teacher_run), "weight": 0.5, "distance": distance}
+    head, kd = _first_step_by_hand(recipe(taxonomy_file, tmp_path / "x", 2, teacher), teacher_run)
     assert kd > 1e-6  # a teacher of another seed disagrees with the student's initial output
-    assert three_loss[0] - plain_loss[0] == pytest.approx(3 * kd, rel=1e-4)
-    assert any(not torch.equal(one[k], plain[k]) for k in plain)
+    kd_loss, kd_weights = _student(taxonomy_file, tmp_path / "kd", teacher)
+    assert kd_loss[0] == pytest.approx(head + 0.5 * kd, rel=1e-5)
+    plain_loss, plain = _student(taxonomy_file, tmp_path / "plain", None)
+    assert plain_loss[0] == pytest.approx(head, rel=1e-5)
+    assert any(not torch.equal(kd_weights[k], plain[k]) for k in plain)
+    if distance == "mse":
+        zero_loss, zero = _student(taxonomy_file, tmp_path / "w0", {**teacher, "weight": 0.0})
+        assert zero_loss == plain_loss
+        assert all(torch.equal(zero[k], plain[k]) for k in plain)
 
 
 def test_kd_teacher_refusals(taxonomy_file: Path, teacher_run: Path, tmp_path: Path) -> None:
@@ -89,12 +115,12 @@ def test_kd_teacher_refusals(taxonomy_file: Path, teacher_run: Path, tmp_path: P
     ]
     for teacher, head, message in cases:
         cfg = recipe(taxonomy_file, tmp_path / f"run_{len(message)}", steps=1, teacher=teacher, head=head)
-        with pytest.raises(ConfigError, match=f"model.teacher.path: '{teacher['path']}'.*{message}"):
+        with pytest.raises(ConfigError, match=f"model.teacher.path: {re.escape(repr(teacher['path']))}.*{message}"):
             train(cfg)
 
 
 def test_kd_config_is_validated() -> None:
-    with pytest.raises(ConfigError, match="model.teacher.weight: must be finite and >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"model.teacher.weight: must be finite and >= 0, got -1"):
         config_from_dict({"model": {"teacher": {"weight": -1.0}}})
-    with pytest.raises(ConfigError, match="model.teacher.distance: expected one of 'mse', 'kl'"):
+    with pytest.raises(ConfigError, match=r"model.teacher.distance: expected one of 'mse', 'kl'"):
         config_from_dict({"model": {"teacher": {"distance": "l1"}}})
