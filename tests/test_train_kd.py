@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,26 @@ def test_kd_config_is_validated() -> None:
         config_from_dict({"model": {"teacher": {"weight": -1.0}}})
     with pytest.raises(ConfigError, match=r"model.teacher.distance: expected one of 'mse', 'kl'"):
         config_from_dict({"model": {"teacher": {"distance": "l1"}}})
+
+
+def test_kd_resume_is_exact_and_refuses_a_changed_teacher(
+    taxonomy_file: Path, teacher_run: Path, tmp_path: Path
+) -> None:
+    """The teacher is reloaded on resume: bitwise the uninterrupted run; other weights at its path are refused."""
+    teach = tmp_path / "teacher"
+    shutil.copytree(teacher_run / "checkpoints" / "last", teach)
+    kd = {"path": str(teach), "weight": 0.5}
+    train(recipe(taxonomy_file, tmp_path / "ref", 3, kd))
+    cut = recipe(taxonomy_file, tmp_path / "cut", 3, kd)
+    cut.schedule.max_steps_this_run = 1
+    assert train(cut)["step"] == 1
+    shutil.rmtree(teach)
+    create_model("timm:test_vit", load_taxonomy(str(taxonomy_file)), img_size=16).save_pretrained(teach)
+    with pytest.raises(ConfigError, match=r"resume\.pt: saved with model.teacher weights [0-9a-f]+ but model.teacher"):
+        train(recipe(taxonomy_file, tmp_path / "cut", 3, kd))
+    shutil.rmtree(teach)
+    shutil.copytree(teacher_run / "checkpoints" / "last", teach)
+    assert train(recipe(taxonomy_file, tmp_path / "cut", 3, kd))["step"] == 3
+    a = load_file(str(tmp_path / "ref" / "checkpoints" / "last" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "checkpoints" / "last" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

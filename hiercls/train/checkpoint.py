@@ -141,6 +141,7 @@ class TrainState:
     best_step: int | None = None  # the step of checkpoints/best
     train_loss: float | None = None  # the last logged mean training loss
     ema: Any = None  # timm's ModelEmaV3 of the model (model.ema), or None
+    teacher_sha256: str | None = None  # the model.teacher weights' digest (a resume with other weights is refused)
 
 
 class RunFolder:
@@ -306,6 +307,12 @@ class RunFolder:
                 f"{last / 'resume.pt'}: saved for taxonomy fingerprint {state['taxonomy_fingerprint']} but the "
                 f"config's taxonomy {s.taxonomy.name!r} has {s.taxonomy.fingerprint}"
             )
+        if state.get("teacher_sha256") != s.teacher_sha256:
+            raise ConfigError(
+                f"{last / 'resume.pt'}: saved with model.teacher weights {state.get('teacher_sha256')} but "
+                f"model.teacher.path now has {s.teacher_sha256}; restore that teacher or start over with "
+                "--set run.resume=false"
+            )
         load_model_weights(s.model, last)
         s.optimizer.load_state_dict(state["optimizer"])
         s.scheduler.load_state_dict(state["scheduler"])
@@ -363,6 +370,7 @@ class RunFolder:
                 "best_step": s.best_step,
                 "world_size": self.info.world_size,
                 "taxonomy_fingerprint": s.taxonomy.fingerprint,
+                "teacher_sha256": s.teacher_sha256,
             }
             last, best = self.path / "checkpoints" / "last", self.path / "checkpoints" / "best"
             with writing(last), atomic_dir(last) as d:

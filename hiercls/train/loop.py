@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import time
@@ -290,6 +291,8 @@ class _Run:
                 f"{teacher.taxonomy.fingerprint[:16]}) is not the run's {taxonomy.name!r} ({taxonomy.fingerprint[:16]})"
             )
         teacher.requires_grad_(False)
+        saved = json.loads((folder / "config.json").read_text(encoding="utf-8"))  # from_pretrained verified it
+        self.state.teacher_sha256 = saved.get("weights_sha256")
         return teacher
 
     def step_loss(self, inputs: Any, targets: Any) -> torch.Tensor:
