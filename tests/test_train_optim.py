@@ -158,6 +158,12 @@ def test_every_schedule_state_survives_a_weights_only_round_trip(name: str, tmp_
         opt = build_optimizer(nn.Linear(2, 2), cfg)
         return opt, build_scheduler(opt, cfg, total_steps=12, steps_per_epoch=4)
 
+    if name in ("wsd", "rsqrt"):  # newer than the declared timm floor: an older timm is refused by name
+        try:
+            build()
+        except ConfigError as err:
+            assert f"{name!r} is not a schedule of the installed timm" in str(err)
+            pytest.skip(f"timm {timm.__version__} has no {name!r} schedule")
     (opt, sched), (opt2, sched2) = build(), build()
     for _ in range(4):
         opt.step()

@@ -291,7 +291,8 @@ def _rebuild_on_meta(cfg: Mapping[str, Any], directory: Path) -> nn.Module:
     except (RuntimeError, NotImplementedError) as err:
         if "meta" not in str(err):
             raise
-        return rebuild_backbone(cfg, directory)
+        with torch.random.fork_rng(devices=[]):  # its random init must not move a training run's random stream
+            return rebuild_backbone(cfg, directory)
 
 
 class HierarchicalClassifier(nn.Module):

@@ -155,6 +155,10 @@ def build_scheduler(
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: cosine_schedule(step, total_steps, warmup, o.min_lr_ratio)
         )
+    if s.name == "constant":  # hiercls's own: timm has it only from releases above the declared floor
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
     try:
         if s.name == "onecycle":
             return torch.optim.lr_scheduler.OneCycleLR(
@@ -173,6 +177,11 @@ def build_scheduler(
             f"sched: the {s.name!r} schedule refused the settings ({err}); see sched.options "
             "(onecycle's cycle_momentum needs an optimizer with momentum or betas)"
         ) from None
+    if scheduler is None:  # an older timm answers an unknown name with None
+        raise ConfigError(
+            f"sched.name: {s.name!r} is not a schedule of the installed timm {timm.__version__} (wsd and rsqrt need "
+            "a newer timm); choose cosine, onecycle, constant, step, multistep, tanh or poly, or upgrade timm"
+        )
     return StepScheduler(scheduler, optimizer)
 
 
