@@ -21,6 +21,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer
 
+from hiercls.cli import main
 from hiercls.models import CheckpointError, HierarchicalClassifier, create_model, predict
 from hiercls.models.hf import HierclsModel
 from hiercls.taxonomy import Taxonomy
@@ -252,3 +253,15 @@ def test_trust_edits_loads_an_edited_folder_and_says_what_changed(text_folder: P
     assert not torch.allclose(_outputs(after, TEXTS), _outputs(before, TEXTS))
     with pytest.warns(UserWarning, match="edited"):
         HierclsModel.from_pretrained(d, trust_edits=True)
+
+
+def test_cli_refuses_an_edited_folder_and_loads_it_with_trust_edits(text_folder: Path, tmp_path: Path, capsys) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(text_folder, d)
+    _set_json(d / "backbone" / "config.json", hidden_act="relu")
+    assert main(["predict", "--model", str(d), TEXTS[0], "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "backbone/config.json" in err and "--trust-edits" in err, err
+    with pytest.warns(UserWarning, match=r"backbone/config\.json: edited"):
+        assert main(["predict", "--model", str(d), TEXTS[0], "--no-progress", "--trust-edits"]) == 0
+    assert "arg:1" in capsys.readouterr().out

@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     src.add_argument("--probs", metavar="FILE", help="saved node probabilities (.npy, .npz, .pt)")
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
+    parser.add_argument(
+        "--trust-edits",
+        action="store_true",
+        help="load a model folder whose files were edited since it was saved (a warning names them); without it "
+        "such a folder is refused",
+    )
     parser.add_argument("--recipe", metavar="YAML", help="recipe giving the data set (default: the run's config.yaml)")
     parser.add_argument(
         "--set",

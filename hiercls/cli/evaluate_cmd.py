@@ -161,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     if best is not None:
         print(best[1], file=sys.stderr)
     device = resolve_device(args.device)
-    model, taxonomy, cfg = load_trained_model(best[0] if best else args.model, which=args.checkpoint, device=device)
+    model, taxonomy, cfg = load_trained_model(
+        best[0] if best else args.model, which=args.checkpoint, device=device, trust_edits=args.trust_edits
+    )
     if args.recipe:
         cfg = load_config(args.recipe)
     if cfg is None:

@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint of a run")
     parser.add_argument(
+        "--trust-edits",
+        action="store_true",
+        help="load a model folder whose files were edited since it was saved (a warning names them); without it "
+        "such a folder is refused",
+    )
+    parser.add_argument(
         "--decoder",
         default="argmax_leaf",
         metavar="SPEC",

@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if best is not None:
         print(best[1], file=sys.stderr)
     device = resolve_device(args.device)
-    model, taxonomy, cfg = load_trained_model(best[0] if best else args.model, which=args.checkpoint, device=device)
+    model, taxonomy, cfg = load_trained_model(
+        best[0] if best else args.model, which=args.checkpoint, device=device, trust_edits=args.trust_edits
+    )
     decoder, decoder_name = (args.decoder, args.decoder) if not args.conformal else _conformal(args, taxonomy)
     read = read_input_rows(args.inputs, text_column=args.text_column, on_error=args.on_error)
     _report_skipped(read.skipped, read.total)

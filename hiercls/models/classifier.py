@@ -278,7 +278,7 @@ def verify_model_files(directory: str | os.PathLike[str], cfg: Mapping[str, Any]
         more = f" (and {len(found) - 1} more: {'; '.join(found[1:4])})" if len(found) > 1 else ""
         raise CheckpointError(
             f"{found[0]}{more}. The folder is not the model that was saved: {_RECOPY}, or load it as it is now "
-            "with trust_edits=True"
+            "with trust_edits=True (CLI: --trust-edits)"
         )
 
 
