@@ -8,6 +8,7 @@ against an uninterrupted run, bitwise.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -25,7 +26,15 @@ from hiercls.data import build_dataset, image_transform
 from hiercls.models import create_model
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train import train
-from hiercls.train.checkpoint import seed_everything
+from hiercls.train.checkpoint import (
+    load_optimization_state,
+    optimization_state,
+    read_resume_state,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    write_resume_state,
+)
 from hiercls.train.config import ConfigError, TrainConfig, apply_overrides, config_from_dict
 from hiercls.train.loop import build_model, unused_parameters
 from hiercls.train.optim import build_optimizer, build_scheduler
@@ -234,6 +243,148 @@ def test_a_short_last_step_is_the_mean_over_its_samples_as_a_hand_written_loop(
     for k, v in model.state_dict().items():
         if k in trained:
             torch.testing.assert_close(trained[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+# ------------------------------------------------------------------------------------------- every optimizer
+class _Tiny(nn.Module):
+    """A backbone and a head (four of hiercls's groups: head / not x decay / not), 2-D weights for Muon / Kron."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head = nn.Linear(4, 3), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x)))
+
+
+def _needs_package(base: str) -> str | None:
+    """The package a timm optimizer family imports (None: timm's or torch's own)."""
+    return "bitsandbytes" if base.startswith("bnb") else "apex" if base.startswith("fused") else None
+
+
+def _expected_refusal(name: str) -> str | None:
+    """Why hiercls must refuse ``name`` here (a pattern of the message), or None where it must resume exactly."""
+    base = name.rpartition("_")[2]
+    if base == "adahessian":
+        return r"second-order optimizer: its step needs the gradients' graph \(loss.backward\(create_graph=True\)\)"
+    package = _needs_package(base)
+    if package is not None and importlib.util.find_spec(package) is None:
+        return rf"needs the package {package}"
+    if package is not None and not torch.cuda.is_available():
+        return "runs on CUDA only"
+    return None
+
+
+def _same(a: object, b: object, where: str = "") -> None:
+    """``a`` and ``b`` equal all the way down: tensors bitwise (torch.equal, dtype, device), the rest by ``==``."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+BASE_OPTIMIZERS = timm.optim.list_optimizers()
+KRON = [n for n in BASE_OPTIMIZERS if n.startswith("kron")]
+
+
+def _resume_round_trip(name: str, tmp_path: Path, device: str = "cpu") -> None:
+    """3 steps, resume.pt written and read as the loop does, 3 more steps into fresh objects = 6 straight steps."""
+    base = name.rpartition("_")[2]
+    sets = [f"optim.name={name}", "optim.head_lr=0.003", "optim.warmup_steps=2", "optim.lr=0.01"]
+    if timm.optim.get_optimizer_info(base).num_betas == 3:
+        sets.append("optim.options.betas=[0.98, 0.92, 0.99]")  # adan's own (optim.betas holds two)
+    cfg = apply_overrides(TrainConfig(), sets)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(5, 4, generator=g).to(device), torch.randn(5, 2, generator=g).to(device)) for _ in range(6)]
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer, object, torch.amp.GradScaler]:
+        model = _Tiny().to(device)
+        opt = build_optimizer(model, cfg)
+        return model, opt, build_scheduler(opt, cfg, total_steps=6, steps_per_epoch=3), torch.amp.GradScaler("cpu")
+
+    def steps(model: nn.Module, opt: torch.optim.Optimizer, sched: object, which: range) -> None:
+        for i in which:
+            x, y = batches[i]
+            (model(x) - y).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+
+    torch.manual_seed(5)
+    straight = build()
+    steps(*straight[:3], range(6))
+    torch.manual_seed(5)
+    cut = build()
+    steps(*cut[:3], range(3))
+    state = {**optimization_state(*cut[1:]), "data": {}, "step": 3, "rng": [rng_state()]}
+    write_resume_state(tmp_path / "resume.pt", state)
+    torch.manual_seed(6)  # a new process seeds its streams before the restore puts them back
+    resumed = build()
+    saved = read_resume_state(tmp_path / "resume.pt")
+    resumed[0].load_state_dict(cut[0].state_dict())  # the loop's weights come from model.safetensors
+    load_optimization_state(saved, *resumed[1:])
+    set_rng_state(saved["rng"][0])
+    steps(*resumed[:3], range(3, 6))
+    for (k, a), b in zip(straight[0].named_parameters(), resumed[0].parameters(), strict=True):
+        assert torch.equal(a, b), k
+    _same(straight[1].state_dict(), resumed[1].state_dict(), "optimizer")
+    _same(straight[2].state_dict(), resumed[2].state_dict(), "scheduler")
+    assert not torch.equal(straight[0].head.weight, cut[0].head.weight)  # the last 3 steps moved the weights
+
+
+@pytest.mark.parametrize("name", BASE_OPTIMIZERS + [f"lookahead_{n}" for n in BASE_OPTIMIZERS])
+def test_every_optimizer_resumes_bitwise_through_resume_pt_or_is_refused_by_name(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every name the recipe accepts resumes exactly through hiercls's own write / read / load of resume.pt."""
+    why = _expected_refusal(name)
+    if why is not None:
+        with pytest.raises(ConfigError, match=rf"optim.name: '{name}' .*{why}"):
+            build_optimizer(_Tiny(), apply_overrides(TrainConfig(), [f"optim.name={name}"]))
+        return
+    if name.rpartition("_")[2] in KRON:  # compiled Kron is the slow test below (minutes of compiling)
+        monkeypatch.setattr(timm.optim.kron, "has_dynamo", False, raising=False)
+    _resume_round_trip(name, tmp_path, "cuda" if _needs_package(name.rpartition("_")[2]) else "cpu")
+
+
+@pytest.mark.slow
+def test_compiled_kron_resumes_bitwise(tmp_path: Path) -> None:
+    _resume_round_trip("kron", tmp_path)
+
+
+def test_kron_draws_nothing_from_the_global_random_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP ranks are seeded apart: Kron's noise must come from its own (saved) generator, the same on every rank."""
+    monkeypatch.setattr(timm.optim.kron, "has_dynamo", False, raising=False)  # compiling takes minutes
+    model = _Tiny()
+    opt = build_optimizer(model, apply_overrides(TrainConfig(), ["optim.name=kron"]))
+    torch.manual_seed(3)
+    for _ in range(2):
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    after = torch.rand(2)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(2))
+    with pytest.raises(ConfigError, match=r"optim.options.deterministic: 'kron' must draw its noise"):
+        build_optimizer(model, apply_overrides(TrainConfig(), ["optim.name=kron", "optim.options.deterministic=false"]))
+
+
+def test_optimizer_choices_that_cannot_train_here_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"optim.options.betas: 'adan' takes 3 betas, got \[0.9, 0.999\]"):
+        build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=adan"]))
+    with pytest.raises(ConfigError, match=r"optim.name: 'slow_adamw': the only prefix .* 'lookahead_adamw'"):
+        build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=slow_adamw"]))
+    opt = build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=lookahead_adamw"]))
+    assert type(opt).__name__ == "Lookahead"
 
 
 # ------------------------------------------------------------------------------------------- exact resume

@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import math
 from typing import Any
 
@@ -35,7 +37,17 @@ from torch import nn
 
 from hiercls.train.config import ConfigError, TrainConfig
 
-__all__ = ["StepScheduler", "build_ema", "build_optimizer", "build_scheduler", "cosine_schedule"]
+__all__ = [
+    "StepScheduler",
+    "build_ema",
+    "build_optimizer",
+    "build_scheduler",
+    "check_optimizer",
+    "cosine_schedule",
+]
+
+#: The package each family of timm's optimizers imports (by the module path timm names its class with).
+OPTIONAL_PACKAGES = {"apex.": "apex (NVIDIA Apex)", "bitsandbytes.": "bitsandbytes"}
 
 
 def _param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -76,8 +88,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     """timm's optimizer ``optim.name`` over hiercls's parameter groups (see the module docstring).
 
     Raises:
-        ConfigError: an optimizer name timm does not know (the message lists the valid ones), or options it
-            refuses.
+        ConfigError: an optimizer name timm does not know (the message lists the valid ones), one that cannot
+            train or resume exactly here (:func:`check_optimizer`), or options it refuses.
 
     Example:
         >>> from hiercls.train.config import TrainConfig
@@ -86,20 +98,77 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         ('AdamW', [(1, 0.01), (1, 0.0)])
     """
     o = cfg.optim
-    names = timm.optim.list_optimizers()
-    if o.name.lower().split("_")[-1] not in names:
-        raise ConfigError(f"optim.name: unknown optimizer {o.name!r}; timm's are: {', '.join(names)}")
     kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps, **o.options}
     if o.momentum is not None:
         kwargs["momentum"] = o.momentum
+    info = check_optimizer(o.name, kwargs)
+    takes = () if isinstance(info.opt_class, str) else inspect.signature(info.opt_class).parameters
+    # Kron draws its preconditioner noise from the global stream unless deterministic: every DDP rank would draw
+    # another (ranks are seeded apart) and the replicas would drift apart.
+    if "deterministic" in takes and kwargs.setdefault("deterministic", True) is not True:
+        raise ConfigError(
+            f"optim.options.deterministic: {o.name!r} must draw its noise from its own saved generator "
+            "(true, the default here) so that DDP ranks agree and a resumed run is exact"
+        )
     try:
         return timm.optim.create_optimizer_v2(
             _param_groups(model, cfg), opt=o.name, lr=o.lr, weight_decay=o.weight_decay, **kwargs
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, ImportError) as err:
         raise ConfigError(
             f"optim: timm's {o.name!r} optimizer refused the settings ({err}); see optim.options",
         ) from None
+
+
+def check_optimizer(name: str, kwargs: dict[str, Any]) -> Any:
+    """timm's ``OptimInfo`` of ``optim.name``, refusing every choice a run could not train and resume exactly.
+
+    Refused: unknown names and prefixes other than ``lookahead_`` (timm drops them silently); second-order
+    optimizers (``adahessian``: its step needs ``loss.backward(create_graph=True)``, which the loop does not do);
+    optimizers of a package that is not installed (``bnb*``: bitsandbytes, ``fused*``: NVIDIA Apex) or that
+    need CUDA where there is none; betas of another length than the optimizer's (``adan`` takes three:
+    ``optim.options.betas``).
+
+    Raises:
+        ConfigError: naming ``optim.name`` (or ``optim.options.betas``), the optimizer and why.
+
+    Example:
+        >>> check_optimizer("lookahead_adamw", {"betas": (0.9, 0.999)}).name
+        'adamw'
+        >>> check_optimizer("adahessian", {})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hiercls.train.config.ConfigError: optim.name: 'adahessian' is a second-order optimizer: ...
+    """
+    names = timm.optim.list_optimizers()
+    prefix, _, base = name.lower().rpartition("_")
+    if base not in names:
+        raise ConfigError(f"optim.name: unknown optimizer {name!r}; timm's are: {', '.join(names)}")
+    if prefix not in ("", "lookahead"):
+        raise ConfigError(
+            f"optim.name: {name!r}: the only prefix timm's optimizers take is 'lookahead_' (e.g. "
+            f"'lookahead_{base}'), got {prefix + '_'!r}"
+        )
+    info = timm.optim.get_optimizer_info(base)
+    if info.second_order:
+        raise ConfigError(
+            f"optim.name: {name!r} is a second-order optimizer: its step needs the gradients' graph "
+            "(loss.backward(create_graph=True)) for Hessian estimates, which hiercls's training loop does not "
+            "keep; choose a first-order optimizer"
+        )
+    module = info.opt_class if isinstance(info.opt_class, str) else ""
+    for root, package in OPTIONAL_PACKAGES.items():
+        if module.startswith(root) and importlib.util.find_spec(root[:-1]) is None:
+            raise ConfigError(f"optim.name: {name!r} is {module}, which needs the package {package}: not installed")
+        if module.startswith(root) and not torch.cuda.is_available():
+            raise ConfigError(f"optim.name: {name!r} is {module}, which runs on CUDA only: no CUDA device here")
+    betas = kwargs.get("betas")
+    if info.has_betas and betas is not None and len(betas) != info.num_betas:
+        raise ConfigError(
+            f"optim.options.betas: {name!r} takes {info.num_betas} betas, got {list(betas)} (optim.betas holds "
+            f"two; give {info.num_betas} in optim.options.betas)"
+        )
+    return info
 
 
 def cosine_schedule(step: int, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
