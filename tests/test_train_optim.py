@@ -388,6 +388,15 @@ CASES = {
         "model.ema.decay=0.8",
         "model.ema.best_on=raw",
     ],
+    # a per-step timm schedule (StepScheduler), Lookahead's plain-int state in the groups, mixup's random stream
+    "lookahead_radam_tanh_mixup_ema": [
+        "optim.name=lookahead_radam",
+        "sched.name=tanh",
+        "data.mixup.mixup_alpha=0.8",
+        "data.mixup.cutmix_alpha=1.0",
+        "data.mixup.label_smoothing=0.1",
+        "model.ema.decay=0.9",
+    ],
 }
 
 
