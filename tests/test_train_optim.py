@@ -366,7 +366,10 @@ def test_kron_draws_nothing_from_the_global_random_stream(monkeypatch: pytest.Mo
         build_optimizer(model, apply_overrides(TrainConfig(), ["optim.name=kron", "optim.options.deterministic=false"]))
 
 
-def test_optimizer_choices_that_cannot_train_here_are_refused_by_name() -> None:
+def test_optimizer_choices_that_cannot_train_here_are_refused_by_name(taxonomy_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"optim.name: 'adahessian' is a second-order optimizer"):
+        train(recipe(taxonomy_file, tmp_path / "run", "optim.name=adahessian"))
+    assert not (tmp_path / "run").exists()  # refused before the run folder is touched or anything is built
     with pytest.raises(ConfigError, match=r"optim.options.betas: 'adan' takes 3 betas, got \[0.9, 0.999\]"):
         build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=adan"]))
     with pytest.raises(ConfigError, match=r"optim.name: 'slow_adamw': the only prefix .* 'lookahead_adamw'"):

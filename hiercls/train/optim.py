@@ -98,18 +98,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         ('AdamW', [(1, 0.01), (1, 0.0)])
     """
     o = cfg.optim
-    kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps, **o.options}
-    if o.momentum is not None:
-        kwargs["momentum"] = o.momentum
-    info = check_optimizer(o.name, kwargs)
-    takes = () if isinstance(info.opt_class, str) else inspect.signature(info.opt_class).parameters
-    # Kron draws its preconditioner noise from the global stream unless deterministic: every DDP rank would draw
-    # another (ranks are seeded apart) and the replicas would drift apart.
-    if "deterministic" in takes and kwargs.setdefault("deterministic", True) is not True:
-        raise ConfigError(
-            f"optim.options.deterministic: {o.name!r} must draw its noise from its own saved generator "
-            "(true, the default here) so that DDP ranks agree and a resumed run is exact"
-        )
+    kwargs = check_optimizer(cfg)
     try:
         return timm.optim.create_optimizer_v2(
             _param_groups(model, cfg), opt=o.name, lr=o.lr, weight_decay=o.weight_decay, **kwargs
@@ -120,26 +109,51 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         ) from None
 
 
-def check_optimizer(name: str, kwargs: dict[str, Any]) -> Any:
-    """timm's ``OptimInfo`` of ``optim.name``, refusing every choice a run could not train and resume exactly.
+def check_optimizer(cfg: TrainConfig) -> dict[str, Any]:
+    """The keyword arguments of ``optim.name`` (``betas``, ``eps``, ``momentum``, ``options``), refusing every
+    choice a run could not train and resume exactly (called before anything is built).
 
     Refused: unknown names and prefixes other than ``lookahead_`` (timm drops them silently); second-order
     optimizers (``adahessian``: its step needs ``loss.backward(create_graph=True)``, which the loop does not do);
     optimizers of a package that is not installed (``bnb*``: bitsandbytes, ``fused*``: NVIDIA Apex) or that
     need CUDA where there is none; betas of another length than the optimizer's (``adan`` takes three:
-    ``optim.options.betas``).
+    ``optim.options.betas``); Kron drawing its noise from the global random stream (``options.deterministic:
+    false``: DDP ranks are seeded apart and would drift apart; hiercls sets ``true``).
 
     Raises:
-        ConfigError: naming ``optim.name`` (or ``optim.options.betas``), the optimizer and why.
+        ConfigError: naming ``optim.name`` (or the option), the optimizer and why.
 
     Example:
-        >>> check_optimizer("lookahead_adamw", {"betas": (0.9, 0.999)}).name
-        'adamw'
-        >>> check_optimizer("adahessian", {})  # doctest: +ELLIPSIS
+        >>> from hiercls.train.config import TrainConfig, apply_overrides
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=lookahead_sgd"]))
+        {'betas': (0.9, 0.999), 'eps': 1e-08}
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=adahessian"]))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         hiercls.train.config.ConfigError: optim.name: 'adahessian' is a second-order optimizer: ...
     """
+    o = cfg.optim
+    info = _optimizer_info(o.name)
+    kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps, **o.options}
+    if o.momentum is not None:
+        kwargs["momentum"] = o.momentum
+    betas = kwargs.get("betas")
+    if info.has_betas and betas is not None and len(betas) != info.num_betas:
+        raise ConfigError(
+            f"optim.options.betas: {o.name!r} takes {info.num_betas} betas, got {list(betas)} (optim.betas holds "
+            f"two; give {info.num_betas} in optim.options.betas)"
+        )
+    takes = () if isinstance(info.opt_class, str) else inspect.signature(info.opt_class).parameters
+    if "deterministic" in takes and kwargs.setdefault("deterministic", True) is not True:
+        raise ConfigError(
+            f"optim.options.deterministic: {o.name!r} must draw its noise from its own saved generator "
+            "(true, the default here) so that DDP ranks agree and a resumed run is exact"
+        )
+    return kwargs
+
+
+def _optimizer_info(name: str) -> Any:
+    """timm's ``OptimInfo`` of ``name``; refuses what :func:`check_optimizer` says of names and packages."""
     names = timm.optim.list_optimizers()
     prefix, _, base = name.lower().rpartition("_")
     if base not in names:
@@ -162,12 +176,6 @@ def check_optimizer(name: str, kwargs: dict[str, Any]) -> Any:
             raise ConfigError(f"optim.name: {name!r} is {module}, which needs the package {package}: not installed")
         if module.startswith(root) and not torch.cuda.is_available():
             raise ConfigError(f"optim.name: {name!r} is {module}, which runs on CUDA only: no CUDA device here")
-    betas = kwargs.get("betas")
-    if info.has_betas and betas is not None and len(betas) != info.num_betas:
-        raise ConfigError(
-            f"optim.options.betas: {name!r} takes {info.num_betas} betas, got {list(betas)} (optim.betas holds "
-            f"two; give {info.num_betas} in optim.options.betas)"
-        )
     return info
 
 
