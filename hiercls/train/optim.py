@@ -125,8 +125,10 @@ def check_optimizer(cfg: TrainConfig) -> dict[str, Any]:
 
     Example:
         >>> from hiercls.train.config import TrainConfig, apply_overrides
-        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=lookahead_sgd"]))
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=lookahead_adamw"]))
         {'betas': (0.9, 0.999), 'eps': 1e-08}
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=sgd", "optim.momentum=0.8"]))
+        {'momentum': 0.8}
         >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=adahessian"]))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -134,7 +136,12 @@ def check_optimizer(cfg: TrainConfig) -> dict[str, Any]:
     """
     o = cfg.optim
     info = _optimizer_info(o.name)
-    kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps, **o.options}
+    takes = {} if isinstance(info.opt_class, str) else inspect.signature(info.opt_class).parameters
+    kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps}
+    if takes and not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+        # optim.betas / eps are for the optimizers that have them (an older timm hands Kron an eps it refuses)
+        kwargs = {k: v for k, v in kwargs.items() if k in takes}
+    kwargs.update(o.options)
     if o.momentum is not None:
         kwargs["momentum"] = o.momentum
     betas = kwargs.get("betas")
@@ -143,7 +150,6 @@ def check_optimizer(cfg: TrainConfig) -> dict[str, Any]:
             f"optim.options.betas: {o.name!r} takes {info.num_betas} betas, got {list(betas)} (optim.betas holds "
             f"two; give {info.num_betas} in optim.options.betas)"
         )
-    takes = () if isinstance(info.opt_class, str) else inspect.signature(info.opt_class).parameters
     if "deterministic" in takes and kwargs.setdefault("deterministic", True) is not True:
         raise ConfigError(
             f"optim.options.deterministic: {o.name!r} must draw its noise from its own saved generator "
