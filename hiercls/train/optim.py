@@ -1,14 +1,16 @@
 """Optimizer, learning-rate schedule and weight EMA of a run, built from ``optim``, ``sched`` and ``model.ema``.
 
 The optimizer is any name of timm's ``create_optimizer_v2`` (``adamw`` by default, ``sgd``, ``lamb``, ``lars``,
-``adam``...) over hiercls's parameter groups: weight decay on tensors with >= 2 dimensions only, ``optim.head_lr``
-for the parameters under ``head.``, and with ``optim.layer_decay`` timm's layer-wise lr decay (its
+``adam``...) that trains and resumes exactly here (:func:`check_optimizer` refuses the others, naming why), over
+hiercls's parameter groups: weight decay on tensors with >= 2 dimensions only, ``optim.head_lr`` for the
+parameters under ``head.``, and with ``optim.layer_decay`` timm's layer-wise lr decay (its
 ``param_groups_layer_decay``; each group's scale is folded into the group's ``lr``, so that every schedule,
 hiercls's or timm's, scales the same per-group base lr). The schedule is stepped once per optimizer step:
-``cosine`` is hiercls's linear warmup + cosine (:func:`cosine_schedule`), ``onecycle`` torch's ``OneCycleLR``,
-any other name timm's ``create_scheduler_v2`` (``step``, ``multistep``, ``tanh``, ``poly``, ``wsd``,
-``constant``; ``timm_cosine`` is timm's cosine), counted in optimizer steps. Every one of them saves and loads
-its whole state as tensors and plain values (``resume.pt`` is read with ``weights_only=True``).
+``cosine`` is hiercls's linear warmup + cosine (:func:`cosine_schedule`), ``constant`` hiercls's warmup then a
+flat lr, ``onecycle`` torch's ``OneCycleLR``, any other name timm's ``create_scheduler_v2`` (``step``,
+``multistep``, ``tanh``, ``poly``, ``wsd``, ``rsqrt``; ``timm_cosine`` is timm's cosine), counted in optimizer
+steps. Every one of them saves and loads its whole state as tensors and plain values (``resume.pt`` is read with
+``weights_only=True``).
 
 Example:
     >>> from hiercls.train.config import TrainConfig
@@ -148,7 +150,7 @@ def check_optimizer(cfg: TrainConfig) -> dict[str, Any]:
     if info.has_betas and betas is not None and len(betas) != info.num_betas:
         raise ConfigError(
             f"optim.options.betas: {o.name!r} takes {info.num_betas} betas, got {list(betas)} (optim.betas holds "
-            f"two; give {info.num_betas} in optim.options.betas)"
+            "two; give the optimizer's own number in optim.options.betas)"
         )
     if "deterministic" in takes and kwargs.setdefault("deterministic", True) is not True:
         raise ConfigError(
