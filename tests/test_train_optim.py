@@ -8,10 +8,12 @@ against an uninterrupted run, bitwise.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import socket
+import typing
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,16 @@ from hiercls.data import build_dataset, image_transform
 from hiercls.models import create_model
 from hiercls.taxonomy import load_taxonomy
 from hiercls.train import train
-from hiercls.train.checkpoint import seed_everything
-from hiercls.train.config import ConfigError, TrainConfig, apply_overrides, config_from_dict
+from hiercls.train.checkpoint import (
+    load_optimization_state,
+    optimization_state,
+    read_resume_state,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    write_resume_state,
+)
+from hiercls.train.config import ConfigError, SchedConfig, TrainConfig, apply_overrides, config_from_dict
 from hiercls.train.loop import build_model, unused_parameters
 from hiercls.train.optim import build_optimizer, build_scheduler
 
@@ -137,51 +147,6 @@ def test_timm_step_schedule_follows_its_closed_form_in_epochs_of_optimizer_steps
     assert seen == pytest.approx([1e-3 * 0.5 ** (t // 3) for t in range(9)], rel=1e-12)
 
 
-SCHEDULES = ["cosine", "onecycle", "step", "multistep", "tanh", "poly", "wsd", "rsqrt", "constant", "timm_cosine"]
-
-
-@pytest.mark.parametrize("name", SCHEDULES)
-def test_every_schedule_state_survives_a_weights_only_round_trip(name: str, tmp_path: Path) -> None:
-    """Stop after 4 of 12 steps, save as resume.pt does, load into fresh objects: the same next 8 lrs."""
-    cfg = apply_overrides(
-        TrainConfig(),
-        [
-            f"sched.name={name}",
-            "sched.decay_milestones=[1, 2]",
-            "sched.decay_epochs=1",
-            "optim.warmup_steps=2",
-            "optim.name=sgd",
-        ],
-    )
-
-    def build() -> tuple[torch.optim.Optimizer, object]:
-        opt = build_optimizer(nn.Linear(2, 2), cfg)
-        return opt, build_scheduler(opt, cfg, total_steps=12, steps_per_epoch=4)
-
-    if name in ("wsd", "rsqrt"):  # newer than the declared timm floor: an older timm is refused by name
-        try:
-            build()
-        except ConfigError as err:
-            assert f"{name!r} is not a schedule of the installed timm" in str(err)
-            pytest.skip(f"timm {timm.__version__} has no {name!r} schedule")
-    (opt, sched), (opt2, sched2) = build(), build()
-    for _ in range(4):
-        opt.step()
-        sched.step()
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp_path / "s.pt")
-    state = torch.load(tmp_path / "s.pt", weights_only=True)
-    opt2.load_state_dict(state["optimizer"])
-    sched2.load_state_dict(state["scheduler"])
-    ahead, resumed = [], []
-    for o, sch, out in ((opt, sched, ahead), (opt2, sched2, resumed)):
-        for _ in range(8):
-            out.append(sch.get_last_lr()[0])
-            o.step()
-            sch.step()
-    assert resumed == ahead
-    assert len(set(ahead)) > 1 or name == "constant"
-
-
 def test_bad_optimizer_and_schedule_settings_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"optim.name: unknown optimizer 'adamx'; timm's are: .*adamw"):
         build_optimizer(nn.Linear(2, 2), apply_overrides(TrainConfig(), ["optim.name=adamx"]))
@@ -236,6 +201,183 @@ def test_a_short_last_step_is_the_mean_over_its_samples_as_a_hand_written_loop(
             torch.testing.assert_close(trained[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
+# ------------------------------------------------------------------------------------------- every optimizer
+class _Tiny(nn.Module):
+    """A backbone and a head (four of hiercls's groups: head / not x decay / not), 2-D weights for Muon / Kron."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head = nn.Linear(4, 3), nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x)))
+
+
+def _needs_package(base: str) -> str | None:
+    """The package a timm optimizer family imports (None: timm's or torch's own)."""
+    return "bitsandbytes" if base.startswith("bnb") else "apex" if base.startswith("fused") else None
+
+
+def _expected_refusal(name: str) -> str | None:
+    """Why hiercls must refuse ``name`` here (a pattern of the message), or None where it must resume exactly."""
+    base = name.rpartition("_")[2]
+    if base == "adahessian":
+        return r"second-order optimizer: its step needs the gradients' graph \(loss.backward\(create_graph=True\)\)"
+    package = _needs_package(base)
+    if package is not None and importlib.util.find_spec(package) is None:
+        return rf"needs the package {package}"
+    if package is not None and not torch.cuda.is_available():
+        return "runs on CUDA only"
+    return None
+
+
+def _same(a: object, b: object, where: str = "") -> None:
+    """``a`` and ``b`` equal all the way down: tensors bitwise (torch.equal, dtype, device), the rest by ``==``."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+BASE_OPTIMIZERS = timm.optim.list_optimizers()
+KRON = [n for n in BASE_OPTIMIZERS if n.startswith("kron")]
+
+
+def _resume_round_trip(
+    tmp_path: Path, sets: list[str], *, device: str = "cpu", total: int = 6, cut: int = 3, per_epoch: int = 3
+) -> list[list[float]]:
+    """``cut`` steps, resume.pt written and read as the loop does, the rest into fresh objects: bitwise the
+    ``total`` straight steps (weights, every optimizer and schedule state, every group's lr); the straight lrs."""
+    cfg = apply_overrides(TrainConfig(), ["optim.head_lr=0.003", "optim.warmup_steps=2", "optim.lr=0.01", *sets])
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(5, 4, generator=g), torch.randn(5, 2, generator=g)) for _ in range(total)]
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer, object, torch.amp.GradScaler]:
+        model = _Tiny().to(device)
+        opt = build_optimizer(model, cfg)
+        sched = build_scheduler(opt, cfg, total_steps=total, steps_per_epoch=per_epoch)
+        return model, opt, sched, torch.amp.GradScaler("cpu")
+
+    def steps(model: nn.Module, opt: torch.optim.Optimizer, sched: object, which: range) -> list[list[float]]:
+        lrs = []
+        for i in which:
+            lrs.append([group["lr"] for group in opt.param_groups])
+            x, y = (t.to(device) for t in batches[i])
+            (model(x) - y).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        return lrs
+
+    torch.manual_seed(5)
+    straight = build()
+    lrs = steps(*straight[:3], range(total))
+    torch.manual_seed(5)
+    cut_run = build()
+    steps(*cut_run[:3], range(cut))
+    write_resume_state(
+        tmp_path / "resume.pt",
+        {**optimization_state(*cut_run[1:]), "data": {}, "step": cut, "rng": [rng_state()]},
+    )
+    torch.manual_seed(6)  # a new process seeds its streams before the restore puts them back
+    resumed = build()
+    saved = read_resume_state(tmp_path / "resume.pt")
+    resumed[0].load_state_dict(cut_run[0].state_dict())  # the loop's weights come from model.safetensors
+    load_optimization_state(saved, *resumed[1:])
+    set_rng_state(saved["rng"][0])
+    assert steps(*resumed[:3], range(cut, total)) == lrs[cut:]
+    for (k, a), b in zip(straight[0].named_parameters(), resumed[0].parameters(), strict=True):
+        assert torch.equal(a, b), k
+    _same(straight[1].state_dict(), resumed[1].state_dict(), "optimizer")
+    _same(straight[2].state_dict(), resumed[2].state_dict(), "scheduler")
+    assert not torch.equal(straight[0].head.weight, cut_run[0].head.weight)  # the steps after the cut moved it
+    return lrs
+
+
+@pytest.mark.parametrize("name", BASE_OPTIMIZERS + [f"lookahead_{n}" for n in BASE_OPTIMIZERS])
+def test_every_optimizer_resumes_bitwise_through_resume_pt_or_is_refused_by_name(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every name the recipe accepts resumes exactly through hiercls's own write / read / load of resume.pt."""
+    why = _expected_refusal(name)
+    if why is not None:
+        with pytest.raises(ConfigError, match=rf"optim.name: '{name}' .*{why}"):
+            build_optimizer(_Tiny(), apply_overrides(TrainConfig(), [f"optim.name={name}"]))
+        return
+    if name.rpartition("_")[2] in KRON:  # compiled Kron is the slow test below (minutes of compiling)
+        monkeypatch.setattr(timm.optim.kron, "has_dynamo", False, raising=False)
+    base = name.rpartition("_")[2]
+    # adan's three betas are its own option (optim.betas holds two)
+    sets = ["optim.options.betas=[0.98, 0.92, 0.99]"] if timm.optim.get_optimizer_info(base).num_betas == 3 else []
+    _resume_round_trip(tmp_path, [f"optim.name={name}", *sets], device="cuda" if _needs_package(base) else "cpu")
+
+
+SCHEDULES = list(typing.get_args(typing.get_type_hints(SchedConfig)["name"]))
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_every_schedule_resumes_bitwise_through_resume_pt(name: str, tmp_path: Path) -> None:
+    """Every name sched.name accepts: stop after 4 of 12 steps, resume through resume.pt, the same weights and lrs."""
+    sets = [f"sched.name={name}", "sched.decay_milestones=[1, 2]", "sched.decay_epochs=1", "optim.name=sgd"]
+    sets.append("optim.warmup_steps=2")  # rsqrt's timescale defaults to the warmup
+    if name in ("wsd", "rsqrt"):  # newer than the declared timm floor: an older timm is refused by name
+        try:
+            build_scheduler(
+                build_optimizer(_Tiny(), TrainConfig()),
+                apply_overrides(TrainConfig(), sets),
+                total_steps=12,
+                steps_per_epoch=4,
+            )
+        except ConfigError as err:
+            assert f"{name!r} is not a schedule of the installed timm" in str(err)
+            pytest.skip(f"timm {timm.__version__} has no {name!r} schedule")
+    lrs = _resume_round_trip(tmp_path, sets, total=12, cut=4, per_epoch=4)
+    assert len({lr[0] for lr in lrs[4:]}) > 1 or name == "constant"
+
+
+@pytest.mark.slow
+def test_compiled_kron_resumes_bitwise(tmp_path: Path) -> None:
+    _resume_round_trip(tmp_path, ["optim.name=kron"])
+
+
+def test_kron_draws_nothing_from_the_global_random_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP ranks are seeded apart: Kron's noise must come from its own (saved) generator, the same on every rank."""
+    monkeypatch.setattr(timm.optim.kron, "has_dynamo", False, raising=False)  # compiling takes minutes
+    model = _Tiny()
+    opt = build_optimizer(model, apply_overrides(TrainConfig(), ["optim.name=kron"]))
+    torch.manual_seed(3)
+    for _ in range(2):
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    after = torch.rand(2)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(2))
+    with pytest.raises(ConfigError, match=r"optim.options.deterministic: 'kron' must draw its noise"):
+        build_optimizer(model, apply_overrides(TrainConfig(), ["optim.name=kron", "optim.options.deterministic=false"]))
+
+
+def test_optimizer_choices_that_cannot_train_here_are_refused_by_name(taxonomy_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"optim.name: 'adahessian' is a second-order optimizer"):
+        train(recipe(taxonomy_file, tmp_path / "run", "optim.name=adahessian"))
+    assert not (tmp_path / "run").exists()  # refused before the run folder is touched or anything is built
+    with pytest.raises(ConfigError, match=r"optim.options.betas: 'adan' takes 3 betas, got \[0.9, 0.999\]"):
+        build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=adan"]))
+    with pytest.raises(ConfigError, match=r"optim.name: 'slow_adamw': the only prefix .* 'lookahead_adamw'"):
+        build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=slow_adamw"]))
+    opt = build_optimizer(_Tiny(), apply_overrides(TrainConfig(), ["optim.name=lookahead_adamw"]))
+    assert type(opt).__name__ == "Lookahead"
+
+
 # ------------------------------------------------------------------------------------------- exact resume
 CASES = {
     "adamw_cosine_ema": ["model.ema.decay=0.9", "model.ema.warmup=true"],
@@ -248,6 +390,15 @@ CASES = {
         "sched.div_factor=20",
         "model.ema.decay=0.8",
         "model.ema.best_on=raw",
+    ],
+    # a per-step timm schedule (StepScheduler), Lookahead's plain-int state in the groups, mixup's random stream
+    "lookahead_radam_tanh_mixup_ema": [
+        "optim.name=lookahead_radam",
+        "sched.name=tanh",
+        "data.mixup.mixup_alpha=0.8",
+        "data.mixup.cutmix_alpha=1.0",
+        "data.mixup.label_smoothing=0.1",
+        "model.ema.decay=0.9",
     ],
 }
 

@@ -314,11 +314,7 @@ class RunFolder:
                 "--set run.resume=false"
             )
         load_model_weights(s.model, last)
-        s.optimizer.load_state_dict(state["optimizer"])
-        s.scheduler.load_state_dict(state["scheduler"])
-        s.scaler.load_state_dict(state["scaler"])
-        if s.ema is not None:
-            s.ema.module.load_state_dict(state["ema"])
+        load_optimization_state(state, s.optimizer, s.scheduler, s.scaler, s.ema)
         s.loader.load_state_dict(state["data"])
         s.step, s.epoch = int(state["step"]), int(state["data"]["epoch"])
         s.best_value, s.best_key, s.best_step = state.get("best_value"), state.get("best_key"), state.get("best_step")
@@ -358,10 +354,7 @@ class RunFolder:
             if s.at_epoch_start:
                 data_state = {**data_state, "epoch": s.epoch, "index": 0}
             state = {
-                **({"ema": s.ema.module.state_dict()} if s.ema is not None else {}),
-                "optimizer": s.optimizer.state_dict(),
-                "scheduler": s.scheduler.state_dict(),
-                "scaler": s.scaler.state_dict(),
+                **optimization_state(s.optimizer, s.scheduler, s.scaler, s.ema),
                 "data": data_state,
                 "step": s.step,
                 "rng": rngs,
@@ -378,8 +371,7 @@ class RunFolder:
                 if not (best_is_raw and s.best_step == s.step and best.is_dir() and link_tree(best, d)):
                     s.model.save_pretrained(d)
                 state["weights_sha256"] = sha256_file(d / "model.safetensors")  # ties the state to these weights
-                with writing(d / "resume.pt"):
-                    torch.save(state, d / "resume.pt")
+                write_resume_state(d / "resume.pt", state)
         self.saved_step = s.step
         barrier()
 
@@ -704,6 +696,38 @@ def truncate_log(path: Path, step: int) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
+def optimization_state(
+    optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler, ema: Any = None
+) -> dict[str, Any]:
+    """The optimizer's, schedule's, gradient scaler's and (with ``ema``) EMA weights' states, as ``resume.pt``
+    holds them (:func:`load_optimization_state` puts them back)."""
+    state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}
+    if ema is not None:
+        state["ema"] = ema.module.state_dict()
+    return state
+
+
+def load_optimization_state(
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    ema: Any = None,
+) -> None:
+    """Put back what :func:`optimization_state` took (into freshly built objects of the same recipe)."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    if ema is not None:
+        ema.module.load_state_dict(state["ema"])
+
+
+def write_resume_state(path: Path, state: dict[str, Any]) -> None:
+    """``state`` (tensors and plain values) into ``path``; :func:`read_resume_state` reads it back."""
+    with writing(path):
+        torch.save(state, path)
+
+
 def read_resume_state(path: Path) -> dict[str, Any]:
     """``resume.pt`` read with ``weights_only=True``: tensors and plain values only, never code from the file.
 

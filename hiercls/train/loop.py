@@ -63,7 +63,7 @@ from hiercls.train.distributed import (
     rank_local_layers,
 )
 from hiercls.train.loggers import check_loggers, open_loggers
-from hiercls.train.optim import build_ema, build_optimizer, build_scheduler, cosine_schedule
+from hiercls.train.optim import build_ema, build_optimizer, build_scheduler, check_optimizer, cosine_schedule
 from hiercls.train.plots import plot_run
 from hiercls.train.targets import build_soft_targets
 
@@ -219,6 +219,7 @@ class _Run:
                 f"data.batch_size: the global batch {cfg.data.batch_size} must be divisible by the "
                 f"{info.world_size} processes"
             )
+        check_optimizer(cfg)  # an optimizer that cannot train or resume exactly is refused before the folder is used
         self.cfg, self.info, self.callbacks = cfg, info, callbacks
         self.device, self.main = info.device, info.is_main
         self.amp_dtype = _autocast_dtype(cfg.run.precision, self.device)

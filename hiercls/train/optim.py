@@ -1,14 +1,16 @@
 """Optimizer, learning-rate schedule and weight EMA of a run, built from ``optim``, ``sched`` and ``model.ema``.
 
 The optimizer is any name of timm's ``create_optimizer_v2`` (``adamw`` by default, ``sgd``, ``lamb``, ``lars``,
-``adam``...) over hiercls's parameter groups: weight decay on tensors with >= 2 dimensions only, ``optim.head_lr``
-for the parameters under ``head.``, and with ``optim.layer_decay`` timm's layer-wise lr decay (its
+``adam``...) that trains and resumes exactly here (:func:`check_optimizer` refuses the others, naming why), over
+hiercls's parameter groups: weight decay on tensors with >= 2 dimensions only, ``optim.head_lr`` for the
+parameters under ``head.``, and with ``optim.layer_decay`` timm's layer-wise lr decay (its
 ``param_groups_layer_decay``; each group's scale is folded into the group's ``lr``, so that every schedule,
 hiercls's or timm's, scales the same per-group base lr). The schedule is stepped once per optimizer step:
-``cosine`` is hiercls's linear warmup + cosine (:func:`cosine_schedule`), ``onecycle`` torch's ``OneCycleLR``,
-any other name timm's ``create_scheduler_v2`` (``step``, ``multistep``, ``tanh``, ``poly``, ``wsd``,
-``constant``; ``timm_cosine`` is timm's cosine), counted in optimizer steps. Every one of them saves and loads
-its whole state as tensors and plain values (``resume.pt`` is read with ``weights_only=True``).
+``cosine`` is hiercls's linear warmup + cosine (:func:`cosine_schedule`), ``constant`` hiercls's warmup then a
+flat lr, ``onecycle`` torch's ``OneCycleLR``, any other name timm's ``create_scheduler_v2`` (``step``,
+``multistep``, ``tanh``, ``poly``, ``wsd``, ``rsqrt``; ``timm_cosine`` is timm's cosine), counted in optimizer
+steps. Every one of them saves and loads its whole state as tensors and plain values (``resume.pt`` is read with
+``weights_only=True``).
 
 Example:
     >>> from hiercls.train.config import TrainConfig
@@ -24,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import math
 from typing import Any
 
@@ -35,7 +39,17 @@ from torch import nn
 
 from hiercls.train.config import ConfigError, TrainConfig
 
-__all__ = ["StepScheduler", "build_ema", "build_optimizer", "build_scheduler", "cosine_schedule"]
+__all__ = [
+    "StepScheduler",
+    "build_ema",
+    "build_optimizer",
+    "build_scheduler",
+    "check_optimizer",
+    "cosine_schedule",
+]
+
+#: The package each family of timm's optimizers imports (by the module path timm names its class with).
+OPTIONAL_PACKAGES = {"apex.": "apex (NVIDIA Apex)", "bitsandbytes.": "bitsandbytes"}
 
 
 def _param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -76,8 +90,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     """timm's optimizer ``optim.name`` over hiercls's parameter groups (see the module docstring).
 
     Raises:
-        ConfigError: an optimizer name timm does not know (the message lists the valid ones), or options it
-            refuses.
+        ConfigError: an optimizer name timm does not know (the message lists the valid ones), one that cannot
+            train or resume exactly here (:func:`check_optimizer`), or options it refuses.
 
     Example:
         >>> from hiercls.train.config import TrainConfig
@@ -86,20 +100,91 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         ('AdamW', [(1, 0.01), (1, 0.0)])
     """
     o = cfg.optim
-    names = timm.optim.list_optimizers()
-    if o.name.lower().split("_")[-1] not in names:
-        raise ConfigError(f"optim.name: unknown optimizer {o.name!r}; timm's are: {', '.join(names)}")
-    kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps, **o.options}
-    if o.momentum is not None:
-        kwargs["momentum"] = o.momentum
+    kwargs = check_optimizer(cfg)
     try:
         return timm.optim.create_optimizer_v2(
             _param_groups(model, cfg), opt=o.name, lr=o.lr, weight_decay=o.weight_decay, **kwargs
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, ImportError) as err:
         raise ConfigError(
             f"optim: timm's {o.name!r} optimizer refused the settings ({err}); see optim.options",
         ) from None
+
+
+def check_optimizer(cfg: TrainConfig) -> dict[str, Any]:
+    """The keyword arguments of ``optim.name`` (``betas``, ``eps``, ``momentum``, ``options``), refusing every
+    choice a run could not train and resume exactly (called before anything is built).
+
+    Refused: unknown names and prefixes other than ``lookahead_`` (timm drops them silently); second-order
+    optimizers (``adahessian``: its step needs ``loss.backward(create_graph=True)``, which the loop does not do);
+    optimizers of a package that is not installed (``bnb*``: bitsandbytes, ``fused*``: NVIDIA Apex) or that
+    need CUDA where there is none; betas of another length than the optimizer's (``adan`` takes three:
+    ``optim.options.betas``); Kron drawing its noise from the global random stream (``options.deterministic:
+    false``: DDP ranks are seeded apart and would drift apart; hiercls sets ``true``).
+
+    Raises:
+        ConfigError: naming ``optim.name`` (or the option), the optimizer and why.
+
+    Example:
+        >>> from hiercls.train.config import TrainConfig, apply_overrides
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=lookahead_adamw"]))
+        {'betas': (0.9, 0.999), 'eps': 1e-08}
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=sgd", "optim.momentum=0.8"]))
+        {'momentum': 0.8}
+        >>> check_optimizer(apply_overrides(TrainConfig(), ["optim.name=adahessian"]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hiercls.train.config.ConfigError: optim.name: 'adahessian' is a second-order optimizer: ...
+    """
+    o = cfg.optim
+    info = _optimizer_info(o.name)
+    takes = {} if isinstance(info.opt_class, str) else inspect.signature(info.opt_class).parameters
+    kwargs: dict[str, Any] = {"betas": tuple(o.betas), "eps": o.eps}
+    if takes and not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+        # optim.betas / eps are for the optimizers that have them (an older timm hands Kron an eps it refuses)
+        kwargs = {k: v for k, v in kwargs.items() if k in takes}
+    kwargs.update(o.options)
+    if o.momentum is not None:
+        kwargs["momentum"] = o.momentum
+    betas = kwargs.get("betas")
+    if info.has_betas and betas is not None and len(betas) != info.num_betas:
+        raise ConfigError(
+            f"optim.options.betas: {o.name!r} takes {info.num_betas} betas, got {list(betas)} (optim.betas holds "
+            "two; give the optimizer's own number in optim.options.betas)"
+        )
+    if "deterministic" in takes and kwargs.setdefault("deterministic", True) is not True:
+        raise ConfigError(
+            f"optim.options.deterministic: {o.name!r} must draw its noise from its own saved generator "
+            "(true, the default here) so that DDP ranks agree and a resumed run is exact"
+        )
+    return kwargs
+
+
+def _optimizer_info(name: str) -> Any:
+    """timm's ``OptimInfo`` of ``name``; refuses what :func:`check_optimizer` says of names and packages."""
+    names = timm.optim.list_optimizers()
+    prefix, _, base = name.lower().rpartition("_")
+    if base not in names:
+        raise ConfigError(f"optim.name: unknown optimizer {name!r}; timm's are: {', '.join(names)}")
+    if prefix not in ("", "lookahead"):
+        raise ConfigError(
+            f"optim.name: {name!r}: the only prefix timm's optimizers take is 'lookahead_' (e.g. "
+            f"'lookahead_{base}'), got {prefix + '_'!r}"
+        )
+    info = timm.optim.get_optimizer_info(base)
+    if info.second_order:
+        raise ConfigError(
+            f"optim.name: {name!r} is a second-order optimizer: its step needs the gradients' graph "
+            "(loss.backward(create_graph=True)) for Hessian estimates, which hiercls's training loop does not "
+            "keep; choose a first-order optimizer"
+        )
+    module = info.opt_class if isinstance(info.opt_class, str) else ""
+    for root, package in OPTIONAL_PACKAGES.items():
+        if module.startswith(root) and importlib.util.find_spec(root[:-1]) is None:
+            raise ConfigError(f"optim.name: {name!r} is {module}, which needs the package {package}: not installed")
+        if module.startswith(root) and not torch.cuda.is_available():
+            raise ConfigError(f"optim.name: {name!r} is {module}, which runs on CUDA only: no CUDA device here")
+    return info
 
 
 def cosine_schedule(step: int, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
