@@ -364,7 +364,8 @@ class ChainedSoftmax(nn.Module):
         return _Permute.apply(lq + t.index_select(1, self.slot_group), index, lead_cols, 0.0, inverse)
 
     def probs(self, logits: torch.Tensor, *, outputs: int | None = None, lead: int = 0) -> torch.Tensor:
-        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64). Differentiable.
+        """``P(i)`` for every output, ``[B, M]`` (float32; float64 stays float64), in ``[0, 1]`` by construction
+        (no clamp), for any finite logits. Differentiable.
 
         Args:
             logits: ``[B, num_inputs]``.
