@@ -1,20 +1,24 @@
 """Nested softmaxes chained down a tree of sibling groups: the one implementation behind the semantic and
 conditional softmaxes (probabilities, log-probabilities and per-group log-sum-exps, with autograd, on any device).
 
-Layout. The logits are gathered once into a padded ``[B, P]`` tensor where groups of similar size sit side by
-side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common width ``w_k`` (padding is ``-inf``, which
-a softmax gives 0), so it is a view ``[B, n_k, w_k]`` (or ``[B, w_k, n_k]`` when it holds more groups than
-members per group) and each group's reduction (max, sum, softmax) is one call per bucket; indexed scatters
-along a row are several times slower than a softmax on the CPU, so nothing scatters in the forward pass, and
-the column gathers are ``index_select`` calls. The widths are
-chosen once per tree by dynamic programming over the group sizes (padding against the number of buckets; about
-fifteen buckets and 9 % padding on ImageNet-21K).
+Layout. Groups of similar size sit side by side in *buckets*: bucket ``k`` holds ``n_k`` groups padded to a common
+width ``w_k`` (padding is ``-inf``, which a softmax gives 0), a view ``[n_k, w_k]`` (or ``[w_k, n_k]`` when it
+holds more groups than members per group) of its run of *slots*, so each group's reduction (max, sum, softmax) is
+one call per bucket. The widths are chosen once per tree by dynamic programming over the group sizes (padding
+against the number of buckets; about fifteen buckets and 9 % padding on ImageNet-21K). The log-softmaxes
+(:meth:`ChainedSoftmax.padded_log_softmax`, :meth:`ChainedSoftmax.log_probs`) gather the logits into ``[B, P]``
+(one ``index_select`` along the rows); :meth:`ChainedSoftmax.probs` works slot-major, ``[P, B]``: the logits are
+transposed once and gathered by rows, so that every per-group step (the reductions, the broadcasts, the gathers of
+groups) runs along rows of ``B`` contiguous values, which torch vectorises for any group size, and the result is
+gathered by rows into output order and transposed back. Indexed scatters along a row are several times slower
+than a softmax on the CPU, so nothing scatters in a forward pass.
 
 Exactness. Each group's softmax shifts by the group's own maximum, so no exponential overflows and no group's
-sum underflows, whatever the spread of the logits; there is no retry path. ``log P(parent of g)`` is a sum over
-the ancestors of ``g`` in the tree of groups, taken by pointer doubling (``ceil(log2(depth + 1))`` gathers of
-``[B, G]``, for any depth). The gradients of :meth:`ChainedSoftmax.probs` and of the gathers are written by hand
-(gathers again, and one scatter over ``[G, B]`` rows), because autograd's would scatter along rows.
+sum underflows, whatever the spread of the logits; there is no retry path. ``P(parent of g)`` (``log P`` for the
+log-probabilities) is a product (sum) over the ancestors of ``g`` in the tree of groups, taken by pointer
+doubling (``ceil(log2(depth + 1))`` row gathers of ``[G, B]``, for any depth). The gradients of
+:meth:`ChainedSoftmax.probs` and of the gathers are written by hand (gathers again, and one scatter over ``[G, B]``
+rows), because autograd's would scatter along rows.
 """
 
 from __future__ import annotations
