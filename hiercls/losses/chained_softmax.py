@@ -237,14 +237,13 @@ class ChainedSoftmax(nn.Module):
         self.register_buffer("input_slot", as_tensor(input_slot), persistent=False)
 
     def _build_doubling(self, gparent: np.ndarray) -> None:
-        """Pointer-doubling tables over the tree of groups: at step ``k``, groups ``jump_to_k`` take the value of
-        their ancestor ``jump_from_k``, ``2^k`` generations up."""
+        """Pointer-doubling tables over the tree of groups: at step ``k``, group ``g`` takes the value of its
+        ancestor ``jump_k[g]``, ``2^k`` generations up, or of row ``G`` (an identity row) when it has none."""
         self._steps = 0
         jump = gparent.copy()
         while (jump >= 0).any():
-            live = np.flatnonzero(jump >= 0)
-            self.register_buffer(f"jump_to_{self._steps}", as_tensor(live), persistent=False)
-            self.register_buffer(f"jump_from_{self._steps}", as_tensor(jump[live]), persistent=False)
+            table = as_tensor(np.where(jump >= 0, jump, len(jump)))
+            self.register_buffer(f"jump_{self._steps}", table, persistent=False)
             self._steps += 1
             jump = np.where(jump >= 0, jump[np.maximum(jump, 0)], -1)
 
@@ -309,23 +308,26 @@ class ChainedSoftmax(nn.Module):
 
     def ancestor_reduce(self, per_group: torch.Tensor, product: bool = False) -> torch.Tensor:
         """``[G, B]``: sums (``product``: products) over each group's ancestors-or-self in the tree of groups
-        (pointer doubling: one gather of rows per power of two up to the depth, for any depth)."""
-        t = per_group.clone()
+        (pointer doubling: one gather of rows per power of two up to the depth, for any depth). Differentiable."""
+        identity = per_group.new_ones(1, per_group.shape[1]) if product else per_group.new_zeros(1, per_group.shape[1])
+        t = torch.cat([per_group, identity])
         for k in range(self._steps):
-            to, up = self._buffers[f"jump_to_{k}"], self._buffers[f"jump_from_{k}"]
-            # The gathers copy the old values before any of them is overwritten.
+            # Whole-width steps (the groups without an ancestor that far up read the identity row): a gather of
+            # every row and one elementwise pass cost less than index_copy_ / index_reduce_ on the live rows. The
+            # gather copies the old values before any of them is overwritten.
+            up = t.index_select(0, self._buffers[f"jump_{k}"])
             if product:
-                t.index_copy_(0, to, t.index_select(0, to).mul_(t.index_select(0, up)))
+                t[:-1].mul_(up)
             else:
-                t.index_add_(0, to, t.index_select(0, up))
-        return t
+                t[:-1].add_(up)
+        return t[:-1]
 
     def subtree_sums(self, per_group: torch.Tensor) -> torch.Tensor:
         """``[G, B]``: sums over each group's descendants-or-self (the transpose of :meth:`ancestor_reduce`)."""
-        d = per_group.clone()
+        d = torch.cat([per_group, per_group.new_zeros(1, per_group.shape[1])])
         for k in reversed(range(self._steps)):
-            d.index_add_(0, self._buffers[f"jump_from_{k}"], d.index_select(0, self._buffers[f"jump_to_{k}"]))
-        return d
+            d.index_add_(0, self._buffers[f"jump_{k}"], d[:-1].clone())  # row G takes what has no ancestor there
+        return d[:-1]
 
     def output_map(self, k: int, lead: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index, inverse)``: the slot read by each of ``lead + k`` output columns (any slot for the lead
