@@ -2,9 +2,10 @@
 
 ``cases(quick)`` registers, for ``bench/run_all.py``: ``head.node_probs(logits)`` of the semantic softmax and the
 conditional softmax heads on ``imagenet21k_winter21`` (10,451 nodes) at batch 256 against
-``torch.softmax(logits, 1)`` on the same logits, target <= 4x; and, without a target, a reference for the passes
+``torch.softmax(logits, 1)`` on the same logits, target <= 4x; and, without a target, references for the passes
 they are made of: the column gather that puts the semantic head's logits into the chained softmax's padded
-layout (``ChainedSoftmax.probs`` makes two such gathers, in and out, around one softmax per bucket of groups).
+``[B, P]`` layout (what its log-softmaxes make), and the transpose of the logits (``ChainedSoftmax.probs`` makes
+two, in and out, around row gathers and one softmax per bucket of groups).
 
 Usage: ``python bench/bench_heads.py [--quick]`` (prints the same JSON records as ``run_all``).
 """
@@ -73,7 +74,25 @@ def cases(quick: bool) -> list[Case]:
             "layout of the chained softmax vs torch.softmax over the same [256, C] logits",
         )
     )
+    out.append(
+        Case(
+            "heads/floor_transpose_21k_b256",
+            None,
+            setup=_transpose_setup(256),
+            min_time=0.1,
+            note="reference, no target: the transpose of the [256, C] logits into slot-major [C, 256] "
+            "(ChainedSoftmax.probs makes two, in and out, around row gathers) vs torch.softmax over them",
+        )
+    )
     return out
+
+
+def _transpose_setup(batch: int):
+    def setup():
+        logits = 3.0 * torch.randn(batch, tree_21k().num_nodes - 1, generator=torch.Generator().manual_seed(0))
+        return (lambda: logits.t().contiguous()), (lambda: torch.softmax(logits, 1))
+
+    return setup
 
 
 def _node_order_gather_setup(batch: int):

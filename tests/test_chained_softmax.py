@@ -324,3 +324,16 @@ def test_bucket_widths_are_the_cheapest_partition():
 def test_input_order_must_be_distinct():
     with pytest.raises(ValueError, match="distinct logit indices"):
         ChainedSoftmax(np.array([0, 0]), np.array([-1]), input_order=np.array([1, 1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_probs_stay_in_the_unit_interval_without_a_clamp(dtype):
+    # Large logits: a shift rounded as one fused multiply-add can leave a positive residue, e > 1 and P > 1.
+    rng = np.random.default_rng(7)
+    group, parent, order = random_group_forest(rng, 40)
+    cs = ChainedSoftmax(group, parent, input_order=order)
+    z = torch.from_numpy(rng.normal(scale=300.0, size=(64, cs.num_inputs))).to(dtype)
+    p = cs.probs(z)
+    assert bool((p >= 0).all()) and bool((p <= 1).all())
+    want = _chained_reference(group, parent, z.double().numpy()[:, order])
+    np.testing.assert_allclose(p.double().numpy(), want, atol=1e-6 if dtype == torch.float32 else 1e-12)

@@ -126,18 +126,17 @@ class SemanticSoftmaxHead(HierarchicalHead):
         return torch.stack(preds, dim=1)
 
     def node_probs(self, output: torch.Tensor) -> torch.Tensor:
-        if not self._fill_nonclass:  # every node but the root is a class: one gather into node order
+        if not self._fill_nonclass:  # every node but the root is a class: outputs in node order, in [0, 1], root 1
             self.layout.split(output)  # shape check
-            out = self.node_softmax.probs(upcast(output), lead=1)
-        else:
-            probs = self.layout.class_probs(output)
-            out = probs.new_zeros(probs.shape[0], self.taxonomy.num_nodes)
-            out = out.index_copy(1, self.layout.class_ids, probs)
-            for d in self._fill_depths:
-                kids = self._buffers[f"fill_children_{d}"]
-                sums = torch.zeros_like(out).index_add(1, self._buffers[f"fill_parents_{d}"], out[:, kids])
-                tgt = self._buffers[f"fill_targets_{d}"]
-                out = out.index_copy(1, tgt, sums[:, tgt])
-        out = out.float().clamp_(0.0, 1.0)
+            return self.node_softmax.probs(upcast(output), lead=1).float()
+        probs = self.layout.class_probs(output)
+        out = probs.new_zeros(probs.shape[0], self.taxonomy.num_nodes)
+        out = out.index_copy(1, self.layout.class_ids, probs)
+        for d in self._fill_depths:
+            kids = self._buffers[f"fill_children_{d}"]
+            sums = torch.zeros_like(out).index_add(1, self._buffers[f"fill_parents_{d}"], out[:, kids])
+            tgt = self._buffers[f"fill_targets_{d}"]
+            out = out.index_copy(1, tgt, sums[:, tgt])
+        out = out.float().clamp_(0.0, 1.0)  # a sum of children may round above 1
         out[:, 0] = 1.0
         return out

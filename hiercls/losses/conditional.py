@@ -87,14 +87,13 @@ class ConditionalSoftmax(nn.Module):
         return self.chained.log_probs(upcast(logits), outputs=self.taxonomy.num_nodes - 1, lead=1)
 
     def node_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``P(n)`` for every node ``[B, N]`` (float32; float64 stays float64), clamped to ``[0, 1]``, root 1.
+        """``P(n)`` for every node ``[B, N]`` (float32; float64 stays float64), in ``[0, 1]``, root 1.
 
         :meth:`~hiercls.losses.ChainedSoftmax.probs`: ``node_log_probs(...).exp()`` up to rounding.
         """
         self.check(logits)
         # Node n is output n - 1: the nodes are the first N - 1 outputs, after one lead column for the root.
-        p = self.chained.probs(upcast(logits), outputs=self.taxonomy.num_nodes - 1, lead=1)
-        return p.clamp_(0.0, 1.0)
+        return self.chained.probs(upcast(logits), outputs=self.taxonomy.num_nodes - 1, lead=1)
 
     def label_log_likelihood(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``log P(label)`` per sample (targets >= 0); with ``stop`` internal labels include ``log P(stop)``.

@@ -147,30 +147,29 @@ class _LevelSmoothedCE(torch.autograd.Function):
         z: torch.Tensor,
         coef: torch.Tensor,
         tpos: torch.Tensor,  # type: ignore[override]
+        inv_sizes: torch.Tensor,
         sizes: tuple[int, ...],
         eps: float,
     ) -> torch.Tensor:
-        levels = z.split(sizes, 1)
+        levels, e = z.split(sizes, 1), torch.empty_like(z)
         shift = torch.stack([v.amax(1) for v in levels], 1)
-        e = torch.empty_like(z)
-        # exp as 2^((z - max) log2 e), the scaling folded into the shift: torch's exp2 is the vectorised kernel
-        # on CPU, exp is not.
-        for out, v, m in zip(e.split(sizes, 1), levels, shift.mul(-_LOG2E).unbind(1), strict=True):
-            torch.add(m[:, None], v, alpha=_LOG2E, out=out)
-        e.exp2_()
-        sums = torch.stack([v.sum(1) for v in e.split(sizes, 1)], 1)
+        sums = []
+        # Level by level, so that a level is still in the cache for its exp and sum. exp as 2^((z - max) log2 e),
+        # the scaling folded into the shift: torch's exp2 is the vectorised kernel on CPU, exp is not.
+        for out, v, m in zip(e.split(sizes, 1), levels, shift.mul(-_LOG2E).split(1, 1), strict=True):
+            sums.append(torch.add(m, v, alpha=_LOG2E, out=out).exp2_().sum(1))
+        sums = torch.stack(sums, 1)
         per = (shift + sums.log()).sub_(z.gather(1, tpos), alpha=1.0 - eps)
         if eps:  # the smoothing term -eps * mean_l(z)
-            zsum = torch.stack([v.sum(1) for v in levels], 1)
-            per.sub_(zsum.div_(torch.tensor(sizes, dtype=z.dtype, device=z.device)), alpha=eps)
-        ctx.save_for_backward(e, sums, coef, tpos)
+            per.sub_(torch.stack([v.sum(1) for v in levels], 1).mul_(inv_sizes), alpha=eps)
+        ctx.save_for_backward(e, sums, coef, tpos, inv_sizes)
         ctx.sizes, ctx.eps = sizes, eps
         return (coef * per).sum()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        e, sums, coef, tpos = ctx.saved_tensors
+        e, sums, coef, tpos, inv_sizes = ctx.saved_tensors
         sizes, eps = ctx.sizes, ctx.eps
         # Written straight into a fresh buffer: one read of e and one write, where a clone of e scaled in place
         # would make two of each (e itself may be needed again by a retained graph).
@@ -178,14 +177,14 @@ class _LevelSmoothedCE(torch.autograd.Function):
         out = torch.empty_like(e)
         scale = (g / sums).split(1, 1)  # coef * softmax_l = e * coef / S_l
         if eps:
-            floor = (g * eps / torch.tensor(sizes, dtype=e.dtype, device=e.device)).split(1, 1)
+            floor = (g * inv_sizes).mul_(-eps).split(1, 1)
             for o, v, s, f in zip(out.split(sizes, 1), e.split(sizes, 1), scale, floor, strict=True):
-                torch.addcmul(f.neg(), v, s, out=o)
+                torch.addcmul(f, v, s, out=o)
         else:
             for o, v, s in zip(out.split(sizes, 1), e.split(sizes, 1), scale, strict=True):
                 torch.mul(v, s, out=o)
         out.scatter_add_(1, tpos, g.mul_(-(1.0 - eps)))
-        return out, None, None, None, None
+        return out, None, None, None, None, None
 
 
 class SemanticSoftmaxLoss(nn.Module):
@@ -265,14 +264,18 @@ class SemanticSoftmaxLoss(nn.Module):
         leaves = as_tensor(taxonomy.leaves)
         self._leaf_scale64 = coef.sum(1)[leaves] / raw.sum(1)[leaves].clamp(min=1e-12)
         self.ops = TreeOps(taxonomy)
-        self._coef_tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._coef_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _coef_table(self, like: torch.Tensor) -> torch.Tensor:
+    def _coef_table(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(coef table [N, K], 1 / level sizes [K])`` on ``like``'s device and dtype (made once per pair)."""
         key = (like.device, like.dtype)
-        table = self._coef_tables.get(key)
-        if table is None:
-            table = self._coef_tables[key] = self._coef_table64.to(device=like.device, dtype=like.dtype)
-        return table
+        tables = self._coef_tables.get(key)
+        if tables is None:
+            inv = 1.0 / torch.tensor(self._sizes, dtype=torch.float64)
+            tables = self._coef_tables[key] = tuple(
+                t.to(device=like.device, dtype=like.dtype) for t in (self._coef_table64, inv)
+            )
+        return tables
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != self.layout.num_classes:
@@ -285,9 +288,10 @@ class SemanticSoftmaxLoss(nn.Module):
         node = t.clamp(min=0)
         kept = valid.to(z.dtype)
         kept = kept / kept.sum().clamp(min=1)  # mean over the kept samples
-        coef = self._coef_table(z)[node] * kept[:, None]
+        table, inv_sizes = self._coef_table(z)
+        coef = table[node] * kept[:, None]
         tpos = self._tpos_table[node]
-        return _LevelSmoothedCE.apply(z.contiguous(), coef, tpos, self._sizes, self.label_smoothing)
+        return _LevelSmoothedCE.apply(z.contiguous(), coef, tpos, inv_sizes, self._sizes, self.label_smoothing)
 
     def _forward_soft(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         q, keep = check_leaf_distribution(targets, self.taxonomy.num_leaves, batch=logits.shape[0])
