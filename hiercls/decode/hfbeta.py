@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -100,6 +101,12 @@ from hiercls.taxonomy import Taxonomy
 
 __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 
+# First use: numba compiles every jitted helper alone, then again inside each caller it is linked into, so the
+# compile time grows with the depth of the call tree. The search is one cached kernel (``_solve_rows``); the
+# helpers it calls are compiled without the Python wrappers and the on-disk cache nothing outside needs, and the
+# helpers called at one place only are inlined into it (numba IR), which leaves one level of calls.
+_inner = numba.njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, nogil=True, error_model="numpy")
+_inline = numba.njit(inline="always")
 _FRACTIONS = np.array([0.1, 0.01, 0.001, 0.0])  # candidate thresholds, as fractions of the row's mass
 _SORT_BELOW = 64  # candidate sets up to this size are sorted by id, larger ones collected in one pass
 _CAP_GROWTH = 16  # a threshold round may hold initial_candidates * 16**round candidates before it is skipped
@@ -232,7 +239,7 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- the compiled search
-@jit
+@_inner
 def _tree_masses(x, ch_ptr, ch_idx, lsz, atol, p, ptil, r):
     """Trees, from one row of node probabilities ``x``: the label probabilities ``p = P(n) - sum of P(children)``
     clipped at 0, ``P~`` and the label mass by size in one bottom-up pass that gathers from the children (no
@@ -254,7 +261,7 @@ def _tree_masses(x, ch_ptr, ch_idx, lsz, atol, p, ptil, r):
     return ok
 
 
-@jit
+@_inner
 def _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
     """Row ``row`` of ``lp`` into ``p``, ``P~`` of every node (``ptil``) and the label mass by label size (``r``)."""
     n = p.shape[0]
@@ -278,7 +285,7 @@ def _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
         r[lsz[y]] += p[y]
 
 
-@jit
+@_inner
 def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
     """Candidates ``{P~ > thr}`` top-down from the root, sorted by id in ``cand[:count]`` with ``pos`` their index;
     ``tau[m]``: the largest ``P~`` of the children left out with label size ``m``. ``-1`` past ``cap``."""
@@ -322,7 +329,7 @@ def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
     return count
 
 
-@jit
+@_inner
 def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar):
     """Trees: each candidate's own label mass by size (itself and the subtrees left out below it) as entries
     ``ent_m/ent_q[seg[i]:seg[i+1]]``, and ``cpar``, the parent's candidate index (its weight adds the child's)."""
@@ -366,7 +373,7 @@ def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, s
         cpar[i] = owner[parent[cand[i]]]
 
 
-@jit
+@_inner
 def _dense_profiles(p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar):
     """Each candidate's label mass by size in ``dense[:count]``, then as entries in ascending size: on a tree its
     own (itself and the subtrees left out below it; ``cpar`` adds the child candidates' weights), on a DAG every
@@ -396,7 +403,7 @@ def _dense_profiles(p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count,
     seg[count] = out
 
 
-@jit
+@_inner
 def _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w):
     """``w_k`` of the candidates into ``w``; returns ``u_k``, the bound on every node outside."""
     for m in range(coef.size):
@@ -416,7 +423,7 @@ def _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w):
     return u
 
 
-@jit
+@_inner
 def _relaxed_top(k, w, count, first, u, tolw, buf):
     """``(R_k, kth, nxt, exact)`` of the relaxed problem: candidates plus unboundedly many nodes of weight ``u``.
     The ``k`` largest weights above ``u`` are moved to the end of ``buf[:na]`` by Hoare's quickselect
@@ -461,7 +468,7 @@ def _relaxed_top(k, w, count, first, u, tolw, buf):
     return total, buf[j], nxt, exact
 
 
-@jit
+@_inner
 def _winner(ev, ne, best, tol, v0):
     """Row of ``ev`` of the smallest exact size tied with ``best`` (``-1``: the empty prediction)."""
     win = -1
@@ -473,7 +480,7 @@ def _winner(ev, ne, best, tol, v0):
     return win
 
 
-@jit
+@_inner
 def _bound(ev, ia, ib, kmax, hi, r, b2):
     """Upper bound on ``V_k`` over the open interval of sizes between rows ``ia`` and ``ib`` of ``ev`` (``ib = -1``:
     every size above), and the size to evaluate next there. Three bounds (module docstring): :math:`\\bar U(a+1)`;
@@ -500,7 +507,7 @@ def _bound(ev, ia, ib, kmax, hi, r, b2):
     return min(bound, quad), int(a) + min(max(int(t + 0.5), margin), int(length) - margin)
 
 
-@jit
+@_inline
 def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf, ev, stack):
     """Branch and bound over the sizes ``1..kmax``, from ``1`` and the guess ``kg``: ``(best value, number of
     evaluations in ev, certified)``. The stack holds intervals of sizes as pairs of rows of ``ev`` (``-1``: every
@@ -607,7 +614,7 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
     return -1
 
 
-@jit
+@_inline
 def _start(r, ptil, cand, first, count):
     """``(hi, kg)``: the largest label size with mass, and the size of the majority path (the search's guess)."""
     hi, kg = np.int64(0), np.int64(0)
@@ -618,7 +625,7 @@ def _start(r, ptil, cand, first, count):
     return hi, kg
 
 
-@jit
+@_inline
 def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, out):
     """Pick the smallest size tied with ``best`` (the empty prediction first), mark its top-``k`` candidates in
     ``out`` and return their weight sum (:func:`_take`)."""
@@ -631,7 +638,7 @@ def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, o
     return _take(k, ev[win, 2], 1.0, w, first, count, cand, out)
 
 
-@jit
+@_inner
 def _take(k, kth, scale, w, first, count, cand, out):
     """Mark in ``out`` the ``k`` candidates ``cand[first:count]`` of largest weight ``scale * w`` (``kth``: the
     ``k``-th largest, unscaled) and return their weight sum. Weights within ``TIE_RTOL / (2k)`` of the ``k``-th
@@ -649,7 +656,7 @@ def _take(k, kth, scale, w, first, count, cand, out):
     return total
 
 
-@jit
+@_inline
 def _one_size(r):
     """The one label size ``m >= 1`` that holds mass in ``r`` (the mass by size), else 0."""
     size = 0
@@ -661,7 +668,7 @@ def _one_size(r):
     return size
 
 
-@jit
+@_inline
 def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
     """The optimum of a row whose labels (the root's aside) all have one size ``m``, ``c = b2 m``: then
     ``w_k(n) = (1 + b2) P~(n) / (c + k)`` orders the nodes alike for every ``k``, and ``V_k`` is that factor times
