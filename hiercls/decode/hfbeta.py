@@ -374,32 +374,38 @@ def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, s
 
 
 @_inner
-def _dense_profiles(p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar):
+def _dense_profiles(p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar):
     """Each candidate's label mass by size in ``dense[:count]``, then as entries in ascending size: on a tree its
-    own (itself and the subtrees left out below it; ``cpar`` adds the child candidates' weights), on a DAG every
-    descendant's. One pass over the nodes (trees) or the ancestor lists (DAGs)."""
+    own (itself and the subtrees left out below it, each a range of pre-order ids, read in id order; ``cpar`` adds
+    the child candidates' weights), on a DAG every descendant's (a pass over the ancestor lists). ``tree``: the
+    parents, children and subtree ends of a tree."""
+    parent, ch_ptr, ch_idx, ends = tree
     for i in range(count):
         for m in range(dense.shape[1]):
             dense[i, m] = 0.0
-        cpar[i] = -1
-    for y in range(p.shape[0]):
-        if is_tree:
-            owner[y] = pos[y] if pos[y] >= 0 else owner[parent[y]]
+        cpar[i] = pos[parent[cand[i]]] if is_tree and i > 0 else -1
+    if is_tree:
+        for i in range(count):
+            v = cand[i]
+            dense[i, lsz[v]] += p[v]
+            for j in range(ch_ptr[v], ch_ptr[v + 1]):
+                c = ch_idx[j]
+                if pos[c] < 0 and ptil[c] > 0.0:  # a subtree left out (with mass)
+                    for y in range(c, ends[c]):
+                        dense[i, lsz[y]] += p[y]
+    else:
+        for y in range(p.shape[0]):
             if p[y] > 0.0 and lsz[y] > 0:
-                dense[owner[y], lsz[y]] += p[y]
-        elif p[y] > 0.0 and lsz[y] > 0:
-            for j in range(anc_ptr[y], anc_ptr[y + 1]):
-                if pos[anc_idx[j]] >= 0:
-                    dense[pos[anc_idx[j]], lsz[y]] += p[y]
+                for j in range(anc_ptr[y], anc_ptr[y + 1]):
+                    if pos[anc_idx[j]] >= 0:
+                        dense[pos[anc_idx[j]], lsz[y]] += p[y]
     out = 0
     for i in range(count):
         seg[i] = out
-        for m in range(dense.shape[1]):
+        for m in range(1, dense.shape[1]):
             if dense[i, m] > 0.0:
                 ent_m[out], ent_q[out] = m, dense[i, m]
                 out += 1
-        if is_tree and i > 0:
-            cpar[i] = owner[parent[cand[i]]]
     seg[count] = out
 
 
@@ -561,7 +567,7 @@ def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf,
 def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, sets, values):
     """The optimal set and value of every row of label probabilities ``lp`` (node probabilities of a tree with
     ``from_nodes``); returns ``-1``, or the first row whose label probabilities fall below ``-atol``."""
-    is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz = tables
+    is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz, ends = tables
     ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack = work
     n = lp.shape[1]
     p = lab
@@ -593,8 +599,9 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
             if is_tree and count > dense.shape[0]:  # too many candidates for the dense table: sparse entries
                 _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar)
             else:
+                tree = (parent, ch_ptr, ch_idx, ends)
                 _dense_profiles(
-                    p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar
+                    p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar
                 )
             prof = (seg, ent_m, ent_q, cpar)
             kmax = n - first if left_out > 0.0 else count - first  # left_out > 0: nodes outside may matter
@@ -713,7 +720,9 @@ def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
         if taxonomy.is_tree:
             parent = np.asarray(taxonomy.parent, dtype=np.int64)
             anc_ptr, anc_idx = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            ends = np.arange(n) + np.asarray(taxonomy.subtree_size, dtype=np.int64)
         else:
+            ends = np.zeros(n, dtype=np.int64)
             parent = np.full(n, -1, dtype=np.int64)
             anc = taxonomy.ancestors_sparse.tocsr()
             anc_ptr, anc_idx = anc.indptr.astype(np.int64), anc.indices.astype(np.int64)
@@ -725,6 +734,7 @@ def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
             anc_ptr,
             anc_idx,
             _label_sizes(taxonomy, include_root).astype(np.int64),
+            ends,
         )
     return cache[key]
 
@@ -819,17 +829,18 @@ def _optimal_hfbeta_blocks(
     initial_candidates: int,
 ) -> Any:
     """:func:`optimal_hfbeta` on one block of rows."""
-    # The input check only; float32 stays float32. On trees the kernel takes the label probabilities from the
-    # node probabilities itself (one read of each row); DAGs and leaf probabilities come as label probabilities.
+    # The input check only. On trees the kernel takes the label probabilities from the node probabilities itself
+    # (one read of each row, float32 read as it comes and summed in float64); DAGs and leaf probabilities come as
+    # label probabilities.
     batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     from_nodes = taxonomy.is_tree and batch.leaf is None
-    x = np.ascontiguousarray(batch.node) if from_nodes else np.ascontiguousarray(batch.label, dtype=np.float64)
+    x = np.ascontiguousarray(batch.x) if from_nodes else np.ascontiguousarray(batch.label, dtype=np.float64)
     sets = np.zeros(x.shape, dtype=bool)
     values = np.zeros(x.shape[0])
     if x.shape[0]:
         first = 0 if include_root else 1
         tables = _tables(taxonomy, include_root)
-        work = _workspace(taxonomy.num_nodes, int(tables[-1].max()) + 1, tables[0])
+        work = _workspace(taxonomy.num_nodes, int(tables[6].max()) + 1, tables[0])
         args = (tables, work, float(b2), first, initial_candidates, _FRACTIONS, sets, values)
         if _solve_rows(x, from_nodes, PROBABILITY_ATOL, *args) >= 0:
             label_distribution(
