@@ -240,24 +240,30 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------------------------------------- the compiled search
 @_inner
-def _tree_masses(x, ch_ptr, ch_idx, lsz, atol, p, ptil, r):
+def _tree_masses(x, parent, lsz, atol, p, ptil, r, kids, below, lanes):
     """Trees, from one row of node probabilities ``x``: the label probabilities ``p = P(n) - sum of P(children)``
-    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass that gathers from the children (no
-    scattered sums, nothing to clear). ``False`` when a label probability is below ``-atol`` (stricter than
-    ``check_label_mass``, which then decides)."""
-    for m in range(r.size):
-        r[m] = 0.0
+    clipped at 0, ``P~`` and the label mass by size ``r`` in one bottom-up pass that adds each node to its parent
+    (``kids``, ``below``: scratch of ``n``). The mass by size is summed in two lanes (``lanes[2 m + id % 2]``),
+    where one sum would make consecutive leaves of one size wait on each other's store. ``False`` when a label
+    probability is below ``-atol`` (stricter than ``check_label_mass``, which then decides)."""
+    for m in range(lanes.size):
+        lanes[m] = 0.0
+    for v in range(x.shape[0]):
+        kids[v], below[v] = 0.0, 0.0
     ok = True
-    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes after its parent
-        kids, below = 0.0, 0.0
-        for j in range(ch_ptr[v], ch_ptr[v + 1]):
-            kids += x[ch_idx[j]]
-            below += ptil[ch_idx[j]]
-        s = x[v] - kids
+    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes before its parent here
+        s = x[v] - kids[v]
         ok &= s >= -atol
-        p[v] = max(s, 0.0)
-        ptil[v] = p[v] + below
-        r[lsz[v]] += p[v]
+        pv = max(s, 0.0)
+        pt = pv + below[v]
+        p[v], ptil[v] = pv, pt
+        lanes[2 * lsz[v] + (v & 1)] += pv
+        u = parent[v]
+        if u >= 0:
+            kids[u] += x[v]
+            below[u] += pt
+    for m in range(r.size):
+        r[m] = lanes[2 * m] + lanes[2 * m + 1]
     return ok
 
 
@@ -568,12 +574,12 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
     """The optimal set and value of every row of label probabilities ``lp`` (node probabilities of a tree with
     ``from_nodes``); returns ``-1``, or the first row whose label probabilities fall below ``-atol``."""
     is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz, ends = tables
-    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack = work
+    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack, lanes = work
     n = lp.shape[1]
     p = lab
     for row in range(lp.shape[0]):
         if from_nodes:
-            if not _tree_masses(lp[row], ch_ptr, ch_idx, lsz, atol, lab, ptil, r):
+            if not _tree_masses(lp[row], parent, lsz, atol, lab, ptil, r, w, buf, lanes):
                 return row
         else:
             _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
@@ -750,7 +756,7 @@ def _workspace(n: int, nsizes: int, is_tree: bool) -> tuple[np.ndarray, ...]:
     seg, slot, cpar = np.empty(n + 1, dtype=np.int64), np.full(nsizes, -1, dtype=np.int64), np.empty(n, dtype=np.int64)
     dense = np.empty((max(1, n // nsizes) if is_tree else n, nsizes))  # trees: candidates x sizes <= n
     ev, stack = np.empty((n + 2, 5)), np.empty((n + 2, 2), dtype=np.int64)
-    return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack)
+    return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack, np.empty(2 * nsizes))
 
 
 @register_decoder(
