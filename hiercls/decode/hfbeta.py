@@ -381,10 +381,10 @@ def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, s
 
 @_inner
 def _dense_profiles(p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar):
-    """Each candidate's label mass by size in ``dense[:count]``, then as entries in ascending size: on a tree its
-    own (itself and the subtrees left out below it, each a range of pre-order ids, read in id order; ``cpar`` adds
-    the child candidates' weights), on a DAG every descendant's (a pass over the ancestor lists). ``tree``: the
-    parents, children and subtree ends of a tree."""
+    """Each candidate's label mass by size, summed in ``dense[:count]`` (size ``m`` in columns ``2m`` and ``2m + 1``,
+    two lanes as in :func:`_tree_masses`), then as entries in ascending size: on a tree its own (itself and the
+    subtrees left out below it, each a range of pre-order ids; ``cpar`` adds the child candidates' weights), on a
+    DAG every descendant's (a pass over the ancestor lists). ``tree``: parents, children and subtree ends."""
     parent, ch_ptr, ch_idx, ends = tree
     for i in range(count):
         for m in range(dense.shape[1]):
@@ -393,24 +393,25 @@ def _dense_profiles(p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, co
     if is_tree:
         for i in range(count):
             v = cand[i]
-            dense[i, lsz[v]] += p[v]
+            dense[i, 2 * lsz[v]] += p[v]
             for j in range(ch_ptr[v], ch_ptr[v + 1]):
                 c = ch_idx[j]
                 if pos[c] < 0 and ptil[c] > 0.0:  # a subtree left out (with mass)
                     for y in range(c, ends[c]):
-                        dense[i, lsz[y]] += p[y]
+                        dense[i, 2 * lsz[y] + (y & 1)] += p[y]
     else:
         for y in range(p.shape[0]):
             if p[y] > 0.0 and lsz[y] > 0:
                 for j in range(anc_ptr[y], anc_ptr[y + 1]):
                     if pos[anc_idx[j]] >= 0:
-                        dense[pos[anc_idx[j]], lsz[y]] += p[y]
+                        dense[pos[anc_idx[j]], 2 * lsz[y]] += p[y]
     out = 0
     for i in range(count):
         seg[i] = out
-        for m in range(1, dense.shape[1]):
-            if dense[i, m] > 0.0:
-                ent_m[out], ent_q[out] = m, dense[i, m]
+        for m in range(1, dense.shape[1] // 2):
+            q = dense[i, 2 * m] + dense[i, 2 * m + 1]
+            if q > 0.0:
+                ent_m[out], ent_q[out] = m, q
                 out += 1
     seg[count] = out
 
@@ -754,7 +755,7 @@ def _workspace(n: int, nsizes: int, is_tree: bool) -> tuple[np.ndarray, ...]:
     ints = [np.full(n, -1, dtype=np.int64)] + [np.empty(n, dtype=np.int64) for _ in range(2)]  # pos, cand, owner
     ent_m = np.empty(n if is_tree else n * nsizes, dtype=np.int64)
     seg, slot, cpar = np.empty(n + 1, dtype=np.int64), np.full(nsizes, -1, dtype=np.int64), np.empty(n, dtype=np.int64)
-    dense = np.empty((max(1, n // nsizes) if is_tree else n, nsizes))  # trees: candidates x sizes <= n
+    dense = np.empty((max(1, n // nsizes) if is_tree else n, 2 * nsizes))  # trees: candidates x sizes <= n
     ev, stack = np.empty((n + 2, 5)), np.empty((n + 2, 2), dtype=np.int64)
     return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack, np.empty(2 * nsizes))
 
