@@ -717,9 +717,11 @@ def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
 
 
 def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
-    """The structure arrays of :func:`_solve_rows` (cached): kind, parent, children and ancestor lists, label sizes.
+    """The structure arrays of :func:`_solve_rows` (cached): kind, parent, children and ancestor lists, label sizes
+    and subtree ends (pre-order: the subtree of ``n`` is the ids ``n .. end - 1``).
 
-    Trees need no ancestor lists (a chain of 10,000 nodes has 50 million ancestor pairs): empty arrays stand in."""
+    Trees need no ancestor lists (a chain of 10,000 nodes has 50 million ancestor pairs): empty arrays stand in;
+    DAGs no subtree ends."""
     cache = taxonomy.namespace_cache(__name__)
     key = ("search_tables", include_root)
     if key not in cache:
