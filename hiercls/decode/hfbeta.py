@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -100,6 +101,12 @@ from hiercls.taxonomy import Taxonomy
 
 __all__ = ["expected_hfbeta", "optimal_hfbeta"]
 
+# First use: numba compiles every jitted helper alone, then again inside each caller it is linked into, so the
+# compile time grows with the depth of the call tree. The search is one cached kernel (``_solve_rows``); the
+# helpers it calls are compiled without the Python wrappers and the on-disk cache nothing outside needs, and the
+# helpers called at one place only are inlined into it (numba IR), which leaves one level of calls.
+_inner = numba.njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, nogil=True, error_model="numpy")
+_inline = numba.njit(inline="always")
 _FRACTIONS = np.array([0.1, 0.01, 0.001, 0.0])  # candidate thresholds, as fractions of the row's mass
 _SORT_BELOW = 64  # candidate sets up to this size are sorted by id, larger ones collected in one pass
 _CAP_GROWTH = 16  # a threshold round may hold initial_candidates * 16**round candidates before it is skipped
@@ -232,29 +239,35 @@ def tree_tables(taxonomy: Taxonomy) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- the compiled search
-@jit
-def _tree_masses(x, ch_ptr, ch_idx, lsz, atol, p, ptil, r):
+@_inner
+def _tree_masses(x, parent, lsz, atol, p, ptil, r, kids, below, lanes):
     """Trees, from one row of node probabilities ``x``: the label probabilities ``p = P(n) - sum of P(children)``
-    clipped at 0, ``P~`` and the label mass by size in one bottom-up pass that gathers from the children (no
-    scattered sums, nothing to clear). ``False`` when a label probability is below ``-atol`` (stricter than
-    ``check_label_mass``, which then decides)."""
-    for m in range(r.size):
-        r[m] = 0.0
+    clipped at 0, ``P~`` and the label mass by size ``r`` in one bottom-up pass that adds each node to its parent
+    (``kids``, ``below``: scratch of ``n``). The mass by size is summed in two lanes (``lanes[2 m + id % 2]``),
+    where one sum would make consecutive leaves of one size wait on each other's store. ``False`` when a label
+    probability is below ``-atol`` (stricter than ``check_label_mass``, which then decides)."""
+    for m in range(lanes.size):
+        lanes[m] = 0.0
+    for v in range(x.shape[0]):
+        kids[v], below[v] = 0.0, 0.0
     ok = True
-    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes after its parent
-        kids, below = 0.0, 0.0
-        for j in range(ch_ptr[v], ch_ptr[v + 1]):
-            kids += x[ch_idx[j]]
-            below += ptil[ch_idx[j]]
-        s = x[v] - kids
+    for v in range(x.shape[0] - 1, -1, -1):  # pre-order ids: every child comes before its parent here
+        s = x[v] - kids[v]
         ok &= s >= -atol
-        p[v] = max(s, 0.0)
-        ptil[v] = p[v] + below
-        r[lsz[v]] += p[v]
+        pv = max(s, 0.0)
+        pt = pv + below[v]
+        p[v], ptil[v] = pv, pt
+        lanes[2 * lsz[v] + (v & 1)] += pv
+        u = parent[v]
+        if u >= 0:
+            kids[u] += x[v]
+            below[u] += pt
+    for m in range(r.size):
+        r[m] = lanes[2 * m] + lanes[2 * m + 1]
     return ok
 
 
-@jit
+@_inner
 def _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
     """Row ``row`` of ``lp`` into ``p``, ``P~`` of every node (``ptil``) and the label mass by label size (``r``)."""
     n = p.shape[0]
@@ -278,7 +291,7 @@ def _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r):
         r[lsz[y]] += p[y]
 
 
-@jit
+@_inner
 def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
     """Candidates ``{P~ > thr}`` top-down from the root, sorted by id in ``cand[:count]`` with ``pos`` their index;
     ``tau[m]``: the largest ``P~`` of the children left out with label size ``m``. ``-1`` past ``cap``."""
@@ -322,7 +335,7 @@ def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
     return count
 
 
-@jit
+@_inner
 def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar):
     """Trees: each candidate's own label mass by size (itself and the subtrees left out below it) as entries
     ``ent_m/ent_q[seg[i]:seg[i+1]]``, and ``cpar``, the parent's candidate index (its weight adds the child's)."""
@@ -366,37 +379,44 @@ def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, s
         cpar[i] = owner[parent[cand[i]]]
 
 
-@jit
-def _dense_profiles(p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar):
-    """Each candidate's label mass by size in ``dense[:count]``, then as entries in ascending size: on a tree its
-    own (itself and the subtrees left out below it; ``cpar`` adds the child candidates' weights), on a DAG every
-    descendant's. One pass over the nodes (trees) or the ancestor lists (DAGs)."""
+@_inner
+def _dense_profiles(p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar):
+    """Each candidate's label mass by size, summed in ``dense[:count]`` (size ``m`` in columns ``2m`` and ``2m + 1``,
+    two lanes as in :func:`_tree_masses`), then as entries in ascending size: on a tree its own (itself and the
+    subtrees left out below it, each a range of pre-order ids; ``cpar`` adds the child candidates' weights), on a
+    DAG every descendant's (a pass over the ancestor lists). ``tree``: parents, children and subtree ends."""
+    parent, ch_ptr, ch_idx, ends = tree
     for i in range(count):
         for m in range(dense.shape[1]):
             dense[i, m] = 0.0
-        cpar[i] = -1
-    for y in range(p.shape[0]):
-        if is_tree:
-            owner[y] = pos[y] if pos[y] >= 0 else owner[parent[y]]
+        cpar[i] = pos[parent[cand[i]]] if is_tree and i > 0 else -1
+    if is_tree:
+        for i in range(count):
+            v = cand[i]
+            dense[i, 2 * lsz[v]] += p[v]
+            for j in range(ch_ptr[v], ch_ptr[v + 1]):
+                c = ch_idx[j]
+                if pos[c] < 0 and ptil[c] > 0.0:  # a subtree left out (with mass)
+                    for y in range(c, ends[c]):
+                        dense[i, 2 * lsz[y] + (y & 1)] += p[y]
+    else:
+        for y in range(p.shape[0]):
             if p[y] > 0.0 and lsz[y] > 0:
-                dense[owner[y], lsz[y]] += p[y]
-        elif p[y] > 0.0 and lsz[y] > 0:
-            for j in range(anc_ptr[y], anc_ptr[y + 1]):
-                if pos[anc_idx[j]] >= 0:
-                    dense[pos[anc_idx[j]], lsz[y]] += p[y]
+                for j in range(anc_ptr[y], anc_ptr[y + 1]):
+                    if pos[anc_idx[j]] >= 0:
+                        dense[pos[anc_idx[j]], 2 * lsz[y]] += p[y]
     out = 0
     for i in range(count):
         seg[i] = out
-        for m in range(dense.shape[1]):
-            if dense[i, m] > 0.0:
-                ent_m[out], ent_q[out] = m, dense[i, m]
+        for m in range(1, dense.shape[1] // 2):
+            q = dense[i, 2 * m] + dense[i, 2 * m + 1]
+            if q > 0.0:
+                ent_m[out], ent_q[out] = m, q
                 out += 1
-        if is_tree and i > 0:
-            cpar[i] = owner[parent[cand[i]]]
     seg[count] = out
 
 
-@jit
+@_inner
 def _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w):
     """``w_k`` of the candidates into ``w``; returns ``u_k``, the bound on every node outside."""
     for m in range(coef.size):
@@ -416,7 +436,7 @@ def _weights(k, b2, seg, ent_m, ent_q, cpar, count, tau, coef, w):
     return u
 
 
-@jit
+@_inner
 def _relaxed_top(k, w, count, first, u, tolw, buf):
     """``(R_k, kth, nxt, exact)`` of the relaxed problem: candidates plus unboundedly many nodes of weight ``u``.
     The ``k`` largest weights above ``u`` are moved to the end of ``buf[:na]`` by Hoare's quickselect
@@ -461,7 +481,7 @@ def _relaxed_top(k, w, count, first, u, tolw, buf):
     return total, buf[j], nxt, exact
 
 
-@jit
+@_inner
 def _winner(ev, ne, best, tol, v0):
     """Row of ``ev`` of the smallest exact size tied with ``best`` (``-1``: the empty prediction)."""
     win = -1
@@ -473,7 +493,7 @@ def _winner(ev, ne, best, tol, v0):
     return win
 
 
-@jit
+@_inner
 def _bound(ev, ia, ib, kmax, hi, r, b2):
     """Upper bound on ``V_k`` over the open interval of sizes between rows ``ia`` and ``ib`` of ``ev`` (``ib = -1``:
     every size above), and the size to evaluate next there. Three bounds (module docstring): :math:`\\bar U(a+1)`;
@@ -500,7 +520,7 @@ def _bound(ev, ia, ib, kmax, hi, r, b2):
     return min(bound, quad), int(a) + min(max(int(t + 0.5), margin), int(length) - margin)
 
 
-@jit
+@_inline
 def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf, ev, stack):
     """Branch and bound over the sizes ``1..kmax``, from ``1`` and the guess ``kg``: ``(best value, number of
     evaluations in ev, certified)``. The stack holds intervals of sizes as pairs of rows of ``ev`` (``-1``: every
@@ -554,13 +574,13 @@ def _search(kg, kmax, hi, v0, r, b2, tol, prof, count, first, tau, coef, w, buf,
 def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, sets, values):
     """The optimal set and value of every row of label probabilities ``lp`` (node probabilities of a tree with
     ``from_nodes``); returns ``-1``, or the first row whose label probabilities fall below ``-atol``."""
-    is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz = tables
-    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack = work
+    is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz, ends = tables
+    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack, lanes = work
     n = lp.shape[1]
     p = lab
     for row in range(lp.shape[0]):
         if from_nodes:
-            if not _tree_masses(lp[row], ch_ptr, ch_idx, lsz, atol, lab, ptil, r):
+            if not _tree_masses(lp[row], parent, lsz, atol, lab, ptil, r, w, buf, lanes):
                 return row
         else:
             _masses(lp, row, p, is_tree, parent, anc_ptr, anc_idx, lsz, ptil, r)
@@ -586,8 +606,9 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
             if is_tree and count > dense.shape[0]:  # too many candidates for the dense table: sparse entries
                 _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar)
             else:
+                tree = (parent, ch_ptr, ch_idx, ends)
                 _dense_profiles(
-                    p, is_tree, parent, anc_ptr, anc_idx, lsz, pos, cand, count, owner, dense, seg, ent_m, ent_q, cpar
+                    p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar
                 )
             prof = (seg, ent_m, ent_q, cpar)
             kmax = n - first if left_out > 0.0 else count - first  # left_out > 0: nodes outside may matter
@@ -607,7 +628,7 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
     return -1
 
 
-@jit
+@_inline
 def _start(r, ptil, cand, first, count):
     """``(hi, kg)``: the largest label size with mass, and the size of the majority path (the search's guess)."""
     hi, kg = np.int64(0), np.int64(0)
@@ -618,7 +639,7 @@ def _start(r, ptil, cand, first, count):
     return hi, kg
 
 
-@jit
+@_inline
 def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, out):
     """Pick the smallest size tied with ``best`` (the empty prediction first), mark its top-``k`` candidates in
     ``out`` and return their weight sum (:func:`_take`)."""
@@ -631,7 +652,7 @@ def _finish(best, ne, v0, tol, ev, b2, prof, count, first, tau, coef, w, cand, o
     return _take(k, ev[win, 2], 1.0, w, first, count, cand, out)
 
 
-@jit
+@_inner
 def _take(k, kth, scale, w, first, count, cand, out):
     """Mark in ``out`` the ``k`` candidates ``cand[first:count]`` of largest weight ``scale * w`` (``kth``: the
     ``k``-th largest, unscaled) and return their weight sum. Weights within ``TIE_RTOL / (2k)`` of the ``k``-th
@@ -649,7 +670,7 @@ def _take(k, kth, scale, w, first, count, cand, out):
     return total
 
 
-@jit
+@_inline
 def _one_size(r):
     """The one label size ``m >= 1`` that holds mass in ``r`` (the mass by size), else 0."""
     size = 0
@@ -661,7 +682,7 @@ def _one_size(r):
     return size
 
 
-@jit
+@_inline
 def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
     """The optimum of a row whose labels (the root's aside) all have one size ``m``, ``c = b2 m``: then
     ``w_k(n) = (1 + b2) P~(n) / (c + k)`` orders the nodes alike for every ``k``, and ``V_k`` is that factor times
@@ -696,9 +717,11 @@ def _single_size(ptil, n, first, c, b2, tol, v0, buf, ids, out):
 
 
 def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
-    """The structure arrays of :func:`_solve_rows` (cached): kind, parent, children and ancestor lists, label sizes.
+    """The structure arrays of :func:`_solve_rows` (cached): kind, parent, children and ancestor lists, label sizes
+    and subtree ends (pre-order: the subtree of ``n`` is the ids ``n .. end - 1``).
 
-    Trees need no ancestor lists (a chain of 10,000 nodes has 50 million ancestor pairs): empty arrays stand in."""
+    Trees need no ancestor lists (a chain of 10,000 nodes has 50 million ancestor pairs): empty arrays stand in;
+    DAGs no subtree ends."""
     cache = taxonomy.namespace_cache(__name__)
     key = ("search_tables", include_root)
     if key not in cache:
@@ -706,7 +729,9 @@ def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
         if taxonomy.is_tree:
             parent = np.asarray(taxonomy.parent, dtype=np.int64)
             anc_ptr, anc_idx = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            ends = np.arange(n) + np.asarray(taxonomy.subtree_size, dtype=np.int64)
         else:
+            ends = np.zeros(n, dtype=np.int64)
             parent = np.full(n, -1, dtype=np.int64)
             anc = taxonomy.ancestors_sparse.tocsr()
             anc_ptr, anc_idx = anc.indptr.astype(np.int64), anc.indices.astype(np.int64)
@@ -718,6 +743,7 @@ def _tables(taxonomy: Taxonomy, include_root: bool) -> tuple[Any, ...]:
             anc_ptr,
             anc_idx,
             _label_sizes(taxonomy, include_root).astype(np.int64),
+            ends,
         )
     return cache[key]
 
@@ -731,9 +757,9 @@ def _workspace(n: int, nsizes: int, is_tree: bool) -> tuple[np.ndarray, ...]:
     ints = [np.full(n, -1, dtype=np.int64)] + [np.empty(n, dtype=np.int64) for _ in range(2)]  # pos, cand, owner
     ent_m = np.empty(n if is_tree else n * nsizes, dtype=np.int64)
     seg, slot, cpar = np.empty(n + 1, dtype=np.int64), np.full(nsizes, -1, dtype=np.int64), np.empty(n, dtype=np.int64)
-    dense = np.empty((max(1, n // nsizes) if is_tree else n, nsizes))  # trees: candidates x sizes <= n
+    dense = np.empty((max(1, n // nsizes) if is_tree else n, 2 * nsizes))  # trees: candidates x sizes <= n
     ev, stack = np.empty((n + 2, 5)), np.empty((n + 2, 2), dtype=np.int64)
-    return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack)
+    return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack, np.empty(2 * nsizes))
 
 
 @register_decoder(
@@ -812,17 +838,18 @@ def _optimal_hfbeta_blocks(
     initial_candidates: int,
 ) -> Any:
     """:func:`optimal_hfbeta` on one block of rows."""
-    # The input check only; float32 stays float32. On trees the kernel takes the label probabilities from the
-    # node probabilities itself (one read of each row); DAGs and leaf probabilities come as label probabilities.
+    # The input check only. On trees the kernel takes the label probabilities from the node probabilities itself
+    # (one read of each row, float32 read as it comes and summed in float64); DAGs and leaf probabilities come as
+    # label probabilities.
     batch: Batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, exact=False)
     from_nodes = taxonomy.is_tree and batch.leaf is None
-    x = np.ascontiguousarray(batch.node) if from_nodes else np.ascontiguousarray(batch.label, dtype=np.float64)
+    x = np.ascontiguousarray(batch.x) if from_nodes else np.ascontiguousarray(batch.label, dtype=np.float64)
     sets = np.zeros(x.shape, dtype=bool)
     values = np.zeros(x.shape[0])
     if x.shape[0]:
         first = 0 if include_root else 1
         tables = _tables(taxonomy, include_root)
-        work = _workspace(taxonomy.num_nodes, int(tables[-1].max()) + 1, tables[0])
+        work = _workspace(taxonomy.num_nodes, int(tables[6].max()) + 1, tables[0])
         args = (tables, work, float(b2), first, initial_candidates, _FRACTIONS, sets, values)
         if _solve_rows(x, from_nodes, PROBABILITY_ATOL, *args) >= 0:
             label_distribution(
