@@ -121,7 +121,8 @@ def tree_cost_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, par: An
             first = i if i < first else first
         ids[b], best[b] = first, e[first]
         if costs.shape[0]:
-            costs[b] = e
+            for j in range(n):  # a loop: the slice assignment costs seconds of compile time
+                costs[b, j] = e[j]
 
 
 @jit
@@ -129,8 +130,8 @@ def _label_up(row: Any, par: Any, f: Any, label_tol: Any, p: Any, sub: Any, big:
     """One pass up the ids of a tree (children first): the label distribution ``p`` (a node's ``P`` less its
     children's, round-off negatives clipped), its subtree sums ``P~`` in ``big`` and ``sum_y p(y) f(y)`` in
     ``sub[0]``. Returns the largest node whose label mass is negative beyond ``label_tol`` (-1: none)."""
-    sub[:] = 0.0
-    big[:] = 0.0
+    for j in range(row.shape[0]):
+        sub[j], big[j] = 0.0, 0.0
     moment = 0.0
     for j in range(row.shape[0] - 1, -1, -1):  # sub[j] and big[j] are complete when j is reached
         v = np.float64(row[j])

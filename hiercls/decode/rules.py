@@ -183,7 +183,7 @@ def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
         ptr = np.asarray(taxonomy.child_ptr, dtype=np.int64)
         idx = np.asarray(taxonomy.child_idx, dtype=np.int64)
         owner = np.repeat(np.arange(taxonomy.num_nodes), np.diff(ptr))
-        return ptr, idx[np.lexsort((idx, owner))]
+        return ptr, idx[np.lexsort((idx, owner))].astype(np.uint32)  # unsigned: no wrap-around in the kernel
 
     return _table(taxonomy, "sorted_children", make)
 
