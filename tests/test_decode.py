@@ -377,3 +377,16 @@ def test_order_key_orders_as_the_floats() -> None:
     keys = np.array([order_key(v) for v in values])
     np.testing.assert_array_equal(values[np.argsort(keys, kind="stable")], np.sort(values))
     assert all(key_value(k) == v for k, v in zip(keys, values, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_threshold_compares_as_float64_at_the_threshold(dtype) -> None:
+    """``threshold`` compares each value with the threshold in the rows' dtype (against the largest value of it
+    not above the threshold): a value just above, at or just below a threshold that the dtype cannot hold (0.3)
+    or can (0.5) qualifies exactly when ``float(v) > threshold``."""
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("r", "b")])
+    for t in (0.3, 0.5):
+        near = np.asarray(t, dtype=dtype)
+        for v in (near, np.nextafter(near, dtype(1)), np.nextafter(near, dtype(0))):
+            row = np.array([[1.0, 0.9, v, 0.1]], dtype=dtype)
+            assert int(threshold(row, tax, threshold=t)[0]) == (2 if float(v) > t else 1), (t, float(v))

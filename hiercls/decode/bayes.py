@@ -111,14 +111,13 @@ def tree_cost_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, par: An
             e[j] = a[j] * mass + base - s2 * sj - g[j] * p[j]
         low = HIGHEST_KEY
         for j in range(n):
-            k = order_key(e[j] + skip[j])
-            low = k if k < low else low
+            low = min(low, order_key(e[j] + skip[j]))
         least = key_value(low)
         ceiling = least + TIE_RTOL * max(1.0, abs(least))
         first = n
         for j in range(n):
             i = j if e[j] + skip[j] <= ceiling else n
-            first = i if i < first else first
+            first = min(first, i)
         ids[b], best[b] = first, e[first]
         if costs.shape[0]:
             for j in range(n):  # a loop: the slice assignment costs seconds of compile time

@@ -71,23 +71,24 @@ def scored_pick_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, weigh
         top = LOWEST_KEY
         for j in range(n):
             k = order_key(_score(row, j, weight, skip, coarse))
-            top = k if k > top else top
+            top = max(top, k)
         best = key_value(top)
         floor = best - TIE_RTOL * max(1.0, abs(best))
         first = n
         for j in range(n):
             i = j if _score(row, j, weight, skip, coarse) >= floor else n
-            first = i if i < first else first
+            first = min(first, i)
         out[b] = first
 
 
 @jit
-def deepest_above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: float, key: Any, out: Any,
+def deepest_above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: Any, key: Any, out: Any,
                        err: Any) -> None:  # fmt: skip
-    """Per row, among the nodes with ``P > t``: the largest ``key`` (given as :func:`order_key` s), then the largest
-    ``P`` (tie rule), then the smallest id; the root when no node qualifies. Three dense integer reductions, as in
-    :func:`scored_pick_rows`."""
-    n = x.shape[1]
+    """Per row, among the nodes with ``P > t[0]``: the largest ``key`` (given as :func:`order_key` s), then the
+    largest ``P`` (tie rule), then the smallest id; the root when no node qualifies. ``t`` has the rows' dtype (the
+    largest value of it not above the threshold: the same ``P > t``, without converting each value). Three dense
+    integer reductions, as in :func:`scored_pick_rows`."""
+    n, above = x.shape[1], t[0]
     for b in range(x.shape[0]):
         row = x[b]
         code, pos = check_row(row, mode, child, parent, tol)
@@ -96,20 +97,18 @@ def deepest_above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: 
             return
         top = LOWEST_KEY
         for j in range(n):
-            k = key[j] if np.float64(row[j]) > t else LOWEST_KEY
-            top = k if k > top else top
+            k = key[j] if row[j] > above else LOWEST_KEY
+            top = max(top, k)
         best = LOWEST_KEY
         for j in range(n):
-            v = np.float64(row[j])
-            k = order_key(v) if (v > t) & (key[j] == top) else LOWEST_KEY
-            best = k if k > best else best
+            k = order_key(np.float64(row[j]))
+            best = max(best, k if (row[j] > above) & (key[j] == top) else LOWEST_KEY)
         p = key_value(best)
         floor = p - TIE_RTOL * max(1.0, abs(p))
         first = n
         for j in range(n):
-            v = np.float64(row[j])
-            i = j if (v > t) & (key[j] == top) & (v >= floor) else n
-            first = i if i < first else first
+            i = j if (row[j] > above) & (key[j] == top) & (np.float64(row[j]) >= floor) else n
+            first = min(first, i)
         out[b] = first if first < n else 0
 
 
@@ -269,7 +268,10 @@ def _deepest_above(probs: Any, taxonomy: Taxonomy, t: float, key: str, leaf_prob
     tax = batch.taxonomy
     values = tax.depth if key == "depth" else tax.information_content
     keys = _table(tax, key, lambda: np.array([order_key(v) for v in np.asarray(values, dtype=np.float64)]))
-    return _run(deepest_above_rows, batch, t, keys)
+    above = np.array([t], dtype=batch.x.dtype)
+    if float(above[0]) > t:  # rounded up: the value below it is the largest not above t
+        above = np.nextafter(above, above.dtype.type(-np.inf))
+    return _run(deepest_above_rows, batch, above, keys)
 
 
 @register_decoder("threshold", optimal_for="the deepest node above a probability threshold")
