@@ -43,14 +43,14 @@ __all__ = [
 
 
 @jit
-def _score(row: Any, j: int, weight: Any, skip: Any, coarse: Any) -> float:
-    """``weight[j] * P(j)`` (``weight`` ``None``: 1), times ``P(coarse[j])`` unless ``coarse`` is ``None``, plus
-    ``skip[j]``; ``None`` factors are left out when the kernel is compiled."""
+def _score(row: Any, j: int, weight: Any, skip: Any, coarse: Any, above: Any) -> float:
+    """``weight[j] * P(j)`` (``weight`` ``None``: 1), times ``above[j] = P(coarse[j])`` unless ``coarse`` is
+    ``None``, plus ``skip[j]``; ``None`` factors are left out when the kernel is compiled."""
     s = np.float64(row[j])
     if weight is not None:
         s *= weight[j]
     if coarse is not None:
-        s *= np.float64(row[coarse[j]])
+        s *= above[j]
     return s + skip[j]
 
 
@@ -58,26 +58,28 @@ def _score(row: Any, j: int, weight: Any, skip: Any, coarse: Any) -> float:
 def scored_pick_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, weight: Any, skip: Any, coarse: Any,
                      out: Any, err: Any) -> None:  # fmt: skip
     """Per row: the first node ``j`` tied with the best :func:`_score`; ``skip`` is ``-inf`` at the nodes that are
-    no candidates (0 at the others). Two dense passes over the nodes in id order, without gathers or branches (the
-    compiler vectorises them): the best score (an integer maximum of :func:`order_key` s), then the first node
-    tied with it (an integer minimum)."""
+    no candidates (0 at the others). Two dense passes over the nodes in id order, without branches (the compiler
+    vectorises them): the best score (an integer maximum of :func:`order_key` s), then the first node tied with it
+    (an integer minimum); ``coarse``'s probabilities are gathered once per row before them."""
     n = x.shape[1]
+    above = np.empty(n if coarse is not None else 0)
     for b in range(x.shape[0]):
         row = x[b]
         code, pos = check_row(row, mode, child, parent, tol)
         if code:
             err[0], err[1], err[2] = b, code, pos
             return
+        if coarse is not None:
+            for j in range(n):
+                above[j] = np.float64(row[coarse[j]])
         top = LOWEST_KEY
         for j in range(n):
-            k = order_key(_score(row, j, weight, skip, coarse))
-            top = max(top, k)
+            top = max(top, order_key(_score(row, j, weight, skip, coarse, above)))
         best = key_value(top)
         floor = best - TIE_RTOL * max(1.0, abs(best))
         first = n
         for j in range(n):
-            i = j if _score(row, j, weight, skip, coarse) >= floor else n
-            first = min(first, i)
+            first = min(first, j if _score(row, j, weight, skip, coarse, above) >= floor else n)
         out[b] = first
 
 
