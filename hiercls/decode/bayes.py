@@ -27,16 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from hiercls.decode.checks import LABEL_MASS, NODE, check_row, jit, label_mass_tolerance
+from hiercls.decode.checks import NODE, check_row, jit, label_mass_tolerance
 from hiercls.decode.inputs import (
     CHUNK_ELEMENTS,
-    HIGHEST_KEY,
     TIE_RTOL,
     Batch,
     first_best,
-    key_value,
     label_distribution,
-    order_key,
     prepare,
     restore_ids,
     restore_values,
@@ -83,70 +80,77 @@ def _candidate_mask(taxonomy: Taxonomy, candidates: Any) -> np.ndarray:
 
 @jit
 def tree_cost_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, par: Any, a: Any, f: Any, delta: Any,
-                   g: Any, c_const: float, s2: float, label_tol: Any, skip: Any, costs: Any, ids: Any, best: Any,
+                   g: Any, c_const: float, s2: float, label_tol: Any, cand: Any, costs: Any, ids: Any, best: Any,
                    err: Any) -> None:  # fmt: skip
     """Per row of a tree's node probabilities: ``E(n) = a(n) mass + c_const sum_y p(y) f(y) - s2 S(n) - g(n) p(n)``
-    with ``S(n)`` the sum of ``delta(u) P~(u)`` over the ancestors-or-self ``u`` of ``n``; the first node tied with
-    the smallest ``E + skip`` (``skip``: ``inf`` at the nodes that are no candidates) goes to ``ids``, its ``E`` to
-    ``best`` and, when ``costs`` has rows, every ``E(n)`` to ``costs``. Ids are a pre-order (``par[j] < j``), so
-    one pass up the ids (:func:`_label_up`) and one down suffice; the minimum and the first tied node are dense
-    integer reductions (vectorised, as in :func:`hiercls.decode.rules.scored_pick_rows`)."""
-    n = x.shape[1]
-    p, sub, big, e = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
-    for b in range(x.shape[0]):
-        row = x[b]
-        code, pos = check_row(row, mode, child, parent, tol)
-        if code == 0:
-            pos = _label_up(row, par, f, label_tol, p, sub, big)
-            code = LABEL_MASS if pos >= 0 else 0
-        if code:
-            err[0], err[1], err[2] = b, code, pos
-            return
-        mass, base = big[0], c_const * sub[0]  # _label_up leaves the moment sum_y p(y) f(y) in sub[0]
-        sub[0] = delta[0] * mass  # S, in place of the children's sums
-        e[0] = a[0] * mass + base - s2 * sub[0] - g[0] * p[0]
-        for j in range(1, n):
-            sj = sub[par[j]] + delta[j] * big[j]
-            sub[j] = sj
-            e[j] = a[j] * mass + base - s2 * sj - g[j] * p[j]
-        low = HIGHEST_KEY
-        for j in range(n):
-            low = min(low, order_key(e[j] + skip[j]))
-        least = key_value(low)
-        ceiling = least + TIE_RTOL * max(1.0, abs(least))
-        first = n
-        for j in range(n):
-            i = j if e[j] + skip[j] <= ceiling else n
-            first = min(first, i)
-        ids[b], best[b] = first, e[first]
+    with ``S(n)`` the sum of ``delta(u) P~(u)`` over the ancestors-or-self ``u`` of ``n``; the first candidate
+    tied with the smallest ``E`` goes to ``ids``, its ``E`` to ``best`` and, when ``costs`` has rows, every
+    ``E(n)`` to ``costs``. Ids are a pre-order (``par[j] < j``), so one pass up the ids and one down suffice.
+    Four rows go through each pass together (``x`` has a multiple of four rows): their sums into a parent are
+    independent of each other, and with no branch in the four-row steps the compiler does them as one vector."""
+    n, rows = x.shape[1], 4
+    p = np.empty((n, rows))  # p(j) on the way up; E(j) on the way down
+    sub = np.empty((n, rows))  # the children's P, added up on the way up
+    big = np.empty((n, rows))  # P~: the children's P~, then j's own
+    s = np.empty((n, rows))
+    moment, low, short = np.empty(rows), np.empty(rows), np.empty(rows)
+    for b0 in range(0, x.shape[0], rows):
+        for r in range(rows):
+            code, pos = check_row(x[b0 + r], mode, child, parent, tol)
+            if code:
+                err[0], err[1], err[2] = b0 + r, code, pos
+                return
+        sub[:] = 0.0
+        big[:] = 0.0
+        moment[:] = 0.0
+        low[:] = np.inf
+        for j in range(n - 1, -1, -1):  # children first: sub[j] and big[j] are complete when j is reached
+            u = par[j]
+            for r in range(rows):
+                v = np.float64(x[b0 + r, j])
+                pj = v - sub[j, r]
+                short[r] = pj
+                pj = max(pj, 0.0)
+                p[j, r] = pj
+                big[j, r] += pj
+                moment[r] += pj * f[j]
+                sub[u, r] += v  # the root adds itself to sub[0], read no more
+                big[u, r] += big[j, r] if j else 0.0
+            if mode == NODE and min(short[0], short[1], short[2], short[3]) < -label_tol[j]:
+                for r in range(rows):
+                    if short[r] < -label_tol[j]:
+                        err[0], err[1], err[2] = b0 + r, 6, j
+                        return
         if costs.shape[0]:
-            for j in range(n):  # a loop: the slice assignment costs seconds of compile time
-                costs[b, j] = e[j]
+            _costs_down(p, s, big, moment, low, par, a, delta, g, c_const, s2, cand, costs[b0 : b0 + rows])
+        else:
+            _costs_down(p, s, big, moment, low, par, a, delta, g, c_const, s2, cand, costs)
+        for r in range(rows):
+            ceiling = low[r] + TIE_RTOL * max(1.0, abs(low[r]))
+            for j in range(n):
+                if cand[j] and p[j, r] <= ceiling:
+                    ids[b0 + r], best[b0 + r] = j, p[j, r]
+                    break
 
 
 @jit
-def _label_up(row: Any, par: Any, f: Any, label_tol: Any, p: Any, sub: Any, big: Any) -> int:
-    """One pass up the ids of a tree (children first): the label distribution ``p`` (a node's ``P`` less its
-    children's, round-off negatives clipped), its subtree sums ``P~`` in ``big`` and ``sum_y p(y) f(y)`` in
-    ``sub[0]``. Returns the largest node whose label mass is negative beyond ``label_tol`` (-1: none)."""
-    for j in range(row.shape[0]):
-        sub[j], big[j] = 0.0, 0.0
-    moment = 0.0
-    for j in range(row.shape[0] - 1, -1, -1):  # sub[j] and big[j] are complete when j is reached
-        v = np.float64(row[j])
-        pj = v - sub[j]
-        if pj < -label_tol[j]:
-            return j
-        pj = max(pj, 0.0)
-        p[j] = pj
-        big[j] += pj
-        moment += pj * f[j]
-        if j:
-            u = par[j]
-            sub[u] += v
-            big[u] += big[j]
-    sub[0] = moment
-    return -1
+def _costs_down(p, s, big, moment, low, par, a, delta, g, c_const, s2, cand, costs):  # type: ignore[no-untyped-def]
+    """The way down of :func:`tree_cost_rows` for four rows: ``S``, every ``E`` into ``p`` (and ``costs`` when it
+    has rows) and the smallest candidate ``E`` per row into ``low``."""
+    keep = costs.shape[0] > 0
+    for j in range(p.shape[0]):
+        u = par[j]
+        inf = 0.0 if cand[j] else np.inf
+        for r in range(4):
+            sj = (s[u, r] if j else 0.0) + delta[j] * big[j, r]
+            s[j, r] = sj
+            e = a[j] * big[0, r] + c_const * moment[r] - s2 * sj - g[j] * p[j, r]
+            p[j, r] = e
+            c = e + inf
+            low[r] = c if c < low[r] else low[r]
+        if keep:
+            for r in range(4):
+                costs[r, j] = p[j, r]
 
 
 def _kernel_tables(tax: Taxonomy, kind: str) -> tuple[Any, ...]:
@@ -154,7 +158,7 @@ def _kernel_tables(tax: Taxonomy, kind: str) -> tuple[Any, ...]:
     cache = tax.namespace_cache(__name__)
     if ("kernel", kind) not in cache:
         n = tax.num_nodes
-        par = np.maximum(np.asarray(tax.parent, dtype=np.int64), 0).astype(np.uint32)
+        par = np.maximum(np.asarray(tax.parent, dtype=np.int64), 0)
         depth = np.asarray(tax.depth, dtype=np.float64)
         if kind == "lca_height":
             h = float(tax.height)
@@ -177,9 +181,20 @@ def _kernel_costs(batch: Batch, kind: str, mask: np.ndarray, full: bool) -> tupl
     err = np.zeros(3, dtype=np.int64)
     if b:
         tables = _kernel_tables(batch.taxonomy, kind)
-        label_tol = label_mass_tolerance(batch.taxonomy, batch.eps) if batch.mode == NODE else np.full(n, np.inf)
-        skip = np.where(mask, 0.0, np.inf)
-        tree_cost_rows(batch.x, *batch.check_args(), *tables, label_tol, skip, costs, ids, best, err)
+        label_tol = label_mass_tolerance(batch.taxonomy, batch.eps)
+        whole = b - b % 4  # the kernel takes four rows at a time: the last rows go padded with copies of the last
+        args = (*batch.check_args(), *tables, label_tol, mask)
+        if whole:
+            tree_cost_rows(batch.x[:whole], *args, costs[:whole], ids[:whole], best[:whole], err)
+        if whole < b and not err[1]:
+            tail = np.concatenate([batch.x[whole:], np.repeat(batch.x[-1:], whole + 4 - b, axis=0)])
+            t_ids, t_best = np.zeros(4, dtype=np.int64), np.zeros(4)
+            t_costs = np.zeros((4, n) if full else (0, 0))
+            tree_cost_rows(tail, *args, t_costs, t_ids, t_best, err)
+            err[0] += whole
+            ids[whole:], best[whole:] = t_ids[: b - whole], t_best[: b - whole]
+            if full:
+                costs[whole:] = t_costs[: b - whole]
     batch.raise_if(err)
     return ids, best, costs if full else None
 

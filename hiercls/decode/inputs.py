@@ -48,7 +48,6 @@ from hiercls.taxonomy import Taxonomy, check_taxonomy
 
 __all__ = [
     "CHUNK_ELEMENTS",
-    "HIGHEST_KEY",
     "LOWEST_KEY",
     "TIE_RTOL",
     "Batch",
@@ -86,9 +85,6 @@ def tie_floor(best: Any) -> Any:
 
 LOWEST_KEY = -(2**63)
 """The least :func:`order_key` (below that of ``-inf``): the start of a kernel's maximum, the key of a non-candidate."""
-
-HIGHEST_KEY = 2**63 - 1
-"""The largest :func:`order_key` (above that of ``inf``): the start of a kernel's minimum."""
 
 
 @jit
