@@ -31,6 +31,7 @@ from hiercls.decode import (
     threshold,
     top_down,
 )
+from hiercls.decode.inputs import key_value, order_key
 from hiercls.taxonomy import Taxonomy, TaxonomyError
 
 
@@ -338,3 +339,54 @@ def test_float32_edge_check_decides_as_float64_at_the_tolerance() -> None:
                     check_probabilities(row, tax)
             else:
                 check_probabilities(row, tax)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_range_check_decides_at_the_bounds_as_float64(dtype) -> None:
+    """The row check screens the range in float32 against bounds loosened by a millionth and decides flagged rows
+    in float64: the values next to each bound (either side, in the row's dtype) pass or fail as ``lo <= v <= hi``
+    does in float64: :func:`check_probabilities` (``[-(atol + eps), 1 + atol + eps]``), a decoder (``lo = -1e-6``)
+    and a decoder with the checks off (``lo = -1e-6``, no upper bound)."""
+    tax = Taxonomy([("r", "a"), ("r", "b")])
+    eps = max(float(np.finfo(dtype).eps), 2.0**-23)
+    hi = 1.0 + 1e-4 + eps
+    cases = (
+        (lambda row: check_probabilities(row, tax), -(1e-4 + eps), hi),
+        (lambda row: decode(row, tax, "argmax_leaf"), -1e-6, hi),
+        (lambda row: decode(row, tax, "argmax_leaf", check=False), -1e-6, np.inf),
+    )
+    for run, lo, top in cases:
+        for bound in (lo, top):
+            if not np.isfinite(bound):
+                continue
+            near = dtype(bound)
+            for v in (near, np.nextafter(near, dtype(np.inf)), np.nextafter(near, dtype(-np.inf))):
+                row = np.array([[1.0, 0.0, 0.0]], dtype=dtype)
+                row[0, 2 if bound < 0.5 else 1] = v  # a column whose parent (the root) is 1
+                if lo <= float(v) <= top:
+                    run(row)
+                else:
+                    with pytest.raises(ValueError, match=r"negative|expected a value in"):
+                        run(row)
+
+
+def test_order_key_orders_as_the_floats() -> None:
+    """The kernels' maxima are taken over :func:`order_key`: sorting by it sorts the floats (signs, zeros, inf)."""
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.normal(size=200) * 10.0 ** rng.integers(-300, 300, size=200), [0.0, np.inf, -np.inf]])
+    keys = np.array([order_key(v) for v in values])
+    np.testing.assert_array_equal(values[np.argsort(keys, kind="stable")], np.sort(values))
+    assert all(key_value(k) == v for k, v in zip(keys, values, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_threshold_compares_as_float64_at_the_threshold(dtype) -> None:
+    """``threshold`` compares each value with the threshold in the rows' dtype (against the largest value of it
+    not above the threshold): a value just above, at or just below a threshold that the dtype cannot hold (0.3)
+    or can (0.5) qualifies exactly when ``float(v) > threshold``."""
+    tax = Taxonomy([("r", "a"), ("a", "x"), ("r", "b")])
+    for t in (0.3, 0.5):
+        near = np.asarray(t, dtype=dtype)
+        for v in (near, np.nextafter(near, dtype(1)), np.nextafter(near, dtype(0))):
+            row = np.array([[1.0, 0.9, v, 0.1]], dtype=dtype)
+            assert int(threshold(row, tax, threshold=t)[0]) == (2 if float(v) > t else 1), (t, float(v))

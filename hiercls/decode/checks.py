@@ -134,16 +134,16 @@ def dtype_eps(dtype: Any) -> float:
 
 
 def edges(taxonomy: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(child, parent)`` int32 of every edge (half the index bytes of the row check), cached; children in
-    increasing id order (on a tree ``1..N-1``)."""
+    """``(child, parent)`` uint32 of every edge (half the index bytes of the row check, and no negative-index
+    wrap-around in the kernels), cached; children in increasing id order (on a tree ``1..N-1``)."""
     cache = taxonomy.namespace_cache(__name__)
     if "edges" not in cache:
         if taxonomy.is_tree:
-            child = np.arange(1, taxonomy.num_nodes, dtype=np.int32)
-            parent = np.asarray(taxonomy.parent[1:], dtype=np.int32)
+            child = np.arange(1, taxonomy.num_nodes, dtype=np.uint32)
+            parent = np.asarray(taxonomy.parent[1:], dtype=np.uint32)
         else:
-            child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)).astype(np.int32)
-            parent = np.asarray(taxonomy.parent_idx, dtype=np.int32)
+            child = np.repeat(np.arange(taxonomy.num_nodes), np.diff(taxonomy.parent_ptr)).astype(np.uint32)
+            parent = np.asarray(taxonomy.parent_idx, dtype=np.uint32)
         cache["edges"] = (child, parent)
     return cache["edges"]
 
@@ -164,16 +164,20 @@ def row_tolerances(
 def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int, int]:
     """``(code, position)`` of the first fault of one row ``x`` (``(0, 0)`` when it passes).
 
-    The range first, in float64 (NaN fails both comparisons), then by ``mode``: ``NODE`` the root and every edge
-    ``(child[e], parent[e])`` (position ``e``), ``LEAF`` the row sum, ``SCORES`` nothing more. An edge's excess
-    ``x[child] - x[parent]`` is taken in the row's dtype (float32 rows are read at half the bytes, and the
-    difference of two float32 values in ``[0, 1]`` near the tolerance is exact or within ``1e-11``).
+    The range first (NaN fails both comparisons), then by ``mode``: ``NODE`` the root and every edge
+    ``(child[e], parent[e])`` (position ``e``), ``LEAF`` the row sum, ``SCORES`` nothing more. Each test is a
+    screening pass in float32 against bounds loosened by a millionth (no float64 conversion per value, and no
+    branch: the compiler vectorises it) and, only where it flags a row, the exact pass in float64 that names the
+    fault. An edge's excess ``x[child] - x[parent]`` is taken in the row's dtype (the difference of two float32
+    values in ``[0, 1]`` near the tolerance is exact or within ``1e-11``). Unsigned index tables (:func:`edges`)
+    spare the gathers numba's negative-index wrap-around.
     """
     lo, hi, edge = tol[0], tol[1], tol[2]
+    lo32, hi32 = np.float32(lo + abs(lo) * 1e-6), np.float32(min(hi - abs(hi) * 1e-6, 3e38))  # inf is flagged
     bad = False
-    for j in range(x.shape[0]):  # no branch in the loop: the compiler vectorises it
-        v = np.float64(x[j])
-        bad |= (v < lo) | (v > hi) | (v != v)
+    for j in range(x.shape[0]):
+        v = x[j]
+        bad |= (v < lo32) | (v > hi32) | (v != v)
     if bad:
         for j in range(x.shape[0]):
             v = np.float64(x[j])
@@ -184,14 +188,9 @@ def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int
     if mode == NODE:
         if abs(np.float64(x[0]) - 1.0) > tol[3]:
             return ROOT, 0
-        tree = child.shape[0] > 0 and child[0] == 1 and child[-1] == child.shape[0]  # children 1..N-1 in order
-        for e in range(child.shape[0]):
-            c = e + 1 if tree else child[e]
-            bad |= np.float64(x[c] - x[parent[e]]) > edge
-        if bad:
-            for e in range(child.shape[0]):
-                if np.float64(x[child[e]] - x[parent[e]]) > edge:
-                    return EDGE, e
+        e = _edge_fault(x, child, parent, edge)
+        if e >= 0:
+            return EDGE, e
     elif mode == LEAF:
         s = 0.0
         for j in range(x.shape[0]):
@@ -199,6 +198,25 @@ def check_row(x: Any, mode: int, child: Any, parent: Any, tol: Any) -> tuple[int
         if abs(s - 1.0) > tol[3]:
             return LEAF_SUM, 0
     return 0, 0
+
+
+@jit
+def _edge_fault(x: Any, child: Any, parent: Any, edge: float) -> int:
+    """The first edge ``e`` with ``x[child[e]] - x[parent[e]] > edge`` (-1 when none): the float32 screening pass of
+    :func:`check_row`, then the exact one."""
+    edge32 = np.float32(edge * (1.0 - 1e-6))
+    bad = False
+    if child.shape[0] > 0 and child[0] == 1 and child[-1] == child.shape[0]:  # a tree: children 1..N-1, no load
+        for e in range(parent.shape[0]):
+            bad |= x[e + 1] - x[parent[e]] > edge32
+    else:
+        for e in range(parent.shape[0]):
+            bad |= x[child[e]] - x[parent[e]] > edge32
+    if bad:
+        for e in range(child.shape[0]):
+            if np.float64(x[child[e]] - x[parent[e]]) > edge:
+                return e
+    return -1
 
 
 @jit
@@ -385,7 +403,7 @@ def check_probabilities(
     x = kernel_array(arr)
     tol = row_tolerances(taxonomy, mode, eps, atol)
     err = np.zeros(3, dtype=np.int64)
-    child, parent = edges(taxonomy) if mode == NODE else (np.zeros(0, np.int32), np.zeros(0, np.int32))
+    child, parent = edges(taxonomy) if mode == NODE else (np.zeros(0, np.uint32), np.zeros(0, np.uint32))
     check_rows(x, mode, child, parent, tol, err)
     raise_row_error(err, x, taxonomy, mode, tol, name, row_offset)
     return arr

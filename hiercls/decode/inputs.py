@@ -38,6 +38,7 @@ from hiercls.decode.checks import (
     check_rows,
     dtype_eps,
     edges,
+    jit,
     kernel_array,
     probability_checks_enabled,
     raise_row_error,
@@ -47,12 +48,15 @@ from hiercls.taxonomy import Taxonomy, check_taxonomy
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "LOWEST_KEY",
     "TIE_RTOL",
     "Batch",
     "chunked",
     "first_best",
     "index_tensor",
+    "key_value",
     "label_distribution",
+    "order_key",
     "prepare",
     "restore_ids",
     "restore_sets",
@@ -77,6 +81,27 @@ def tie_floor(best: Any) -> Any:
     """The least value tied with ``best`` (a maximum): ``best - TIE_RTOL * max(1, |best|)``; for a minimum
     ``2 * best - tie_floor(best)`` is the largest tied value. Scalars or arrays."""
     return best - TIE_RTOL * np.maximum(1.0, np.abs(best))
+
+
+LOWEST_KEY = -(2**63)
+"""The least :func:`order_key` (below that of ``-inf``): the start of a kernel's maximum, the key of a non-candidate."""
+
+
+@jit
+def order_key(v: float) -> int:
+    """An int64 that orders as the float64 ``v`` does: its IEEE bits, a negative's magnitude bits flipped.
+
+    The kernels take maxima over keys because the compiler vectorises integer maximum reductions and not float
+    ones (it would need fast-math, which numba does not pass on to them); :func:`key_value` inverts it.
+    """
+    k = np.float64(v).view(np.int64)
+    return k ^ ((k >> 63) & 0x7FFFFFFFFFFFFFFF)
+
+
+@jit
+def key_value(k: int) -> float:
+    """The float64 whose :func:`order_key` is ``k``."""
+    return np.int64(k ^ ((k >> 63) & 0x7FFFFFFFFFFFFFFF)).view(np.float64)
 
 
 def first_best(values: np.ndarray, *, minimize: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
@@ -160,7 +185,7 @@ class Batch:
         self.raise_if(err, scores=scores)
 
 
-_NO_EDGES = np.zeros(0, dtype=np.int32)
+_NO_EDGES = np.zeros(0, dtype=np.uint32)
 
 
 def _host_array(probs: Any, name: str) -> tuple[np.ndarray, Any, Any, float]:

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from hiercls.decode.checks import check_row, jit
-from hiercls.decode.inputs import TIE_RTOL, Batch, prepare, restore_ids
+from hiercls.decode.inputs import (
+    LOWEST_KEY,
+    TIE_RTOL,
+    Batch,
+    key_value,
+    order_key,
+    prepare,
+    restore_ids,
+)
 from hiercls.decode.registry import register_decoder
 from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy
 
@@ -35,56 +43,75 @@ __all__ = [
 
 
 @jit
-def scored_pick_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, cand: Any, weight: Any, coarse: Any,
-                     out: Any, err: Any) -> None:  # fmt: skip
-    """Per row: the first candidate ``cand[i]`` (ids ascending) tied with the best score
-    ``weight[i] * P(cand[i])``, times ``P(coarse[i])`` when ``coarse`` is not empty."""
-    with_coarse = coarse.shape[0] > 0
-    for b in range(x.shape[0]):
-        row = x[b]
-        code, pos = check_row(row, mode, child, parent, tol)
-        if code:
-            err[0], err[1], err[2] = b, code, pos
-            return
-        best = -np.inf
-        for i in range(cand.shape[0]):
-            s = weight[i] * np.float64(row[cand[i]])
-            if with_coarse:
-                s *= np.float64(row[coarse[i]])
-            best = max(best, s)
-        floor = best - TIE_RTOL * max(1.0, abs(best))
-        for i in range(cand.shape[0]):
-            s = weight[i] * np.float64(row[cand[i]])
-            if with_coarse:
-                s *= np.float64(row[coarse[i]])
-            if s >= floor:
-                out[b] = cand[i]
-                break
+def _score(row: Any, j: int, weight: Any, skip: Any, coarse: Any, above: Any) -> float:
+    """``weight[j] * P(j)`` (``weight`` ``None``: 1), times ``above[j] = P(coarse[j])`` unless ``coarse`` is
+    ``None``, plus ``skip[j]``; ``None`` factors are left out when the kernel is compiled."""
+    s = np.float64(row[j])
+    if weight is not None:
+        s *= weight[j]
+    if coarse is not None:
+        s *= above[j]
+    return s + skip[j]
 
 
 @jit
-def deepest_above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: float, key: Any, out: Any,
-                       err: Any) -> None:  # fmt: skip
-    """Per row, among the nodes with ``P > t``: the largest ``key``, then the largest ``P`` (tie rule), then the
-    smallest id; the root when no node qualifies."""
+def scored_pick_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, weight: Any, skip: Any, coarse: Any,
+                     out: Any, err: Any) -> None:  # fmt: skip
+    """Per row: the first node ``j`` tied with the best :func:`_score`; ``skip`` is ``-inf`` at the nodes that are
+    no candidates (0 at the others). Two dense passes over the nodes in id order, without branches (the compiler
+    vectorises them): the best score (an integer maximum of :func:`order_key` s), then the first node tied with it
+    (an integer minimum); ``coarse``'s probabilities are gathered once per row before them."""
+    n = x.shape[1]
+    above = np.empty(n if coarse is not None else 0)
     for b in range(x.shape[0]):
         row = x[b]
         code, pos = check_row(row, mode, child, parent, tol)
         if code:
             err[0], err[1], err[2] = b, code, pos
             return
-        best_key, best_p = -np.inf, -np.inf
-        for j in range(row.shape[0]):
-            v = np.float64(row[j])
-            if v > t and (key[j] > best_key or (key[j] == best_key and v > best_p)):
-                best_key, best_p = key[j], v
-        out[b] = 0
-        floor = best_p - TIE_RTOL * max(1.0, abs(best_p))
-        for j in range(row.shape[0]):
-            v = np.float64(row[j])
-            if v > t and key[j] == best_key and v >= floor:
-                out[b] = j
-                break
+        if coarse is not None:
+            for j in range(n):
+                above[j] = np.float64(row[coarse[j]])
+        top = LOWEST_KEY
+        for j in range(n):
+            top = max(top, order_key(_score(row, j, weight, skip, coarse, above)))
+        best = key_value(top)
+        floor = best - TIE_RTOL * max(1.0, abs(best))
+        first = n
+        for j in range(n):
+            first = min(first, j if _score(row, j, weight, skip, coarse, above) >= floor else n)
+        out[b] = first
+
+
+@jit
+def deepest_above_rows(x: Any, mode: int, child: Any, parent: Any, tol: Any, t: Any, key: Any, out: Any,
+                       err: Any) -> None:  # fmt: skip
+    """Per row, among the nodes with ``P > t[0]``: the largest ``key`` (given as :func:`order_key` s), then the
+    largest ``P`` (tie rule), then the smallest id; the root when no node qualifies. ``t`` has the rows' dtype (the
+    largest value of it not above the threshold: the same ``P > t``, without converting each value). Three dense
+    integer reductions, as in :func:`scored_pick_rows`."""
+    n, above = x.shape[1], t[0]
+    for b in range(x.shape[0]):
+        row = x[b]
+        code, pos = check_row(row, mode, child, parent, tol)
+        if code:
+            err[0], err[1], err[2] = b, code, pos
+            return
+        top = LOWEST_KEY
+        for j in range(n):
+            k = key[j] if row[j] > above else LOWEST_KEY
+            top = max(top, k)
+        best = LOWEST_KEY
+        for j in range(n):
+            k = order_key(np.float64(row[j]))
+            best = max(best, k if (row[j] > above) & (key[j] == top) else LOWEST_KEY)
+        p = key_value(best)
+        floor = p - TIE_RTOL * max(1.0, abs(p))
+        first = n
+        for j in range(n):
+            i = j if (row[j] > above) & (key[j] == top) & (np.float64(row[j]) >= floor) else n
+            first = min(first, i)
+        out[b] = first if first < n else 0
 
 
 @jit
@@ -145,8 +172,9 @@ def _table(taxonomy: Taxonomy, key: Any, make: Any) -> Any:
     return cache[key]
 
 
-def _leaves(taxonomy: Taxonomy) -> np.ndarray:
-    return _table(taxonomy, "leaves", lambda: np.sort(np.asarray(taxonomy.leaves, dtype=np.int64)))
+def _skip_internal(taxonomy: Taxonomy) -> np.ndarray:
+    """``-inf`` at the internal nodes, 0 at the leaves: the leaves are the candidates."""
+    return _table(taxonomy, "leaf_skip", lambda: np.where(taxonomy.is_leaf, 0.0, -np.inf))
 
 
 def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
@@ -156,12 +184,9 @@ def _sorted_children(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
         ptr = np.asarray(taxonomy.child_ptr, dtype=np.int64)
         idx = np.asarray(taxonomy.child_idx, dtype=np.int64)
         owner = np.repeat(np.arange(taxonomy.num_nodes), np.diff(ptr))
-        return ptr, idx[np.lexsort((idx, owner))]
+        return ptr, idx[np.lexsort((idx, owner))].astype(np.uint32)  # unsigned: no wrap-around in the kernel
 
     return _table(taxonomy, "sorted_children", make)
-
-
-_NONE = np.zeros(0, dtype=np.int64)
 
 
 @register_decoder("argmax_leaf", optimal_for="leaf accuracy (the flat classifier's prediction)")
@@ -175,8 +200,7 @@ def argmax_leaf(probs: Any, taxonomy: Taxonomy, *, leaf_probs: bool = False) -> 
         [2]
     """
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
-    leaves = _leaves(batch.taxonomy)
-    return _run(scored_pick_rows, batch, leaves, np.ones(len(leaves)), _NONE)
+    return _run(scored_pick_rows, batch, None, _skip_internal(batch.taxonomy), None)
 
 
 @register_decoder("top_down", optimal_for="the greedy chain of per-node decisions of top-down classifiers")
@@ -244,11 +268,12 @@ def _check_unit(value: float, name: str) -> float:
 def _deepest_above(probs: Any, taxonomy: Taxonomy, t: float, key: str, leaf_probs: bool) -> Any:
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
     tax = batch.taxonomy
-    if key == "depth":
-        keys = _table(tax, "depth", lambda: np.asarray(tax.depth, dtype=np.float64))
-    else:
-        keys = _table(tax, "ic", lambda: np.asarray(tax.information_content, dtype=np.float64))
-    return _run(deepest_above_rows, batch, t, keys)
+    values = tax.depth if key == "depth" else tax.information_content
+    keys = _table(tax, key, lambda: np.array([order_key(v) for v in np.asarray(values, dtype=np.float64)]))
+    above = np.array([t], dtype=batch.x.dtype)
+    if float(above[0]) > t:  # rounded up: the value below it is the largest not above t
+        above = np.nextafter(above, above.dtype.type(-np.inf))
+    return _run(deepest_above_rows, batch, above, keys)
 
 
 @register_decoder("threshold", optimal_for="the deepest node above a probability threshold")
@@ -316,8 +341,8 @@ def info_gain(probs: Any, taxonomy: Taxonomy, *, lam: float = 0.0, leaf_probs: b
         raise ValueError(f"lam must be a finite number >= 0; got {lam!r}")
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
     tax = batch.taxonomy
-    nodes = _table(tax, "all", lambda: np.arange(tax.num_nodes, dtype=np.int64))
-    return _run(scored_pick_rows, batch, nodes, np.asarray(tax.information_content, dtype=np.float64) + lam, _NONE)
+    weight = np.asarray(tax.information_content, dtype=np.float64) + lam
+    return _run(scored_pick_rows, batch, weight, _table(tax, "zeros", lambda: np.zeros(tax.num_nodes)), None)
 
 
 def calibrate_info_gain(
@@ -411,12 +436,13 @@ def hie(probs: Any, taxonomy: Taxonomy, *, level: int | None = None, leaf_probs:
     taxonomy = check_taxonomy(taxonomy)
     if not taxonomy.is_tree:
         raise TaxonomyError(f"hie needs a tree; taxonomy {taxonomy.name!r} is a DAG (use to_tree())")
-    leaves = _leaves(taxonomy)
+    leaves = np.flatnonzero(taxonomy.is_leaf)
+    coarse = np.zeros(taxonomy.num_nodes, dtype=np.uint32)  # the root's P (1) for the internal nodes, skipped anyway
     if level is None:
-        coarse = np.maximum(taxonomy.parent[leaves], 0)
+        coarse[leaves] = np.maximum(taxonomy.parent[leaves], 0)
     else:
         if isinstance(level, bool) or not isinstance(level, int | np.integer) or not 0 <= level <= taxonomy.height:
             raise ValueError(f"level must be a depth in [0, {taxonomy.height}] (the taxonomy's height); got {level!r}")
-        coarse = _ancestor_at_depth(taxonomy, leaves, int(level))
+        coarse[leaves] = _ancestor_at_depth(taxonomy, leaves, int(level))
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
-    return _run(scored_pick_rows, batch, leaves, np.ones(len(leaves)), np.asarray(coarse, dtype=np.int64))
+    return _run(scored_pick_rows, batch, None, _skip_internal(taxonomy), coarse)

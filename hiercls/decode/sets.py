@@ -96,7 +96,7 @@ def _closure_edges(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
     cache = taxonomy.namespace_cache(__name__)
     if "up" not in cache:
         child, parent = edges(taxonomy)
-        order = np.argsort(-child, kind="stable")
+        order = np.argsort(-child.astype(np.int64), kind="stable")
         cache["up"] = (np.ascontiguousarray(child[order]), np.ascontiguousarray(parent[order]))
     return cache["up"]
 
@@ -104,7 +104,7 @@ def _closure_edges(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
 def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool, close: bool) -> Any:
     t = _unit(threshold, "threshold")
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, scores=True, check=False)
-    none = np.zeros(0, dtype=np.int32)
+    none = np.zeros(0, dtype=np.uint32)
     up = _closure_edges(batch.taxonomy) if close else (none, none)
     out = np.zeros(batch.x.shape, dtype=bool)
     err = np.zeros(3, dtype=np.int64)
