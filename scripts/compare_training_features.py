@@ -8,11 +8,11 @@ split at 64 px, one epoch, the checkpoint chosen on 2,000 ``val`` images). What 
 1. **Shards.** It exports the recipe's training subset (``hiercls.data.subsample`` of ``train_fit``, the samples
    the plain runs train on) and its ``val`` subset as PNG image folders, one folder per label (the node's name,
    as :class:`hiercls.data.HierImageFolder` reads them), and writes each as tar shards with the documented
-   command ``hiercls data shard <folder> <out>/<split> --taxonomy fashion_mnist --shard-size 500``
-   (``<out>/shards/train_fit`` and ``<out>/shards/val``; kept and reused when they exist).
+   command ``hiercls data shard <folder> <shards>/<split> --taxonomy fashion_mnist --shard-size 500
+   --shuffle-seed 0`` (``<out>/shards-<n train>-<n val>/{train_fit,val}``; kept and reused when they exist).
 2. **Two arms per seed.** ``plain`` is the shipped recipe as it is (only ``run.seed`` and ``run.out_dir`` set,
    its compare/study runs off). ``featured`` reads the same images from the shards (``data.dataset: shards``,
-   a shuffle buffer holding the whole training subset), mixes batches with timm's Mixup/CutMix
+   the default shuffle buffer of 1,000 samples), mixes batches with timm's Mixup/CutMix
    (``data.mixup``), keeps an EMA of the weights (``model.ema``; the EMA weights are the model),
    trains through ``torch.compile`` (``model.compile: true``; ``--compile-seeds`` limits it to some seeds,
    the others run eager) in ``channels_last``. Its settings are :data:`FEATURED` (chosen on ``val``; see
@@ -48,6 +48,7 @@ from PIL import Image
 from hiercls.cli import main as hiercls_main
 from hiercls.data import FashionMNIST, subsample
 from hiercls.decode import parse_decoder
+from hiercls.evaluation import Evaluator
 from hiercls.evaluation.model import evaluate_model, split_loader
 from hiercls.train import TrainConfig, apply_overrides, load_config, train
 from hiercls.train.inference import load_trained_model
@@ -83,13 +84,13 @@ def write_split_shards(cfg: TrainConfig, out: Path, shard_size: int) -> Path:
     """``out/shards-<n train>-<n val>/{train_fit,val}``: the recipe's training and val subsets as tar shards
     (reused if present)."""
     d = cfg.data
-    shards = out / f"shards-{d.max_train_samples}-{d.max_eval_samples}"
+    shards = out / f"shards-{d.max_train_samples}-{d.max_eval_samples}-shuffled"
     for split, limit in ((d.train_split, d.max_train_samples), (d.eval_split, d.max_eval_samples)):
         if (shards / split / "index.json").is_file():
             continue
         images = out / f"images-{d.max_train_samples}-{d.max_eval_samples}" / split
         n = export_split(split, limit, images)
-        args = ["data", "shard", str(images), str(shards / split), "--taxonomy", "fashion_mnist"]
+        args = ["data", "shard", str(images), str(shards / split), "--taxonomy", "fashion_mnist", "--shuffle-seed", "0"]
         if hiercls_main([*args, "--shard-size", str(shard_size)]) != 0:
             raise RuntimeError(f"hiercls data shard failed for split {split!r}")
         print(f"shards: {n} {split} images -> {shards / split}", flush=True)
@@ -103,12 +104,10 @@ def arm_config(
     name = f"{arm}{tag if arm == 'featured' else ''}-n{base.data.max_train_samples}-seed{seed}"
     sets = [f"run.seed={seed}", f"run.out_dir={out / 'runs' / name}", "run.progress=false"]
     if arm == "featured":
-        n_train = base.data.max_train_samples
-        options = {"shards": str(shards), "buffer_size": n_train or 100_000}
         sets += [
             "taxonomy=fashion_mnist",
             "data.dataset=shards",
-            f"data.options={json.dumps(options)}",
+            f"data.options={json.dumps({'shards': str(shards)})}",
             "data.max_train_samples=null",  # the shards hold exactly the recipe's subset
             f"model.compile={str(compiled).lower()}",
             *(f"{k}={json.dumps(v)}" for k, v in FEATURED.items()),
@@ -119,10 +118,19 @@ def arm_config(
 def score_run(run_dir: str, base: TrainConfig) -> dict[str, Any]:
     """The run's best checkpoint on the recipe's study split: per decoder accuracy, micro hF1, per-sample counts."""
     model, taxonomy, _ = load_trained_model(run_dir, which="best")
-    _, loader = split_loader(model, taxonomy, base, base.study.split, base.study.max_samples, None)
     specs = [parse_decoder(d) for d in base.eval.decoders]
-    res, probs, y = evaluate_model(model, loader, taxonomy, specs, device=torch.device("cpu"), keep_probs=True)
-    assert probs is not None and y is not None
+    cache = Path(run_dir) / f"scored-{base.study.split}-{base.study.max_samples}.npz"  # a rerun reuses it
+    if cache.is_file():
+        saved = np.load(cache)
+        probs, y = saved["probs"], saved["labels"]
+    else:
+        _, loader = split_loader(model, taxonomy, base, base.study.split, base.study.max_samples, None)
+        _, probs, y = evaluate_model(model, loader, taxonomy, specs, device=torch.device("cpu"), keep_probs=True)
+        assert probs is not None and y is not None
+        np.savez(cache, probs=probs, labels=y)
+    evaluator = Evaluator(taxonomy, specs, k=())  # the metrics evaluate_model reports, from the probabilities
+    evaluator.update(probs, y)
+    res = evaluator.compute()
     scores: dict[str, Any] = {"labels": y}
     for spec in specs:
         pred = np.asarray(spec(probs, taxonomy))
