@@ -17,17 +17,21 @@ split at 64 px, one epoch, the checkpoint chosen on 2,000 ``val`` images). What 
    trains through ``torch.compile`` (``model.compile: true``; ``--compile-seeds`` limits it to some seeds,
    the others run eager) in ``channels_last``. Its settings are :data:`FEATURED` (chosen on ``val``; see
    docs/training.md).
-3. **Scoring.** Every run's best checkpoint is scored on the recipe's study split (``test``, its first
-   ``study.max_samples`` = 2,000 images after the same fixed subsample) with the recipe's decoders:
-   accuracy and micro hF1 (``hiercls.evaluation.model.evaluate_model``, as ``hiercls train``'s study does).
-4. **Report.** Per run the metrics; per arm mean and std over seeds; the paired difference featured - plain
-   with a 95% t-interval over the seeds and a paired bootstrap interval over the test samples (the two arms'
-   per-sample counts pooled over seeds, ``hiercls.train.study.paired_bootstrap``; accuracy as the hF1 of
-   counts ``(correct, 1, 1)``). Printed, and written to ``--out``/``compare.json`` and to ``--json``.
+3. **Scoring.** Every run's best checkpoint is scored on the recipe's study split (``test``, the same fixed
+   subsample of ``study.max_samples`` = 2,000 images for every run) with the recipe's decoders: accuracy and
+   micro hF1 (``hiercls.evaluation.model.evaluate_model`` once, its probabilities cached in the run folder,
+   then :class:`hiercls.evaluation.Evaluator`). A finished run folder is reused, not trained again.
+4. **Report.** Per run the metrics (``val`` as the run reported them, ``test``) and training seconds; per arm
+   mean and std over seeds; the paired difference featured - plain with a 95% t-interval over the seeds and a
+   paired bootstrap interval over the test samples (the two arms' per-sample counts pooled over seeds,
+   ``hiercls.train.study.paired_bootstrap``; accuracy as the hF1 of counts ``(correct, 1, 1)``). Printed, and
+   written to ``--out``/``compare<tag>.json`` and to ``--json``.
 
-Usage (about 3-4 minutes per run on 2 CPU cores):
+Usage (the run in docs/training.md: 2,000 training images, since a run of the recipe's 6,000 would take about 17
+minutes on the shared 2-core CPU at the speed of its first steps; 2-7 minutes a run):
 
-    python scripts/compare_training_features.py --seeds 0 1 2 --out runs/compare_features \\
+    python scripts/compare_training_features.py --seeds 0 1 2 3 --max-train-samples 2000 \\
+        --max-eval-samples 1000 --compile-seeds 1 --out runs/compare_features \\
         --json bench/results/compare_training_features.json
 """
 
