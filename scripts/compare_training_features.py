@@ -30,7 +30,7 @@ split at 64 px, one epoch, the checkpoint chosen on 2,000 ``val`` images). What 
 Usage (the run in docs/training.md: 2,000 training images, since a run of the recipe's 6,000 would take about 17
 minutes on the shared 2-core CPU at the speed of its first steps; 2-7 minutes a run):
 
-    python scripts/compare_training_features.py --seeds 0 1 2 3 --max-train-samples 2000 \\
+    python scripts/compare_training_features.py --seeds 0 1 2 3 4 5 --max-train-samples 2000 \\
         --max-eval-samples 1000 --compile-seeds 1 --out runs/compare_features \\
         --json bench/results/compare_training_features.json
 """
