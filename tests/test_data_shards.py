@@ -92,6 +92,23 @@ def test_shard_command_writes_the_folder_once_and_never_overwrites(fashion, shar
     assert len(expand_shards(shards)) == 12 and not list(shards.glob(".*.tmp"))
 
 
+def test_shuffle_seed_mixes_the_labels_of_every_shard(fashion, shards, tmp_path):
+    """In folder order a shard of 8 holds one or two labels; ``--shuffle-seed`` writes the folder's samples permuted by
+    that seed (the same files, in ``np.random.default_rng(seed).permutation`` order), every shard mixed."""
+    root, taxonomy, _ = fashion
+    # What the reader's shuffle buffer would have to mix:
+    assert all(len({label for *_, label in read_shard(p)}) <= 2 for p in expand_shards(shards))
+    out = tmp_path / "mixed"
+    args = ["data", "shard", str(root), str(out), "--taxonomy", "fashion_mnist", "--shard-size", "8"]
+    assert main([*args, "--shuffle-seed", "5"]) == 0
+    files = expand_shards(out)
+    written = [(data, label) for p in files for _, _, data, label in read_shard(p)]
+    folder = HierImageFolder(root, taxonomy).samples
+    expected = [folder[i] for i in np.random.default_rng(5).permutation(len(folder))]
+    assert written == [(Path(path).read_bytes(), taxonomy.name_of(node)) for path, node in expected]
+    assert all(len({label for *_, label in read_shard(p)}) > 2 for p in files)
+
+
 def test_reader_gives_every_sample_once_with_its_label_in_a_seeded_order(fashion, shards):
     _, taxonomy, seen = fashion
     for workers in (0, 2):

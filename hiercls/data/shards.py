@@ -449,8 +449,14 @@ def write_shards(
     *,
     shard_size: int = 1000,
     prefix: str = "shard",
+    shuffle_seed: int | None = None,
 ) -> list[Path]:
     """Write the images of a folder tree as tar shards of ``shard_size`` samples (``<prefix>-000000.tar`` ...).
+
+    The samples go in the folder's order (sorted by folder, so a shard holds one or a few labels) or, with
+    ``shuffle_seed``, in a random order drawn from that seed, so that every shard mixes the labels: the reader's
+    shuffle buffer only mixes samples within ``buffer_size`` of each other, which in folder order means batches
+    of one or two labels.
 
     The folders are the labels as :class:`~hiercls.data.HierImageFolder` reads them (nested folders = the
     taxonomy, or flat/nested folders matched to ``taxonomy`` by path or name); each sample's ``.cls`` member holds
@@ -466,7 +472,10 @@ def write_shards(
         raise ValueError(f"shard_size must be >= 1; got {shard_size}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    n = len(folder.samples)
+    samples = folder.samples
+    n = len(samples)
+    if shuffle_seed is not None:
+        samples = [samples[i] for i in np.random.default_rng(shuffle_seed).permutation(n)]
     names = [f"{prefix}-{i:06d}.tar" for i in range(-(-n // shard_size))]
     written = [INDEX_FILE] if taxonomy is not None else [INDEX_FILE, "taxonomy.json"]
     for name in [*names, *written]:
@@ -475,7 +484,7 @@ def write_shards(
     for i, name in enumerate(names):
         tmp = out / f".{name}.tmp"
         with tarfile.open(tmp, mode="w") as tar:
-            for j, (path, node) in enumerate(folder.samples[i * shard_size : (i + 1) * shard_size]):
+            for j, (path, node) in enumerate(samples[i * shard_size : (i + 1) * shard_size]):
                 key = f"{i * shard_size + j:09d}"
                 _add(tar, f"{key}{Path(path).suffix.lower()}", Path(path).read_bytes())
                 _add(tar, f"{key}.cls", folder.taxonomy.name_of(node).encode("utf-8"))
