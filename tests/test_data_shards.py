@@ -92,21 +92,31 @@ def test_shard_command_writes_the_folder_once_and_never_overwrites(fashion, shar
     assert len(expand_shards(shards)) == 12 and not list(shards.glob(".*.tmp"))
 
 
-def test_shuffle_seed_mixes_the_labels_of_every_shard(fashion, shards, tmp_path):
-    """In folder order a shard of 8 holds one or two labels; ``--shuffle-seed`` writes the folder's samples permuted by
-    that seed (the same files, in ``np.random.default_rng(seed).permutation`` order), every shard mixed."""
+def _written(out: Path) -> list[tuple[bytes, str]]:
+    return [(data, label) for p in expand_shards(out) for _, _, data, label in read_shard(p)]
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_shards_mix_the_labels_in_a_seeded_order_unless_asked_to_keep_the_folders(fashion, shards, tmp_path, seed):
+    """By default (seed 0) and with ``--shuffle-seed``, the folder's samples go permuted by
+    ``np.random.default_rng(seed).permutation``, every shard of 8 mixed; ``--keep-order`` writes the folder's
+    order, where a shard holds one or two labels (what the reader's shuffle buffer would have to mix)."""
     root, taxonomy, _ = fashion
-    # What the reader's shuffle buffer would have to mix:
-    assert all(len({label for *_, label in read_shard(p)}) <= 2 for p in expand_shards(shards))
-    out = tmp_path / "mixed"
-    args = ["data", "shard", str(root), str(out), "--taxonomy", "fashion_mnist", "--shard-size", "8"]
-    assert main([*args, "--shuffle-seed", "5"]) == 0
-    files = expand_shards(out)
-    written = [(data, label) for p in files for _, _, data, label in read_shard(p)]
     folder = HierImageFolder(root, taxonomy).samples
-    expected = [folder[i] for i in np.random.default_rng(5).permutation(len(folder))]
-    assert written == [(Path(path).read_bytes(), taxonomy.name_of(node)) for path, node in expected]
-    assert all(len({label for *_, label in read_shard(p)}) > 2 for p in files)
+    args = ["data", "shard", str(root), str(tmp_path / "o"), "--taxonomy", "fashion_mnist", "--shard-size", "8"]
+    assert main([*args, "--keep-order"]) == 0
+    assert _written(tmp_path / "o") == [(Path(path).read_bytes(), taxonomy.name_of(node)) for path, node in folder]
+    assert all(len({label for *_, label in read_shard(p)}) <= 2 for p in expand_shards(tmp_path / "o"))
+    out = shards if seed is None else tmp_path / "mixed"  # the module's shards: the default
+    if seed is not None:
+        args[3] = str(out)
+        assert main([*args, "--shuffle-seed", str(seed)]) == 0
+    expected = [folder[i] for i in np.random.default_rng(seed or 0).permutation(len(folder))]
+    assert _written(out) == [(Path(path).read_bytes(), taxonomy.name_of(node)) for path, node in expected]
+    assert all(len({label for *_, label in read_shard(p)}) > 2 for p in expand_shards(out))
+    with pytest.raises(SystemExit) as info:  # one order or the other, refused at parse time
+        main([*args, "--shuffle-seed", "1", "--keep-order"])
+    assert info.value.code == 2
 
 
 def test_reader_gives_every_sample_once_with_its_label_in_a_seeded_order(fashion, shards):

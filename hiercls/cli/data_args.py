@@ -2,7 +2,7 @@
 
 Examples::
 
-    hiercls data shard images/train shards/train --taxonomy imagenet21k --shard-size 1000 --shuffle-seed 0
+    hiercls data shard images/train shards/train --taxonomy imagenet21k --shard-size 1000
     hiercls data shard my_tree/ shards/ --shard-size 500    # nested folders: the tree is the taxonomy
 
 Train on them with ``data: {dataset: shards, options: {shards: shards/}}`` (a folder with one sub-folder per
@@ -34,11 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per shard (default 1000)")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: shard)")
-    p.add_argument(
+    order = p.add_mutually_exclusive_group()
+    order.add_argument(
         "--shuffle-seed",
         type=int,
-        default=None,
+        default=0,
         metavar="SEED",
-        help="write the samples in a random order drawn from SEED, so that every shard mixes the labels (default: "
-        "the folder's order, one or a few labels per shard, which the reader's shuffle buffer mixes only locally)",
+        help="the samples go in a random order drawn from SEED (default 0), so that every shard mixes the labels",
+    )
+    order.add_argument(
+        "--keep-order",
+        action="store_const",
+        const=None,
+        dest="shuffle_seed",
+        help="write the samples in the folder's order instead (one or a few labels per shard, which the reader's "
+        "shuffle buffer mixes only locally)",
     )

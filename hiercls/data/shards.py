@@ -449,14 +449,13 @@ def write_shards(
     *,
     shard_size: int = 1000,
     prefix: str = "shard",
-    shuffle_seed: int | None = None,
+    shuffle_seed: int | None = 0,
 ) -> list[Path]:
     """Write the images of a folder tree as tar shards of ``shard_size`` samples (``<prefix>-000000.tar`` ...).
 
-    The samples go in the folder's order (sorted by folder, so a shard holds one or a few labels) or, with
-    ``shuffle_seed``, in a random order drawn from that seed, so that every shard mixes the labels: the reader's
-    shuffle buffer only mixes samples within ``buffer_size`` of each other, which in folder order means batches
-    of one or two labels.
+    The samples go in a random order drawn from ``shuffle_seed``, so that every shard mixes the labels: the reader's
+    shuffle buffer only mixes samples within ``buffer_size`` of each other, which in the folder's order (sorted by
+    folder, one or a few labels per shard; ``shuffle_seed=None``) would mean batches of one or two labels.
 
     The folders are the labels as :class:`~hiercls.data.HierImageFolder` reads them (nested folders = the
     taxonomy, or flat/nested folders matched to ``taxonomy`` by path or name); each sample's ``.cls`` member holds
