@@ -27,6 +27,7 @@ import torch
 from hiercls._checks import check_choice, check_finite_number, to_numpy
 
 __all__ = [
+    "NO_EDGES",
     "PROBABILITY_ATOL",
     "ProbabilityError",
     "check_label_mass",
@@ -35,6 +36,7 @@ __all__ = [
     "dtype_eps",
     "edges",
     "jit",
+    "mode_edges",
     "probabilities_named",
     "probability_checks",
     "probability_checks_enabled",
@@ -146,6 +148,15 @@ def edges(taxonomy: Any) -> tuple[np.ndarray, np.ndarray]:
             parent = np.asarray(taxonomy.parent_idx, dtype=np.uint32)
         cache["edges"] = (child, parent)
     return cache["edges"]
+
+
+NO_EDGES = np.zeros(0, dtype=np.uint32)
+"""An empty edge table, of :func:`edges`'s dtype (one kernel signature for rows with and without edges)."""
+
+
+def mode_edges(taxonomy: Any, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(child, parent)`` tables :func:`check_row` reads in ``mode``: :func:`edges` for ``NODE``, else empty."""
+    return edges(taxonomy) if mode == NODE else (NO_EDGES, NO_EDGES)
 
 
 def row_tolerances(
@@ -403,7 +414,7 @@ def check_probabilities(
     x = kernel_array(arr)
     tol = row_tolerances(taxonomy, mode, eps, atol)
     err = np.zeros(3, dtype=np.int64)
-    child, parent = edges(taxonomy) if mode == NODE else (np.zeros(0, np.uint32), np.zeros(0, np.uint32))
+    child, parent = mode_edges(taxonomy, mode)
     check_rows(x, mode, child, parent, tol, err)
     raise_row_error(err, x, taxonomy, mode, tol, name, row_offset)
     return arr

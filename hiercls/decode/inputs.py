@@ -37,9 +37,9 @@ from hiercls.decode.checks import (
     check_label_mass,
     check_rows,
     dtype_eps,
-    edges,
     jit,
     kernel_array,
+    mode_edges,
     probability_checks_enabled,
     raise_row_error,
     row_tolerances,
@@ -168,7 +168,7 @@ class Batch:
     def check_args(self, *, scores: bool = False) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
         """``(mode, child, parent, tol)``: the row check's arguments for this input (a kernel's first four)."""
         mode = SCORES if scores and self.mode == NODE else self.mode
-        child, parent = edges(self.taxonomy) if mode == NODE else (_NO_EDGES, _NO_EDGES)
+        child, parent = mode_edges(self.taxonomy, mode)
         return mode, child, parent, row_tolerances(self.taxonomy, mode, self.eps, decoder=True)
 
     def raise_if(self, err: np.ndarray, *, scores: bool = False) -> None:
@@ -183,9 +183,6 @@ class Batch:
         if self.x.size:
             check_rows(self.x, *self.check_args(scores=scores), err)
         self.raise_if(err, scores=scores)
-
-
-_NO_EDGES = np.zeros(0, dtype=np.uint32)
 
 
 def _host_array(probs: Any, name: str) -> tuple[np.ndarray, Any, Any, float]:

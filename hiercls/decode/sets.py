@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hiercls.decode.checks import check_row, edges, jit
+from hiercls.decode.checks import NO_EDGES, check_row, edges, jit
 from hiercls.decode.inputs import prepare, restore_sets
 from hiercls.decode.registry import register_decoder
 from hiercls.taxonomy import Taxonomy
@@ -104,8 +104,7 @@ def _closure_edges(taxonomy: Taxonomy) -> tuple[np.ndarray, np.ndarray]:
 def _above(probs: Any, taxonomy: Taxonomy, threshold: float, leaf_probs: bool, close: bool) -> Any:
     t = _unit(threshold, "threshold")
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, scores=True, check=False)
-    none = np.zeros(0, dtype=np.uint32)
-    up = _closure_edges(batch.taxonomy) if close else (none, none)
+    up = _closure_edges(batch.taxonomy) if close else (NO_EDGES, NO_EDGES)
     out = np.zeros(batch.x.shape, dtype=bool)
     err = np.zeros(3, dtype=np.int64)
     if out.size:
