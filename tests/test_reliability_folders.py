@@ -283,7 +283,7 @@ def test_a_run_is_refused_while_a_worker_of_an_earlier_ddp_run_lives(base: dict[
 
 
 def _lock_free(path: Path) -> bool:
-    """No process holds the exclusive flock of ``path`` (a run folder's ``.lock``)."""
+    """No process holds a flock on ``path`` (a run folder's ``.lock`` or ``.lock-ranks``)."""
     fd = os.open(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -334,8 +334,8 @@ def test_killing_the_torchrun_launcher_kills_its_workers(base: dict[str, Path], 
             time.sleep(0.1)
         assert not any(_alive(p) for p in pids), "the workers outlived their launcher"
         # A dead worker's leader thread reads as a zombie while its other threads still exit (its files, the folder's
-        # lock among them, close with the last one): the resume waits for the lock, as a user's would be refused.
-        while not _lock_free(run / ".lock") and time.monotonic() - t0 < 60:
+        # two locks among them, close with the last one): the resume waits for both, as a user's would be refused.
+        while not (_lock_free(run / ".lock") and _lock_free(run / RANKS_LOCK)) and time.monotonic() - t0 < 60:
             time.sleep(0.2)
     finally:
         launcher.kill()
