@@ -55,7 +55,7 @@ def test_load_labels_formats_and_errors(tmp_path) -> None:
     np.save(tmp_path / "y.npy", np.array([2, 4, -1]))
     assert load_labels(tmp_path / "y.npy", TAX).tolist() == [2, 4, -1]
     np.save(tmp_path / "bad.npy", np.array([2, 9]))
-    with pytest.raises(ValueError, match="label 9 at index 1"):
+    with pytest.raises(ValueError, match=r"\[1\] = 9 is not a node id"):
         load_labels(tmp_path / "bad.npy", TAX)
     np.save(tmp_path / "names.npy", np.array(["cat", "car"]))
     assert load_labels(tmp_path / "names.npy", TAX).tolist() == [2, 4]

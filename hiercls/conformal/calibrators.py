@@ -52,11 +52,10 @@ from hiercls.conformal.chain import (
     check_alpha,
     conformal_quantile,
     greedy_chain,
-    label_array,
 )
 from hiercls.conformal.sets import refine_sequence, set_predictions
 from hiercls.decode.inputs import Batch, prepare, restore_ids, restore_sets, restore_values
-from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy
+from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy, node_id_array
 
 __all__ = [
     "CONFORMAL_METHODS",
@@ -168,7 +167,7 @@ class ConformalCalibrator:
     def update(self, node_probs: Any, labels: Any) -> ConformalCalibrator:
         """Add a batch of calibration samples (rows labelled ``-1`` are left out)."""
         batch = self._batch(node_probs)
-        y = label_array(labels, self.taxonomy, batch.x.shape[0])
+        y = node_id_array(labels, self.taxonomy, name="labels", allow_ignore=True, rows=batch.x.shape[0])
         keep = y >= 0
         self._parts.append(self._statistics(batch.node[keep], y[keep]))
         return self
@@ -205,7 +204,7 @@ class ConformalCalibrator:
         :class:`NodeConformal`.) Float64 ``[B]``, a tensor on the input's device for tensor input.
         """
         batch = self._batch(node_probs)
-        y = label_array(labels, self.taxonomy, batch.x.shape[0])
+        y = node_id_array(labels, self.taxonomy, name="labels", allow_ignore=True, rows=batch.x.shape[0])
         if (y < 0).any():
             raise ValueError("labels: -1 (ignored rows) has no score; leave those rows out")
         return restore_values(self._scores(batch.node, y), batch)
@@ -500,7 +499,7 @@ def coverage_summary(predictions: Any, labels: Any, taxonomy: Taxonomy) -> dict[
     """
     tax = check_taxonomy(taxonomy)
     pred = predictions.detach().cpu().numpy() if isinstance(predictions, torch.Tensor) else np.asarray(predictions)
-    y = label_array(labels, tax, pred.shape[0])
+    y = node_id_array(labels, tax, name="labels", allow_ignore=True, rows=pred.shape[0])
     if (y < 0).any():
         raise ValueError("labels: -1 (ignored rows) cannot be scored; leave those rows out")
     anc = tax.ancestors_sparse  # anc[y, v] = 1: v is an ancestor of y, or y

@@ -23,10 +23,9 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
 from hiercls.decode.inputs import CHUNK_ELEMENTS, tie_floor
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy import Taxonomy
 
 __all__ = [
     "RANK_SLACK",
@@ -35,7 +34,6 @@ __all__ = [
     "conformal_quantile",
     "conformal_rank",
     "greedy_chain",
-    "label_array",
 ]
 
 RANK_SLACK = 1e-9
@@ -75,27 +73,6 @@ def conformal_quantile(scores: Any, alpha: float) -> float:
     if k > s.size:
         return math.inf
     return float(np.partition(s, k - 1)[k - 1])
-
-
-def label_array(labels: Any, taxonomy: Taxonomy, rows: int, name: str = "labels") -> np.ndarray:
-    """Node ids ``[B]`` int64 from ids (NumPy, torch on any device, lists) or node names; ``-1`` kept (ignored)."""
-    arr = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
-    if arr.ndim != 1 or arr.shape[0] != rows:
-        raise ValueError(
-            f"{name} must hold one node id or name per row of the probabilities ([{rows}]); got shape {list(arr.shape)}"
-        )
-    if arr.dtype.kind in "USO":
-        return np.asarray(taxonomy.ids([str(v) for v in arr.tolist()]), dtype=np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be integer node ids or node names; got dtype {arr.dtype}")
-    ids = arr.astype(np.int64)
-    bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
-    if bad.size:
-        raise TaxonomyError(
-            f"{name}[{bad[0]}] = {ids[bad[0]]} is not a node id of taxonomy {taxonomy.name!r} "
-            f"(0..{taxonomy.num_nodes - 1}, or -1 to leave the row out)"
-        )
-    return ids
 
 
 def _best_child(x: np.ndarray, cur: np.ndarray, taxonomy: Taxonomy) -> np.ndarray:

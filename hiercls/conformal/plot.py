@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from hiercls.conformal.calibrators import NodeConformal, RiskConformal, SetConformal, coverage_summary
-from hiercls.conformal.chain import conformal_quantile, greedy_chain, label_array
+from hiercls.conformal.chain import conformal_quantile, greedy_chain
 from hiercls.conformal.sets import refine_sequence, set_predictions
 from hiercls.decode import threshold as threshold_decoder
 from hiercls.decode.inputs import prepare
-from hiercls.taxonomy import Taxonomy, check_taxonomy
+from hiercls.taxonomy import Taxonomy, check_taxonomy, node_id_array
 
 __all__ = ["conformal_curves", "plot_conformal_curves"]
 
@@ -67,7 +67,7 @@ def conformal_curves(
     """
     tax = check_taxonomy(taxonomy)
     node = prepare(node_probs, tax, name="node_probs").node
-    y = label_array(labels, tax, node.shape[0])
+    y = node_id_array(labels, tax, name="labels", allow_ignore=True, rows=node.shape[0])
     node, y = node[y >= 0], y[y >= 0]
     rows = _split_rows(len(y), calibration_fraction, splits, seed)
     path, mass = greedy_chain(node, tax)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hiercls._checks import to_numpy
 from hiercls.decode.checks import NODE, check_row, jit, label_mass_tolerance
 from hiercls.decode.inputs import (
     CHUNK_ELEMENTS,
@@ -39,7 +40,7 @@ from hiercls.decode.inputs import (
     restore_values,
 )
 from hiercls.decode.registry import register_decoder
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy import Taxonomy, node_id_array
 from hiercls.taxonomy.core import DISTANCE_KINDS
 
 __all__ = ["COST_KINDS", "bayes_node", "crm", "expected_cost", "prediction_expected_cost"]
@@ -62,17 +63,14 @@ def _candidate_mask(taxonomy: Taxonomy, candidates: Any) -> np.ndarray:
         raise ValueError(
             f"candidates must be 'all', 'leaves', 'classes', a boolean mask [N] or node ids/names; got {candidates!r}"
         )
-    arr = np.asarray(candidates)
+    arr = np.asarray(to_numpy(candidates, name="candidates"))
     if arr.dtype == bool:
         if arr.shape != (n,):
             raise ValueError(f"candidates mask must have shape [{n}]; got {list(arr.shape)}")
         mask = arr.copy()
     else:
-        ids = np.array([taxonomy.index(c) if isinstance(c, str) else int(c) for c in arr.ravel()], dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise TaxonomyError(f"candidate ids must be in [0, {n}); got {ids.min()}..{ids.max()}")
         mask = np.zeros(n, dtype=bool)
-        mask[ids] = True
+        mask[node_id_array(arr, taxonomy, name="candidates")] = True
     if not mask.any():
         raise ValueError("candidates selects no node")
     return mask
@@ -420,25 +418,10 @@ def prediction_expected_cost(
         [1.2]
     """
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs, check=False)
-    pred = predictions.detach().cpu().numpy() if hasattr(predictions, "detach") else predictions
-    ids = _prediction_ids(pred, taxonomy)
-    _check_prediction_ids(taxonomy, ids.shape[0], batch.x.shape[0], *((ids.min(), ids.max()) if ids.size else ()))
+    pred = np.atleast_1d(to_numpy(predictions, name="predictions"))  # one sample's prediction may be a scalar
+    ids = node_id_array(pred, taxonomy, name="predictions", rows=batch.x.shape[0])
     exp = _all_costs(batch, cost)
     return restore_values(exp[np.arange(len(ids)), ids], batch)
-
-
-def _prediction_ids(predictions: Any, taxonomy: Taxonomy) -> np.ndarray:
-    return np.array(
-        [taxonomy.index(x) if isinstance(x, str) else int(x) for x in np.asarray(predictions).ravel()], dtype=np.int64
-    )
-
-
-def _check_prediction_ids(taxonomy: Taxonomy, count: int, rows: int, low: int = 0, high: int = 0) -> None:
-    """Refuse predictions that are not one node id per row (``low``/``high``: their extremes, when any)."""
-    if count != rows:
-        raise ValueError(f"predictions has {count} entries but probs has {rows} rows")
-    if count and (low < 0 or high >= taxonomy.num_nodes):
-        raise TaxonomyError(f"predictions must be node ids in [0, {taxonomy.num_nodes}); got {low}..{high}")
 
 
 @register_decoder("crm", optimal_for="the expected cost of a leaf prediction (default: mistake severity)")

@@ -22,7 +22,7 @@ import torch
 from hiercls._checks import to_numpy
 from hiercls._textio import max_read_bytes, over_read_limit, read_text, regular_file_size
 from hiercls.data.labels import LabelEncoder
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy import Taxonomy, TaxonomyError, node_id_array
 
 __all__ = ["load_labels", "load_probabilities"]
 
@@ -206,18 +206,9 @@ def label_ids(labels: Any, taxonomy: Taxonomy, *, source: str = "labels") -> np.
     if arr.dtype.kind in "US":
         encoder = LabelEncoder(taxonomy)
         return np.array([_encode(encoder, str(name), source, None) for name in arr.tolist()], dtype=np.int64)
-    if not (
-        np.issubdtype(arr.dtype, np.integer) or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))
-    ):
-        raise ValueError(f"{source}: labels must be integer node ids; got dtype {arr.dtype}")
-    ids = arr.astype(np.int64)
-    bad = np.flatnonzero((ids < -1) | (ids >= taxonomy.num_nodes))
-    if bad.size:
-        raise ValueError(
-            f"{source}: label {ids[bad[0]]} at index {bad[0]} is not a node id of taxonomy "
-            f"{taxonomy.name!r} (expected -1 or 0..{taxonomy.num_nodes - 1})"
-        )
-    return ids
+    if np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)):  # ids saved as floats (np.savetxt)
+        arr = arr.astype(np.int64)
+    return node_id_array(arr, taxonomy, name=source, allow_ignore=True)
 
 
 def _line_rows(text: str) -> list[tuple[int, str]]:

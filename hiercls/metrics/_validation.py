@@ -10,13 +10,11 @@ the sample's label paths).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import numbers
-import operator
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, TypeVar
@@ -26,8 +24,9 @@ import scipy.sparse as sp
 import torch
 
 from hiercls._checks import check_choice, to_numpy
-from hiercls.taxonomy import Taxonomy, TaxonomyError
+from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
+from hiercls.taxonomy.labels import check_node_ids, name_index, names_to_ids, unknown_label
 
 __all__ = ["Labels", "UndefinedMetricWarning", "prepare_pair", "to_labels"]
 
@@ -80,69 +79,10 @@ def close_sets(sets: sp.csr_matrix, taxonomy: Taxonomy) -> sp.csr_matrix:
     return closed
 
 
-def name_index(taxonomy: Taxonomy) -> dict[str, int]:
-    """The cached ``{name: node id}`` of ``taxonomy``."""
-    cache = taxonomy.namespace_cache(__name__)
-    if "names" not in cache:
-        cache["names"] = {name: i for i, name in enumerate(taxonomy.names)}
-    return cache["names"]
-
-
-def names_to_ids(values: Sequence[Any] | np.ndarray, taxonomy: Taxonomy, name: str) -> np.ndarray:
-    """Node ids of node names, one dict look-up per label; an unknown label raises :class:`TaxonomyError` naming
-    its position and close matches."""
-    seq = values.tolist() if isinstance(values, np.ndarray) else values
-    index = name_index(taxonomy)
-    try:
-        # itemgetter of several keys: one C-level call for the whole batch (of one key: the value itself)
-        found = operator.itemgetter(*seq)(index) if len(seq) > 1 else [index[v] for v in seq]
-        return np.fromiter(found, dtype=np.int64, count=len(seq))
-    except (KeyError, TypeError):
-        pass
-    for i, v in enumerate(seq):  # a label that is no name (or no str): name the first one
-        if str(v) not in index:
-            raise unknown_label(v, taxonomy, f"{name}[{i}]")
-    return np.array([index[str(v)] for v in seq], dtype=np.int64)  # names given as other objects (np.str_)
-
-
-def unknown_label(value: Any, taxonomy: Taxonomy, where: str) -> TaxonomyError:
-    """The :class:`TaxonomyError` of a label that is no node name (``where``: its position), with close matches."""
-    text = str(value)
-    close = difflib.get_close_matches(text, taxonomy.names, n=3)
-    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-    return TaxonomyError(f"{where}: unknown label {text!r} for taxonomy {taxonomy.name!r}{hint}", label=text)
-
-
-def node_ids(values: Any, taxonomy: Taxonomy, name: str) -> np.ndarray:
-    """Node ids of a list of nodes given as ids or names (``name``: the parameter, for errors)."""
-    ids = np.asarray(to_numpy(values, name=name)).ravel()
-    if ids.dtype.kind in "USO":
-        return names_to_ids(ids, taxonomy, name)
-    ids = ids.astype(np.int64)
-    if ((ids < 0) | (ids >= taxonomy.num_nodes)).any():
-        raise ValueError(f"{name} must be node ids in [0, {taxonomy.num_nodes}) or names; got {ids.tolist()[:10]}")
-    return ids
-
-
 def nonempty(labels: Labels | np.ndarray) -> None:
     """Refuse a batch without samples (an empty input, or every ``y_true`` ignored)."""
     if len(labels) == 0:
         raise ValueError("no samples to score (empty input, or every y_true is -1)")
-
-
-def _check_ids(ids: np.ndarray, taxonomy: Taxonomy, name: str, low: int) -> np.ndarray:
-    n = taxonomy.num_nodes
-    bad = (ids < low) | (ids >= n)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        hint = " (-1 marks ignored samples only in the true labels)" if ids[i] == -1 else ""
-        if hint and name == "preds":
-            hint = hint[:-1] + "; update() takes (preds, target), the predictions first)"
-        raise ValueError(
-            f"{name}[{i}] = {int(ids[i])} is not a node id of taxonomy {taxonomy.name!r}; expected "
-            f"ids in [{low}, {n}){hint}"
-        )
-    return ids
 
 
 def _sparse_sets(m: Any, taxonomy: Taxonomy, name: str, close: bool) -> sp.csr_matrix:
@@ -252,7 +192,7 @@ def _array_labels(y: np.ndarray, taxonomy: Taxonomy, name: str, close: bool, all
         return Labels(names_to_ids(y, taxonomy, name), None, n)
     if y.ndim == 1:
         if y.dtype.kind in "iu":
-            ids = _check_ids(y.astype(np.int64, copy=False), taxonomy, name, -1 if allow_ignore else 0)
+            ids = check_node_ids(y.astype(np.int64, copy=False), taxonomy, name, allow_ignore=allow_ignore)
             return Labels(ids, None, n)
         if y.dtype.kind == "f" and y.size and np.array_equal(y, np.round(y)):
             raise TypeError(

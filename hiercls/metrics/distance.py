@@ -27,7 +27,6 @@ from hiercls.metrics._validation import (
     Labels,
     check_weights,
     check_zero_division,
-    node_ids,
     nonempty,
     prepare_pair,
     renamed_keyword,
@@ -40,6 +39,7 @@ from hiercls.metrics._validation import (
 )
 from hiercls.taxonomy import DISTANCE_KINDS, Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
+from hiercls.taxonomy.labels import node_id_array
 
 __all__ = [
     "DISTANCES",
@@ -274,7 +274,7 @@ def _candidates(taxonomy: Taxonomy, width: int, candidates: Any) -> tuple[np.nda
         check_choice(candidates, ("leaves", "classes", "nodes"), "candidates")
         ids = {"leaves": taxonomy.leaves, "classes": taxonomy.classes, "nodes": np.arange(n)}[candidates]
     else:
-        ids = node_ids(candidates, taxonomy, "candidates")
+        ids = node_id_array(candidates, taxonomy, name="candidates")
     if width == len(ids):
         return ids, None
     if width == n:

@@ -33,7 +33,6 @@ from hiercls.metrics._validation import (
     ancestors_int32,
     check_zero_division,
     divide,
-    node_ids,
     nonempty,
     prepare_pair,
     safe_divide,
@@ -42,6 +41,7 @@ from hiercls.metrics._validation import (
     weighted_sum,
 )
 from hiercls.taxonomy import Taxonomy
+from hiercls.taxonomy.labels import node_id_array
 
 __all__ = [
     "hiclass_precision_recall_fscore",
@@ -203,7 +203,7 @@ def labels_mask(labels: Any, taxonomy: Taxonomy, include_root: bool) -> np.ndarr
         mask[0] = include_root
         return mask
     mask = np.zeros(taxonomy.num_nodes, dtype=bool)
-    mask[node_ids(labels, taxonomy, "labels")] = True
+    mask[node_id_array(labels, taxonomy, name="labels")] = True
     return mask
 
 

@@ -20,9 +20,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from hiercls._checks import to_numpy
-from hiercls.metrics._validation import check_weights, node_ids
+from hiercls.metrics._validation import check_weights
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
+from hiercls.taxonomy.labels import node_id_array
 
 __all__ = ["dice_counts", "nested_dice_score", "region_masks"]
 
@@ -31,7 +32,7 @@ def region_ids(taxonomy: Taxonomy, regions: Any) -> np.ndarray:
     """The region node ids ``regions`` names (ids or names; default: every node but the root), validated."""
     if regions is None:
         return np.arange(1, taxonomy.num_nodes, dtype=np.int64)
-    return node_ids(regions, taxonomy, "regions")
+    return node_id_array(regions, taxonomy, name="regions")
 
 
 def region_masks(label_map: Any, *, taxonomy: Taxonomy, regions: Any = None) -> np.ndarray:

@@ -13,6 +13,7 @@ from hiercls.taxonomy import core, imagenet, io, regions, registry
 from hiercls.taxonomy.core import *  # noqa: F403
 from hiercls.taxonomy.imagenet import *  # noqa: F403
 from hiercls.taxonomy.io import *  # noqa: F403
+from hiercls.taxonomy.labels import node_id_array
 from hiercls.taxonomy.regions import *  # noqa: F403
 from hiercls.taxonomy.registry import *  # noqa: F403
 from hiercls.taxonomy.wordnet import (  # not the function ``wordnet``: ``hiercls.taxonomy.wordnet`` is the module
@@ -40,6 +41,7 @@ __all__ = [
     "WORDNET_ROOT_WNID",
     "WordNetUnavailableError",
     "is_wnid",
+    "node_id_array",
     "noun_glosses",
     "synset_to_wnid",
     "wnid_to_synset",
