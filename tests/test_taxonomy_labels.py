@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hiercls.decode import prediction_expected_cost
+from hiercls.decode import calibrate_info_gain, prediction_expected_cost
 from hiercls.taxonomy import Taxonomy, TaxonomyError, node_id_array
 
 TAX = Taxonomy([("r", "animal"), ("animal", "cat"), ("animal", "dog"), ("r", "car")], name="toy")
@@ -48,3 +48,13 @@ def test_a_single_samples_prediction_may_be_a_scalar() -> None:
     probs = np.array([1.0, 0.7, 0.5, 0.2, 0.3])
     one = prediction_expected_cost(probs, 2, TAX, "lca_height")
     assert one.tolist() == prediction_expected_cost(probs[None], ["cat"], TAX, "lca_height").tolist()
+
+
+def test_info_gain_calibration_labels_go_through_the_same_conversion() -> None:
+    probs = np.array([[1.0, 0.9, 0.6, 0.3, 0.1]] * 2)
+    by_id = calibrate_info_gain(probs, np.array([2, 3]), TAX, target_accuracy=1.0)
+    assert calibrate_info_gain(probs, ["cat", "dog"], TAX, target_accuracy=1.0) == by_id
+    with pytest.raises(TaxonomyError, match=r"labels\[1\] = 7 is not a node id of taxonomy 'toy'"):
+        calibrate_info_gain(probs, [2, 7], TAX, target_accuracy=1.0)
+    with pytest.raises(ValueError, match="labels must be integer node ids or node names; got dtype float64"):
+        calibrate_info_gain(probs, [2.0, 2.7], TAX, target_accuracy=1.0)  # was truncated to node 2 before

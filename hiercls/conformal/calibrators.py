@@ -44,7 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from hiercls._checks import check_choice
+from hiercls._checks import check_choice, to_numpy
 from hiercls._textio import atomic_write
 from hiercls.conformal.chain import (
     RANK_SLACK,
@@ -498,7 +498,7 @@ def coverage_summary(predictions: Any, labels: Any, taxonomy: Taxonomy) -> dict[
         {'coverage': 0.5, 'mean_set_size': 1.5, 'mean_depth': 1.0}
     """
     tax = check_taxonomy(taxonomy)
-    pred = predictions.detach().cpu().numpy() if isinstance(predictions, torch.Tensor) else np.asarray(predictions)
+    pred = np.asarray(to_numpy(predictions, name="predictions"))
     y = node_id_array(labels, tax, name="labels", allow_ignore=True, rows=pred.shape[0])
     if (y < 0).any():
         raise ValueError("labels: -1 (ignored rows) cannot be scored; leave those rows out")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from hiercls._checks import to_numpy
 from hiercls.decode.checks import check_row, jit
 from hiercls.decode.inputs import (
     LOWEST_KEY,
@@ -27,7 +28,7 @@ from hiercls.decode.inputs import (
     restore_ids,
 )
 from hiercls.decode.registry import register_decoder
-from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy
+from hiercls.taxonomy import Taxonomy, TaxonomyError, check_taxonomy, node_id_array
 
 __all__ = [
     "argmax_leaf",
@@ -377,11 +378,7 @@ def calibrate_info_gain(
     """
     target = _check_unit(target_accuracy, "target_accuracy")
     batch = prepare(probs, taxonomy, leaf_probs=leaf_probs)
-    y = np.asarray(labels.detach().cpu().numpy() if hasattr(labels, "detach") else labels, dtype=np.int64).ravel()
-    if y.shape[0] != batch.x.shape[0]:
-        raise ValueError(f"labels has {y.shape[0]} entries but probs has {batch.x.shape[0]} rows")
-    if y.size and (y.min() < 0 or y.max() >= taxonomy.num_nodes):
-        raise TaxonomyError(f"labels must be node ids in [0, {taxonomy.num_nodes}); got {y.min()}..{y.max()}")
+    y = node_id_array(np.ravel(to_numpy(labels, name="labels")), taxonomy, name="labels", rows=batch.x.shape[0])
     anc = taxonomy.ancestors_sparse
 
     def accuracy(lam: float) -> float:
