@@ -26,7 +26,7 @@ import torch
 from hiercls._checks import check_choice, to_numpy
 from hiercls.taxonomy import Taxonomy
 from hiercls.taxonomy.core import check_taxonomy
-from hiercls.taxonomy.labels import check_node_ids, name_index, names_to_ids, unknown_label
+from hiercls.taxonomy.labels import check_node_ids, names_to_ids, unknown_label
 
 __all__ = ["Labels", "UndefinedMetricWarning", "prepare_pair", "to_labels"]
 
@@ -132,11 +132,10 @@ def _ragged_ids(flat: list[Any], owner: np.ndarray, taxonomy: Taxonomy, name: st
     values = np.asarray(flat) if flat else np.zeros(0, dtype=np.int64)
     if values.dtype.kind in "US":
         uniq, inverse = np.unique(values, return_inverse=True)
-        index = name_index(taxonomy)
-        unknown = [v for v in uniq.tolist() if v not in index]
+        unknown = [v for v in uniq.tolist() if v not in taxonomy]
         if unknown:
             raise unknown_label(unknown[0], taxonomy, f"{name}[{int(owner[np.flatnonzero(values == unknown[0])[0]])}]")
-        return np.fromiter(map(index.__getitem__, uniq.tolist()), dtype=np.int64, count=len(uniq))[inverse.ravel()]
+        return taxonomy.ids(uniq.tolist())[inverse.ravel()]
     if values.dtype.kind in "iu":
         ids = values.astype(np.int64)
         bad = (ids < 0) | (ids >= taxonomy.num_nodes)

@@ -318,8 +318,17 @@ class Taxonomy:
             raise TaxonomyError(f"unknown label {name!r} for taxonomy {self.name!r}{hint}", label=str(name)) from None
 
     def ids(self, names: Iterable[str]) -> np.ndarray:
-        """Ids of several names, as an ``int64`` array."""
-        return np.array([self.index(n) for n in names], dtype=np.int64)
+        """Ids of several names, as an ``int64`` array (one dict look-up each); an unknown name raises as :meth:`index`.
+
+        Example:
+            >>> Taxonomy([("r", "a"), ("r", "b")]).ids(["b", "a"]).tolist()
+            [2, 1]
+        """
+        seq = names if isinstance(names, list) else list(names)
+        found = np.array([self._index.get(n, -1) for n in seq], dtype=np.int64)
+        if found.size and found.min() < 0:
+            self.index(seq[int(np.argmin(found))])  # raises, naming the first unknown name
+        return found
 
     def name_of(self, node: int) -> str:
         """Name of node id ``node``."""
@@ -465,8 +474,7 @@ class Taxonomy:
         """Number of leaves among each node's descendants (a leaf counts itself)."""
         if self.is_tree:
             return _readonly(self._tree_subtree_sum(self.is_leaf.astype(np.int64)))
-        a = self.ancestors_sparse[self.leaves]
-        return _readonly(np.asarray(a.sum(axis=0)).ravel().astype(np.int64))
+        return _readonly(np.asarray(self.ancestors_sparse[self.leaves].sum(axis=0)).ravel().astype(np.int64))
 
     # ------------------------------------------------------------------ ancestors and paths
     @cached_property
@@ -748,16 +756,9 @@ class Taxonomy:
             levels.append((children[sel], starts, parents[sel][starts]))
         return levels
 
-    @property
-    def derived_cache(self) -> dict[Any, Any]:
-        """Scratch space for arrays other modules derive from this taxonomy (decoder tables, metric layouts).
-
-        The taxonomy is immutable, so entries never go stale; the cache is not pickled.
-        """
-        return self.__dict__.setdefault("_derived_cache", {})
-
     def namespace_cache(self, namespace: str) -> dict[Any, Any]:
-        """One module's own dict inside :attr:`derived_cache` (pass ``__name__``), so keys never collide.
+        """One module's own scratch dict for arrays it derives from this taxonomy (pass ``__name__``): the taxonomy is
+        immutable, so entries never go stale; they are not pickled.
 
         Example:
             >>> tax = Taxonomy([("r", "a"), ("r", "b")])
@@ -765,7 +766,7 @@ class Taxonomy:
             >>> tax.namespace_cache("my.module")
             {'table': 1}
         """
-        return self.derived_cache.setdefault(("namespace", namespace), {})
+        return self.__dict__.setdefault("_derived_cache", {}).setdefault(namespace, {})
 
     # ------------------------------------------------------------------ derived taxonomies
     def to_tree(self, strategy: TreeStrategy = "first") -> Taxonomy:

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,15 +24,7 @@ import numpy as np
 from hiercls._checks import to_numpy
 from hiercls.taxonomy.core import Taxonomy, TaxonomyError
 
-__all__ = ["check_node_ids", "name_index", "names_to_ids", "node_id_array", "unknown_label"]
-
-
-def name_index(taxonomy: Taxonomy) -> dict[str, int]:
-    """The cached ``{name: node id}`` of ``taxonomy``."""
-    cache = taxonomy.namespace_cache(__name__)
-    if "names" not in cache:
-        cache["names"] = {name: i for i, name in enumerate(taxonomy.names)}
-    return cache["names"]
+__all__ = ["check_node_ids", "names_to_ids", "node_id_array", "unknown_label"]
 
 
 def unknown_label(value: Any, taxonomy: Taxonomy, where: str) -> TaxonomyError:
@@ -48,20 +39,17 @@ def unknown_label(value: Any, taxonomy: Taxonomy, where: str) -> TaxonomyError:
 
 
 def names_to_ids(values: Sequence[Any] | np.ndarray, taxonomy: Taxonomy, name: str) -> np.ndarray:
-    """Node ids of node names, one dict look-up per label; an unknown label raises :class:`TaxonomyError` naming
-    its position (``name[i]``) and close matches."""
-    seq = values.tolist() if isinstance(values, np.ndarray) else values
-    index = name_index(taxonomy)
+    """Node ids of node names (:meth:`Taxonomy.ids`, one dict look-up each); an unknown label raises
+    :class:`TaxonomyError` naming its position (``name[i]``) and close matches."""
+    seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
     try:
-        # itemgetter of several keys: one C-level call for the whole batch (of one key: the value itself)
-        found = operator.itemgetter(*seq)(index) if len(seq) > 1 else [index[v] for v in seq]
-        return np.fromiter(found, dtype=np.int64, count=len(seq))
-    except (KeyError, TypeError):
+        return taxonomy.ids(seq)
+    except (TaxonomyError, TypeError):
         pass
     for i, v in enumerate(seq):  # a label that is no name (or no str): name the first one
-        if str(v) not in index:
+        if str(v) not in taxonomy:
             raise unknown_label(v, taxonomy, f"{name}[{i}]")
-    return np.array([index[str(v)] for v in seq], dtype=np.int64)  # names given as other objects (np.str_)
+    return taxonomy.ids([str(v) for v in seq])  # names given as other objects
 
 
 def check_node_ids(ids: np.ndarray, taxonomy: Taxonomy, name: str, *, allow_ignore: bool = False) -> np.ndarray:
