@@ -33,6 +33,17 @@ def test_unknown_name_is_placed_with_close_matches() -> None:
         node_id_array(["cat", "dgo"], TAX, name="labels")
 
 
+def test_taxonomy_ids_is_the_one_name_lookup() -> None:
+    """Taxonomy.ids (what node_id_array looks names up with) takes any iterable and names the first unknown name."""
+    assert TAX.ids(n for n in ("car", "r", "dog")).tolist() == [4, 0, 3]
+    assert TAX.ids(("cat",)).tolist() == [2] and TAX.ids([]).dtype == np.int64 and TAX.ids([]).size == 0
+    with pytest.raises(TaxonomyError, match=r"unknown label 'dgo' for taxonomy 'toy'; did you mean 'dog'") as err:
+        TAX.ids(["cat", "dgo", "xx"])
+    assert err.value.label == "dgo"
+    # Object arrays may hold names as other objects; each is looked up as its str.
+    assert node_id_array(np.array([np.str_("dog"), "cat"], dtype=object), TAX, name="labels").tolist() == [3, 2]
+
+
 def test_shape_and_dtype_refusals() -> None:
     with pytest.raises(ValueError, match=r"labels must hold one node id or name per sample, shape \[3\]; got \[2\]"):
         node_id_array([1, 2], TAX, name="labels", rows=3)
