@@ -336,82 +336,55 @@ def _grow(ptil, thr, cap, ch_ptr, ch_idx, lsz, pos, cand, tau):
 
 
 @_inner
-def _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar):
-    """Trees: each candidate's own label mass by size (itself and the subtrees left out below it) as entries
-    ``ent_m/ent_q[seg[i]:seg[i+1]]``, and ``cpar``, the parent's candidate index (its weight adds the child's)."""
-    n = p.shape[0]
-    for i in range(count + 1):
-        seg[i] = 0
-    for v in range(n):
-        o = pos[v] if pos[v] >= 0 else owner[parent[v]]
-        owner[v] = o
-        if p[v] > 0.0 and lsz[v] > 0:
-            seg[o + 1] += 1
-    for i in range(count):
-        seg[i + 1] += seg[i]
-    for v in range(n):  # seg[o] counts up to its end; shifted back below
-        if p[v] > 0.0 and lsz[v] > 0:
-            e = seg[owner[v]]
-            ent_m[e] = lsz[v]
-            ent_q[e] = p[v]
-            seg[owner[v]] = e + 1
-    for i in range(count, 0, -1):
-        seg[i] = seg[i - 1]
-    seg[0] = 0
+def _tree_profiles(p, ptil, lsz, tree, pos, cand, count, acc, seg, ent_m, ent_q, cpar):
+    """Trees: each candidate's own label mass by size (itself and the subtrees left out below it, each a range of
+    pre-order ids) as entries ``ent_m/ent_q[seg[i]:seg[i+1]]`` in ascending size, summed in ``acc`` (size ``m`` in
+    ``2m`` and ``2m + 1``: two lanes, as in :func:`_tree_masses`). The sizes a candidate owns run from its own to
+    the deepest of its left-out subtrees without a gap (each holds a node of every depth down to its deepest), so
+    they have at most as many entries as nodes, and ``acc`` is emptied over that range alone. ``cpar``: the parent's
+    candidate index (a weight adds its child candidates'). ``tree``: parents, children and subtree ends."""
+    parent, ch_ptr, ch_idx, ends = tree
     out = 0
-    for i in range(count):  # merge each candidate's entries of one size (in place: out never passes e)
-        start, stop = seg[i], seg[i + 1]
+    for i in range(count):
+        v = cand[i]
+        cpar[i] = pos[parent[v]] if i > 0 else -1
         seg[i] = out
-        for e in range(start, stop):
-            m = ent_m[e]
-            if slot[m] < seg[i]:  # first entry of size m for this candidate
-                slot[m] = out
-                ent_m[out] = m
-                ent_q[out] = ent_q[e]
+        acc[2 * lsz[v]] += p[v]
+        deep = lsz[v]
+        for j in range(ch_ptr[v], ch_ptr[v + 1]):
+            c = ch_idx[j]
+            if pos[c] < 0 and ptil[c] > 0.0:  # a subtree left out (with mass)
+                for y in range(c, ends[c]):
+                    acc[2 * lsz[y] + (y & 1)] += p[y]
+                    deep = max(deep, lsz[y])
+        for m in range(lsz[v], deep + 1):
+            q = acc[2 * m] + acc[2 * m + 1]
+            acc[2 * m], acc[2 * m + 1] = 0.0, 0.0
+            if q > 0.0 and m > 0:
+                ent_m[out], ent_q[out] = m, q
                 out += 1
-            else:
-                ent_q[slot[m]] += ent_q[e]
-        for e in range(seg[i], out):  # free the slots for the next candidate and row
-            slot[ent_m[e]] = -1
     seg[count] = out
-    cpar[0] = -1
-    for i in range(1, count):
-        cpar[i] = owner[parent[cand[i]]]
 
 
 @_inner
-def _dense_profiles(p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar):
-    """Each candidate's label mass by size, summed in ``dense[:count]`` (size ``m`` in columns ``2m`` and ``2m + 1``,
-    two lanes as in :func:`_tree_masses`), then as entries in ascending size: on a tree its own (itself and the
-    subtrees left out below it, each a range of pre-order ids; ``cpar`` adds the child candidates' weights), on a
-    DAG every descendant's (a pass over the ancestor lists). ``tree``: parents, children and subtree ends."""
-    parent, ch_ptr, ch_idx, ends = tree
+def _dag_profiles(p, anc_ptr, anc_idx, lsz, pos, count, dense, seg, ent_m, ent_q, cpar):
+    """DAGs: each candidate's label mass by size over all its descendants (a pass over the ancestor lists), summed
+    in ``dense[:count]``, then as entries in ascending size (as :func:`_tree_profiles`); ``cpar`` is ``-1``."""
     for i in range(count):
+        cpar[i] = -1
         for m in range(dense.shape[1]):
             dense[i, m] = 0.0
-        cpar[i] = pos[parent[cand[i]]] if is_tree and i > 0 else -1
-    if is_tree:
-        for i in range(count):
-            v = cand[i]
-            dense[i, 2 * lsz[v]] += p[v]
-            for j in range(ch_ptr[v], ch_ptr[v + 1]):
-                c = ch_idx[j]
-                if pos[c] < 0 and ptil[c] > 0.0:  # a subtree left out (with mass)
-                    for y in range(c, ends[c]):
-                        dense[i, 2 * lsz[y] + (y & 1)] += p[y]
-    else:
-        for y in range(p.shape[0]):
-            if p[y] > 0.0 and lsz[y] > 0:
-                for j in range(anc_ptr[y], anc_ptr[y + 1]):
-                    if pos[anc_idx[j]] >= 0:
-                        dense[pos[anc_idx[j]], 2 * lsz[y]] += p[y]
+    for y in range(p.shape[0]):
+        if p[y] > 0.0 and lsz[y] > 0:
+            for j in range(anc_ptr[y], anc_ptr[y + 1]):
+                if pos[anc_idx[j]] >= 0:
+                    dense[pos[anc_idx[j]], lsz[y]] += p[y]
     out = 0
     for i in range(count):
         seg[i] = out
-        for m in range(1, dense.shape[1] // 2):
-            q = dense[i, 2 * m] + dense[i, 2 * m + 1]
-            if q > 0.0:
-                ent_m[out], ent_q[out] = m, q
+        for m in range(1, dense.shape[1]):
+            if dense[i, m] > 0.0:
+                ent_m[out], ent_q[out] = m, dense[i, m]
                 out += 1
     seg[count] = out
 
@@ -575,7 +548,7 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
     """The optimal set and value of every row of label probabilities ``lp`` (node probabilities of a tree with
     ``from_nodes``); returns ``-1``, or the first row whose label probabilities fall below ``-atol``."""
     is_tree, parent, ch_ptr, ch_idx, anc_ptr, anc_idx, lsz, ends = tables
-    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, owner, ent_m, seg, slot, cpar, dense, ev, stack, lanes = work
+    ptil, w, buf, ent_q, lab, r, tau, coef, pos, cand, ent_m, seg, cpar, dense, ev, stack, lanes, acc = work
     n = lp.shape[1]
     p = lab
     for row in range(lp.shape[0]):
@@ -603,13 +576,11 @@ def _solve_rows(lp, from_nodes, atol, tables, work, b2, first, cap0, fractions, 
             left_out = 0.0
             for m in range(tau.size):
                 left_out = max(left_out, tau[m])
-            if is_tree and count > dense.shape[0]:  # too many candidates for the dense table: sparse entries
-                _tree_profiles(p, parent, lsz, pos, cand, count, owner, seg, ent_m, ent_q, slot, cpar)
-            else:
+            if is_tree:
                 tree = (parent, ch_ptr, ch_idx, ends)
-                _dense_profiles(
-                    p, ptil, is_tree, tree, anc_ptr, anc_idx, lsz, pos, cand, count, dense, seg, ent_m, ent_q, cpar
-                )
+                _tree_profiles(p, ptil, lsz, tree, pos, cand, count, acc, seg, ent_m, ent_q, cpar)
+            else:
+                _dag_profiles(p, anc_ptr, anc_idx, lsz, pos, count, dense, seg, ent_m, ent_q, cpar)
             prof = (seg, ent_m, ent_q, cpar)
             kmax = n - first if left_out > 0.0 else count - first  # left_out > 0: nodes outside may matter
             hi, kg = _start(r, ptil, cand, first, count)
@@ -754,12 +725,13 @@ def _workspace(n: int, nsizes: int, is_tree: bool) -> tuple[np.ndarray, ...]:
     if not is_tree:  # a DAG candidate holds its whole profile: up to nsizes entries each
         floats[3] = np.empty(n * nsizes)
     sizes = [np.empty(nsizes) for _ in range(3)]  # r, tau, coef
-    ints = [np.full(n, -1, dtype=np.int64)] + [np.empty(n, dtype=np.int64) for _ in range(2)]  # pos, cand, owner
+    ints = [np.full(n, -1, dtype=np.int64), np.empty(n, dtype=np.int64)]  # pos, cand
     ent_m = np.empty(n if is_tree else n * nsizes, dtype=np.int64)
-    seg, slot, cpar = np.empty(n + 1, dtype=np.int64), np.full(nsizes, -1, dtype=np.int64), np.empty(n, dtype=np.int64)
-    dense = np.empty((max(1, n // nsizes) if is_tree else n, 2 * nsizes))  # trees: candidates x sizes <= n
+    seg, cpar = np.empty(n + 1, dtype=np.int64), np.empty(n, dtype=np.int64)
+    dense = np.empty((0 if is_tree else n, nsizes))  # DAGs: candidates x sizes
     ev, stack = np.empty((n + 2, 5)), np.empty((n + 2, 2), dtype=np.int64)
-    return (*floats, *sizes, *ints, ent_m, seg, slot, cpar, dense, ev, stack, np.empty(2 * nsizes))
+    lanes, acc = np.empty(2 * nsizes), np.zeros(2 * nsizes)  # acc: all zero between candidates
+    return (*floats, *sizes, *ints, ent_m, seg, cpar, dense, ev, stack, lanes, acc)
 
 
 @register_decoder(
