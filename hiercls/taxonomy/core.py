@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import json
 import logging
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from types import MappingProxyType
@@ -177,10 +178,8 @@ class Taxonomy:
         """
         out = object.__new__(Taxonomy)
         out.__dict__.update(self.__dict__)
-        if name is not None:
-            out._name = name
-        if metadata is not None:
-            out._metadata = dict(metadata)
+        out._name = name if name is not None else self._name
+        out._metadata = dict(metadata) if metadata is not None else self._metadata
         return out
 
     # ------------------------------------------------------------------ construction helpers
@@ -325,10 +324,11 @@ class Taxonomy:
             [2, 1]
         """
         seq = names if isinstance(names, list) else list(names)
-        found = np.array([self._index.get(n, -1) for n in seq], dtype=np.int64)
-        if found.size and found.min() < 0:
-            self.index(seq[int(np.argmin(found))])  # raises, naming the first unknown name
-        return found
+        try:  # itemgetter looks several keys up in one C call; of one key it returns the value itself
+            found = operator.itemgetter(*seq)(self._index) if len(seq) > 1 else [self._index[n] for n in seq]
+        except (KeyError, TypeError):
+            found = [self.index(n) for n in seq]  # raises, naming the first unknown name
+        return np.fromiter(found, dtype=np.int64, count=len(seq))
 
     def name_of(self, node: int) -> str:
         """Name of node id ``node``."""
